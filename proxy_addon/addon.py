@@ -1,0 +1,511 @@
+"""
+The mitmproxy addon: receipt committed → forward once → classify → block unresolved duplicates.
+
+    mitmdump -s proxy_addon/addon.py --set receipts_db=./receipts.db --set receipts_rules=./rules
+
+Hooks, one job each:
+- `requestheaders`: match a rule; a matched request is never streamed (the receipt
+  must be committed before any byte leaves).
+- `request`: fingerprint, then commit a `submitted` receipt, or answer from an existing
+  one (409 blocked, recorded replay, 503 when the store cannot be written).
+- `response` / `error`: classify what happened and record it.
+Unmatched requests touch neither the database nor the fingerprint code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
+
+if __package__ != "proxy_addon":  # loaded with `mitmdump -s path/to/addon.py` from a checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from proxy_addon.classify import classify_error, classify_status, external_id_of
+from proxy_addon.errors import ReceiptsError, RulesError, StoreError
+from proxy_addon.fingerprint import RequestView, fingerprint, load_or_create_key
+from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.states import State
+from proxy_addon.store import Attempt, Decision, Receipt, RecordedResponse, Store
+
+logger = logging.getLogger("receipt_proxy")
+
+DEFAULT_STATE_DIR = "~/.local/state/receipt-proxy"
+DEFAULT_RULES = str(Path(__file__).resolve().parent.parent / "rules")
+META = "receipts"  # flow.metadata key: a plain, serializable dict
+
+MARKERS = {
+    State.SUBMITTED: ":outbox_tray:",
+    State.SUCCEEDED: ":white_check_mark:",
+    State.REJECTED: ":x:",
+    State.NOT_SENT: ":leftwards_arrow_with_hook:",
+    State.OUTCOME_UNKNOWN: ":warning:",
+    State.RECONCILING: ":hourglass:",
+    State.SAFE_TO_RETRY: ":arrows_counterclockwise:",
+    State.MANUAL_REVIEW: ":raised_hand:",
+    "blocked": ":no_entry:",
+    "replayed": ":recycle:",
+    "store_unavailable": ":stop_sign:",
+}
+
+HINTS = {
+    State.SUBMITTED: "the first attempt is still in flight; wait for its outcome before retrying",
+    State.OUTCOME_UNKNOWN: "the first attempt's outcome is unknown; reconcile it before retrying",
+    State.RECONCILING: "the first attempt is being reconciled; retry after it settles",
+    State.MANUAL_REVIEW: "the first attempt needs manual review; resolve it with the receipts CLI before retrying",
+}
+
+# Response headers never recorded for replay: credentials and per-connection framing.
+UNRECORDED_HEADERS = frozenset(
+    {"set-cookie", "set-cookie2", "authorization", "proxy-authenticate", "www-authenticate",
+     "connection", "keep-alive", "transfer-encoding", "content-length", "upgrade",
+     "proxy-connection", "trailer", "te", "alt-svc"}
+)
+
+OPTIONS: list[tuple[str, type, Any, str]] = [
+    ("receipts_db", str, f"{DEFAULT_STATE_DIR}/receipts.db",
+     "Path of the SQLite receipts database (created with mode 0600), e.g. --set receipts_db=~/.local/state/receipt-proxy/receipts.db"),
+    ("receipts_rules", str, DEFAULT_RULES,
+     "A rules file, or a folder whose *.yaml files are loaded, e.g. --set receipts_rules=./rules"),
+    ("receipts_secret", str, "",
+     "Path of the per-installation HMAC key that hashes credentials into the principal; created on first run with mode 0600. Default: secret.key beside receipts_db"),
+    ("receipts_replay_window", int, 86400,
+     "Seconds after success during which a duplicate gets the recorded response (after_success: replay), e.g. --set receipts_replay_window=3600"),
+    ("receipts_upstream_timeout", int, 300,
+     "Seconds to wait for the upstream's answer to a matched request; past that the exchange is ended and the receipt is outcome_unknown"),
+    ("receipts_lock_timeout", int, 5,
+     "Seconds to wait for a locked receipts database before answering 503 (not sent)"),
+    ("receipts_response_cap", int, 1048576,
+     "Largest response body (bytes) recorded for replay; a larger success is blocked instead of replayed"),
+    ("receipts_watch_rules", bool, True,
+     "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error"),
+]
+
+
+class Receipts:
+    """Writes a durable receipt before forwarding a matched request, and blocks unresolved duplicates."""
+
+    def __init__(self) -> None:
+        self.rules: RuleSet | None = None
+        self.store: Store | None = None
+        self.key: bytes | None = None
+        self.instance = ""
+        self.config_error: str | None = "receipt-proxy is not configured yet"
+        self._config: tuple | None = None
+        self._rules_sig: tuple = ()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._instance_lock: int | None = None
+        self._watcher: asyncio.Task | None = None
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def load(self, loader: Loader) -> None:
+        for name, typespec, default, help_ in OPTIONS:
+            loader.add_option(name, typespec, default, help_)
+        _check_deferred_options(loader)
+
+    def configure(self, updated: set[str]) -> None:
+        if "connection_strategy" in updated and ctx.options.connection_strategy != "lazy":
+            # Eager connections fail at CONNECT time, outside the flow: receipts would never learn of it.
+            logger.info("receipt-proxy sets connection_strategy=lazy so every upstream failure reaches a flow")
+            ctx.options.update(connection_strategy="lazy")
+        opts = ctx.options
+        config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
+        if config != self._config:
+            self._open_store()
+        if "receipts_rules" in updated or self.rules is None:
+            try:
+                self._rules_sig = rules_signature(opts.receipts_rules)
+                self.rules = load_rules_path(opts.receipts_rules)
+            except RulesError as e:
+                raise exceptions.OptionsError(f"receipts_rules: {e}") from None
+            logger.info(f"receipt-proxy: {len(self.rules.operations)} operations from {opts.receipts_rules}")
+        for name in ("receipts_replay_window", "receipts_upstream_timeout", "receipts_response_cap", "receipts_lock_timeout"):
+            if getattr(opts, name) <= 0:
+                raise exceptions.OptionsError(f"{name} must be a positive number, not {getattr(opts, name)}")
+        self.config_error = None
+
+    def _open_store(self) -> None:
+        opts = ctx.options
+        db = Path(opts.receipts_db).expanduser()
+        secret = Path(opts.receipts_secret).expanduser() if opts.receipts_secret else db.parent / "secret.key"
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            key = load_or_create_key(secret)
+            store = Store.open(db, lock_timeout=opts.receipts_lock_timeout)
+        except (ReceiptsError, OSError, ValueError) as e:
+            raise exceptions.OptionsError(f"receipts_db: {e}") from None
+        instance, lock_fd = _claim_instance(db)
+        old_store, old_lock, old_executor = self.store, self._instance_lock, self._executor
+        self.store, self.key, self.instance, self._instance_lock = store, key, instance, lock_fd
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="receipts-store")
+        self._config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
+        recovered = self._executor.submit(
+            store.recover_in_flight, is_alive=lambda i: i == instance or _instance_alive(db, i)
+        ).result()
+        for operation_id in recovered:
+            logger.warning(f"receipt {operation_id}: proxy stopped while it was in flight; now outcome_unknown")
+        if old_executor:
+            old_executor.submit(old_store.close)
+            old_executor.shutdown(wait=False)
+        if old_lock is not None:
+            os.close(old_lock)
+        logger.info(f"receipt-proxy: receipts in {db} (instance {instance})")
+
+    def running(self) -> None:
+        if ctx.options.receipts_watch_rules and self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_rules())
+
+    def done(self) -> None:
+        if self._watcher:
+            self._watcher.cancel()
+        for handle in self._deadlines.values():
+            handle.cancel()
+        if self._executor:
+            if self.store:
+                self._executor.submit(self.store.close)
+            self._executor.shutdown(wait=True)
+
+    async def _watch_rules(self) -> None:
+        while True:
+            await asyncio.sleep(1)
+            if not ctx.options.receipts_watch_rules:
+                continue
+            path = ctx.options.receipts_rules
+            sig = rules_signature(path)
+            if sig == self._rules_sig:
+                continue
+            self._rules_sig = sig
+            try:
+                self.rules = load_rules_path(path)
+            except RulesError as e:
+                logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
+            else:
+                logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(self.rules.operations)} operations")
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if self.rules is None:
+            return
+        req = flow.request
+        m = self.rules.match(req.host, req.port, req.method, req.path)
+        if m is None:
+            return
+        req.stream = False  # the receipt must be committed before any byte leaves
+        flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.get(META)
+        if meta is None or flow.response or flow.error or not flow.live:
+            return
+        try:
+            await self._begin(flow, meta)
+        except Exception as e:  # fail closed: whatever broke, the request is not forwarded
+            logger.exception("receipt-proxy: internal error before forwarding")
+            await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
+
+    async def _begin(self, flow: http.HTTPFlow, meta: dict) -> None:
+        if self.config_error or self.store is None or self.rules is None:
+            self._answer_unavailable(flow, meta, self.config_error or "receipt-proxy is not configured")
+            return
+        m = self._rematch(flow, meta)
+        if m is None:
+            return
+        view = RequestView(
+            method=flow.request.method, scheme=flow.request.scheme, host=flow.request.host,
+            port=flow.request.port, path=flow.request.path,
+            headers={k.lower(): v for k, v in flow.request.headers.items()},
+            body=flow.request.raw_content or b"",
+        )
+        store, key, instance = self.store, self.key, self.instance
+        replay_window = ctx.options.receipts_replay_window
+        assert key is not None
+
+        def decide() -> Decision:
+            intent = fingerprint(m, view, key)
+            attempt = Attempt(
+                api=m.operation.api, operation=m.operation.name, method=view.method,
+                target=intent.target, intent_fingerprint=intent.fingerprint, intent=intent.intent,
+                principal=intent.principal, flow_id=flow.id, instance=instance,
+            )
+            return store.begin_attempt(
+                attempt, after_success=m.operation.after_success,
+                replay_window=replay_window,
+            )
+
+        try:
+            decision = await asyncio.get_running_loop().run_in_executor(self._executor, decide)
+        except StoreError as e:
+            self._answer_unavailable(flow, meta, str(e))
+            return
+        receipt = decision.receipt
+        meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
+        if decision.kind == "forward":
+            meta["retry_of"] = receipt.retry_of
+            self._mark(flow, receipt.state, receipt)
+            self._arm_deadline(flow)
+        elif decision.kind == "replay":
+            self._answer_replay(flow, receipt)
+        else:
+            self._answer_blocked(flow, receipt, decision.kind)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.get(META)
+        if meta is None or meta.get("answer") != "forward" or "outcome" in meta:
+            return
+        self._disarm_deadline(flow)
+        resp = flow.response
+        assert resp is not None
+        op = self._operation(meta)
+        state = classify_status(resp.status_code, op)
+        body = resp.get_content(strict=False) or b""
+        cap = ctx.options.receipts_response_cap
+        recorded = RecordedResponse(
+            status=resp.status_code,
+            headers=[(k, v) for k, v in resp.headers.items(multi=True) if k.lower() not in UNRECORDED_HEADERS and k.lower() != "content-encoding"],
+            body=body[:cap],
+            truncated=len(body) > cap,
+        )
+        fields: dict[str, Any] = {"http_status": resp.status_code, "response": recorded}
+        if state is State.SUCCEEDED:
+            fields["external_id"] = external_id_of(body, op.external_id if op else None)
+        else:
+            fields["error"] = f"HTTP {resp.status_code} {resp.reason}".strip()
+        meta["outcome"] = str(state)
+        await self._record(flow, meta, state, f"upstream answered HTTP {resp.status_code}", fields)
+        resp.headers["X-Receipt-Id"] = meta["operation_id"]
+        resp.headers["X-Receipt-State"] = meta["state"]
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.get(META)
+        if meta is None or meta.get("answer") != "forward" or "outcome" in meta:
+            return
+        self._disarm_deadline(flow)
+        sc = flow.server_conn
+        message = flow.error.msg if flow.error else "unknown error"
+        if meta.get("deadline_passed"):
+            message = f"no answer within receipts_upstream_timeout ({message})"
+        state, reason = classify_error(
+            message, tcp_setup=sc.timestamp_tcp_setup, tls=flow.request.scheme == "https",
+            tls_setup=sc.timestamp_tls_setup,
+        )
+        meta["outcome"] = str(state)
+        await self._record(flow, meta, state, reason, {"error": message})
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _rematch(self, flow: http.HTTPFlow, meta: dict) -> Match | None:
+        """The match found in requestheaders, against the rules in force now."""
+        op = self._operation(meta)
+        if op is None:  # the rules were reloaded in between and the operation is gone
+            flow.metadata.pop(META, None)
+            return None
+        return Match(op, dict(meta["params"]))
+
+    def _operation(self, meta: dict) -> Operation | None:
+        return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None
+
+    async def _record(self, flow: http.HTTPFlow, meta: dict, state: State, reason: str, fields: dict) -> None:
+        store = self.store
+        assert store is not None
+        try:
+            receipt = await asyncio.get_running_loop().run_in_executor(
+                self._executor,
+                lambda: store.transition(meta["operation_id"], state, reason=reason, expect=[State.SUBMITTED],
+                                         flow_id=flow.id, **fields),
+            )
+        except StoreError as e:
+            logger.error(
+                f"receipt {meta['operation_id']}: could not record {state} ({reason}): {e}; "
+                "it stays submitted and becomes outcome_unknown when the proxy restarts"
+            )
+            flow.comment = f"receipt {meta['operation_id']}: NOT RECORDED as {state}: {e}"
+            return
+        meta["state"] = str(receipt.state)
+        self._mark(flow, receipt.state, receipt)
+        level = logging.INFO if receipt.state is State.SUCCEEDED else logging.WARNING
+        logger.log(level, f"receipt {receipt.operation_id} {receipt.api} {receipt.operation}: {receipt.state} ({reason})")
+
+    def _mark(self, flow: http.HTTPFlow, marker_key: Any, receipt: Receipt, prefix: str = "") -> None:
+        flow.marked = MARKERS[marker_key]
+        detail = f" ({receipt.http_status})" if receipt.http_status else ""
+        retry = f" · retry of {receipt.retry_of}" if receipt.retry_of and not prefix else ""
+        flow.comment = (
+            f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · "
+            f"{receipt.state}{detail}{retry}"
+        )
+
+    def _arm_deadline(self, flow: http.HTTPFlow) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadlines[flow.id] = loop.call_later(ctx.options.receipts_upstream_timeout, self._deadline_passed, flow)
+
+    def _disarm_deadline(self, flow: http.HTTPFlow) -> None:
+        handle = self._deadlines.pop(flow.id, None)
+        if handle:
+            handle.cancel()
+
+    def _deadline_passed(self, flow: http.HTTPFlow) -> None:
+        self._deadlines.pop(flow.id, None)
+        if flow.response or flow.error:
+            return
+        flow.metadata[META]["deadline_passed"] = True
+        logger.warning(f"receipt {flow.metadata[META].get('operation_id')}: no answer within "
+                       f"{ctx.options.receipts_upstream_timeout}s; ending the upstream exchange")
+        _close_server_connection(flow)
+
+    def _answer(self, flow: http.HTTPFlow, status: int, body: dict, headers: dict[str, str]) -> None:
+        flow.response = http.Response.make(
+            status, json.dumps(body, indent=2) + "\n",
+            {"Content-Type": "application/json", "Cache-Control": "no-store", **headers},
+        )
+
+    def _answer_blocked(self, flow: http.HTTPFlow, receipt: Receipt, kind: str) -> None:
+        if kind == "blocked_succeeded":
+            body = {
+                "error": "duplicate_succeeded",
+                "operation_id": receipt.operation_id,
+                "api": receipt.api,
+                "operation": receipt.operation,
+                "state": str(receipt.state),
+                "external_id": receipt.external_id,
+                "completed_at": receipt.completed_at,
+                "hint": "this operation already succeeded; it was not sent again",
+            }
+        else:
+            body = {
+                "error": "duplicate_unresolved",
+                "operation_id": receipt.operation_id,
+                "api": receipt.api,
+                "operation": receipt.operation,
+                "state": str(receipt.state),
+                "submitted_at": receipt.submitted_at,
+                "hint": HINTS.get(receipt.state, "the first attempt is unresolved"),
+            }
+        self._answer(flow, 409, body, {"X-Receipt-Id": receipt.operation_id, "X-Receipt-State": str(receipt.state)})
+        self._mark(flow, "blocked", receipt, prefix="BLOCKED duplicate of ")
+        logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
+
+    def _answer_replay(self, flow: http.HTTPFlow, receipt: Receipt) -> None:
+        rec = receipt.response
+        assert rec is not None
+        resp = http.Response.make(rec.status, rec.body)
+        resp.headers = http.Headers(
+            [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in rec.headers]
+        )
+        resp.headers["content-length"] = str(len(rec.body))
+        resp.headers["X-Receipt-Replayed"] = "true"
+        resp.headers["X-Receipt-Id"] = receipt.operation_id
+        resp.headers["X-Receipt-State"] = str(receipt.state)
+        flow.response = resp
+        self._mark(flow, "replayed", receipt, prefix="REPLAYED from ")
+        logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
+
+    async def _not_forwarded(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
+        """Answer 503 and, if a receipt was already committed, record that it was not sent."""
+        if meta.get("answer") == "forward" and "outcome" not in meta:
+            meta["outcome"] = str(State.NOT_SENT)
+            await self._record(flow, meta, State.NOT_SENT, f"not sent: {why}", {"error": why})
+        self._answer_unavailable(flow, meta, why)
+
+    def _answer_unavailable(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
+        logger.error(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded, no receipt could be written: {why}")
+        self._answer(flow, 503, {
+            "error": "receipt_store_unavailable",
+            "sent": False,
+            "api": meta["api"],
+            "operation": meta["operation"],
+            "detail": why,
+            "hint": "the request was not sent upstream; it is safe to retry once the receipts database is writable",
+        }, {"Retry-After": "5"})
+        meta["answer"] = "store_unavailable"
+        flow.marked = MARKERS["store_unavailable"]
+        flow.comment = f"NOT SENT: no receipt could be written ({why})"
+
+
+# --- process-level helpers ---------------------------------------------------------------------
+
+
+def _check_deferred_options(loader: Loader) -> None:
+    """
+    mitmproxy silently drops a script addon whose deferred `--set` value fails type
+    parsing, and then serves traffic unrecorded. Parse our values here and log an
+    error instead, which stops mitmproxy at startup.
+    """
+    options = loader.master.options
+    ours = {name: typespec for name, typespec, _, _ in OPTIONS}
+    for name in list(options.deferred):
+        if name.startswith("receipts_") and name not in ours:
+            logger.error(f"unknown option {name}; receipt-proxy knows: {', '.join(ours)}")
+            del options.deferred[name]
+            continue
+        if name not in ours:
+            continue
+        raw = options.deferred[name]
+        if not hasattr(raw, "val"):  # already a typed value, not a --set string
+            continue
+        try:
+            options._parse_setval(options._options[name], raw.val)
+        except exceptions.OptionsError as e:
+            logger.error(f"receipt-proxy: bad value for {name}: {e}")
+            del options.deferred[name]
+
+
+def _instances_dir(db: Path) -> Path:
+    return db.parent / f"{db.name}.instances"
+
+
+def _claim_instance(db: Path) -> tuple[str, int]:
+    """A fresh instance id, with a lock file held for as long as this process lives."""
+    d = _instances_dir(db)
+    d.mkdir(mode=0o700, exist_ok=True)
+    instance = f"{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(d / f"{instance}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return instance, fd
+
+
+def _instance_alive(db: Path, instance: str | None) -> bool:
+    if not instance:
+        return False
+    path = _instances_dir(db) / f"{instance}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return False
+    finally:
+        os.close(fd)
+
+
+def _close_server_connection(flow: http.HTTPFlow) -> None:
+    """End a flow's upstream exchange. mitmproxy 12 has no public call for this (flow.kill() cannot stop a flow in transit)."""
+    proxyserver = ctx.master.addons.get("proxyserver")
+    handler = getattr(proxyserver, "connections", {}).get(flow.client_conn.id)
+    transport = getattr(handler, "transports", {}).get(flow.server_conn) if handler else None
+    if transport is None or transport.handler is None:
+        logger.error(f"receipt-proxy: could not end the upstream exchange of flow {flow.id}")
+        return
+    transport.handler.cancel("receipt-proxy: upstream deadline passed")
+
+
+addons = [Receipts()]

@@ -1,0 +1,52 @@
+"""
+The errors receipt-proxy raises. Every one says what went wrong and how to fix it.
+
+    ReceiptsError
+    ├── RulesError            a rules file is malformed (names file, line and field)
+    └── StoreError            the receipts database could not be read or written
+        ├── StoreUnavailable  the write did not happen (locked, read-only, disk full):
+        │                     the request must not be forwarded
+        ├── IllegalTransition a state change the transition table forbids, or one
+        │                     that lost a race (the receipt was no longer in the
+        │                     expected state)
+        └── UnknownReceipt    no receipt has that id
+"""
+
+from __future__ import annotations
+
+
+class ReceiptsError(Exception):
+    """Base class of every error receipt-proxy raises on purpose."""
+
+
+class RulesError(ReceiptsError, ValueError):
+    """
+    A rules file is malformed.
+
+    `str(error)` reads `rules/dev.to.yaml:12: operations.articles.create.match.path:
+    unbalanced '{' in path template '/api/{id'`.
+    """
+
+    def __init__(self, message: str, *, source: str, line: int | None = None, field: str | None = None):
+        self.message = message
+        self.source = source
+        self.line = line
+        self.field = field
+        where = source if line is None else f"{source}:{line}"
+        super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+
+
+class StoreError(ReceiptsError):
+    """The receipts database could not be used."""
+
+
+class StoreUnavailable(StoreError):
+    """A write to the receipts database failed; nothing was recorded."""
+
+
+class IllegalTransition(StoreError):
+    """The transition table forbids this state change, or the receipt moved on meanwhile."""
+
+
+class UnknownReceipt(StoreError, LookupError):
+    """No receipt has this operation id."""

@@ -1,0 +1,418 @@
+"""
+Rules: which requests are mutating operations, and what identifies their intent.
+
+One YAML file per API. `load_rules(text, source)` is pure: it knows nothing of
+mitmproxy and raises `RulesError` naming the file, the line and the field.
+`load_rules_path(path)` reads a file or every `*.yaml`/`*.yml` in a folder.
+
+    api: dev.to
+    hosts: [dev.to]
+    credentials: {header: api-key}
+    operations:
+      articles.create:
+        match: {method: POST, path: /api/articles}
+        fingerprint: {body: [article.title, article.body_markdown]}
+        external_id: id
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from proxy_addon.errors import RulesError
+from proxy_addon.states import State
+
+AfterSuccess = Literal["replay", "block", "allow"]
+AFTER_SUCCESS: tuple[str, ...] = ("replay", "block", "allow")
+METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS")
+CLASSIFIABLE = (State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN)
+
+# Names that carry credentials. They may identify the principal (as a keyed hash)
+# but never enter a fingerprint's allowlist, the intent or the target URL.
+SECRET_NAME = re.compile(
+    r"(auth|token|secret|passw|pwd|api[-_]?key|apikey|^key$|signature|^sig$|session|cookie|credential|^code$)",
+    re.IGNORECASE,
+)
+ALWAYS_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+
+_OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:\d{1,5})?$")
+_PARAM = re.compile(r"\{([^{}]*)\}")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
+_HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_STATUS_KEY = re.compile(r"^([1-5])(\d\d|xx)$")
+
+
+@dataclass(frozen=True)
+class PathTemplate:
+    template: str
+    params: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    def match(self, path: str) -> dict[str, str] | None:
+        m = self.regex.fullmatch(path)
+        return m.groupdict() if m else None
+
+
+@dataclass(frozen=True)
+class FingerprintSpec:
+    path: tuple[str, ...]
+    body: tuple[str, ...] | None  # None: the whole body; (): the body is ignored
+    query: tuple[str, ...] = ()
+    headers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Operation:
+    api: str
+    name: str
+    method: str
+    path: PathTemplate
+    fingerprint: FingerprintSpec
+    credential_headers: tuple[str, ...]
+    external_id: str | None = None
+    after_success: AfterSuccess = "replay"
+    classify: tuple[tuple[str, State], ...] = ()  # ("404", ...) before ("4xx", ...)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Match:
+    operation: Operation
+    params: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    api: str
+    hosts: tuple[str, ...]
+    operations: tuple[Operation, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    files: tuple[RuleFile, ...] = ()
+    _exact: Mapping[str, tuple[tuple[RuleFile, Operation], ...]] = field(default_factory=dict, repr=False)
+    _wildcard: tuple[tuple[str, RuleFile, Operation], ...] = field(default=(), repr=False)
+
+    @classmethod
+    def of(cls, files: Iterable[RuleFile]) -> RuleSet:
+        files = tuple(files)
+        exact: dict[str, list] = {}
+        wildcard = []
+        for f in files:
+            for host in f.hosts:
+                for op in f.operations:
+                    if host.startswith("*."):
+                        wildcard.append((host[1:], f, op))
+                    else:
+                        exact.setdefault(host, []).append((f, op))
+        return cls(files, {h: tuple(v) for h, v in exact.items()}, tuple(wildcard))
+
+    @property
+    def operations(self) -> tuple[Operation, ...]:
+        return tuple(op for f in self.files for op in f.operations)
+
+    def operation(self, api: str, name: str) -> Operation | None:
+        for f in self.files:
+            if f.api == api:
+                return next((op for op in f.operations if op.name == name), None)
+        return None
+
+    def match(self, host: str, port: int, method: str, path: str) -> Match | None:
+        """The first operation whose host, method and path template fit, or None."""
+        host = host.lower().rstrip(".")
+        candidates = self._exact.get(f"{host}:{port}", ()) + self._exact.get(host, ())
+        if self._wildcard:
+            candidates += tuple(
+                (f, op)
+                for suffix, f, op in self._wildcard
+                if (host.endswith(suffix.split(":")[0]) and (":" not in suffix or suffix.endswith(f":{port}")))
+            )
+        if not candidates:
+            return None
+        path = path.split("?", 1)[0]
+        for _, op in candidates:
+            if op.method == method:
+                params = op.path.match(path)
+                if params is not None:
+                    return Match(op, params)
+        return None
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+class _Ctx:
+    def __init__(self, source: str):
+        self.source = source
+
+    def error(self, node: yaml.Node | None, field_: str, message: str) -> RulesError:
+        line = node.start_mark.line + 1 if node is not None else None
+        return RulesError(message, source=self.source, line=line, field=field_)
+
+    def mapping(self, node: yaml.Node, field_: str, allowed: Iterable[str], required: Iterable[str] = ()) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.error(node, field_, f"expected a mapping, got {_kind(node)}")
+        allowed = tuple(allowed)
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                raise self.error(key, field_, "keys must be plain strings")
+            name = key.value
+            where = f"{field_}.{name}" if field_ else name
+            if name in out:
+                raise self.error(key, where, "duplicate key")
+            if name not in allowed:
+                raise self.error(key, where, f"unknown key {name!r}; expected one of: {', '.join(allowed)}")
+            out[name] = (key, value)
+        for name in required:
+            if name not in out:
+                raise self.error(node, f"{field_}.{name}" if field_ else name, "is required")
+        return out
+
+    def string(self, node: yaml.Node, field_: str) -> str:
+        if not isinstance(node, yaml.ScalarNode) or node.tag != "tag:yaml.org,2002:str" or node.value == "":
+            raise self.error(node, field_, f"expected a non-empty string, got {_kind(node)}")
+        return node.value
+
+    def strings(self, node: yaml.Node, field_: str, *, allow_empty: bool = True) -> list[tuple[yaml.Node, str]]:
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:str":
+            items = [node]
+        elif isinstance(node, yaml.SequenceNode):
+            items = node.value
+        else:
+            raise self.error(node, field_, f"expected a list of strings, got {_kind(node)}")
+        if not items and not allow_empty:
+            raise self.error(node, field_, "must not be empty")
+        out = []
+        seen = set()
+        for i, item in enumerate(items):
+            value = self.string(item, f"{field_}[{i}]")
+            if value in seen:
+                raise self.error(item, f"{field_}[{i}]", f"{value!r} is listed twice")
+            seen.add(value)
+            out.append((item, value))
+        return out
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    tag = node.tag.rsplit(":", 1)[-1]
+    if tag == "null" or node.value == "":
+        return "nothing"
+    return f"{tag} {node.value!r}"
+
+
+def parse_path_template(template: str) -> PathTemplate:
+    """Compile `/api/articles/{id}` into a matcher. Raises ValueError with the reason."""
+    if not template.startswith("/"):
+        raise ValueError(f"path template {template!r} must start with '/'")
+    if "?" in template or "#" in template:
+        raise ValueError(
+            f"path template {template!r} contains a query or fragment; match the path only and list query parameters under fingerprint.query"
+        )
+    params: list[str] = []
+    pattern = ""
+    pos = 0
+    for m in _PARAM.finditer(template):
+        literal = template[pos : m.start()]
+        if "{" in literal or "}" in literal:
+            raise ValueError(f"unbalanced '{{' or '}}' in path template {template!r}")
+        name = m.group(1)
+        if not _IDENT.match(name):
+            raise ValueError(f"parameter {{{name}}} in path template {template!r} is not a valid name (letters, digits, _)")
+        if name in params:
+            raise ValueError(f"parameter {{{name}}} appears twice in path template {template!r}")
+        params.append(name)
+        pattern += re.escape(literal) + f"(?P<{name}>[^/]+)"
+        pos = m.end()
+    rest = template[pos:]
+    if "{" in rest or "}" in rest:
+        raise ValueError(f"unbalanced '{{' or '}}' in path template {template!r}")
+    pattern += re.escape(rest)
+    return PathTemplate(template, tuple(params), re.compile(pattern))
+
+
+def load_rules(text: str, source: str = "<rules>") -> RuleFile:
+    """Parse one rules file. Raises RulesError naming `source`, the line and the field."""
+    ctx = _Ctx(source)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        problem = getattr(e, "problem", None) or str(e)
+        raise RulesError(
+            f"not valid YAML: {problem}", source=source, line=mark.line + 1 if mark else None
+        ) from None
+    if node is None:
+        raise RulesError("the file is empty; expected keys api, hosts and operations", source=source, line=1)
+    top = ctx.mapping(node, "", ("api", "hosts", "credentials", "operations"), ("api", "hosts", "operations"))
+
+    api = ctx.string(top["api"][1], "api")
+    hosts = []
+    for item, host in ctx.strings(top["hosts"][1], "hosts", allow_empty=False):
+        if not _HOST.match(host):
+            raise ctx.error(item, "hosts", f"{host!r} is not a host name (lower case, optional '*.' prefix and ':port')")
+        hosts.append(host)
+
+    credential_headers: tuple[str, ...] = ()
+    if "credentials" in top:
+        cred = ctx.mapping(top["credentials"][1], "credentials", ("header",), ("header",))
+        names = []
+        for item, h in ctx.strings(cred["header"][1], "credentials.header", allow_empty=False):
+            if not _HEADER.match(h):
+                raise ctx.error(item, "credentials.header", f"{h!r} is not a valid header name")
+            names.append(h.lower())
+        credential_headers = tuple(names)
+
+    ops_node = top["operations"][1]
+    ops_map = ctx.mapping(ops_node, "operations", [k.value for k, _ in getattr(ops_node, "value", []) if isinstance(k, yaml.ScalarNode)])
+    if not ops_map:
+        raise ctx.error(ops_node, "operations", "must list at least one operation")
+    operations = []
+    for name, (key, value) in ops_map.items():
+        if not _OPERATION_NAME.match(name):
+            raise ctx.error(key, f"operations.{name}", "operation names use letters, digits, '.', '_' and '-'")
+        operations.append(_operation(ctx, api, name, value, credential_headers))
+    return RuleFile(api=api, hosts=tuple(hosts), operations=tuple(operations), source=source)
+
+
+def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_headers: tuple[str, ...]) -> Operation:
+    f = f"operations.{name}"
+    op = ctx.mapping(
+        node, f,
+        ("description", "match", "fingerprint", "external_id", "after_success", "classify"),
+        ("match",),
+    )
+    if "description" in op:
+        ctx.string(op["description"][1], f"{f}.description")
+    m = ctx.mapping(op["match"][1], f"{f}.match", ("method", "path"), ("method", "path"))
+    method_node = m["method"][1]
+    method = ctx.string(method_node, f"{f}.match.method").upper()
+    if method not in METHODS:
+        raise ctx.error(method_node, f"{f}.match.method", f"{method!r} is not one of {', '.join(METHODS)}")
+    path_node = m["path"][1]
+    try:
+        path = parse_path_template(ctx.string(path_node, f"{f}.match.path"))
+    except ValueError as e:
+        raise ctx.error(path_node, f"{f}.match.path", str(e)) from None
+
+    fp = _fingerprint(ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path, credential_headers)
+
+    external_id = None
+    if "external_id" in op:
+        external_id = ctx.string(op["external_id"][1], f"{f}.external_id")
+        if not _DOTTED.match(external_id):
+            raise ctx.error(op["external_id"][1], f"{f}.external_id", f"{external_id!r} is not a dotted field path like 'id' or 'data.id'")
+
+    after_success: AfterSuccess = "replay"
+    if "after_success" in op:
+        v = ctx.string(op["after_success"][1], f"{f}.after_success")
+        if v not in AFTER_SUCCESS:
+            raise ctx.error(op["after_success"][1], f"{f}.after_success", f"{v!r} is not one of {', '.join(AFTER_SUCCESS)}")
+        after_success = v  # type: ignore[assignment]
+
+    classify: list[tuple[str, State]] = []
+    if "classify" in op:
+        cnode = op["classify"][1]
+        keys = [k.value for k, _ in cnode.value] if isinstance(cnode, yaml.MappingNode) else []
+        for status, (knode, vnode) in ctx.mapping(cnode, f"{f}.classify", keys).items():
+            where = f"{f}.classify.{status}"
+            if not _STATUS_KEY.match(status.lower()):
+                raise ctx.error(knode, where, f"{status!r} is not a status code (like 409) or class (like 4xx)")
+            state = ctx.string(vnode, where)
+            if state not in CLASSIFIABLE:
+                raise ctx.error(vnode, where, f"{state!r} is not one of {', '.join(CLASSIFIABLE)}")
+            classify.append((status.lower(), State(state)))
+        classify.sort(key=lambda kv: kv[0].endswith("xx"))  # exact codes first
+
+    return Operation(
+        api=api, name=name, method=method, path=path, fingerprint=fp,
+        credential_headers=credential_headers, external_id=external_id,
+        after_success=after_success, classify=tuple(classify), source=ctx.source,
+    )
+
+
+def _fingerprint(ctx: _Ctx, f: str, node: yaml.Node | None, path: PathTemplate, credential_headers: tuple[str, ...]) -> FingerprintSpec:
+    if node is None:
+        return FingerprintSpec(path=path.params, body=None)
+    fp = ctx.mapping(node, f"{f}.fingerprint", ("path", "body", "query", "headers"))
+    path_params = path.params
+    if "path" in fp:
+        path_params = []
+        for item, p in ctx.strings(fp["path"][1], f"{f}.fingerprint.path"):
+            if p not in path.params:
+                known = ", ".join(path.params) or "none"
+                raise ctx.error(item, f"{f}.fingerprint.path", f"{p!r} is not a parameter of {path.template!r} (it has: {known})")
+            path_params.append(p)
+    body = None
+    if "body" in fp:
+        body = []
+        for item, b in ctx.strings(fp["body"][1], f"{f}.fingerprint.body"):
+            if not _DOTTED.match(b):
+                raise ctx.error(item, f"{f}.fingerprint.body", f"{b!r} is not a dotted field path like 'article.title'")
+            body.append(b)
+    query = []
+    for item, q in ctx.strings(fp["query"][1], f"{f}.fingerprint.query") if "query" in fp else ():
+        if SECRET_NAME.search(q):
+            raise ctx.error(item, f"{f}.fingerprint.query", f"{q!r} looks like a credential; secrets never enter a fingerprint")
+        query.append(q)
+    headers = []
+    for item, h in ctx.strings(fp["headers"][1], f"{f}.fingerprint.headers") if "headers" in fp else ():
+        low = h.lower()
+        if not _HEADER.match(h):
+            raise ctx.error(item, f"{f}.fingerprint.headers", f"{h!r} is not a valid header name")
+        if low in ALWAYS_SECRET_HEADERS or low in credential_headers or SECRET_NAME.search(low):
+            raise ctx.error(item, f"{f}.fingerprint.headers", f"{h!r} carries credentials; secrets never enter a fingerprint")
+        headers.append(low)
+    return FingerprintSpec(
+        path=tuple(path_params), body=None if body is None else tuple(body),
+        query=tuple(query), headers=tuple(headers),
+    )
+
+
+def load_rules_path(path: str | Path) -> RuleSet:
+    """Load one rules file, or every `*.yaml`/`*.yml` file in a folder (sorted by name)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        files = sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file())
+        if not files:
+            raise RulesError("no *.yaml rules files in this folder", source=str(p))
+    elif p.is_file():
+        files = [p]
+    else:
+        raise RulesError("no such rules file or folder", source=str(p))
+    loaded: list[RuleFile] = []
+    for file in files:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise RulesError(f"cannot read: {e}", source=str(file)) from None
+        rf = load_rules(text, str(file))
+        for other in loaded:
+            if other.api == rf.api:
+                raise RulesError(f"api {rf.api!r} is already defined in {other.source}", source=str(file), field="api")
+        loaded.append(rf)
+    return RuleSet.of(loaded)
+
+
+def rules_signature(path: str | Path) -> tuple:
+    """What changes when a rules file is edited, added or removed: names, sizes and mtimes."""
+    p = Path(path).expanduser()
+    try:
+        entries = [x for x in p.iterdir() if x.suffix in (".yaml", ".yml")] if p.is_dir() else [p]
+        return tuple(sorted((str(x), x.stat().st_mtime_ns, x.stat().st_size) for x in entries))
+    except OSError:
+        return ()

@@ -1,0 +1,62 @@
+"""
+Receipt states and the one table of legal transitions.
+
+    submitted ─┬─ succeeded
+               ├─ rejected           explicit refusal (4xx)
+               ├─ not_sent           provably never left the proxy
+               └─ outcome_unknown ── reconciling ─┬─ succeeded
+                        │                         ├─ safe_to_retry
+                        └──── manual_review ◄─────┴─ manual_review
+
+Every state change in the store is checked against `TRANSITIONS` and guarded in
+SQL by the state it leaves, so a change that lost a race fails instead of
+overwriting newer knowledge.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class State(enum.StrEnum):
+    SUBMITTED = "submitted"
+    SUCCEEDED = "succeeded"
+    REJECTED = "rejected"
+    NOT_SENT = "not_sent"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    RECONCILING = "reconciling"
+    SAFE_TO_RETRY = "safe_to_retry"
+    MANUAL_REVIEW = "manual_review"
+
+
+# While a fingerprint has a receipt in one of these states, an identical request is blocked.
+UNRESOLVED: frozenset[State] = frozenset(
+    {State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW}
+)
+
+# A duplicate of a receipt in one of these states is forwarded as a new attempt (retry_of set).
+RETRYABLE: frozenset[State] = frozenset({State.REJECTED, State.NOT_SENT, State.SAFE_TO_RETRY})
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.SUBMITTED: frozenset(
+        {State.SUCCEEDED, State.REJECTED, State.NOT_SENT, State.OUTCOME_UNKNOWN}
+    ),
+    State.OUTCOME_UNKNOWN: frozenset({State.RECONCILING, State.MANUAL_REVIEW}),
+    State.RECONCILING: frozenset(
+        {State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN}
+    ),
+    State.MANUAL_REVIEW: frozenset({State.RECONCILING, State.SUCCEEDED, State.SAFE_TO_RETRY}),
+    State.SUCCEEDED: frozenset(),
+    State.REJECTED: frozenset(),
+    State.NOT_SENT: frozenset(),
+    State.SAFE_TO_RETRY: frozenset(),
+}
+
+
+def sources_of(target: State) -> frozenset[State]:
+    """The states from which `target` may be reached."""
+    return frozenset(s for s, targets in TRANSITIONS.items() if target in targets)
+
+
+def is_legal(source: State, target: State) -> bool:
+    return target in TRANSITIONS[source]

@@ -1,0 +1,500 @@
+"""
+The receipts store: every SQL statement and every state change lives here.
+
+    store = Store.open("receipts.db")
+    decision = store.begin_attempt(attempt)      # committed before it returns
+    if decision.kind == "forward":
+        ...send once...
+        store.transition(decision.receipt.operation_id, State.SUCCEEDED, reason="HTTP 201")
+
+Guarantees (the ones a PostgreSQL backend must keep too):
+- `begin_attempt` decides and writes in one `BEGIN IMMEDIATE` transaction, and a
+  partial unique index on `intent_fingerprint` over the unresolved states makes
+  two identical attempts, even from two processes, yield one forwarded request.
+- `transition` checks `TRANSITIONS`, then runs `UPDATE ... WHERE state IN (...)` and
+  checks the row count, and appends to `receipt_events` in the same transaction.
+- `receipt_events` is append-only (triggers refuse UPDATE and DELETE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable, UnknownReceipt
+from proxy_addon.states import RETRYABLE, TRANSITIONS, UNRESOLVED, State, sources_of
+
+Clock = Callable[[], dt.datetime]
+DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded"]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_operation_id(now: dt.datetime) -> str:
+    """Time-sortable: `20260816T012030Z-1fd54b31a2`."""
+    return f"{now.astimezone(dt.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the proxy knows about a matched request before it is sent."""
+
+    api: str
+    operation: str
+    method: str
+    target: str
+    intent_fingerprint: str
+    intent: dict[str, Any]
+    principal: str
+    flow_id: str | None = None
+    instance: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordedResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class Receipt:
+    operation_id: str
+    api: str
+    operation: str
+    method: str
+    target: str
+    state: State
+    intent_fingerprint: str
+    intent: dict[str, Any]
+    principal: str
+    submitted_at: str
+    updated_at: str
+    completed_at: str | None
+    http_status: int | None
+    error: str | None
+    external_id: str | None
+    flow_id: str | None
+    retry_of: str | None
+    instance: str | None
+    response: RecordedResponse | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Receipt:
+        try:
+            state = State(row["state"])
+        except ValueError:
+            raise StoreError(f"receipt {row['operation_id']} has unknown state {row['state']!r}") from None
+        response = None
+        if row.get("response_status") is not None:
+            response = RecordedResponse(
+                status=row["response_status"],
+                headers=[tuple(h) for h in json.loads(row["response_headers"] or "[]")],
+                body=row["response_body"] or b"",
+                truncated=bool(row["response_truncated"]),
+            )
+        return cls(
+            operation_id=row["operation_id"], api=row["api"], operation=row["operation"],
+            method=row["method"], target=row["target"], state=state,
+            intent_fingerprint=row["intent_fingerprint"], intent=json.loads(row["intent"]),
+            principal=row["principal"], submitted_at=row["submitted_at"],
+            updated_at=row["updated_at"], completed_at=row["completed_at"],
+            http_status=row["http_status"], error=row["error"], external_id=row["external_id"],
+            flow_id=row["flow_id"], retry_of=row["retry_of"], instance=row["instance"],
+            response=response,
+        )
+
+    @property
+    def unresolved(self) -> bool:
+        return self.state in UNRESOLVED
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    operation_id: str
+    at: str
+    event: str  # "transition", "blocked" or "replayed"
+    from_state: State | None
+    to_state: State
+    reason: str
+    actor: str
+    flow_id: str | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with an attempt: forward it (a new receipt) or answer from an existing one."""
+
+    kind: DecisionKind
+    receipt: Receipt
+
+
+migrations = Migrations("receipt-proxy")
+
+
+@migrations()
+def m001_receipts(db: Database) -> None:
+    db.execute(
+        """
+        CREATE TABLE receipts (
+            operation_id TEXT PRIMARY KEY,
+            api TEXT NOT NULL,
+            operation TEXT NOT NULL,
+            method TEXT NOT NULL,
+            target TEXT NOT NULL,
+            state TEXT NOT NULL,
+            intent_fingerprint TEXT NOT NULL,
+            intent TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            submitted_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            completed_at TEXT,
+            http_status INTEGER,
+            error TEXT,
+            external_id TEXT,
+            flow_id TEXT,
+            retry_of TEXT REFERENCES receipts(operation_id),
+            instance TEXT,
+            response_status INTEGER,
+            response_headers TEXT,
+            response_body BLOB,
+            response_truncated INTEGER
+        )
+        """
+    )
+    unresolved = ", ".join(f"'{s}'" for s in sorted(UNRESOLVED))
+    db.execute(
+        f"CREATE UNIQUE INDEX receipts_one_unresolved_per_fingerprint "
+        f"ON receipts(intent_fingerprint) WHERE state IN ({unresolved})"
+    )
+    db.execute("CREATE INDEX receipts_by_fingerprint ON receipts(intent_fingerprint)")
+    db.execute("CREATE INDEX receipts_by_state ON receipts(state)")
+    db.execute(
+        """
+        CREATE TABLE receipt_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            operation_id TEXT NOT NULL REFERENCES receipts(operation_id),
+            at TEXT NOT NULL,
+            event TEXT NOT NULL,
+            from_state TEXT,
+            to_state TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            flow_id TEXT
+        )
+        """
+    )
+    db.execute("CREATE INDEX receipt_events_by_receipt ON receipt_events(operation_id, id)")
+    for op in ("UPDATE", "DELETE"):
+        db.execute(
+            f"CREATE TRIGGER receipt_events_no_{op.lower()} BEFORE {op} ON receipt_events "
+            f"BEGIN SELECT RAISE(ABORT, 'receipt_events is append-only'); END"
+        )
+
+
+_RECEIPT_COLUMNS = (
+    "operation_id", "api", "operation", "method", "target", "state", "intent_fingerprint",
+    "intent", "principal", "submitted_at", "updated_at", "flow_id", "retry_of", "instance",
+)
+_UPDATABLE = frozenset(
+    {"completed_at", "http_status", "error", "external_id", "response"}
+)
+
+
+def _create_private_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+
+
+class Store:
+    """The receipts database. Not thread-safe: give each thread its own Store, or one thread all calls."""
+
+    def __init__(self, conn: sqlite3.Connection, *, clock: Clock = utcnow, path: str | None = None):
+        self.db = Database(conn)
+        self.conn = conn
+        self.clock = clock
+        self.path = path
+
+    @classmethod
+    def open(cls, path: str | Path, *, lock_timeout: float = 5.0, clock: Clock = utcnow, create: bool = True) -> Store:
+        """Open (and create with mode 0600, and migrate) the receipts database at `path`."""
+        p = Path(path).expanduser()
+        try:
+            if create:
+                _create_private_file(p)
+            elif not p.exists():
+                raise StoreError(f"no receipts database at {p}")
+            conn = sqlite3.connect(p, timeout=lock_timeout, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute(f"PRAGMA busy_timeout={int(lock_timeout * 1000)}")
+            store = cls(conn, clock=clock, path=str(p))
+            if create:
+                migrations.apply(store.db)
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"cannot open the receipts database {p}: {e}") from e
+        except OSError as e:
+            raise StoreUnavailable(f"cannot create the receipts database {p}: {e.strerror}") from e
+        return store
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # --- transactions ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One `BEGIN IMMEDIATE` transaction: serialized with every other writer, even in other processes."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"cannot write the receipts database: {e}") from e
+        try:
+            yield self.conn
+            self.conn.execute("COMMIT")
+        except BaseException as e:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.IntegrityError):
+                raise
+            if isinstance(e, sqlite3.Error):
+                raise StoreUnavailable(f"cannot write the receipts database: {e}") from e
+            raise
+
+    def _event(self, operation_id: str, event: str, from_state: State | None, to_state: State,
+               reason: str, actor: str, flow_id: str | None, at: str) -> None:
+        self.conn.execute(
+            "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor, flow_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (operation_id, at, event, from_state, to_state, reason, actor, flow_id),
+        )
+
+    # --- the hot path ----------------------------------------------------------------------
+
+    def begin_attempt(
+        self,
+        attempt: Attempt,
+        *,
+        after_success: str = "replay",
+        replay_window: float = 86400.0,
+        actor: str = "proxy",
+    ) -> Decision:
+        """
+        Decide what to do with an attempt and commit that decision before returning.
+
+        - an unresolved receipt with the same fingerprint: "blocked" (and the blocked attempt is recorded);
+        - a succeeded one: per `after_success`, "replay" (within `replay_window` seconds and
+          with a recorded response), "blocked_succeeded", or a new attempt;
+        - otherwise a new `submitted` receipt, with `retry_of` naming the previous one: "forward".
+        """
+        for _ in range(3):
+            try:
+                with self._write():
+                    return self._begin_attempt(attempt, after_success, replay_window, actor)
+            except sqlite3.IntegrityError:
+                # Lost a race on the unique index to another connection: decide again.
+                continue
+        raise StoreUnavailable("could not record the attempt: the unique index kept refusing it")
+
+    def _begin_attempt(self, a: Attempt, after_success: str, replay_window: float, actor: str) -> Decision:
+        now = self.clock()
+        at = iso(now)
+        rows = self.conn.execute(
+            "SELECT * FROM receipts WHERE intent_fingerprint = ? ORDER BY rowid DESC LIMIT 1",
+            (a.intent_fingerprint,),
+        )
+        latest = _one_row(rows)
+        unresolved = self._unresolved_for(a.intent_fingerprint)
+        if unresolved is not None:
+            self._event(unresolved.operation_id, "blocked", unresolved.state, unresolved.state,
+                        "duplicate blocked: the first attempt is unresolved", actor, a.flow_id, at)
+            return Decision("blocked", unresolved)
+        if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
+            if after_success == "block":
+                self._event(latest.operation_id, "blocked", latest.state, latest.state,
+                            "duplicate blocked: the operation already succeeded", actor, a.flow_id, at)
+                return Decision("blocked_succeeded", latest)
+            age = (now - dt.datetime.fromisoformat(latest.completed_at or latest.updated_at)).total_seconds()
+            if latest.response is not None and not latest.response.truncated and age <= replay_window:
+                self._event(latest.operation_id, "replayed", latest.state, latest.state,
+                            "duplicate answered with the recorded response", actor, a.flow_id, at)
+                return Decision("replay", latest)
+            if latest.response is None or latest.response.truncated:
+                self._event(latest.operation_id, "blocked", latest.state, latest.state,
+                            "duplicate blocked: succeeded, and no complete response was recorded to replay",
+                            actor, a.flow_id, at)
+                return Decision("blocked_succeeded", latest)
+            # older than the replay window: a new attempt
+        retry_of = latest.operation_id if latest is not None else None
+        if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
+            raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
+        operation_id = new_operation_id(now)
+        values = (
+            operation_id, a.api, a.operation, a.method, a.target, State.SUBMITTED,
+            a.intent_fingerprint, json.dumps(a.intent, sort_keys=True), a.principal, at, at,
+            a.flow_id, retry_of, a.instance,
+        )
+        self.conn.execute(
+            f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({', '.join('?' * len(values))})",
+            values,
+        )
+        reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
+        self._event(operation_id, "transition", None, State.SUBMITTED, reason, actor, a.flow_id, at)
+        return Decision("forward", self.get(operation_id))
+
+    def _unresolved_for(self, fingerprint: str) -> Receipt | None:
+        placeholders = ", ".join("?" * len(UNRESOLVED))
+        rows = self.conn.execute(
+            f"SELECT * FROM receipts WHERE intent_fingerprint = ? AND state IN ({placeholders})",
+            (fingerprint, *sorted(UNRESOLVED)),
+        )
+        return _one_row(rows)
+
+    def transition(
+        self,
+        operation_id: str,
+        to: State,
+        *,
+        reason: str,
+        actor: str = "proxy",
+        expect: Sequence[State] | None = None,
+        flow_id: str | None = None,
+        **fields: Any,
+    ) -> Receipt:
+        """
+        Move a receipt to `to`, from any state the transition table allows (or only from
+        `expect`). Raises IllegalTransition if the table forbids it or the receipt has moved on.
+        Fields: completed_at, http_status, error, external_id, response (a RecordedResponse).
+        """
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
+        sources = sources_of(to)
+        if expect is not None:
+            bad = [s for s in expect if to not in TRANSITIONS[s]]
+            if bad:
+                raise IllegalTransition(f"{', '.join(bad)} → {to} is not a legal transition")
+            sources = frozenset(expect)
+        if not sources:
+            raise IllegalTransition(f"nothing may move to {to}")
+        sets: dict[str, Any] = {"state": str(to)}
+        for k, v in fields.items():
+            if k == "response":
+                if v is not None:
+                    sets.update(
+                        response_status=v.status, response_headers=json.dumps(v.headers),
+                        response_body=v.body, response_truncated=int(v.truncated),
+                    )
+            else:
+                sets[k] = v
+        with self._write() as conn:
+            at = iso(self.clock())
+            sets["updated_at"] = at
+            row = _one_row(conn.execute("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,)))
+            if row is None:
+                raise UnknownReceipt(f"no receipt {operation_id}")
+            if row.state is State.SUBMITTED and "completed_at" not in fields:
+                sets["completed_at"] = at  # the attempt is over, whatever we learned of it
+            placeholders = ", ".join("?" * len(sources))
+            cur = conn.execute(
+                f"UPDATE receipts SET {', '.join(f'{k} = ?' for k in sets)} "
+                f"WHERE operation_id = ? AND state IN ({placeholders})",
+                (*sets.values(), operation_id, *sorted(sources)),
+            )
+            if cur.rowcount != 1:
+                raise IllegalTransition(f"receipt {operation_id} is {row.state}; {row.state} → {to} is not allowed")
+            self._event(operation_id, "transition", row.state, to, reason, actor, flow_id, at)
+        return self.get(operation_id)
+
+    # --- recovery --------------------------------------------------------------------------
+
+    def recover_in_flight(self, *, is_alive: Callable[[str | None], bool], actor: str = "proxy") -> list[str]:
+        """
+        Receipts left `submitted` (or `reconciling`) by a proxy instance that is no longer
+        running become `outcome_unknown`: the request may have left. Returns their ids.
+        """
+        rows = self.conn.execute(
+            "SELECT operation_id, state, instance FROM receipts WHERE state IN (?, ?)",
+            (State.SUBMITTED, State.RECONCILING),
+        ).fetchall()
+        recovered = []
+        for operation_id, state, instance in rows:
+            if is_alive(instance):
+                continue
+            reason = (
+                "proxy stopped while the request was in flight"
+                if state == State.SUBMITTED
+                else "proxy stopped while reconciling"
+            )
+            try:
+                self.transition(operation_id, State.OUTCOME_UNKNOWN, reason=reason, actor=actor,
+                                expect=[State(state)], error=reason)
+            except IllegalTransition:
+                continue  # another process moved it on meanwhile
+            recovered.append(operation_id)
+        return recovered
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def get(self, operation_id: str) -> Receipt:
+        row = _one_row(self.conn.execute("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,)))
+        if row is None:
+            raise UnknownReceipt(f"no receipt {operation_id}")
+        return row
+
+    def list(self, *, states: Sequence[State] = (), limit: int | None = 100) -> list[Receipt]:
+        """Receipts, newest first."""
+        sql = "SELECT * FROM receipts"
+        params: list[Any] = []
+        if states:
+            sql += f" WHERE state IN ({', '.join('?' * len(states))})"
+            params += [str(s) for s in states]
+        sql += " ORDER BY rowid DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [Receipt.from_row(r) for r in self.db.query(sql, params)]
+
+    def events(self, operation_id: str) -> list[Event]:
+        return [
+            Event(
+                id=r["id"], operation_id=r["operation_id"], at=r["at"], event=r["event"],
+                from_state=State(r["from_state"]) if r["from_state"] else None,
+                to_state=State(r["to_state"]), reason=r["reason"], actor=r["actor"], flow_id=r["flow_id"],
+            )
+            for r in self.db.query(
+                "SELECT * FROM receipt_events WHERE operation_id = ? ORDER BY id", [operation_id]
+            )
+        ]
+
+    def counts(self) -> dict[str, int]:
+        return {r["state"]: r["n"] for r in self.db.query("SELECT state, count(*) AS n FROM receipts GROUP BY state")}
+
+
+def _one_row(cursor: sqlite3.Cursor) -> Receipt | None:
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    names = [d[0] for d in cursor.description]
+    return Receipt.from_row(dict(zip(names, row)))

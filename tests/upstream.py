@@ -1,0 +1,222 @@
+"""
+A real upstream API on 127.0.0.1 that commits writes and injects faults.
+
+    with Upstream() as up:                     # or Upstream(tls=True)
+        up.plan("/api/articles", "drop")       # the next request commits, then drops the connection
+        ...
+        assert up.commits("/api/articles") == 1
+
+Faults, one per request, in the order planned (then "ok"):
+    ok        commit, answer 201 with {"id": n, ...}
+    drop      commit, then close the connection without answering
+    hang      commit, then hold the connection (up to `hang_seconds`), then close
+    half      commit, then send half a response and close
+    reset     commit, then reset the connection (RST)
+    400 / 404 / 409 / 429   refuse without committing
+    500 / 502 / 503         commit, then answer with that status
+The upstream counts commits itself, per path: tests never guess.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import socket
+import ssl
+import struct
+import threading
+from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+class Upstream:
+    def __init__(self, *, tls: bool = False, certdir: Path | None = None, hang_seconds: float = 8.0, port: int = 0):
+        self.tls = tls
+        self._port = port
+        self.certdir = certdir
+        self.hang_seconds = hang_seconds
+        self._plans: dict[str, list[str]] = defaultdict(list)
+        self._commits: dict[str, int] = defaultdict(int)
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.release = threading.Event()  # set to end every hang early
+        self.server: ThreadingHTTPServer | None = None
+        self.cert_path: Path | None = None
+
+    # --- control ---------------------------------------------------------------------------
+
+    def plan(self, path: str, *faults: str) -> None:
+        with self.lock:
+            self._plans[path].extend(faults)
+
+    def commits(self, path: str) -> int:
+        with self.lock:
+            return self._commits[path]
+
+    def seen(self, path: str) -> int:
+        with self.lock:
+            return sum(1 for r in self.requests if r["path"].split("?")[0] == path)
+
+    @property
+    def port(self) -> int:
+        assert self.server
+        return self.server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Upstream:
+        up = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def do_GET(self):
+                self._answer(200, {"ok": True, "commits": dict(up._commits)})
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    body = self._read_chunked()
+                path = self.path.split("?")[0]
+                with up.lock:
+                    fault = up._plans[path].pop(0) if up._plans[path] else _query_fault(self.path)
+                    up.requests.append({"path": self.path, "method": self.command, "headers": dict(self.headers),
+                                        "body": body, "fault": fault})
+                    if not fault.isdigit() or int(fault) >= 500:
+                        up._commits[path] += 1
+                        n = up._commits[path]
+                if fault == "ok":
+                    self._answer(201, {"id": n, "path": path, "received": len(body)})
+                elif fault.isdigit():
+                    extra = {"Retry-After": "1"} if fault == "429" else {}
+                    self._answer(int(fault), {"error": f"status {fault}"}, extra)
+                elif fault == "drop":
+                    self._close()
+                elif fault == "hang":
+                    up.release.wait(up.hang_seconds)
+                    self._close()
+                elif fault == "half":
+                    self.wfile.write(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\": ")
+                    self.wfile.flush()
+                    self._close()
+                elif fault == "reset":
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self._close()
+                else:
+                    raise ValueError(f"unknown fault {fault!r}")
+
+            do_PUT = do_PATCH = do_DELETE = do_POST
+
+            def _read_chunked(self) -> bytes:
+                out = b""
+                while True:
+                    size = int(self.rfile.readline().strip(), 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        return out
+                    out += self.rfile.read(size)
+                    self.rfile.readline()
+
+            def _answer(self, status: int, doc: dict, headers: dict | None = None) -> None:
+                data = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Set-Cookie", "upstream-session=never-recorded")
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _close(self) -> None:
+                self.close_connection = True
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                self.connection.close()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        self.server.daemon_threads = True
+        if self.tls:
+            assert self.certdir is not None
+            cert, key = make_self_signed_cert(self.certdir)
+            self.cert_path = cert
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert, key)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def _query_fault(path: str) -> str:
+    """`?fault=drop` picks the fault by hand (for trying the proxy with curl)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    return parse_qs(urlsplit(path).query).get("fault", ["ok"])[0]
+
+
+def make_self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, written as PEM files in `directory`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / "upstream-cert.pem", directory / "upstream-key.pem"
+    if cert_path.exists() and key_path.exists():
+        return cert_path, key_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def free_port() -> int:
+    """A loopback port with nothing listening on it (for 'connection refused')."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":  # a test API to try the proxy by hand: python tests/upstream.py [PORT]
+    import sys
+    import time
+
+    up = Upstream(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    with up:
+        print(f"test upstream at {up.url}: every write commits; add ?fault=drop (or hang, half, 400, 500) "
+              "to misbehave after the commit", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
