@@ -115,12 +115,15 @@ class Receipts:
         for name, typespec, default, help_ in OPTIONS:
             loader.add_option(name, typespec, default, help_)
         _check_deferred_options(loader)
+        # With eager connections, upstream failures happen at CONNECT time, outside any flow,
+        # and a receipt would never learn of them.
+        loader.master.options.update(connection_strategy="lazy")
 
     def configure(self, updated: set[str]) -> None:
-        if "connection_strategy" in updated and ctx.options.connection_strategy != "lazy":
-            # Eager connections fail at CONNECT time, outside the flow: receipts would never learn of it.
-            logger.info("receipt-proxy sets connection_strategy=lazy so every upstream failure reaches a flow")
-            ctx.options.update(connection_strategy="lazy")
+        if ctx.options.connection_strategy != "lazy":
+            raise exceptions.OptionsError(
+                "receipt-proxy needs connection_strategy=lazy, so that every upstream failure reaches a flow"
+            )
         opts = ctx.options
         config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
         if config != self._config:
@@ -165,6 +168,7 @@ class Receipts:
         logger.info(f"receipt-proxy: receipts in {db} (instance {instance})")
 
     def running(self) -> None:
+        logger.info(f"receipt-proxy: ready ({'NOT configured: ' + self.config_error if self.config_error else 'recording'})")
         if ctx.options.receipts_watch_rules and self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch_rules())
 
@@ -198,7 +202,9 @@ class Receipts:
     # --- hooks -----------------------------------------------------------------------------
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if self.rules is None:
+        if self.rules is None or self.config_error:
+            # Not configured (yet): we cannot tell writes from reads, so nothing passes.
+            flow.metadata[META] = {"api": "*", "operation": "*", "params": {}}
             return
         req = flow.request
         m = self.rules.match(req.host, req.port, req.method, req.path)

@@ -8,6 +8,7 @@ A real upstream API on 127.0.0.1 that commits writes and injects faults.
 
 Faults, one per request, in the order planned (then "ok"):
     ok        commit, answer 201 with {"id": n, ...}
+    slow      commit, wait a second, then answer like ok
     drop      commit, then close the connection without answering
     hang      commit, then hold the connection (up to `hang_seconds`), then close
     half      commit, then send half a response and close
@@ -98,6 +99,9 @@ class Upstream:
                 elif fault.isdigit():
                     extra = {"Retry-After": "1"} if fault == "429" else {}
                     self._answer(int(fault), {"error": f"status {fault}"}, extra)
+                elif fault == "slow":
+                    up.release.wait(1.0)
+                    self._answer(201, {"id": n, "path": path, "received": len(body)})
                 elif fault == "drop":
                     self._close()
                 elif fault == "hang":

@@ -1,0 +1,313 @@
+"""
+End to end: real mitmdump + the addon, a real upstream on 127.0.0.1, real clients.
+
+Every case asserts what the upstream committed (it counts), the receipt's state and
+events, and what the client got; then what an identical retry gets.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import threading
+
+import pytest
+
+from proxy_addon.store import Receipt, Store
+from tests.conftest import CLIENTS, SECRETS, Answer, Clients, Proxy, wait_for
+from tests.upstream import Upstream, free_port
+
+
+def receipts_for(proxy: Proxy, bucket: str) -> list[Receipt]:
+    store = Store.open(proxy.db, create=False)
+    try:
+        return sorted((r for r in store.list(limit=None) if f"/api/{bucket}/" in r.target), key=lambda r: r.submitted_at)
+    finally:
+        store.close()
+
+
+def events_of(proxy: Proxy, operation_id: str) -> list[tuple[str, str | None, str]]:
+    store = Store.open(proxy.db, create=False)
+    try:
+        return [(e.event, e.from_state, e.to_state) for e in store.events(operation_id)]
+    finally:
+        store.close()
+
+
+def settled(proxy: Proxy, bucket: str, n: int = 1) -> list[Receipt]:
+    """The bucket's receipts once there are `n` and none is still submitted."""
+    def check():
+        rs = receipts_for(proxy, bucket)
+        return rs if len(rs) >= n and all(r.state != "submitted" for r in rs) else None
+    return wait_for(check, timeout=15, what=f"{n} settled receipt(s) in {bucket}")
+
+
+def things(up: Upstream, bucket: str) -> str:
+    return f"{up.url}/api/{bucket}/things"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_success_then_duplicate_is_replayed(client, clients: Clients, proxy, upstream, bucket):
+    url = things(upstream, bucket)
+    first = clients.send(client, "POST", url, {"title": "hello", "n": 1})
+    assert first.status == 201, first
+    assert first.json()["id"] == 1
+    (r,) = settled(proxy, bucket)
+    assert (r.state, r.external_id, r.http_status) == ("succeeded", "1", 201)
+    assert first.headers["x-receipt-id"] == r.operation_id
+    assert events_of(proxy, r.operation_id) == [("transition", None, "submitted"), ("transition", "submitted", "succeeded")]
+
+    # Same intent, other key order and whitespace, a non-allowlisted field changed: replayed.
+    again = clients.send(client, "POST", url, b'{ "n": 2,  "title": "hello" }')
+    assert again.status == 201
+    assert again.headers["x-receipt-replayed"] == "true"
+    assert again.headers["x-receipt-id"] == r.operation_id
+    assert again.json() == first.json()
+    assert "set-cookie" not in again.headers  # never recorded
+    assert upstream.commits(f"/api/{bucket}/things") == 1
+    assert events_of(proxy, r.operation_id)[-1] == ("replayed", "succeeded", "succeeded")
+    assert len(receipts_for(proxy, bucket)) == 1
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_commit_then_drop_is_outcome_unknown_and_retry_blocked(client, clients, proxy, upstream, bucket):
+    url = things(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/things", "drop")
+    first = clients.send(client, "POST", url, {"title": "dropped"})
+    assert first.status == 502  # mitmproxy's answer for a vanished upstream
+    (r,) = settled(proxy, bucket)
+    assert r.state == "outcome_unknown"
+    assert "may have reached the upstream" in events_and_reasons(proxy, r.operation_id)[-1]
+
+    retry = clients.send(client, "POST", url, {"title": "dropped"})
+    assert retry.status == 409
+    body = retry.json()
+    assert body["error"] == "duplicate_unresolved"
+    assert (body["operation_id"], body["state"]) == (r.operation_id, "outcome_unknown")
+    assert "reconcile" in body["hint"]
+    assert retry.headers["x-receipt-id"] == r.operation_id
+    assert retry.headers["x-receipt-state"] == "outcome_unknown"
+    assert upstream.commits(f"/api/{bucket}/things") == 1
+    assert upstream.seen(f"/api/{bucket}/things") == 1
+    assert [e[0] for e in events_of(proxy, r.operation_id)] == ["transition", "transition", "blocked"]
+
+
+def events_and_reasons(proxy: Proxy, operation_id: str) -> list[str]:
+    store = Store.open(proxy.db, create=False)
+    try:
+        return [e.reason for e in store.events(operation_id)]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("client", ["requests", "curl"])
+def test_hang_past_client_timeout_is_outcome_unknown(client, clients, proxy, upstream, bucket):
+    url = things(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/things", "hang")
+    first = clients.send(client, "POST", url, {"title": "slow"}, timeout=1)
+    assert first.status is None and first.error  # the client gave up
+    (r,) = settled(proxy, bucket)
+    assert r.state == "outcome_unknown"
+    assert "Client disconnected" in (r.error or "")
+    retry = clients.send(client, "POST", url, {"title": "slow"})
+    assert (retry.status, retry.json()["state"]) == (409, "outcome_unknown")
+    assert upstream.commits(f"/api/{bucket}/things") == 1
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_connection_refused_is_not_sent_and_retry_goes_through(client, clients, proxy, bucket):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api/{bucket}/things"
+    first = clients.send(client, "POST", url, {"title": "refused"})
+    assert first.status == 502
+    (r,) = settled(proxy, bucket)
+    assert r.state == "not_sent"
+    with Upstream(port=port) as late:
+        retry = clients.send(client, "POST", url, {"title": "refused"})
+        assert retry.status == 201
+        assert late.commits(f"/api/{bucket}/things") == 1
+    first_r, second_r = settled(proxy, bucket, 2)
+    assert second_r.retry_of == first_r.operation_id
+    assert second_r.state == "succeeded"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_400_is_rejected_and_retry_is_forwarded(client, clients, proxy, upstream, bucket):
+    url = things(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/things", "400")
+    first = clients.send(client, "POST", url, {"title": "bad"})
+    assert first.status == 400
+    (r,) = settled(proxy, bucket)
+    assert (r.state, r.http_status) == ("rejected", 400)
+    retry = clients.send(client, "POST", url, {"title": "bad"})
+    assert retry.status == 201
+    assert upstream.seen(f"/api/{bucket}/things") == 2
+    assert upstream.commits(f"/api/{bucket}/things") == 1
+    a, b = settled(proxy, bucket, 2)
+    assert (b.state, b.retry_of) == ("succeeded", a.operation_id)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_500_is_outcome_unknown(client, clients, proxy, upstream, bucket):
+    url = things(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/things", "500")
+    first = clients.send(client, "POST", url, {"title": "boom"})
+    assert first.status == 500
+    (r,) = settled(proxy, bucket)
+    assert (r.state, r.http_status) == ("outcome_unknown", 500)
+    retry = clients.send(client, "POST", url, {"title": "boom"})
+    assert retry.status == 409
+    assert upstream.commits(f"/api/{bucket}/things") == 1
+
+
+def test_half_a_response_is_outcome_unknown(clients, proxy, upstream, bucket):
+    upstream.plan(f"/api/{bucket}/things", "half")
+    first = clients.send("httpx", "POST", things(upstream, bucket), {"title": "half"})
+    assert first.status == 502
+    (r,) = settled(proxy, bucket)
+    assert r.state == "outcome_unknown"
+
+
+def test_twenty_identical_writes_at_once_reach_upstream_once(proxy, upstream, bucket):
+    upstream.plan(f"/api/{bucket}/things", "slow")
+    clients = Clients(proxy)
+    barrier = threading.Barrier(20)
+    answers: list[Answer] = []
+
+    def one():
+        barrier.wait(timeout=10)
+        answers.append(clients.send("requests", "POST", things(upstream, bucket), {"title": "same"}))
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert upstream.commits(f"/api/{bucket}/things") == 1
+    statuses = sorted(a.status for a in answers)
+    assert statuses == [201] + [409] * 19, statuses
+    (r,) = settled(proxy, bucket)
+    assert r.state == "succeeded"
+    assert sum(1 for e in events_of(proxy, r.operation_id) if e[0] == "blocked") == 19
+
+
+def test_unmatched_request_passes_untouched(clients, proxy, upstream, bucket):
+    before = Store.open(proxy.db, create=False).counts()
+    other = clients.send("requests", "POST", f"{upstream.url}/unruled/{bucket}", {"title": "x"})
+    get = clients.send("requests", "GET", f"{upstream.url}/api/{bucket}/things")
+    assert (other.status, get.status) == (201, 200)
+    assert "x-receipt-id" not in other.headers
+    assert Store.open(proxy.db, create=False).counts() == before
+    assert receipts_for(proxy, bucket) == []
+    assert upstream.commits(f"/unruled/{bucket}") == 1
+
+
+def test_https_upstream_success_replay_and_drop(clients, proxy, tls_upstream, bucket):
+    url = things(tls_upstream, bucket)
+    assert url.startswith("https://")
+    first = clients.send("httpx", "POST", url, {"title": "tls"})
+    assert first.status == 201
+    again = clients.send("curl", "POST", url, {"title": "tls"})
+    assert (again.status, again.headers.get("x-receipt-replayed")) == (201, "true")
+    tls_upstream.plan(f"/api/{bucket}/things", "drop")
+    dropped = clients.send("requests", "POST", url, {"title": "tls drop"})
+    assert dropped.status == 502
+    blocked = clients.send("requests", "POST", url, {"title": "tls drop"})
+    assert blocked.status == 409
+    assert tls_upstream.commits(f"/api/{bucket}/things") == 2
+    states = sorted(r.state for r in settled(proxy, bucket, 2))
+    assert states == ["outcome_unknown", "succeeded"]
+
+
+def test_after_success_block_answers_409_with_external_id(clients, proxy, upstream, bucket):
+    url = f"{upstream.url}/api/{bucket}/things/7"
+    assert clients.send("requests", "PUT", url, {"title": "v2"}).status == 201
+    dup = clients.send("requests", "PUT", url, {"title": "v2"})
+    assert dup.status == 409
+    assert dup.json()["error"] == "duplicate_succeeded"
+    assert upstream.commits(f"/api/{bucket}/things/7") == 1
+
+
+def test_after_success_allow_forwards_a_new_attempt(clients, proxy, upstream, bucket):
+    url = f"{upstream.url}/api/{bucket}/things/9"
+    assert clients.send("curl", "DELETE", url).status == 201
+    assert clients.send("curl", "DELETE", url).status == 201
+    assert upstream.commits(f"/api/{bucket}/things/9") == 2
+    a, b = settled(proxy, bucket, 2)
+    assert b.retry_of == a.operation_id
+
+
+def test_locked_store_answers_503_and_does_not_forward(tmp_path, confdir, upstream, bucket):
+    proxy = Proxy(tmp_path, confdir, extra=("--set", "receipts_lock_timeout=1")).start()
+    try:
+        holder = sqlite3.connect(proxy.db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            answer = Clients(proxy).send("requests", "POST", things(upstream, bucket), {"title": "locked"})
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert answer.status == 503
+        assert answer.json()["error"] == "receipt_store_unavailable"
+        assert answer.json()["sent"] is False
+        assert upstream.seen(f"/api/{bucket}/things") == 0
+        assert "NOT forwarded" in proxy.log()
+        # Once the lock is gone, the same request goes through.
+        assert Clients(proxy).send("requests", "POST", things(upstream, bucket), {"title": "locked"}).status == 201
+        assert upstream.commits(f"/api/{bucket}/things") == 1
+    finally:
+        proxy.stop()
+
+
+def test_upstream_deadline_ends_the_exchange(tmp_path, confdir, upstream, bucket):
+    proxy = Proxy(tmp_path, confdir, extra=("--set", "receipts_upstream_timeout=1")).start()
+    try:
+        upstream.plan(f"/api/{bucket}/things", "hang")
+        answer = Clients(proxy).send("httpx", "POST", things(upstream, bucket), {"title": "deadline"}, timeout=6)
+        assert answer.status == 502
+        (r,) = settled(proxy, bucket)
+        assert r.state == "outcome_unknown"
+        assert "receipts_upstream_timeout" in (r.error or "")
+    finally:
+        proxy.stop()
+
+
+def test_kill_9_while_upstream_holds_the_write(tmp_path, confdir, upstream, bucket):
+    proxy = Proxy(tmp_path, confdir).start()
+    upstream.plan(f"/api/{bucket}/things", "hang")
+    answers: list[Answer] = []
+    t = threading.Thread(target=lambda: answers.append(
+        Clients(proxy).send("requests", "POST", things(upstream, bucket), {"title": "crash"}, timeout=10)))
+    t.start()
+    wait_for(lambda: upstream.seen(f"/api/{bucket}/things") == 1, what="the upstream to hold the write")
+    (r,) = receipts_for(proxy, bucket)
+    assert r.state == "submitted"
+    proxy.stop(signal.SIGKILL)
+    t.join(timeout=15)
+    assert answers and answers[0].status is None  # the agent saw the connection die
+
+    restarted = Proxy(tmp_path, confdir, db=proxy.db).start()
+    try:
+        (r,) = receipts_for(restarted, bucket)
+        assert r.state == "outcome_unknown"
+        assert events_and_reasons(restarted, r.operation_id)[-1] == "proxy stopped while the request was in flight"
+        retry = Clients(restarted).send("curl", "POST", things(upstream, bucket), {"title": "crash"})
+        assert (retry.status, retry.json()["operation_id"]) == (409, r.operation_id)
+        assert upstream.commits(f"/api/{bucket}/things") == 1
+    finally:
+        restarted.stop()
+
+
+def test_zz_no_secret_reaches_the_database(proxy):
+    """Runs last in this module: every request above carried the marker secrets."""
+    store = Store.open(proxy.db, create=False)
+    store.close()
+    blob = b"".join(p.read_bytes() for p in proxy.db.parent.glob(proxy.db.name + "*") if p.is_file())
+    assert len(blob) > 4096
+    for name, secret in SECRETS.items():
+        assert secret.encode() not in blob, f"the {name} secret reached the receipts database"
+    assert b"REDACTED" in blob  # the ?token= value was redacted, not dropped silently
+    log = proxy.log()
+    for name, secret in SECRETS.items():
+        if name != "token":  # mitmdump itself prints request URLs; see README
+            assert secret not in log, f"the {name} secret reached the proxy log"
