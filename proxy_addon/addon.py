@@ -125,19 +125,19 @@ class Receipts:
                 "receipt-proxy needs connection_strategy=lazy, so that every upstream failure reaches a flow"
             )
         opts = ctx.options
-        config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
-        if config != self._config:
-            self._open_store()
-        if "receipts_rules" in updated or self.rules is None:
-            try:
-                self._rules_sig = rules_signature(opts.receipts_rules)
-                self.rules = load_rules_path(opts.receipts_rules)
-            except RulesError as e:
-                raise exceptions.OptionsError(f"receipts_rules: {e}") from None
-            logger.info(f"receipt-proxy: {len(self.rules.operations)} operations from {opts.receipts_rules}")
         for name in ("receipts_replay_window", "receipts_upstream_timeout", "receipts_response_cap", "receipts_lock_timeout"):
             if getattr(opts, name) <= 0:
                 raise exceptions.OptionsError(f"{name} must be a positive number, not {getattr(opts, name)}")
+        if "receipts_rules" in updated or self.rules is None:
+            try:
+                sig = rules_signature(opts.receipts_rules)
+                rules = load_rules_path(opts.receipts_rules)
+            except RulesError as e:
+                raise exceptions.OptionsError(f"receipts_rules: {e}") from None
+            self.rules, self._rules_sig = rules, sig
+            logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
+        if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._config:
+            self._open_store()
         self.config_error = None
 
     def _open_store(self) -> None:
