@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {e.at}  {change:36} {e.actor:8} {e.reason}")
     except ReceiptsError as e:
         print(f"Error: {e}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as e:
+        print(f"Error: {db}: {e}", file=sys.stderr)
         return 1
     return 0
 

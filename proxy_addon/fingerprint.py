@@ -19,12 +19,13 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
 from proxy_addon.rules import SECRET_NAME, Match
 
@@ -60,13 +61,17 @@ def canonical_json(value: Any) -> str:
 def redact_url(scheme: str, host: str, port: int, path: str) -> str:
     """The request URL with the value of every secret-looking query parameter replaced."""
     default = {"http": 80, "https": 443}.get(scheme)
+    host = f"[{host}]" if ":" in host else host
     netloc = host if port == default else f"{host}:{port}"
-    parts = urlsplit(path)
-    query = "&".join(
-        f"{quote(k, safe='')}={REDACTED if SECRET_NAME.search(k) else quote(v, safe='')}"
-        for k, v in parse_qsl(parts.query, keep_blank_values=True)
-    )
-    return urlunsplit((scheme, netloc, parts.path, query, ""))
+    path, _, query = path.partition("?")
+    parts = []
+    for piece in re.split(r"([&;])", query.partition("#")[0]) if query else ():
+        if piece in ("&", ";"):
+            parts.append(piece)
+            continue
+        name, eq, _ = piece.partition("=")
+        parts.append(f"{name}={REDACTED}" if eq and SECRET_NAME.search(unquote_plus(name)) else piece)
+    return f"{scheme}://{netloc}{path}" + (f"?{''.join(parts)}" if parts else "")
 
 
 def dig(value: Any, dotted: str) -> Any:
@@ -74,7 +79,7 @@ def dig(value: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         if isinstance(value, dict) and part in value:
             value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+        elif isinstance(value, list) and part.isdecimal() and int(part) < len(value):
             value = value[int(part)]
         else:
             return None
@@ -136,7 +141,8 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
     intent.update(_body_view(spec.body, req.headers, req.body))
     principal = principal_of(match, req.headers, key)
     default_port = {"http": 80, "https": 443}.get(req.scheme)
-    host = req.host.lower() if req.port == default_port else f"{req.host.lower()}:{req.port}"
+    bare = req.host.lower().rstrip(".")
+    host = bare if req.port == default_port else f"{bare}:{req.port}"
     material = {
         "api": op.api, "operation": op.name, "method": req.method, "host": host,
         "intent": intent, "principal": principal,
@@ -154,16 +160,21 @@ def load_or_create_key(path: str | Path) -> bytes:
     """The per-installation HMAC key, created on first use with mode 0600."""
     p = Path(path).expanduser()
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        key = p.read_bytes().strip()
-        if len(key) < 32:
-            raise ValueError(f"{p}: the HMAC key file is shorter than 32 bytes; delete it to make a new one")
-        return key
-    key = secrets.token_hex(32).encode()
-    with os.fdopen(fd, "wb") as f:
-        f.write(key + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    if not p.exists():
+        # Write a temporary file, then link it into place: no reader ever sees a partial key.
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_hex(32).encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, p)
+        except FileExistsError:
+            pass  # another process made it first: use theirs
+        finally:
+            tmp.unlink()
+    key = p.read_bytes().strip()
+    if len(key) < 32:
+        raise ValueError(f"{p}: the HMAC key file is shorter than 32 bytes; delete it to make a new one")
     return key

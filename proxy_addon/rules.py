@@ -36,7 +36,7 @@ CLASSIFIABLE = (State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN)
 # Names that carry credentials. They may identify the principal (as a keyed hash)
 # but never enter a fingerprint's allowlist, the intent or the target URL.
 SECRET_NAME = re.compile(
-    r"(auth|token|secret|passw|pwd|api[-_]?key|apikey|^key$|signature|^sig$|session|cookie|credential|^code$)",
+    r"(auth(?!or)|token|secret|passw|pwd|api[-_]?key|apikey|^key$|signature|^sig$|session|cookie|credential|^code$)",
     re.IGNORECASE,
 )
 ALWAYS_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
@@ -241,7 +241,7 @@ def parse_path_template(template: str) -> PathTemplate:
     rest = template[pos:]
     if "{" in rest or "}" in rest:
         raise ValueError(f"unbalanced '{{' or '}}' in path template {template!r}")
-    pattern += re.escape(rest)
+    pattern += re.escape(rest.rstrip("/")) + "/?"  # '/api/articles/' is the same route as '/api/articles'
     return PathTemplate(template, tuple(params), re.compile(pattern))
 
 
@@ -252,10 +252,11 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        problem = getattr(e, "problem", None) or str(e)
-        raise RulesError(
-            f"not valid YAML: {problem}", source=source, line=mark.line + 1 if mark else None
-        ) from None
+        problem = getattr(e, "problem", None) or str(e).split("\n", 1)[0]
+        line = mark.line + 1 if mark else None
+        if isinstance(e, yaml.reader.ReaderError) and isinstance(e.position, int):
+            line = text.count("\n", 0, e.position) + 1
+        raise RulesError(f"not valid YAML: {problem}", source=source, line=line) from None
     if node is None:
         raise RulesError("the file is empty; expected keys api, hosts and operations", source=source, line=1)
     top = ctx.mapping(node, "", ("api", "hosts", "credentials", "operations"), ("api", "hosts", "operations"))
@@ -263,7 +264,7 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
     api = ctx.string(top["api"][1], "api")
     hosts = []
     for item, host in ctx.strings(top["hosts"][1], "hosts", allow_empty=False):
-        if not _HOST.match(host):
+        if not _HOST.match(host) or (":" in host and not 1 <= int(host.rsplit(":", 1)[1]) <= 65535):
             raise ctx.error(item, "hosts", f"{host!r} is not a host name (lower case, optional '*.' prefix and ':port')")
         hosts.append(host)
 
@@ -278,7 +279,9 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
         credential_headers = tuple(names)
 
     ops_node = top["operations"][1]
-    ops_map = ctx.mapping(ops_node, "operations", [k.value for k, _ in getattr(ops_node, "value", []) if isinstance(k, yaml.ScalarNode)])
+    if not isinstance(ops_node, yaml.MappingNode):
+        raise ctx.error(ops_node, "operations", f"expected a mapping of operation names, got {_kind(ops_node)}")
+    ops_map = ctx.mapping(ops_node, "operations", [k.value for k, _ in ops_node.value if isinstance(k, yaml.ScalarNode)])
     if not ops_map:
         raise ctx.error(ops_node, "operations", "must list at least one operation")
     operations = []
@@ -363,6 +366,8 @@ def _fingerprint(ctx: _Ctx, f: str, node: yaml.Node | None, path: PathTemplate, 
         for item, b in ctx.strings(fp["body"][1], f"{f}.fingerprint.body"):
             if not _DOTTED.match(b):
                 raise ctx.error(item, f"{f}.fingerprint.body", f"{b!r} is not a dotted field path like 'article.title'")
+            if any(SECRET_NAME.search(part) for part in b.split(".")):
+                raise ctx.error(item, f"{f}.fingerprint.body", f"{b!r} looks like a credential; secrets never enter a fingerprint")
             body.append(b)
     query = []
     for item, q in ctx.strings(fp["query"][1], f"{f}.fingerprint.query") if "query" in fp else ():

@@ -245,13 +245,17 @@ class Store:
             elif not p.exists():
                 raise StoreError(f"no receipts database at {p}")
             conn = sqlite3.connect(p, timeout=lock_timeout, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
+            if create:
+                conn.execute("PRAGMA journal_mode=WAL")  # persistent: readers need not set it
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute(f"PRAGMA busy_timeout={int(lock_timeout * 1000)}")
             store = cls(conn, clock=clock, path=str(p))
             if create:
                 migrations.apply(store.db)
+            elif not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'receipts'").fetchone():
+                conn.close()
+                raise StoreError(f"{p} is not a receipts database")
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot open the receipts database {p}: {e}") from e
         except OSError as e:

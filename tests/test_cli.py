@@ -203,7 +203,6 @@ def test_missing_db_is_an_error_and_is_not_created(tmp_path, capsys, relative, c
 
 
 @pytest.mark.parametrize("kind", ["other-sqlite-db", "empty-file"])
-@pytest.mark.xfail(strict=True, reason="BUG: a file that is not a receipts database ends in an sqlite3 traceback")
 def test_not_a_receipts_db_is_a_one_line_error(tmp_path, capsys, kind):
     path = tmp_path / "other.db"
     if kind == "empty-file":

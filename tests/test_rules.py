@@ -95,44 +95,23 @@ BAD_FILES = [
     ("46-external-id-list.yaml", 8, f"{OP}.external_id", "expected a non-empty string, got a list"),
 ]
 
-# Files that show bugs in proxy_addon/rules.py: the expected values are what a fixed loader
-# should report. strict=True: the day the bug is fixed, the xfail turns into a failure.
+# Files that once crashed the loader or lost the line number (fixed; kept as regressions).
 BAD_FILES_BUGS = [
     pytest.param(
-        "90-bug-operations-list.yaml", 4, "operations", "expected a mapping, got a list",
+        "90-bug-operations-list.yaml", 4, "operations", "expected a mapping of operation names, got a list",
         id="90-bug-operations-list",
-        marks=pytest.mark.xfail(
-            strict=True, raises=TypeError,
-            reason="load_rules iterates ops_node.value as (key, value) pairs before checking it is a "
-            "mapping: a list of operations raises TypeError, not RulesError",
-        ),
     ),
     pytest.param(
-        "91-bug-operations-scalar.yaml", 4, "operations", "expected a mapping, got str 'items.create'",
+        "91-bug-operations-scalar.yaml", 4, "operations", "expected a mapping of operation names, got str 'items.create'",
         id="91-bug-operations-scalar",
-        marks=pytest.mark.xfail(
-            strict=True, raises=ValueError,
-            reason="load_rules iterates the characters of a scalar `operations` value as (key, value) "
-            "pairs: raises a bare ValueError (not enough values to unpack), not RulesError",
-        ),
     ),
     pytest.param(
         "92-bug-control-character.yaml", 3, None, "unacceptable character #x0007",
         id="92-bug-control-character",
-        marks=pytest.mark.xfail(
-            strict=True, raises=AssertionError,
-            reason="yaml.ReaderError has no problem_mark (only .position): the RulesError has line=None "
-            "and its message ends with '\\n  in \"<unicode string>\", position 70'",
-        ),
     ),
     pytest.param(
         "93-bug-port-out-of-range.yaml", 3, "hosts", "'api.demo.test:99999' is not a host name",
         id="93-bug-port-out-of-range",
-        marks=pytest.mark.xfail(
-            strict=True, raises=pytest.fail.Exception,
-            reason="_HOST accepts any 1-5 digit port: 'host:99999' (or ':0') loads, and the rule can "
-            "never match a request, so its writes silently pass without receipts",
-        ),
     ),
 ]
 
@@ -251,7 +230,7 @@ def test_file_that_is_not_utf8_fails(tmp_path):
     ("template", "params", "path", "expected"),
     [
         ("/api/articles", (), "/api/articles", {}),
-        ("/api/articles", (), "/api/articles/", None),
+        ("/api/articles", (), "/api/articles/", {}),  # a trailing slash is the same route
         ("/api/articles/{id}", ("id",), "/api/articles/42", {"id": "42"}),
         ("/api/articles/{id}", ("id",), "/api/articles/", None),
         ("/api/articles/{id}", ("id",), "/api/articles/42/extra", None),
@@ -355,9 +334,9 @@ def test_operation_lookup_misses(devto):
         ("dev.to", 443, "POST", "/api/articles/42", None),
         ("dev.to", 443, "PUT", "/api/articles", None),
         ("dev.to", 443, "PUT", "/api/articles/42/extra", None),
-        ("dev.to", 443, "PUT", "/api/articles/42/", None),
+        ("dev.to", 443, "PUT", "/api/articles/42/", ("articles.update", {"id": "42"})),
         ("dev.to", 443, "PUT", "/api/articles/", None),
-        ("dev.to", 443, "POST", "/api/articles/", None),
+        ("dev.to", 443, "POST", "/api/articles/", ("articles.create", {})),
         ("dev.to", 443, "POST", "/api/articlesX", None),
         ("dev.to", 443, "POST", "/API/articles", None),
         ("dev.to", 443, "POST", "/v2/api/articles", None),
