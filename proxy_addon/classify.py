@@ -4,16 +4,21 @@ What happened to a forwarded request, as a receipt state.
 Responses (overridable per operation with `classify:`): 2xx and 3xx → succeeded;
 408 → outcome_unknown; other 4xx → rejected; 5xx → outcome_unknown.
 
-Errors (mitmproxy's `error` hook), relying on mitmproxy 12's connection timestamps
-with `connection_strategy=lazy` (the server connection opens after the `request`
-hook, so every upstream failure reaches the flow's error hook):
-- `server_conn.timestamp_tcp_setup is None`: no TCP connection was made (refused,
-  DNS failure, unreachable, or the client left before we connected) → not_sent;
-- a TLS server connection with `timestamp_tls_setup is None`: the handshake failed
-  before any request byte → not_sent;
-- HTTP/2 `REFUSED_STREAM` (RFC 9113 §8.7: the server processed nothing) → not_sent;
-- anything else (reset, timeout, half a response, the client went away while the
-  upstream held the request) → outcome_unknown: it may have been sent.
+Errors (mitmproxy's `error` hook). What this relies on, read in mitmproxy 12.3's
+`proxy/layers/http/__init__.py` and checked by the integration tests:
+- The addon runs with `connection_strategy=lazy`, so the server connection opens
+  after the `request` hook and every upstream failure reaches the flow's error hook.
+- `make_server_connection()` assigns `flow.server_conn` only once the connection
+  (TCP and, for https, TLS) is up. When opening fails (refused, DNS, unreachable,
+  certificate rejected, handshake failed), the flow keeps its placeholder
+  connection, whose `timestamp_tcp_setup` is None. No request byte was written →
+  not_sent. (The same holds when the agent hangs up before we connect.)
+- A TLS connection with `timestamp_tls_setup` None was never usable → not_sent.
+- HTTP/2 `REFUSED_STREAM` (RFC 9113 §8.7: the server processed nothing), which
+  mitmproxy reports as "stream reset by client (REFUSED_STREAM)" → not_sent.
+- Anything else (reset, timeout, half a response, the server closing, the agent
+  hanging up while the upstream holds the request, our own upstream deadline)
+  happened after the request could have been written → outcome_unknown.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ def classify_error(
 ) -> tuple[State, str]:
     """The state an upstream failure leaves a receipt in, and why."""
     if tcp_setup is None:
-        return State.NOT_SENT, f"not sent: no connection to the upstream was made ({message})"
+        return State.NOT_SENT, f"not sent: the connection to the upstream was never established ({message})"
     if tls and tls_setup is None:
         return State.NOT_SENT, f"not sent: the TLS handshake with the upstream did not complete ({message})"
     if "REFUSED_STREAM" in message:

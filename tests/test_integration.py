@@ -298,11 +298,54 @@ def test_kill_9_while_upstream_holds_the_write(tmp_path, confdir, upstream, buck
         restarted.stop()
 
 
-def test_zz_no_secret_reaches_the_database(proxy):
+def test_tls_handshake_failure_is_not_sent(tmp_path, confdir, tls_upstream, bucket):
+    """A proxy that does not trust the upstream's certificate fails the handshake: nothing was sent."""
+    proxy = Proxy(tmp_path, confdir).start()  # no ssl_verify_upstream_trusted_ca
+    try:
+        answer = Clients(proxy).send("httpx", "POST", things(tls_upstream, bucket), {"title": "untrusted"})
+        assert answer.status == 502
+        (r,) = settled(proxy, bucket)
+        assert r.state == "not_sent"
+        reason = events_and_reasons(proxy, r.operation_id)[-1]
+        assert "never established" in reason and "Certificate verify failed" in reason
+        assert tls_upstream.seen(f"/api/{bucket}/things") == 0
+    finally:
+        proxy.stop()
+
+
+def test_two_proxies_sharing_one_db_forward_an_identical_write_once(tmp_path, confdir, upstream, bucket):
+    first = Proxy(tmp_path, confdir).start()
+    second = Proxy(tmp_path, confdir, db=first.db).start()
+    try:
+        upstream.plan(f"/api/{bucket}/things", "slow")
+        barrier = threading.Barrier(10)
+        answers: list[Answer] = []
+
+        def one(proxy: Proxy):
+            barrier.wait(timeout=10)
+            answers.append(Clients(proxy).send("httpx", "POST", things(upstream, bucket), {"title": "shared"}))
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in [first, second] * 5]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert upstream.commits(f"/api/{bucket}/things") == 1
+        assert sorted(a.status for a in answers) == [201] + [409] * 9
+        (r,) = settled(first, bucket)
+        assert r.state == "succeeded"
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_zz_no_secret_reaches_any_database(proxy, tmp_path_factory):
     """Runs last in this module: every request above carried the marker secrets."""
     store = Store.open(proxy.db, create=False)
     store.close()
-    blob = b"".join(p.read_bytes() for p in proxy.db.parent.glob(proxy.db.name + "*") if p.is_file())
+    files = [p for p in tmp_path_factory.getbasetemp().rglob("receipts.db*") if p.is_file()]
+    assert len(files) >= 5
+    blob = b"".join(p.read_bytes() for p in files)
     assert len(blob) > 4096
     for name, secret in SECRETS.items():
         assert secret.encode() not in blob, f"the {name} secret reached the receipts database"
