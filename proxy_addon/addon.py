@@ -117,10 +117,11 @@ class Receipts:
         _check_deferred_options(loader)
         # With eager connections, upstream failures happen at CONNECT time, outside any flow,
         # and a receipt would never learn of them.
-        loader.master.options.update(connection_strategy="lazy")
+        if "connection_strategy" in loader.master.options:  # absent only without the proxyserver addon
+            loader.master.options.update(connection_strategy="lazy")
 
     def configure(self, updated: set[str]) -> None:
-        if ctx.options.connection_strategy != "lazy":
+        if getattr(ctx.options, "connection_strategy", "lazy") != "lazy":
             raise exceptions.OptionsError(
                 "receipt-proxy needs connection_strategy=lazy, so that every upstream failure reaches a flow"
             )

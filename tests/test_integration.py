@@ -160,12 +160,15 @@ def test_500_is_outcome_unknown(client, clients, proxy, upstream, bucket):
     assert upstream.commits(f"/api/{bucket}/things") == 1
 
 
-def test_half_a_response_is_outcome_unknown(clients, proxy, upstream, bucket):
-    upstream.plan(f"/api/{bucket}/things", "half")
-    first = clients.send("httpx", "POST", things(upstream, bucket), {"title": "half"})
+@pytest.mark.parametrize("fault", ["half", "reset"])
+def test_half_a_response_or_a_reset_is_outcome_unknown(fault, clients, proxy, upstream, bucket):
+    upstream.plan(f"/api/{bucket}/things", fault)
+    first = clients.send("httpx", "POST", things(upstream, bucket), {"title": fault})
     assert first.status == 502
     (r,) = settled(proxy, bucket)
     assert r.state == "outcome_unknown"
+    assert clients.send("httpx", "POST", things(upstream, bucket), {"title": fault}).status == 409
+    assert upstream.commits(f"/api/{bucket}/things") == 1
 
 
 def test_twenty_identical_writes_at_once_reach_upstream_once(proxy, upstream, bucket):

@@ -1,0 +1,158 @@
+"""The addon's hooks with mitmproxy's own test helpers (taddons, tflow): no sockets."""
+
+from __future__ import annotations
+
+import pytest
+from mitmproxy import exceptions, http
+from mitmproxy.flow import Error
+from mitmproxy.test import taddons, tflow
+
+from proxy_addon.addon import MARKERS, Receipts
+from proxy_addon.store import Store
+
+RULES = """\
+api: shop
+hosts: [api.shop.test]
+operations:
+  orders.create:
+    match: {method: POST, path: /v1/orders}
+    fingerprint: {body: [sku]}
+    external_id: order.id
+"""
+
+
+@pytest.fixture
+def setup(tmp_path):
+    rules = tmp_path / "shop.yaml"
+    rules.write_text(RULES)
+    addon = Receipts()
+    with taddons.context() as tctx:
+        tctx.options.add_option("connection_strategy", str, "eager", "as the proxyserver addon declares it")
+        tctx.master.addons.add(addon)  # load() switches it to lazy
+        tctx.configure(addon, receipts_db=str(tmp_path / "r.db"),
+                       receipts_rules=str(rules), receipts_watch_rules=False)
+        yield addon, tctx, tmp_path
+        addon.done()
+
+
+def order(sku: str = "A-1", path: str = "/v1/orders") -> http.HTTPFlow:
+    f = tflow.tflow()
+    f.request = http.Request.make("POST", f"https://api.shop.test{path}", f'{{"sku": "{sku}"}}',
+                                  {"content-type": "application/json", "authorization": "Bearer t0k3n"})
+    f.response = None
+    return f
+
+
+async def send(addon: Receipts, f: http.HTTPFlow) -> None:
+    addon.requestheaders(f)
+    await addon.request(f)
+
+
+async def test_forwarded_then_succeeded_marks_and_comments(setup):
+    addon, _, tmp = setup
+    f = order()
+    await send(addon, f)
+    assert f.response is None  # forwarded
+    assert f.marked == MARKERS["submitted"]
+    f.response = http.Response.make(201, b'{"order": {"id": "ord_9"}}', {"content-type": "application/json"})
+    await addon.response(f)
+    assert f.marked == MARKERS["succeeded"]
+    assert "shop orders.create · succeeded (201)" in f.comment
+    r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
+    assert (r.state, r.external_id) == ("succeeded", "ord_9")
+    assert f.response.headers["X-Receipt-State"] == "succeeded"
+
+
+async def test_duplicate_of_unknown_is_blocked_with_marker(setup):
+    addon, _, _ = setup
+    first = order("B-2")
+    await send(addon, first)
+    first.error = Error("server closed connection")
+    first.server_conn.timestamp_tcp_setup = 1.0
+    first.server_conn.timestamp_tls_setup = 1.0
+    await addon.error(first)
+    assert first.marked == MARKERS["outcome_unknown"]
+
+    dup = order("B-2")
+    await send(addon, dup)
+    assert dup.response.status_code == 409
+    body = dup.response.json()
+    assert (body["error"], body["state"]) == ("duplicate_unresolved", "outcome_unknown")
+    assert dup.marked == MARKERS["blocked"]
+    assert dup.comment.startswith(f"BLOCKED duplicate of receipt {body['operation_id']}")
+
+
+async def test_error_before_connecting_is_not_sent(setup):
+    addon, _, _ = setup
+    f = order("C-3")
+    await send(addon, f)
+    f.error = Error("Connection refused")  # tflow's server_conn: never set up
+    f.server_conn.timestamp_tcp_setup = None
+    await addon.error(f)
+    assert f.metadata["receipts"]["state"] == "not_sent"
+    retry = order("C-3")
+    await send(addon, retry)
+    assert retry.response is None  # forwarded as a new attempt
+
+
+async def test_unmatched_flow_is_untouched(setup):
+    addon, _, _ = setup
+    f = order(path="/v1/health")
+    await send(addon, f)
+    assert "receipts" not in f.metadata
+    assert f.response is None and not f.marked and not f.comment
+
+
+async def test_unconfigured_addon_refuses_everything():
+    addon = Receipts()
+    with taddons.context(addon):
+        f = order()
+        await send(addon, f)
+        assert f.response.status_code == 503
+        assert f.response.json()["sent"] is False
+
+
+async def test_internal_error_after_commit_fails_closed(setup, monkeypatch):
+    addon, _, tmp = setup
+
+    def broken(*a, **kw):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(addon, "_arm_deadline", broken)
+    f = order("D-4")
+    await send(addon, f)
+    assert f.response.status_code == 503
+    assert "boom" in f.response.json()["detail"]
+    r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
+    assert r.state == "not_sent"  # committed, then provably not sent
+
+
+async def test_store_failure_answers_503(setup, monkeypatch):
+    addon, _, _ = setup
+    from proxy_addon.errors import StoreUnavailable
+
+    def locked(*a, **kw):
+        raise StoreUnavailable("cannot write the receipts database: database is locked")
+
+    monkeypatch.setattr(addon.store, "begin_attempt", locked)
+    f = order("E-5")
+    await send(addon, f)
+    assert f.response.status_code == 503
+    assert f.response.json()["error"] == "receipt_store_unavailable"
+    assert f.marked == MARKERS["store_unavailable"]
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("receipts_upstream_timeout", 0, "must be a positive number"),
+        ("receipts_replay_window", -1, "must be a positive number"),
+        ("connection_strategy", "eager", "connection_strategy=lazy"),
+        ("receipts_rules", "/nonexistent/rules", "no such rules file or folder"),
+    ],
+    ids=["zero-timeout", "negative-window", "eager", "missing-rules"],
+)
+def test_bad_options_are_refused(setup, option, value, message):
+    addon, tctx, _ = setup
+    with pytest.raises(exceptions.OptionsError, match=message):
+        tctx.configure(addon, **{option: value})
