@@ -1,7 +1,7 @@
 """
 `receipts`: see and settle the receipts the proxy wrote.
 
-    receipts list                          newest first
+    receipts list                          newest first, with how many duplicates were blocked or replayed
     receipts list --state outcome_unknown  only the unresolved ones you care about
     receipts show 20261129T184210Z-1fd54b31a2
 """
@@ -84,15 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         store = Store.open(db, create=False)
         if args.command == "list":
             receipts = store.list(states=[State(s) for s in args.state], limit=args.limit)
+            dups = store.duplicate_counts([r.operation_id for r in receipts])
             if args.json:
-                print(json.dumps([_summary(r) for r in receipts], indent=2))
+                print(json.dumps([{**_summary(r), **dups[r.operation_id]} for r in receipts], indent=2))
             elif not receipts:
                 print(f"no receipts in {db}")
             else:
-                print(f"{'OPERATION ID':28} {'STATE':16} {'OPERATION':28} {'HTTP':>4}  TARGET")
+                print(f"{'OPERATION ID':28} {'STATE':16} {'OPERATION':28} {'HTTP':>4} {'BLOCKED':>7} {'REPLAYED':>8}  TARGET")
                 for r in receipts:
+                    d = dups[r.operation_id]
                     print(f"{r.operation_id:28} {r.state:16} {r.api + ' ' + r.operation:28} "
-                          f"{r.http_status or '':>4}  {r.target}")
+                          f"{r.http_status or '':>4} {d['blocked'] or '':>7} {d['replayed'] or '':>8}  {r.target}")
         elif args.command == "show":
             r = store.get(args.operation_id)
             events = store.events(r.operation_id)

@@ -492,6 +492,19 @@ class Store:
             )
         ]
 
+    def duplicate_counts(self, operation_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """How many duplicates of each receipt were blocked or replayed: {id: {"blocked": n, "replayed": m}}."""
+        out: dict[str, dict[str, int]] = {i: {"blocked": 0, "replayed": 0} for i in operation_ids}
+        if operation_ids:
+            rows = self.conn.execute(
+                f"SELECT operation_id, event, count(*) FROM receipt_events WHERE event IN ('blocked', 'replayed') "
+                f"AND operation_id IN ({', '.join('?' * len(operation_ids))}) GROUP BY operation_id, event",
+                list(operation_ids),
+            )
+            for operation_id, event, n in rows:
+                out[operation_id][event] = n
+        return out
+
     def counts(self) -> dict[str, int]:
         return {r["state"]: r["n"] for r in self.db.query("SELECT state, count(*) AS n FROM receipts GROUP BY state")}
 

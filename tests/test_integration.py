@@ -357,3 +357,22 @@ def test_zz_no_secret_reaches_any_database(proxy, tmp_path_factory):
     for name, secret in SECRETS.items():
         if name != "token":  # mitmdump itself prints request URLs; see README
             assert secret not in log, f"the {name} secret reached the proxy log"
+
+
+def test_receipts_cli_lists_the_blocked_duplicate(clients, proxy, upstream, bucket):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    upstream.plan(f"/api/{bucket}/things", "drop")
+    assert clients.send("curl", "POST", things(upstream, bucket), {"title": "cli"}).status == 502
+    assert clients.send("curl", "POST", things(upstream, bucket), {"title": "cli"}).status == 409
+    receipts = Path(sys.executable).parent / "receipts"
+    out = subprocess.run([str(receipts), "--db", str(proxy.db), "list", "--json", "--limit", "1000"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    (row,) = [r for r in json.loads(out) if f"/api/{bucket}/" in r["target"]]
+    assert (row["state"], row["blocked"], row["replayed"]) == ("outcome_unknown", 1, 0)
+    table = subprocess.run([str(receipts), "--db", str(proxy.db), "list", "--state", "outcome_unknown"],
+                           capture_output=True, text=True, timeout=30, check=True).stdout
+    assert row["operation_id"] in table
