@@ -251,8 +251,17 @@ class Store:
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute(f"PRAGMA busy_timeout={int(lock_timeout * 1000)}")
             store = cls(conn, clock=clock, path=str(p))
-            if create:
-                migrations.apply(store.db)
+            if create and migrations.pending(store.db):
+                # Serialize first-time setup with every other opener (threads or processes):
+                # apply() re-reads what is pending inside the lock; its transactions nest as savepoints.
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    migrations.apply(store.db)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
             elif not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'receipts'").fetchone():
                 conn.close()
                 raise StoreError(f"{p} is not a receipts database")
@@ -334,17 +343,20 @@ class Store:
             self._event(unresolved.operation_id, "blocked", unresolved.state, unresolved.state,
                         "duplicate blocked: the first attempt is unresolved", actor, a.flow_id, at)
             return Decision("blocked", unresolved)
+        if after_success not in ("replay", "block", "allow"):
+            raise ValueError(f"after_success must be replay, block or allow, not {after_success!r}")
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
             if after_success == "block":
                 self._event(latest.operation_id, "blocked", latest.state, latest.state,
                             "duplicate blocked: the operation already succeeded", actor, a.flow_id, at)
                 return Decision("blocked_succeeded", latest)
-            age = (now - dt.datetime.fromisoformat(latest.completed_at or latest.updated_at)).total_seconds()
-            if latest.response is not None and not latest.response.truncated and age <= replay_window:
-                self._event(latest.operation_id, "replayed", latest.state, latest.state,
-                            "duplicate answered with the recorded response", actor, a.flow_id, at)
-                return Decision("replay", latest)
-            if latest.response is None or latest.response.truncated:
+            # updated_at: when it became succeeded (a terminal state, never updated again)
+            age = (now - dt.datetime.fromisoformat(latest.updated_at)).total_seconds()
+            if age <= replay_window:
+                if latest.response is not None and not latest.response.truncated:
+                    self._event(latest.operation_id, "replayed", latest.state, latest.state,
+                                "duplicate answered with the recorded response", actor, a.flow_id, at)
+                    return Decision("replay", latest)
                 self._event(latest.operation_id, "blocked", latest.state, latest.state,
                             "duplicate blocked: succeeded, and no complete response was recorded to replay",
                             actor, a.flow_id, at)

@@ -175,10 +175,23 @@ def test_open_without_create_refuses_missing_file(tmp_path):
     assert not path.exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Store.open runs migrations.apply outside a write lock; concurrent first opens of a "
-    "new database race (\"table receipts already exists\" / \"database is locked\")"
-))
+def test_open_without_create_refuses_a_file_that_is_not_a_receipts_db(tmp_path):
+    path = tmp_path / "other.db"
+    other = sqlite3.connect(path)
+    other.execute("CREATE TABLE notes (x)")
+    other.commit()
+    other.close()
+    with pytest.raises(StoreError, match="is not a receipts database") as info:
+        Store.open(path, create=False)
+    assert not isinstance(info.value, StoreUnavailable)
+    check = sqlite3.connect(path)
+    try:
+        assert check.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # not switched to WAL
+        assert [r[0] for r in check.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["notes"]
+    finally:
+        check.close()
+
+
 def test_concurrent_first_open_of_a_new_database(tmp_path):
     failures: list[str] = []
     for trial in range(5):
@@ -596,7 +609,7 @@ def test_recover_in_flight(store, clock):
 
 
 def test_threads_racing_on_one_fingerprint_forward_once(db_path):
-    Store.open(db_path).close()  # create and migrate first (see the concurrent-first-open xfail)
+    Store.open(db_path).close()  # create and migrate first
     n = 8
     barrier = threading.Barrier(n, timeout=JOIN_TIMEOUT)
     kinds: list[str] = []
@@ -761,3 +774,25 @@ def test_locked_database_is_unavailable_and_nothing_is_written(db_path, clock):
     finally:
         blocker.close()
         s.close()
+
+
+def test_after_success_without_response_forwards_once_the_window_passed(store, clock):
+    op = succeed(store, clock, response=None)
+    clock.advance(61)
+    d = store.begin_attempt(attempt(), after_success="replay", replay_window=60)
+    assert (d.kind, d.receipt.retry_of) == ("forward", op)
+
+
+def test_unknown_after_success_is_refused(store):
+    with pytest.raises(ValueError, match="after_success"):
+        store.begin_attempt(attempt(), after_success="replya")
+    assert n_receipts(store) == 0
+
+
+def test_duplicate_counts(store, clock):
+    op = forward(store)
+    assert store.begin_attempt(attempt()).kind == "blocked"
+    assert store.begin_attempt(attempt()).kind == "blocked"
+    assert store.duplicate_counts([op, "missing"]) == {op: {"blocked": 2, "replayed": 0},
+                                                        "missing": {"blocked": 0, "replayed": 0}}
+    assert store.duplicate_counts([]) == {}
