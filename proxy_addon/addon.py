@@ -66,11 +66,12 @@ HINTS = {
     State.MANUAL_REVIEW: "the first attempt needs manual review; resolve it with the receipts CLI before retrying",
 }
 
-# Response headers never recorded for replay: credentials and per-connection framing.
+# Response headers never recorded for replay: credentials, per-connection framing, and
+# content-encoding (the body is recorded decoded).
 UNRECORDED_HEADERS = frozenset(
     {"set-cookie", "set-cookie2", "authorization", "proxy-authenticate", "www-authenticate",
-     "connection", "keep-alive", "transfer-encoding", "content-length", "upgrade",
-     "proxy-connection", "trailer", "te", "alt-svc"}
+     "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
+     "upgrade", "proxy-connection", "trailer", "te", "alt-svc"}
 )
 
 OPTIONS: list[tuple[str, type, Any, str]] = [
@@ -270,10 +271,9 @@ class Receipts:
             self._answer_blocked(flow, receipt, decision.kind)
 
     async def response(self, flow: http.HTTPFlow) -> None:
-        meta = flow.metadata.get(META)
-        if meta is None or meta.get("answer") != "forward" or "outcome" in meta:
+        meta = self._awaiting_outcome(flow)
+        if meta is None:
             return
-        self._disarm_deadline(flow)
         resp = flow.response
         assert resp is not None
         op = self._operation(meta)
@@ -282,7 +282,7 @@ class Receipts:
         cap = ctx.options.receipts_response_cap
         recorded = RecordedResponse(
             status=resp.status_code,
-            headers=[(k, v) for k, v in resp.headers.items(multi=True) if k.lower() not in UNRECORDED_HEADERS and k.lower() != "content-encoding"],
+            headers=[(k, v) for k, v in resp.headers.items(multi=True) if k.lower() not in UNRECORDED_HEADERS],
             body=body[:cap],
             truncated=len(body) > cap,
         )
@@ -297,10 +297,9 @@ class Receipts:
         resp.headers["X-Receipt-State"] = meta["state"]
 
     async def error(self, flow: http.HTTPFlow) -> None:
-        meta = flow.metadata.get(META)
-        if meta is None or meta.get("answer") != "forward" or "outcome" in meta:
+        meta = self._awaiting_outcome(flow)
+        if meta is None:
             return
-        self._disarm_deadline(flow)
         sc = flow.server_conn
         message = flow.error.msg if flow.error else "unknown error"
         if meta.get("deadline_passed"):
@@ -313,6 +312,14 @@ class Receipts:
         await self._record(flow, meta, state, reason, {"error": message})
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _awaiting_outcome(self, flow: http.HTTPFlow) -> dict | None:
+        """The flow's receipt metadata if we forwarded it and have not recorded its outcome yet."""
+        meta = flow.metadata.get(META)
+        if meta is None or meta.get("answer") != "forward" or "outcome" in meta:
+            return None
+        self._disarm_deadline(flow)
+        return meta
 
     def _rematch(self, flow: http.HTTPFlow, meta: dict) -> Match | None:
         """The match found in requestheaders, against the rules in force now."""

@@ -5,6 +5,7 @@ real upstream (tests/upstream.py) on 127.0.0.1, driven by real clients.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -177,6 +178,23 @@ class Clients:
 
 SECRETS_HEADERS = {"Authorization": SECRETS["authorization"], "Cookie": SECRETS["cookie"], "api-key": SECRETS["api-key"]}
 CLIENTS = ["requests", "httpx", "curl"]
+
+
+T0 = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+class FakeClock:
+    """A clock the tests move by hand: Store.open(path, clock=FakeClock())."""
+
+    def __init__(self, start: dt.datetime = T0):
+        self.now = start
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> dt.datetime:
+        self.now += dt.timedelta(seconds=seconds)
+        return self.now
 
 
 @pytest.fixture(scope="session")

@@ -19,20 +19,8 @@ import pytest
 from proxy_addon.errors import IllegalTransition, StoreError
 from proxy_addon.states import RETRYABLE, TRANSITIONS, UNRESOLVED, State, is_legal, sources_of
 from proxy_addon.store import Attempt, Store, iso
+from tests.conftest import T0, FakeClock
 
-T0 = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
-
-
-class FakeClock:
-    def __init__(self, start: dt.datetime = T0):
-        self.now = start
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> dt.datetime:
-        self.now += dt.timedelta(seconds=seconds)
-        return self.now
 
 
 def bfs_paths(start: State = State.SUBMITTED) -> dict[State, list[State]]:

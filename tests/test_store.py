@@ -23,22 +23,11 @@ import pytest
 from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable, UnknownReceipt
 from proxy_addon.states import UNRESOLVED, State
 from proxy_addon.store import Attempt, RecordedResponse, Store, iso
+from tests.conftest import T0, FakeClock
 
-ROOT = Path(__file__).resolve().parents[1]
-T0 = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
 JOIN_TIMEOUT = 15.0
 
-
-class FakeClock:
-    def __init__(self, start: dt.datetime = T0):
-        self.now = start
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> dt.datetime:
-        self.now += dt.timedelta(seconds=seconds)
-        return self.now
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
