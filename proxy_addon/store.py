@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,23 +246,14 @@ class Store:
             elif not p.exists():
                 raise StoreError(f"no receipts database at {p}")
             conn = sqlite3.connect(p, timeout=lock_timeout, isolation_level=None, check_same_thread=False)
-            if create:
-                conn.execute("PRAGMA journal_mode=WAL")  # persistent: readers need not set it
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute(f"PRAGMA busy_timeout={int(lock_timeout * 1000)}")
             store = cls(conn, clock=clock, path=str(p))
-            if create and migrations.pending(store.db):
-                # Serialize first-time setup with every other opener (threads or processes):
-                # apply() re-reads what is pending inside the lock; its transactions nest as savepoints.
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    migrations.apply(store.db)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
+            if create:
+                # Switching a new file to WAL can fail with "locked" without waiting for the busy
+                # timeout when other connections are opening it too: retry within lock_timeout.
+                _retry_while_locked(lambda: store._setup(), lock_timeout)
             elif not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'receipts'").fetchone():
                 conn.close()
                 raise StoreError(f"{p} is not a receipts database")
@@ -273,6 +265,20 @@ class Store:
 
     def close(self) -> None:
         self.conn.close()
+
+    def _setup(self) -> None:
+        """WAL mode (persistent: readers need not set it) and pending migrations, serialized with every other opener."""
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        if migrations.pending(self.db):
+            # apply() re-reads what is pending inside the lock; its transactions nest as savepoints.
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                migrations.apply(self.db)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
 
     # --- transactions ----------------------------------------------------------------------
 
@@ -519,6 +525,17 @@ class Store:
 
     def counts(self) -> dict[str, int]:
         return {r["state"]: r["n"] for r in self.db.query("SELECT state, count(*) AS n FROM receipts GROUP BY state")}
+
+
+def _retry_while_locked(fn: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _one_row(cursor: sqlite3.Cursor) -> Receipt | None:
