@@ -7,6 +7,7 @@ Receipt states and the one table of legal transitions.
                └─ outcome_unknown ── reconciling ─┬─ succeeded
                         │                         ├─ safe_to_retry
                         └──── manual_review ◄─────┴─ manual_review
+                              (a human: succeeded, safe_to_retry or rejected; or another read)
 
 Every state change in the store is checked against `TRANSITIONS` and guarded in
 SQL by the state it leaves, so a change that lost a race fails instead of
@@ -37,6 +38,12 @@ UNRESOLVED: frozenset[State] = frozenset(
 # A duplicate of a receipt in one of these states is forwarded as a new attempt (retry_of set).
 RETRYABLE: frozenset[State] = frozenset({State.REJECTED, State.NOT_SENT, State.SAFE_TO_RETRY})
 
+# States with no way out: the attempt is settled.
+TERMINAL: frozenset[State] = frozenset({State.SUCCEEDED, State.REJECTED, State.NOT_SENT, State.SAFE_TO_RETRY})
+
+# What a human may decide a receipt under review is (`receipts resolve --as ...`).
+RESOLUTIONS: tuple[State, ...] = (State.SUCCEEDED, State.SAFE_TO_RETRY, State.REJECTED)
+
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.SUBMITTED: frozenset(
         {State.SUCCEEDED, State.REJECTED, State.NOT_SENT, State.OUTCOME_UNKNOWN}
@@ -45,7 +52,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.RECONCILING: frozenset(
         {State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN}
     ),
-    State.MANUAL_REVIEW: frozenset({State.RECONCILING, State.SUCCEEDED, State.SAFE_TO_RETRY}),
+    State.MANUAL_REVIEW: frozenset({State.RECONCILING, State.SUCCEEDED, State.SAFE_TO_RETRY, State.REJECTED}),
     State.SUCCEEDED: frozenset(),
     State.REJECTED: frozenset(),
     State.NOT_SENT: frozenset(),

@@ -34,10 +34,10 @@ from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
 from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable, UnknownReceipt
-from proxy_addon.states import RETRYABLE, TRANSITIONS, UNRESOLVED, State, sources_of
+from proxy_addon.states import RESOLUTIONS, RETRYABLE, TERMINAL, TRANSITIONS, UNRESOLVED, State, sources_of
 
 Clock = Callable[[], dt.datetime]
-DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded"]
+DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict"]
 
 
 def utcnow() -> dt.datetime:
@@ -66,6 +66,8 @@ class Attempt:
     principal: str
     flow_id: str | None = None
     instance: str | None = None
+    client_key: str | None = None  # keyed hash of the agent's own Idempotency-Key and principal
+    idempotency: bool = False  # the operation's API deduplicates by an idempotency key we add
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class Receipt:
     retry_of: str | None
     instance: str | None
     response: RecordedResponse | None = field(default=None, repr=False)
+    idempotency_key: str | None = None
+    client_key: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -120,7 +124,7 @@ class Receipt:
             updated_at=row["updated_at"], completed_at=row["completed_at"],
             http_status=row["http_status"], error=row["error"], external_id=row["external_id"],
             flow_id=row["flow_id"], retry_of=row["retry_of"], instance=row["instance"],
-            response=response,
+            response=response, idempotency_key=row.get("idempotency_key"), client_key=row.get("client_key"),
         )
 
     @property
@@ -212,9 +216,25 @@ def m001_receipts(db: Database) -> None:
         )
 
 
+@migrations()
+def m002_prunable_events_and_idempotency_keys(db: Database) -> None:
+    # Events stay append-only while their receipt exists; `prune` removes the receipt first.
+    db.execute("DROP TRIGGER receipt_events_no_delete")
+    db.execute(
+        "CREATE TRIGGER receipt_events_no_delete BEFORE DELETE ON receipt_events "
+        "WHEN EXISTS (SELECT 1 FROM receipts WHERE operation_id = OLD.operation_id) "
+        "BEGIN SELECT RAISE(ABORT, 'receipt_events is append-only'); END"
+    )
+    db.execute("ALTER TABLE receipts ADD COLUMN idempotency_key TEXT")
+    db.execute("ALTER TABLE receipts ADD COLUMN client_key TEXT")
+    db.execute("CREATE INDEX receipts_by_client_key ON receipts(client_key) WHERE client_key IS NOT NULL")
+    db.execute("CREATE INDEX receipt_events_by_time ON receipt_events(at)")
+
+
 _RECEIPT_COLUMNS = (
     "operation_id", "api", "operation", "method", "target", "state", "intent_fingerprint",
     "intent", "principal", "submitted_at", "updated_at", "flow_id", "retry_of", "instance",
+    "idempotency_key", "client_key",
 )
 _UPDATABLE = frozenset(
     {"completed_at", "http_status", "error", "external_id", "response"}
@@ -344,6 +364,15 @@ class Store:
             (a.intent_fingerprint,),
         )
         latest = _one_row(rows)
+        if a.client_key:
+            other = _one_row(self.conn.execute(
+                "SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint != ? ORDER BY rowid DESC LIMIT 1",
+                (a.client_key, a.intent_fingerprint),
+            ))
+            if other is not None:  # draft-ietf-httpapi-idempotency-key-header: a reused key, another request
+                self._event(other.operation_id, "blocked", other.state, other.state,
+                            "duplicate blocked: its Idempotency-Key was used for a different request", actor, a.flow_id, at)
+                return Decision("key_conflict", other)
         unresolved = self._unresolved_for(a.intent_fingerprint)
         if unresolved is not None:
             self._event(unresolved.operation_id, "blocked", unresolved.state, unresolved.state,
@@ -372,10 +401,16 @@ class Store:
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
             raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
         operation_id = new_operation_id(now)
+        idempotency_key = None
+        if a.idempotency:
+            # A retry of an attempt that provably did not happen reuses its key, so the server can
+            # still deduplicate; after a success (after_success: allow) or a rejection, a new key.
+            reuse = latest is not None and latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY)
+            idempotency_key = (latest.idempotency_key if reuse else None) or f"receipt-{operation_id}"
         values = (
             operation_id, a.api, a.operation, a.method, a.target, State.SUBMITTED,
             a.intent_fingerprint, json.dumps(a.intent, sort_keys=True), a.principal, at, at,
-            a.flow_id, retry_of, a.instance,
+            a.flow_id, retry_of, a.instance, idempotency_key, a.client_key,
         )
         self.conn.execute(
             f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({', '.join('?' * len(values))})",
@@ -430,24 +465,98 @@ class Store:
                     )
             else:
                 sets[k] = v
-        with self._write() as conn:
-            at = iso(self.clock())
-            sets["updated_at"] = at
-            row = _one_row(conn.execute("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,)))
-            if row is None:
-                raise UnknownReceipt(f"no receipt {operation_id}")
-            if row.state is State.SUBMITTED and "completed_at" not in fields:
-                sets["completed_at"] = at  # the attempt is over, whatever we learned of it
-            placeholders = ", ".join("?" * len(sources))
-            cur = conn.execute(
-                f"UPDATE receipts SET {', '.join(f'{k} = ?' for k in sets)} "
-                f"WHERE operation_id = ? AND state IN ({placeholders})",
-                (*sets.values(), operation_id, *sorted(sources)),
-            )
-            if cur.rowcount != 1:
-                raise IllegalTransition(f"receipt {operation_id} is {row.state}; {row.state} → {to} is not allowed")
-            self._event(operation_id, "transition", row.state, to, reason, actor, flow_id, at)
+        with self._write():
+            self._step(operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields)
         return self.get(operation_id)
+
+    def _step(self, operation_id: str, to: State, sources: frozenset[State], sets: dict[str, Any],
+              reason: str, actor: str, flow_id: str | None, *, set_completed: bool = True) -> State:
+        """One guarded state change inside an open write transaction. Returns the state it left."""
+        at = iso(self.clock())
+        sets = {**sets, "state": str(to), "updated_at": at}
+        row = _one_row(self.conn.execute("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,)))
+        if row is None:
+            raise UnknownReceipt(f"no receipt {operation_id}")
+        if row.state is State.SUBMITTED and set_completed:
+            sets["completed_at"] = at  # the attempt is over, whatever we learned of it
+        placeholders = ", ".join("?" * len(sources))
+        cur = self.conn.execute(
+            f"UPDATE receipts SET {', '.join(f'{k} = ?' for k in sets)} "
+            f"WHERE operation_id = ? AND state IN ({placeholders})",
+            (*sets.values(), operation_id, *sorted(sources)),
+        )
+        if cur.rowcount != 1:
+            raise IllegalTransition(f"receipt {operation_id} is {row.state}; {row.state} → {to} is not allowed")
+        self._event(operation_id, "transition", row.state, to, reason, actor, flow_id, at)
+        return row.state
+
+    # --- human decisions and reconciliation ------------------------------------------------
+
+    def resolve(self, operation_id: str, to: State, *, note: str, actor: str,
+                external_id: str | None = None) -> Receipt:
+        """
+        A human decision: `outcome_unknown` or `manual_review` → succeeded, safe_to_retry or
+        rejected. An `outcome_unknown` receipt passes through `manual_review` (two events, one
+        transaction). Anything else raises IllegalTransition.
+        """
+        if to not in RESOLUTIONS:
+            raise IllegalTransition(f"a receipt can be resolved as {', '.join(RESOLUTIONS)}, not {to}")
+        if not note.strip():
+            raise ValueError("a resolution needs a note saying why")
+        fields: dict[str, Any] = {"external_id": external_id} if external_id else {}
+        with self._write():
+            current = self.get(operation_id).state
+            if current is State.OUTCOME_UNKNOWN:
+                self._step(operation_id, State.MANUAL_REVIEW, frozenset({current}), {},
+                           f"taken into review: {note}", actor, None)
+                current = State.MANUAL_REVIEW
+            if current is not State.MANUAL_REVIEW:
+                raise IllegalTransition(
+                    f"receipt {operation_id} is {current}; only outcome_unknown and manual_review receipts are resolved by hand"
+                )
+            self._step(operation_id, to, frozenset({State.MANUAL_REVIEW}), fields, f"resolved by hand: {note}", actor, None)
+        return self.get(operation_id)
+
+    def claim_for_reconcile(self, operation_id: str, *, actor: str, reason: str = "reconciling with a read") -> Receipt:
+        """`outcome_unknown`/`manual_review` → `reconciling`. Only one claimant wins; the others get IllegalTransition."""
+        with self._write():
+            self._step(operation_id, State.RECONCILING, frozenset({State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW}),
+                       {}, reason, actor, None)
+        return self.get(operation_id)
+
+    # --- retention ----------------------------------------------------------------------------
+
+    def prune(self, older_than: dt.timedelta, *, dry_run: bool = False) -> list[str]:
+        """
+        Delete resolved receipts (succeeded, rejected, not_sent, safe_to_retry) last changed
+        more than `older_than` ago, with their events. Never an unresolved one, and never one
+        that a kept receipt's `retry_of` still points at. Returns the deleted ids.
+        """
+        cutoff = iso(self.clock() - older_than)
+        resolved = sorted(TERMINAL)
+        with self._write() as conn:
+            candidates = {
+                r[0] for r in conn.execute(
+                    f"SELECT operation_id FROM receipts WHERE updated_at < ? AND state IN ({', '.join('?' * len(resolved))})",
+                    (cutoff, *resolved),
+                )
+            }
+            links = conn.execute("SELECT operation_id, retry_of FROM receipts WHERE retry_of IS NOT NULL").fetchall()
+            changed = True
+            while changed:  # keep whatever a kept receipt points at
+                changed = False
+                for operation_id, retry_of in links:
+                    if operation_id not in candidates and retry_of in candidates:
+                        candidates.discard(retry_of)
+                        changed = True
+            ids = sorted(candidates)
+            if ids and not dry_run:
+                conn.execute("PRAGMA defer_foreign_keys = ON")
+                for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500)):
+                    marks = ", ".join("?" * len(chunk))
+                    conn.execute(f"DELETE FROM receipts WHERE operation_id IN ({marks})", chunk)
+                    conn.execute(f"DELETE FROM receipt_events WHERE operation_id IN ({marks})", chunk)
+        return ids
 
     # --- recovery --------------------------------------------------------------------------
 
@@ -485,29 +594,56 @@ class Store:
             raise UnknownReceipt(f"no receipt {operation_id}")
         return row
 
-    def list(self, *, states: Sequence[State] = (), limit: int | None = 100) -> list[Receipt]:
-        """Receipts, newest first."""
-        sql = "SELECT * FROM receipts"
-        params: list[Any] = []
-        if states:
-            sql += f" WHERE state IN ({', '.join('?' * len(states))})"
-            params += [str(s) for s in states]
-        sql += " ORDER BY rowid DESC"
+    def list(self, *, states: Sequence[State] = (), operation: str | None = None, since: str | None = None,
+             limit: int | None = 100) -> list[Receipt]:
+        """Receipts, newest first. `operation` is a name (`articles.create`) or `api/name`; `since` an ISO time."""
+        where, params = self._filters(states, operation, since)
+        sql = f"SELECT * FROM receipts{where} ORDER BY rowid DESC"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
         return [Receipt.from_row(r) for r in self.db.query(sql, params)]
 
+    def _filters(self, states: Sequence[State], operation: str | None, since: str | None) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if states:
+            clauses.append(f"state IN ({', '.join('?' * len(states))})")
+            params += [str(s) for s in states]
+        if operation:
+            clauses.append("(operation = ? OR api || '/' || operation = ?)")
+            params += [operation, operation]
+        if since:
+            clauses.append("submitted_at >= ?")
+            params.append(since)
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+    def duplicates(self, *, since: str | None = None, limit: int | None = 100) -> list[tuple[Event, Receipt]]:
+        """Blocked and replayed duplicates, newest first, each with the receipt it was checked against."""
+        sql = "SELECT * FROM receipt_events WHERE event IN ('blocked', 'replayed')"
+        params: list[Any] = []
+        if since:
+            sql += " AND at >= ?"
+            params.append(since)
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        events = [_event_of(r) for r in self.db.query(sql, params)]
+        receipts = {i: self.get(i) for i in {e.operation_id for e in events}}
+        return [(e, receipts[e.operation_id]) for e in events]
+
+    def export(self, *, since: str | None = None) -> Iterator[tuple[Receipt, list[Event]]]:
+        """Every receipt (oldest first) with its events, for audit."""
+        where, params = self._filters((), None, since)
+        for row in self.db.query(f"SELECT * FROM receipts{where} ORDER BY rowid", params):
+            receipt = Receipt.from_row(row)
+            yield receipt, self.events(receipt.operation_id)
+
     def events(self, operation_id: str) -> list[Event]:
         return [
-            Event(
-                id=r["id"], operation_id=r["operation_id"], at=r["at"], event=r["event"],
-                from_state=State(r["from_state"]) if r["from_state"] else None,
-                to_state=State(r["to_state"]), reason=r["reason"], actor=r["actor"], flow_id=r["flow_id"],
-            )
-            for r in self.db.query(
-                "SELECT * FROM receipt_events WHERE operation_id = ? ORDER BY id", [operation_id]
-            )
+            _event_of(r)
+            for r in self.db.query("SELECT * FROM receipt_events WHERE operation_id = ? ORDER BY id", [operation_id])
         ]
 
     def duplicate_counts(self, operation_ids: Sequence[str]) -> dict[str, dict[str, int]]:
@@ -525,6 +661,14 @@ class Store:
 
     def counts(self) -> dict[str, int]:
         return {r["state"]: r["n"] for r in self.db.query("SELECT state, count(*) AS n FROM receipts GROUP BY state")}
+
+
+def _event_of(r: dict[str, Any]) -> Event:
+    return Event(
+        id=r["id"], operation_id=r["operation_id"], at=r["at"], event=r["event"],
+        from_state=State(r["from_state"]) if r["from_state"] else None,
+        to_state=State(r["to_state"]), reason=r["reason"], actor=r["actor"], flow_id=r["flow_id"],
+    )
 
 
 def _retry_while_locked(fn: Callable[[], Any], timeout: float) -> Any:

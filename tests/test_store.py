@@ -135,7 +135,8 @@ def test_open_sets_wal_and_synchronous_full(db_path, clock):
 def test_migrations_recorded_and_not_reapplied(db_path, clock):
     s = Store.open(db_path, clock=clock)
     rows = s.conn.execute("SELECT migration_set, name, applied_at FROM _sqlite_migrations").fetchall()
-    assert [(r[0], r[1]) for r in rows] == [("receipt-proxy", "m001_receipts")]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("receipt-proxy", "m001_receipts"), ("receipt-proxy", "m002_prunable_events_and_idempotency_keys")]
     forward(s)
     s.close()
 
