@@ -1,23 +1,37 @@
 """
 `receipts`: see and settle the receipts the proxy wrote.
 
-    receipts list                          newest first, with how many duplicates were blocked or replayed
-    receipts list --state outcome_unknown  only the unresolved ones you care about
-    receipts show 20261129T184210Z-1fd54b31a2
+    receipts list --state outcome_unknown     the unresolved ones you care about
+    receipts show 20261129T184210Z-1fd54b31a2 one receipt, its history and the duplicates it stopped
+    receipts blocked --since 1d               what the proxy blocked or replayed lately
+    receipts resolve ID --as succeeded --note "the post is live" --external-id 1234567
+    receipts export --since 2026-11-01 > audit.jsonl
+    receipts prune --older-than 90d --dry-run
+
+Each subcommand is one entry in `COMMANDS`: a function adding its arguments, a function
+running it against an open Store, and its help. Errors a user can fix are one line,
+`Error: ...`, on stderr, with exit status 1; argparse's own usage errors exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime as dt
+import getpass
 import json
 import os
+import re
 import sqlite3
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from proxy_addon.errors import ReceiptsError
-from proxy_addon.states import State
-from proxy_addon.store import Receipt, Store
+from proxy_addon.errors import ReceiptsError, StoreError
+from proxy_addon.states import RESOLUTIONS, State
+from proxy_addon.store import Clock, Event, Receipt, Store, iso, utcnow
 
 DEFAULT_DB = "~/.local/state/receipt-proxy/receipts.db"
 
@@ -25,13 +39,29 @@ EPILOG = """\
 examples:
   receipts list
   receipts list --state outcome_unknown --state manual_review
-  receipts list --json | jq '.[0]'
+  receipts list --operation dev.to/articles.create --since 7d --json | jq '.[0]'
   receipts show 20261129T184210Z-1fd54b31a2
+  receipts blocked --since 2h
+  receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" --external-id 1234567
+  receipts export --since 2026-11-01 > receipts.jsonl
+  receipts prune --older-than 90d --dry-run
   receipts --db ./.state/receipts.db list
+
+Run `receipts COMMAND --help` for a command's options.
 
 The database is --db, else $RECEIPT_PROXY_DB, else $RECEIPT_PROXY_STATE_DIR/receipts.db,
 else ~/.local/state/receipt-proxy/receipts.db (where scripts/run keeps it).
 """
+
+SINCE_HELP = "only since T: an ISO date or time (2026-11-01, 2026-11-01T12:00:00Z; UTC unless it says otherwise) or an age (90m, 2h, 7d)"
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class UsageError(Exception):
+    """A bad value the user can fix; printed as one `Error: ...` line, exit status 1."""
+
+
+# --- values --------------------------------------------------------------------------------
 
 
 def default_db() -> str:
@@ -42,6 +72,307 @@ def default_db() -> str:
     return DEFAULT_DB
 
 
+def parse_age(text: str, option: str) -> dt.timedelta:
+    """`90m`, `12h`, `30d`, `2w` (also `45s`) as a timedelta."""
+    m = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
+    if not m:
+        raise UsageError(f"{option}: {text!r} is not an age; use a number and a unit s, m, h, d or w, like 90m, 12h, 30d")
+    try:
+        return dt.timedelta(seconds=int(m[1]) * AGE_UNITS[m[2]])
+    except OverflowError:
+        raise UsageError(f"{option}: {text!r} is too long ago") from None
+
+
+def parse_since(text: str | None, now: dt.datetime, option: str = "--since") -> str | None:
+    """An ISO date/time or an age, as the store's time format (`2026-11-29T18:57:11.913481Z`)."""
+    if text is None:
+        return None
+    if re.fullmatch(r"\s*\d+\s*[smhdw]\s*", text):
+        try:
+            return iso(now - parse_age(text, option))
+        except OverflowError:
+            raise UsageError(f"{option}: {text!r} is too long ago") from None
+    try:
+        t = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"{option}: {text!r} is neither an ISO date or time (2026-11-01, 2026-11-01T12:00:00Z) nor an age (90m, 2h, 7d)"
+        ) from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    try:
+        return iso(t)
+    except OverflowError:
+        raise UsageError(f"{option}: {text!r} is out of range") from None
+
+
+def age(since: str, now: dt.datetime) -> str:
+    """How long ago an ISO time was, compactly: `45s`, `3m`, `2h`, `5d`."""
+    seconds = int((now - dt.datetime.fromisoformat(since)).total_seconds())
+    seconds = max(seconds, 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def cli_actor() -> str:
+    """Who resolves: `cli:<login name>`, or `cli` when there is no login name."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # OSError without a login name or passwd entry; KeyError on older Pythons
+        return "cli"
+    return f"cli:{user}" if user else "cli"
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def receipt_json(r: Receipt) -> dict[str, Any]:
+    """Every field of a receipt, JSON-ready: the recorded response as its status only (a body is bytes)."""
+    d = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "response"}
+    d["state"] = str(r.state)
+    d["response_status"] = r.response.status if r.response else None
+    return d
+
+
+def event_json(e: Event) -> dict[str, Any]:
+    d = dataclasses.asdict(e)
+    d["from_state"] = str(e.from_state) if e.from_state else None
+    d["to_state"] = str(e.to_state)
+    return d
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def print_table(headers: list[str], rows: list[list[Any]]) -> None:
+    """Aligned columns, `-` for an empty cell; the last column is not padded."""
+    cells = [[("-" if v is None or v == "" else str(v)) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in [headers, *cells]) for i in range(len(headers) - 1)]
+    for row in [headers, *cells]:
+        print("  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]).rstrip())
+
+
+def operation_name(r: Receipt) -> str:
+    """`dev.to/articles.create`: what `receipts list --operation` takes."""
+    return f"{r.api}/{r.operation}"
+
+
+def short_time(t: str) -> str:
+    """`2026-11-29T18:57:11.913481Z` → `2026-11-29T18:57:11Z`."""
+    return t.split(".")[0] + "Z" if "." in t else t
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", action="append", choices=[s.value for s in State], default=[], metavar="STATE",
+                   help=f"only receipts in this state (repeatable): {', '.join(s.value for s in State)}")
+    p.add_argument("--operation", metavar="OP", help="only this operation: articles.create or dev.to/articles.create")
+    p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
+    p.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N receipts (default 50)")
+    p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+
+
+def list_run(store: Store, args: argparse.Namespace) -> int:
+    now = store.clock()
+    since = parse_since(args.since, now)
+    receipts = store.list(states=[State(s) for s in args.state], operation=args.operation, since=since,
+                          limit=args.limit)
+    dups = store.duplicate_counts([r.operation_id for r in receipts])
+    if args.json:
+        print_json([{**receipt_json(r), **dups[r.operation_id]} for r in receipts])
+    elif not receipts:
+        print(f"no receipts in {store.path}" + (" match" if args.state or args.operation or since else ""))
+    else:
+        print_table(
+            ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"],
+            [[r.operation_id, age(r.submitted_at, now), operation_name(r), r.state, r.http_status, r.external_id,
+              dups[r.operation_id]["blocked"] or None, dups[r.operation_id]["replayed"] or None, r.target]
+             for r in receipts],
+        )
+    return 0
+
+
+def show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("operation_id", metavar="ID", help="the receipt's operation id (first column of `receipts list`)")
+    p.add_argument("--json", action="store_true", help="print JSON: the receipt, its events and its duplicates")
+
+
+def show_run(store: Store, args: argparse.Namespace) -> int:
+    r = store.get(args.operation_id)
+    every = store.events(r.operation_id)
+    events = [e for e in every if e.event not in ("blocked", "replayed")]
+    dups = [e for e in every if e.event in ("blocked", "replayed")]
+    if args.json:
+        print_json({**receipt_json(r), "events": [event_json(e) for e in events],
+                    "duplicates": [event_json(e) for e in dups]})
+        return 0
+    for k, v in receipt_json(r).items():
+        text = "-" if v is None else json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+        print(f"{k:19} {text}")
+    print("events:")
+    for e in events:
+        change = f"{e.from_state or '(new)'} → {e.to_state}" if e.event == "transition" else e.event
+        print(f"  {e.at}  {change:36} {e.actor:10} {e.reason}")
+    if not dups:
+        print("duplicates: none")
+    else:
+        print(f"duplicates ({len(dups)}):")
+        for e in dups:
+            print(f"  {e.at}  {e.event:8} {e.actor:10} {e.flow_id or '-':14} {e.reason}")
+    return 0
+
+
+def blocked_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", metavar="T", help=SINCE_HELP)
+    p.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N duplicates (default 50)")
+    p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+
+
+def blocked_run(store: Store, args: argparse.Namespace) -> int:
+    since = parse_since(args.since, store.clock())
+    rows = store.duplicates(since=since, limit=args.limit)
+    if args.json:
+        print_json([
+            {"at": e.at, "event": e.event, "operation_id": r.operation_id, "api": r.api, "operation": r.operation,
+             "receipt_state": str(r.state), "reason": e.reason, "actor": e.actor, "flow_id": e.flow_id}
+            for e, r in rows
+        ])
+    elif not rows:
+        print(f"no blocked or replayed duplicates in {store.path}" + (f" since {since}" if since else ""))
+    else:
+        print_table(
+            ["TIME", "KIND", "RECEIPT", "OPERATION", "STATE", "REASON"],
+            [[short_time(e.at), e.event, r.operation_id, operation_name(r), r.state, e.reason] for e, r in rows],
+        )
+    return 0
+
+
+def resolve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("operation_id", metavar="ID", help="an outcome_unknown or manual_review receipt")
+    p.add_argument("--as", dest="resolution", required=True, choices=[s.value for s in RESOLUTIONS],
+                   help="what happened: succeeded (it took effect), safe_to_retry (it provably did not), "
+                        "rejected (the API refused it)")
+    p.add_argument("--note", required=True, help="why you know: recorded in the receipt's history")
+    p.add_argument("--external-id", metavar="X", help="the id the API gave the created object (with --as succeeded)")
+
+
+def resolve_run(store: Store, args: argparse.Namespace) -> int:
+    if not args.note.strip():
+        raise UsageError("--note must say how you know what happened")
+    if args.external_id is not None and args.resolution != State.SUCCEEDED:
+        raise UsageError(f"--external-id goes with --as succeeded, not --as {args.resolution}")
+    before = store.get(args.operation_id).state
+    r = store.resolve(args.operation_id, State(args.resolution), note=args.note.strip(), actor=cli_actor(),
+                      external_id=args.external_id)
+    print(f"{r.operation_id} is now {r.state} (was {before})")
+    return 0
+
+
+def export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
+
+
+def export_run(store: Store, args: argparse.Namespace) -> int:
+    since = parse_since(args.since, store.clock())
+    for r, events in store.export(since=since):
+        print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events]}))
+    return 0
+
+
+def prune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--older-than", required=True, metavar="AGE",
+                   help="delete resolved receipts last changed more than AGE ago: 90m, 12h, 30d, 2w")
+    p.add_argument("--dry-run", action="store_true", help="only say how many would be deleted")
+
+
+def prune_run(store: Store, args: argparse.Namespace) -> int:
+    older_than = parse_age(args.older_than, "--older-than")
+    try:
+        ids = store.prune(older_than, dry_run=args.dry_run)
+    except OverflowError:
+        raise UsageError(f"--older-than: {args.older_than!r} is too long ago") from None
+    noun = "receipt" if len(ids) == 1 else "receipts"
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {len(ids)} resolved {noun} last changed more than {args.older_than.strip()} ago")
+    return 0
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    description: str
+    examples: list[str]
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[Store, argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {
+    "list": Command(
+        "list receipts, newest first",
+        "List receipts, newest first, with how many duplicates each blocked or replayed.\n"
+        "AGE is the time since the request was submitted.",
+        ["receipts list", "receipts list --state outcome_unknown --state manual_review",
+         "receipts list --operation dev.to/articles.create --since 7d",
+         "receipts list --since 2026-11-01T12:00:00Z --limit 10 --json"],
+        list_args, list_run,
+    ),
+    "show": Command(
+        "one receipt, its history and its duplicates",
+        "One receipt: its fields, its state changes, and the blocked or replayed duplicates of it.",
+        ["receipts show 20261129T184210Z-1fd54b31a2", "receipts show 20261129T184210Z-1fd54b31a2 --json"],
+        show_args, show_run,
+    ),
+    "blocked": Command(
+        "duplicates the proxy blocked or replayed, newest first",
+        "Duplicates the proxy blocked or answered with a recorded response (replayed), newest first,\n"
+        "each with the receipt it was checked against and that receipt's current state.",
+        ["receipts blocked", "receipts blocked --since 2h", "receipts blocked --since 2026-11-01 --json"],
+        blocked_args, blocked_run,
+    ),
+    "resolve": Command(
+        "settle an outcome_unknown or manual_review receipt by hand",
+        "Record what you found out about a receipt whose outcome is unknown or under review.\n"
+        "Until it is resolved, the proxy blocks identical requests; after safe_to_retry or\n"
+        "rejected it forwards the next one as a retry. The change is recorded with your\n"
+        "login name (actor cli:NAME) and the note.",
+        ['receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" --external-id 1234567',
+         'receipts resolve 20261129T184210Z-1fd54b31a2 --as safe_to_retry --note "not on the dashboard after 1h"',
+         'receipts resolve 20261129T184210Z-1fd54b31a2 --as rejected --note "support says it was refused"'],
+        resolve_args, resolve_run,
+    ),
+    "export": Command(
+        "every receipt with its events, as JSON Lines",
+        "Every receipt (oldest first) as one JSON object a line, with its events.\n"
+        "A recorded response appears as its status only (response_status), never its body.",
+        ["receipts export > receipts.jsonl", "receipts export --since 30d | jq -c 'select(.state == \"succeeded\")'"],
+        export_args, export_run,
+    ),
+    "prune": Command(
+        "delete old resolved receipts",
+        "Delete resolved receipts (succeeded, rejected, not_sent, safe_to_retry) last changed more\n"
+        "than AGE ago, with their events. Unresolved receipts are never deleted, nor a receipt\n"
+        "that a kept receipt is a retry of.",
+        ["receipts prune --older-than 90d --dry-run", "receipts prune --older-than 30d"],
+        prune_args, prune_run,
+    ),
+}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="receipts", description="See and settle the receipts receipt-proxy wrote.",
@@ -49,71 +380,43 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--db", default=None, help="the receipts database (default: see below)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    ls = sub.add_parser("list", help="list receipts, newest first",
-                        description="List receipts, newest first.\n\nexample: receipts list --state outcome_unknown",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ls.add_argument("--state", action="append", choices=[s.value for s in State], default=[],
-                    help="only receipts in this state (repeatable)")
-    ls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
-    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    show = sub.add_parser("show", help="one receipt with its event history",
-                          description="One receipt with its event history.\n\nexample: receipts show 20261129T184210Z-1fd54b31a2",
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    show.add_argument("operation_id")
-    show.add_argument("--json", action="store_true", help="print JSON instead of text")
+    for name, c in COMMANDS.items():
+        sp = sub.add_parser(
+            name, help=c.help, description=c.description,
+            epilog="examples:\n" + "".join(f"  {e}\n" for e in c.examples),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        c.add_arguments(sp)
     return p
 
 
-def _summary(r: Receipt) -> dict:
-    return {
-        "operation_id": r.operation_id, "api": r.api, "operation": r.operation, "method": r.method,
-        "target": r.target, "state": str(r.state), "intent_fingerprint": r.intent_fingerprint,
-        "intent": r.intent, "submitted_at": r.submitted_at, "completed_at": r.completed_at,
-        "http_status": r.http_status, "error": r.error, "external_id": r.external_id,
-        "retry_of": r.retry_of, "flow_id": r.flow_id,
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, clock: Clock = utcnow) -> int:
     args = parser().parse_args(argv)
     if args.command is None:
         parser().print_help()
         return 0
     db = Path(args.db or default_db()).expanduser()
+    store = None
     try:
-        store = Store.open(db, create=False)
-        if args.command == "list":
-            receipts = store.list(states=[State(s) for s in args.state], limit=args.limit)
-            dups = store.duplicate_counts([r.operation_id for r in receipts])
-            if args.json:
-                print(json.dumps([{**_summary(r), **dups[r.operation_id]} for r in receipts], indent=2))
-            elif not receipts:
-                print(f"no receipts in {db}")
-            else:
-                print(f"{'OPERATION ID':28} {'STATE':16} {'OPERATION':28} {'HTTP':>4} {'BLOCKED':>7} {'REPLAYED':>8}  TARGET")
-                for r in receipts:
-                    d = dups[r.operation_id]
-                    print(f"{r.operation_id:28} {r.state:16} {r.api + ' ' + r.operation:28} "
-                          f"{r.http_status or '':>4} {d['blocked'] or '':>7} {d['replayed'] or '':>8}  {r.target}")
-        elif args.command == "show":
-            r = store.get(args.operation_id)
-            events = store.events(r.operation_id)
-            if args.json:
-                print(json.dumps({**_summary(r), "events": [e.__dict__ for e in events]}, indent=2, default=str))
-            else:
-                for k, v in _summary(r).items():
-                    print(f"{k:19} {json.dumps(v) if isinstance(v, dict) else v if v is not None else '-'}")
-                print("events:")
-                for e in events:
-                    change = f"{e.from_state or '(new)'} → {e.to_state}" if e.event == "transition" else e.event
-                    print(f"  {e.at}  {change:36} {e.actor:8} {e.reason}")
-    except ReceiptsError as e:
+        try:
+            store = Store.open(db, create=False, clock=clock)
+        except StoreError as e:
+            hint = "" if args.db or db.exists() else " (pass --db, or set $RECEIPT_PROXY_DB or $RECEIPT_PROXY_STATE_DIR)"
+            raise StoreError(f"{e}{hint}") from e
+        return COMMANDS[args.command].run(store, args)
+    except (ReceiptsError, UsageError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
     except sqlite3.Error as e:
         print(f"Error: {db}: {e}", file=sys.stderr)
         return 1
-    return 0
+    except BrokenPipeError:  # `receipts export | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    finally:
+        if store is not None:
+            store.close()
 
 
 if __name__ == "__main__":

@@ -70,6 +70,19 @@ class FingerprintSpec:
 
 
 @dataclass(frozen=True)
+class ReconcileSpec:
+    """How to look for an operation's effect with a read (never another write)."""
+
+    method: str  # GET or HEAD
+    url: str  # a template: absolute, or a path on the receipt's own origin
+    find: tuple[tuple[str, str], ...] = ()  # (dotted field of an item, value template); () → the status decides
+    items: str | None = None  # dotted path to the list in the JSON answer; None → the answer itself
+    absence_provable: bool = False  # "not found" in this read proves the effect does not exist
+    retry_when_absent: bool = False  # once absence is proven, the operation may be sent again
+    external_id: str | None = None  # field of the found item naming it
+
+
+@dataclass(frozen=True)
 class Operation:
     api: str
     name: str
@@ -81,6 +94,9 @@ class Operation:
     after_success: AfterSuccess = "replay"
     classify: tuple[tuple[str, State], ...] = ()  # ("404", ...) before ("4xx", ...)
     source: str = ""
+    reconcile: ReconcileSpec | None = None
+    idempotency_header: str | None = None  # the API deduplicates by this header; the proxy adds it
+    credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
 
 
 @dataclass(frozen=True)
@@ -269,14 +285,19 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
         hosts.append(host)
 
     credential_headers: tuple[str, ...] = ()
+    credentials_env = None
     if "credentials" in top:
-        cred = ctx.mapping(top["credentials"][1], "credentials", ("header",), ("header",))
+        cred = ctx.mapping(top["credentials"][1], "credentials", ("header", "env"), ("header",))
         names = []
         for item, h in ctx.strings(cred["header"][1], "credentials.header", allow_empty=False):
             if not _HEADER.match(h):
                 raise ctx.error(item, "credentials.header", f"{h!r} is not a valid header name")
             names.append(h.lower())
         credential_headers = tuple(names)
+        if "env" in cred:
+            credentials_env = ctx.string(cred["env"][1], "credentials.env")
+            if not _IDENT.match(credentials_env):
+                raise ctx.error(cred["env"][1], "credentials.env", f"{credentials_env!r} is not an environment variable name")
 
     ops_node = top["operations"][1]
     if not isinstance(ops_node, yaml.MappingNode):
@@ -288,15 +309,17 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
     for name, (key, value) in ops_map.items():
         if not _OPERATION_NAME.match(name):
             raise ctx.error(key, f"operations.{name}", "operation names use letters, digits, '.', '_' and '-'")
-        operations.append(_operation(ctx, api, name, value, credential_headers))
+        operations.append(_operation(ctx, api, name, value, credential_headers, credentials_env))
     return RuleFile(api=api, hosts=tuple(hosts), operations=tuple(operations), source=source)
 
 
-def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_headers: tuple[str, ...]) -> Operation:
+def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_headers: tuple[str, ...],
+               credentials_env: str | None = None) -> Operation:
     f = f"operations.{name}"
     op = ctx.mapping(
         node, f,
-        ("description", "match", "fingerprint", "external_id", "after_success", "classify"),
+        ("description", "match", "fingerprint", "external_id", "after_success", "classify",
+         "reconcile", "idempotency_key"),
         ("match",),
     )
     if "description" in op:
@@ -341,11 +364,91 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
             classify.append((status.lower(), State(state)))
         classify.sort(key=lambda kv: kv[0].endswith("xx"))  # exact codes first
 
+    reconcile = _reconcile(ctx, f, op["reconcile"][1], fp, external_id) if "reconcile" in op else None
+
+    idempotency_header = None
+    if "idempotency_key" in op:
+        knode = op["idempotency_key"][1]
+        key = ctx.mapping(knode, f"{f}.idempotency_key", ("header",), ("header",))
+        idempotency_header = ctx.string(key["header"][1], f"{f}.idempotency_key.header")
+        if not _HEADER.match(idempotency_header):
+            raise ctx.error(key["header"][1], f"{f}.idempotency_key.header", f"{idempotency_header!r} is not a valid header name")
+
     return Operation(
         api=api, name=name, method=method, path=path, fingerprint=fp,
         credential_headers=credential_headers, external_id=external_id,
         after_success=after_success, classify=tuple(classify), source=ctx.source,
+        reconcile=reconcile, idempotency_header=idempotency_header, credentials_env=credentials_env,
     )
+
+
+_TEMPLATE_VAR = re.compile(r"\{([^{}]*)\}")
+
+
+def template_variables(fp: FingerprintSpec) -> set[str]:
+    """The names a reconcile template may use, given what the operation's fingerprint records."""
+    names = {"external_id"}
+    names |= {f"path.{p}" for p in fp.path}
+    names |= {f"query.{q}" for q in fp.query}
+    names |= {f"header.{h}" for h in fp.headers}
+    names |= {f"intent.{b}" for b in fp.body or ()}
+    return names
+
+
+def _template(ctx: _Ctx, node: yaml.Node, field_: str, allowed: set[str]) -> str:
+    text = ctx.string(node, field_)
+    stripped = _TEMPLATE_VAR.sub("", text)
+    if "{" in stripped or "}" in stripped:
+        raise ctx.error(node, field_, f"unbalanced '{{' or '}}' in template {text!r}")
+    for var in _TEMPLATE_VAR.findall(text):
+        if var not in allowed:
+            known = ", ".join(sorted(allowed))
+            raise ctx.error(node, field_, f"{{{var}}} is not recorded by this operation's fingerprint; "
+                                          f"templates may use: {known}")
+    return text
+
+
+def _boolean(ctx: _Ctx, node: yaml.Node, field_: str) -> bool:
+    if not isinstance(node, yaml.ScalarNode) or node.tag != "tag:yaml.org,2002:bool":
+        raise ctx.error(node, field_, f"expected true or false, got {_kind(node)}")
+    return node.value.lower() in ("true", "yes", "on")
+
+
+def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external_id: str | None) -> ReconcileSpec:
+    f = f"{f}.reconcile"
+    rec = ctx.mapping(node, f, ("read", "find", "items", "absence_provable", "retry_when_absent", "external_id"), ("read",))
+    allowed = template_variables(fp)
+    read = ctx.mapping(rec["read"][1], f"{f}.read", ("method", "url"), ("url",))
+    method = "GET"
+    if "method" in read:
+        method = ctx.string(read["method"][1], f"{f}.read.method").upper()
+        if method not in ("GET", "HEAD"):
+            raise ctx.error(read["method"][1], f"{f}.read.method",
+                            f"{method!r}: a reconcile read is GET or HEAD, never a write")
+    url = _template(ctx, read["url"][1], f"{f}.read.url", allowed)
+    if not (url.startswith("/") or re.match(r"^https?://[^/{}]+", url)):
+        raise ctx.error(read["url"][1], f"{f}.read.url", f"{url!r} must be a path ('/api/...') or an http(s) URL with a fixed host")
+    find = []
+    if "find" in rec:
+        fnode = rec["find"][1]
+        keys = [k.value for k, _ in fnode.value] if isinstance(fnode, yaml.MappingNode) else []
+        for name, (knode, vnode) in ctx.mapping(fnode, f"{f}.find", keys).items():
+            if not _DOTTED.match(name):
+                raise ctx.error(knode, f"{f}.find.{name}", f"{name!r} is not a dotted field path")
+            find.append((name, _template(ctx, vnode, f"{f}.find.{name}", allowed)))
+        if not find:
+            raise ctx.error(fnode, f"{f}.find", "must name at least one field; leave find out to let the read's status decide")
+        if method == "HEAD":
+            raise ctx.error(fnode, f"{f}.find", "a HEAD read has no body to search; use GET or leave find out")
+    items = ctx.string(rec["items"][1], f"{f}.items") if "items" in rec else None
+    provable = _boolean(ctx, rec["absence_provable"][1], f"{f}.absence_provable") if "absence_provable" in rec else False
+    retry = _boolean(ctx, rec["retry_when_absent"][1], f"{f}.retry_when_absent") if "retry_when_absent" in rec else False
+    if retry and not provable:
+        raise ctx.error(rec["retry_when_absent"][1], f"{f}.retry_when_absent",
+                        "needs absence_provable: true; a retry is safe only when absence is proven")
+    rec_external_id = ctx.string(rec["external_id"][1], f"{f}.external_id") if "external_id" in rec else external_id
+    return ReconcileSpec(method=method, url=url, find=tuple(find), items=items, absence_provable=provable,
+                         retry_when_absent=retry, external_id=rec_external_id)
 
 
 def _fingerprint(ctx: _Ctx, f: str, node: yaml.Node | None, path: PathTemplate, credential_headers: tuple[str, ...]) -> FingerprintSpec:

@@ -15,6 +15,8 @@ Faults, one per request, in the order planned (then "ok"):
     reset     commit, then reset the connection (RST)
     400 / 404 / 409 / 429   refuse without committing
     500 / 502 / 503         commit, then answer with that status
+Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`);
+GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read.
 The upstream counts commits itself, per path: tests never guess.
 """
 
@@ -39,6 +41,8 @@ class Upstream:
         self.certdir = certdir
         self.hang_seconds = hang_seconds
         self._plans: dict[str, list[str]] = defaultdict(list)
+        self._read_plans: dict[str, list[str]] = defaultdict(list)
+        self.items: dict[str, list[dict]] = {}  # what each path's committed writes created, for list reads
         self._commits: dict[str, int] = defaultdict(int)
         self.requests: list[dict] = []
         self.lock = threading.Lock()
@@ -52,13 +56,23 @@ class Upstream:
         with self.lock:
             self._plans[path].extend(faults)
 
+    def plan_read(self, path: str, *faults: str) -> None:
+        """Faults for GET reads of `path`: "hang" or a status such as "500"."""
+        with self.lock:
+            self._read_plans[path].extend(faults)
+
+    def reads(self, path: str) -> int:
+        with self.lock:
+            return sum(1 for r in self.requests if r["method"] == "GET" and r["path"].split("?")[0] == path)
+
     def commits(self, path: str) -> int:
         with self.lock:
             return self._commits[path]
 
     def seen(self, path: str) -> int:
+        """Writes (anything but GET and HEAD) that reached `path`, committed or not."""
         with self.lock:
-            return sum(1 for r in self.requests if r["path"].split("?")[0] == path)
+            return sum(1 for r in self.requests if r["method"] not in ("GET", "HEAD") and r["path"].split("?")[0] == path)
 
     @property
     def port(self) -> int:
@@ -79,7 +93,29 @@ class Upstream:
                 pass
 
             def do_GET(self):
-                self._answer(200, {"ok": True, "commits": dict(up._commits)})
+                path = self.path.split("?")[0]
+                with up.lock:
+                    up.requests.append({"path": self.path, "method": "GET", "headers": dict(self.headers),
+                                        "body": b"", "fault": None})
+                    fault = up._read_plans[path].pop(0) if up._read_plans[path] else "ok"
+                    items = list(up.items.get(path, []))
+                    parent, _, last = path.rpartition("/")
+                    item = next((i for i in up.items.get(parent, []) if str(i["id"]) == last), None)
+                if fault == "hang":
+                    up.release.wait(up.hang_seconds)
+                    self._close()
+                elif fault.isdigit():
+                    self._answer(int(fault), {"error": f"status {fault}"})
+                elif items or path in up.items:
+                    self._answer(200, items)
+                elif item is not None:
+                    self._answer(200, item)
+                elif last.isdigit():
+                    self._answer(404, {"error": "not found"})
+                else:
+                    self._answer(200, [])
+
+            do_HEAD = do_GET
 
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
@@ -94,6 +130,11 @@ class Upstream:
                     if not fault.isdigit() or int(fault) >= 500:
                         up._commits[path] += 1
                         n = up._commits[path]
+                        try:
+                            doc = json.loads(body) if body else {}
+                        except ValueError:
+                            doc = {}
+                        up.items.setdefault(path, []).append({**(doc if isinstance(doc, dict) else {}), "id": n})
                 if fault == "ok":
                     self._answer(201, {"id": n, "path": path, "received": len(body)})
                 elif fault.isdigit():
