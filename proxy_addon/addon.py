@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
@@ -33,8 +34,11 @@ if __package__ != "proxy_addon":  # loaded with `mitmdump -s path/to/addon.py` f
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy_addon.classify import classify_error, classify_status, external_id_of
-from proxy_addon.errors import ReceiptsError, RulesError, StoreError
-from proxy_addon.fingerprint import RequestView, fingerprint, load_or_create_key
+from proxy_addon.errors import IllegalTransition, ReceiptsError, RulesError, StoreError
+from proxy_addon.fingerprint import RequestView, fingerprint, keyed_hash, load_or_create_key
+from proxy_addon.reconcile import (
+    Verdict, credentials_from, describe, finish, judge, perform_read_async, plan_read,
+)
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Decision, Receipt, RecordedResponse, Store
@@ -89,6 +93,8 @@ OPTIONS: list[tuple[str, type, Any, str]] = [
      "Seconds to wait for a locked receipts database before answering 503 (not sent)"),
     ("receipts_response_cap", int, 1048576,
      "Largest response body (bytes) recorded for replay; a larger success is blocked instead of replayed"),
+    ("receipts_read_timeout", int, 30,
+     "Seconds a reconcile read (GET/HEAD) may take before the receipt goes to manual_review"),
     ("receipts_watch_rules", bool, True,
      "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error"),
 ]
@@ -109,6 +115,7 @@ class Receipts:
         self._instance_lock: int | None = None
         self._watcher: asyncio.Task | None = None
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self._reconciles: dict[str, asyncio.Task] = {}  # receipt id → the inline read in progress
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -127,7 +134,8 @@ class Receipts:
                 "receipt-proxy needs connection_strategy=lazy, so that every upstream failure reaches a flow"
             )
         opts = ctx.options
-        for name in ("receipts_replay_window", "receipts_upstream_timeout", "receipts_response_cap", "receipts_lock_timeout"):
+        for name in ("receipts_replay_window", "receipts_upstream_timeout", "receipts_response_cap",
+                     "receipts_lock_timeout", "receipts_read_timeout"):
             if getattr(opts, name) <= 0:
                 raise exceptions.OptionsError(f"{name} must be a positive number, not {getattr(opts, name)}")
         if "receipts_rules" in updated or self.rules is None:
@@ -240,22 +248,29 @@ class Receipts:
         )
         store, key, instance = self.store, self.key, self.instance
         replay_window = ctx.options.receipts_replay_window
+        op = m.operation
         assert key is not None
+        agent_key_header = (op.idempotency_header or "Idempotency-Key").lower()
 
         def decide() -> Decision:
             intent = fingerprint(m, view, key)
+            agent_key = view.headers.get(agent_key_header)
             attempt = Attempt(
-                api=m.operation.api, operation=m.operation.name, method=view.method,
+                api=op.api, operation=op.name, method=view.method,
                 target=intent.target, intent_fingerprint=intent.fingerprint, intent=intent.intent,
                 principal=intent.principal, flow_id=flow.id, instance=instance,
+                client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
+                idempotency=op.idempotency_header is not None,
             )
-            return store.begin_attempt(
-                attempt, after_success=m.operation.after_success,
-                replay_window=replay_window,
-            )
+            return store.begin_attempt(attempt, after_success=op.after_success, replay_window=replay_window)
 
+        loop = asyncio.get_running_loop()
         try:
-            decision = await asyncio.get_running_loop().run_in_executor(self._executor, decide)
+            decision = await loop.run_in_executor(self._executor, decide)
+            receipt = decision.receipt
+            if decision.kind == "blocked" and receipt.state is State.OUTCOME_UNKNOWN and (op.reconcile or op.idempotency_header):
+                await self._reconcile_inline(op, receipt, credentials_from(op, view.headers))
+                decision = await loop.run_in_executor(self._executor, decide)
         except StoreError as e:
             self._answer_unavailable(flow, meta, str(e))
             return
@@ -263,12 +278,59 @@ class Receipts:
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward":
             meta["retry_of"] = receipt.retry_of
+            if op.idempotency_header and receipt.idempotency_key and agent_key_header not in view.headers:
+                flow.request.headers[op.idempotency_header] = receipt.idempotency_key
             self._mark(flow, receipt.state, receipt)
             self._arm_deadline(flow)
         elif decision.kind == "replay":
             self._answer_replay(flow, receipt)
         else:
             self._answer_blocked(flow, receipt, decision.kind)
+
+    async def _reconcile_inline(self, op: Operation, receipt: Receipt, credentials: dict[str, str]) -> None:
+        """
+        Resolve an outcome_unknown receipt while its duplicate waits, with the duplicate's own
+        credentials (nothing is stored). Concurrent duplicates in this process share one read;
+        in other processes, the store's guarded claim lets only one of them read.
+        """
+        running = self._reconciles.get(receipt.operation_id)
+        if running is not None:
+            await asyncio.shield(running)
+            return
+        task = asyncio.get_running_loop().create_task(self._run_reconcile(op, receipt, credentials))
+        self._reconciles[receipt.operation_id] = task
+        try:
+            await asyncio.shield(task)
+        finally:
+            self._reconciles.pop(receipt.operation_id, None)
+
+    async def _run_reconcile(self, op: Operation, receipt: Receipt, credentials: dict[str, str]) -> None:
+        loop, store, actor = asyncio.get_running_loop(), self.store, "proxy (inline reconcile)"
+        assert store is not None
+        try:
+            claimed = await loop.run_in_executor(self._executor, lambda: store.claim_for_reconcile(
+                receipt.operation_id, actor=actor, reason="a duplicate arrived: reconciling with a read"))
+        except IllegalTransition:
+            return  # another proxy process claimed it first
+        try:
+            if op.idempotency_header and claimed.idempotency_key:
+                verdict = Verdict(State.SAFE_TO_RETRY, f"the API deduplicates by {op.idempotency_header}; "
+                                                       f"sending again with the same key {claimed.idempotency_key} is safe")
+            else:
+                read = plan_read(op, claimed)
+                opts = ctx.options
+                verify: Any = False if opts.ssl_insecure else (opts.ssl_verify_upstream_trusted_ca or True)
+                try:
+                    status, body = await perform_read_async(read, credentials, timeout=opts.receipts_read_timeout, verify=verify)
+                except httpx.HTTPError as e:
+                    verdict = Verdict(State.MANUAL_REVIEW, f"read {read.method} {read.shown} failed: {describe(e)}")
+                else:
+                    verdict = judge(op.reconcile, read, claimed, status, body)
+        except Exception as e:  # never leave a receipt in reconciling
+            logger.exception(f"receipt {claimed.operation_id}: reconcile failed")
+            verdict = Verdict(State.MANUAL_REVIEW, f"reconcile failed: {type(e).__name__}: {e}")
+        done = await loop.run_in_executor(self._executor, lambda: finish(store, claimed, verdict, actor=actor))
+        logger.warning(f"receipt {done.operation_id} {done.api} {done.operation}: {done.state} ({verdict.reason})")
 
     async def response(self, flow: http.HTTPFlow) -> None:
         meta = self._awaiting_outcome(flow)
@@ -387,6 +449,16 @@ class Receipts:
         )
 
     def _answer_blocked(self, flow: http.HTTPFlow, receipt: Receipt, kind: str) -> None:
+        if kind == "key_conflict":
+            self._answer(flow, 422, {
+                "error": "idempotency_key_reused",
+                "operation_id": receipt.operation_id,
+                "api": receipt.api,
+                "operation": receipt.operation,
+                "hint": "this Idempotency-Key was already used for a different request; use a new key for a new request",
+            }, {"X-Receipt-Id": receipt.operation_id, "X-Receipt-State": str(receipt.state)})
+            self._mark(flow, "blocked", receipt, prefix="BLOCKED reused Idempotency-Key of ")
+            return
         if kind == "blocked_succeeded":
             body = {
                 "error": "duplicate_succeeded",

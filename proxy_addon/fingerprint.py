@@ -122,9 +122,13 @@ def principal_of(match: Match, headers: Mapping[str, str], key: bytes) -> str:
     for name in (*match.operation.credential_headers, "authorization", "cookie"):
         value = headers.get(name)
         if value:
-            mac = hmac.new(key, f"{name}\0{value}".encode(), hashlib.sha256).hexdigest()
-            return f"hmac:{mac[:32]}"
+            return keyed_hash(key, name, value)
     return "anonymous"
+
+
+def keyed_hash(key: bytes, *parts: str) -> str:
+    """An HMAC of `parts`, for identities that must not be stored in the clear (an agent's Idempotency-Key)."""
+    return "hmac:" + hmac.new(key, "\0".join(parts).encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:

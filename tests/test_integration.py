@@ -42,13 +42,14 @@ def settled(proxy: Proxy, bucket: str, n: int = 1) -> list[Receipt]:
     return wait_for(check, timeout=15, what=f"{n} settled receipt(s) in {bucket}")
 
 
-def things(up: Upstream, bucket: str) -> str:
-    return f"{up.url}/api/{bucket}/things"
+def plain(up: Upstream, bucket: str) -> str:
+    """The write most tests send: plain.create, which has no reconcile spec (see test_reconcile.py)."""
+    return f"{up.url}/api/{bucket}/plain"
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_success_then_duplicate_is_replayed(client, clients: Clients, proxy, upstream, bucket):
-    url = things(upstream, bucket)
+    url = plain(upstream, bucket)
     first = clients.send(client, "POST", url, {"title": "hello", "n": 1})
     assert first.status == 201, first
     assert first.json()["id"] == 1
@@ -64,15 +65,15 @@ def test_success_then_duplicate_is_replayed(client, clients: Clients, proxy, ups
     assert again.headers["x-receipt-id"] == r.operation_id
     assert again.json() == first.json()
     assert "set-cookie" not in again.headers  # never recorded
-    assert upstream.commits(f"/api/{bucket}/things") == 1
+    assert upstream.commits(f"/api/{bucket}/plain") == 1
     assert events_of(proxy, r.operation_id)[-1] == ("replayed", "succeeded", "succeeded")
     assert len(receipts_for(proxy, bucket)) == 1
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_commit_then_drop_is_outcome_unknown_and_retry_blocked(client, clients, proxy, upstream, bucket):
-    url = things(upstream, bucket)
-    upstream.plan(f"/api/{bucket}/things", "drop")
+    url = plain(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/plain", "drop")
     first = clients.send(client, "POST", url, {"title": "dropped"})
     assert first.status == 502  # mitmproxy's answer for a vanished upstream
     (r,) = settled(proxy, bucket)
@@ -87,8 +88,8 @@ def test_commit_then_drop_is_outcome_unknown_and_retry_blocked(client, clients, 
     assert "reconcile" in body["hint"]
     assert retry.headers["x-receipt-id"] == r.operation_id
     assert retry.headers["x-receipt-state"] == "outcome_unknown"
-    assert upstream.commits(f"/api/{bucket}/things") == 1
-    assert upstream.seen(f"/api/{bucket}/things") == 1
+    assert upstream.commits(f"/api/{bucket}/plain") == 1
+    assert upstream.seen(f"/api/{bucket}/plain") == 1
     assert [e[0] for e in events_of(proxy, r.operation_id)] == ["transition", "transition", "blocked"]
 
 
@@ -102,8 +103,8 @@ def events_and_reasons(proxy: Proxy, operation_id: str) -> list[str]:
 
 @pytest.mark.parametrize("client", ["requests", "curl"])
 def test_hang_past_client_timeout_is_outcome_unknown(client, clients, proxy, upstream, bucket):
-    url = things(upstream, bucket)
-    upstream.plan(f"/api/{bucket}/things", "hang")
+    url = plain(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/plain", "hang")
     first = clients.send(client, "POST", url, {"title": "slow"}, timeout=1)
     assert first.status is None and first.error  # the client gave up
     (r,) = settled(proxy, bucket)
@@ -111,13 +112,13 @@ def test_hang_past_client_timeout_is_outcome_unknown(client, clients, proxy, ups
     assert "Client disconnected" in (r.error or "")
     retry = clients.send(client, "POST", url, {"title": "slow"})
     assert (retry.status, retry.json()["state"]) == (409, "outcome_unknown")
-    assert upstream.commits(f"/api/{bucket}/things") == 1
+    assert upstream.commits(f"/api/{bucket}/plain") == 1
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_connection_refused_is_not_sent_and_retry_goes_through(client, clients, proxy, bucket):
     port = free_port()
-    url = f"http://127.0.0.1:{port}/api/{bucket}/things"
+    url = f"http://127.0.0.1:{port}/api/{bucket}/plain"
     first = clients.send(client, "POST", url, {"title": "refused"})
     assert first.status == 502
     (r,) = settled(proxy, bucket)
@@ -125,7 +126,7 @@ def test_connection_refused_is_not_sent_and_retry_goes_through(client, clients, 
     with Upstream(port=port) as late:
         retry = clients.send(client, "POST", url, {"title": "refused"})
         assert retry.status == 201
-        assert late.commits(f"/api/{bucket}/things") == 1
+        assert late.commits(f"/api/{bucket}/plain") == 1
     first_r, second_r = settled(proxy, bucket, 2)
     assert second_r.retry_of == first_r.operation_id
     assert second_r.state == "succeeded"
@@ -133,60 +134,60 @@ def test_connection_refused_is_not_sent_and_retry_goes_through(client, clients, 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_400_is_rejected_and_retry_is_forwarded(client, clients, proxy, upstream, bucket):
-    url = things(upstream, bucket)
-    upstream.plan(f"/api/{bucket}/things", "400")
+    url = plain(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/plain", "400")
     first = clients.send(client, "POST", url, {"title": "bad"})
     assert first.status == 400
     (r,) = settled(proxy, bucket)
     assert (r.state, r.http_status) == ("rejected", 400)
     retry = clients.send(client, "POST", url, {"title": "bad"})
     assert retry.status == 201
-    assert upstream.seen(f"/api/{bucket}/things") == 2
-    assert upstream.commits(f"/api/{bucket}/things") == 1
+    assert upstream.seen(f"/api/{bucket}/plain") == 2
+    assert upstream.commits(f"/api/{bucket}/plain") == 1
     a, b = settled(proxy, bucket, 2)
     assert (b.state, b.retry_of) == ("succeeded", a.operation_id)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_500_is_outcome_unknown(client, clients, proxy, upstream, bucket):
-    url = things(upstream, bucket)
-    upstream.plan(f"/api/{bucket}/things", "500")
+    url = plain(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/plain", "500")
     first = clients.send(client, "POST", url, {"title": "boom"})
     assert first.status == 500
     (r,) = settled(proxy, bucket)
     assert (r.state, r.http_status) == ("outcome_unknown", 500)
     retry = clients.send(client, "POST", url, {"title": "boom"})
     assert retry.status == 409
-    assert upstream.commits(f"/api/{bucket}/things") == 1
+    assert upstream.commits(f"/api/{bucket}/plain") == 1
 
 
 @pytest.mark.parametrize("fault", ["half", "reset"])
 def test_half_a_response_or_a_reset_is_outcome_unknown(fault, clients, proxy, upstream, bucket):
-    upstream.plan(f"/api/{bucket}/things", fault)
-    first = clients.send("httpx", "POST", things(upstream, bucket), {"title": fault})
+    upstream.plan(f"/api/{bucket}/plain", fault)
+    first = clients.send("httpx", "POST", plain(upstream, bucket), {"title": fault})
     assert first.status == 502
     (r,) = settled(proxy, bucket)
     assert r.state == "outcome_unknown"
-    assert clients.send("httpx", "POST", things(upstream, bucket), {"title": fault}).status == 409
-    assert upstream.commits(f"/api/{bucket}/things") == 1
+    assert clients.send("httpx", "POST", plain(upstream, bucket), {"title": fault}).status == 409
+    assert upstream.commits(f"/api/{bucket}/plain") == 1
 
 
 def test_twenty_identical_writes_at_once_reach_upstream_once(proxy, upstream, bucket):
-    upstream.plan(f"/api/{bucket}/things", "slow")
+    upstream.plan(f"/api/{bucket}/plain", "slow")
     clients = Clients(proxy)
     barrier = threading.Barrier(20)
     answers: list[Answer] = []
 
     def one():
         barrier.wait(timeout=10)
-        answers.append(clients.send("requests", "POST", things(upstream, bucket), {"title": "same"}))
+        answers.append(clients.send("requests", "POST", plain(upstream, bucket), {"title": "same"}))
 
     threads = [threading.Thread(target=one) for _ in range(20)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
-    assert upstream.commits(f"/api/{bucket}/things") == 1
+    assert upstream.commits(f"/api/{bucket}/plain") == 1
     statuses = sorted(a.status for a in answers)
     assert statuses == [201] + [409] * 19, statuses
     (r,) = settled(proxy, bucket)
@@ -206,18 +207,18 @@ def test_unmatched_request_passes_untouched(clients, proxy, upstream, bucket):
 
 
 def test_https_upstream_success_replay_and_drop(clients, proxy, tls_upstream, bucket):
-    url = things(tls_upstream, bucket)
+    url = plain(tls_upstream, bucket)
     assert url.startswith("https://")
     first = clients.send("httpx", "POST", url, {"title": "tls"})
     assert first.status == 201
     again = clients.send("curl", "POST", url, {"title": "tls"})
     assert (again.status, again.headers.get("x-receipt-replayed")) == (201, "true")
-    tls_upstream.plan(f"/api/{bucket}/things", "drop")
+    tls_upstream.plan(f"/api/{bucket}/plain", "drop")
     dropped = clients.send("requests", "POST", url, {"title": "tls drop"})
     assert dropped.status == 502
     blocked = clients.send("requests", "POST", url, {"title": "tls drop"})
     assert blocked.status == 409
-    assert tls_upstream.commits(f"/api/{bucket}/things") == 2
+    assert tls_upstream.commits(f"/api/{bucket}/plain") == 2
     states = sorted(r.state for r in settled(proxy, bucket, 2))
     assert states == ["outcome_unknown", "succeeded"]
 
@@ -246,18 +247,18 @@ def test_locked_store_answers_503_and_does_not_forward(tmp_path, confdir, upstre
         holder = sqlite3.connect(proxy.db, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
         try:
-            answer = Clients(proxy).send("requests", "POST", things(upstream, bucket), {"title": "locked"})
+            answer = Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "locked"})
         finally:
             holder.execute("ROLLBACK")
             holder.close()
         assert answer.status == 503
         assert answer.json()["error"] == "receipt_store_unavailable"
         assert answer.json()["sent"] is False
-        assert upstream.seen(f"/api/{bucket}/things") == 0
+        assert upstream.seen(f"/api/{bucket}/plain") == 0
         assert "NOT forwarded" in proxy.log()
         # Once the lock is gone, the same request goes through.
-        assert Clients(proxy).send("requests", "POST", things(upstream, bucket), {"title": "locked"}).status == 201
-        assert upstream.commits(f"/api/{bucket}/things") == 1
+        assert Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "locked"}).status == 201
+        assert upstream.commits(f"/api/{bucket}/plain") == 1
     finally:
         proxy.stop()
 
@@ -265,8 +266,8 @@ def test_locked_store_answers_503_and_does_not_forward(tmp_path, confdir, upstre
 def test_upstream_deadline_ends_the_exchange(tmp_path, confdir, upstream, bucket):
     proxy = Proxy(tmp_path, confdir, extra=("--set", "receipts_upstream_timeout=1")).start()
     try:
-        upstream.plan(f"/api/{bucket}/things", "hang")
-        answer = Clients(proxy).send("httpx", "POST", things(upstream, bucket), {"title": "deadline"}, timeout=6)
+        upstream.plan(f"/api/{bucket}/plain", "hang")
+        answer = Clients(proxy).send("httpx", "POST", plain(upstream, bucket), {"title": "deadline"}, timeout=6)
         assert answer.status == 502
         (r,) = settled(proxy, bucket)
         assert r.state == "outcome_unknown"
@@ -277,12 +278,12 @@ def test_upstream_deadline_ends_the_exchange(tmp_path, confdir, upstream, bucket
 
 def test_kill_9_while_upstream_holds_the_write(tmp_path, confdir, upstream, bucket):
     proxy = Proxy(tmp_path, confdir).start()
-    upstream.plan(f"/api/{bucket}/things", "hang")
+    upstream.plan(f"/api/{bucket}/plain", "hang")
     answers: list[Answer] = []
     t = threading.Thread(target=lambda: answers.append(
-        Clients(proxy).send("requests", "POST", things(upstream, bucket), {"title": "crash"}, timeout=10)))
+        Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "crash"}, timeout=10)))
     t.start()
-    wait_for(lambda: upstream.seen(f"/api/{bucket}/things") == 1, what="the upstream to hold the write")
+    wait_for(lambda: upstream.seen(f"/api/{bucket}/plain") == 1, what="the upstream to hold the write")
     (r,) = receipts_for(proxy, bucket)
     assert r.state == "submitted"
     proxy.stop(signal.SIGKILL)
@@ -294,9 +295,9 @@ def test_kill_9_while_upstream_holds_the_write(tmp_path, confdir, upstream, buck
         (r,) = receipts_for(restarted, bucket)
         assert r.state == "outcome_unknown"
         assert events_and_reasons(restarted, r.operation_id)[-1] == "proxy stopped while the request was in flight"
-        retry = Clients(restarted).send("curl", "POST", things(upstream, bucket), {"title": "crash"})
+        retry = Clients(restarted).send("curl", "POST", plain(upstream, bucket), {"title": "crash"})
         assert (retry.status, retry.json()["operation_id"]) == (409, r.operation_id)
-        assert upstream.commits(f"/api/{bucket}/things") == 1
+        assert upstream.commits(f"/api/{bucket}/plain") == 1
     finally:
         restarted.stop()
 
@@ -305,13 +306,13 @@ def test_tls_handshake_failure_is_not_sent(tmp_path, confdir, tls_upstream, buck
     """A proxy that does not trust the upstream's certificate fails the handshake: nothing was sent."""
     proxy = Proxy(tmp_path, confdir).start()  # no ssl_verify_upstream_trusted_ca
     try:
-        answer = Clients(proxy).send("httpx", "POST", things(tls_upstream, bucket), {"title": "untrusted"})
+        answer = Clients(proxy).send("httpx", "POST", plain(tls_upstream, bucket), {"title": "untrusted"})
         assert answer.status == 502
         (r,) = settled(proxy, bucket)
         assert r.state == "not_sent"
         reason = events_and_reasons(proxy, r.operation_id)[-1]
         assert "never established" in reason and "Certificate verify failed" in reason
-        assert tls_upstream.seen(f"/api/{bucket}/things") == 0
+        assert tls_upstream.seen(f"/api/{bucket}/plain") == 0
     finally:
         proxy.stop()
 
@@ -320,20 +321,20 @@ def test_two_proxies_sharing_one_db_forward_an_identical_write_once(tmp_path, co
     first = Proxy(tmp_path, confdir).start()
     second = Proxy(tmp_path, confdir, db=first.db).start()
     try:
-        upstream.plan(f"/api/{bucket}/things", "slow")
+        upstream.plan(f"/api/{bucket}/plain", "slow")
         barrier = threading.Barrier(10)
         answers: list[Answer] = []
 
         def one(proxy: Proxy):
             barrier.wait(timeout=10)
-            answers.append(Clients(proxy).send("httpx", "POST", things(upstream, bucket), {"title": "shared"}))
+            answers.append(Clients(proxy).send("httpx", "POST", plain(upstream, bucket), {"title": "shared"}))
 
         threads = [threading.Thread(target=one, args=(p,)) for p in [first, second] * 5]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=30)
-        assert upstream.commits(f"/api/{bucket}/things") == 1
+        assert upstream.commits(f"/api/{bucket}/plain") == 1
         assert sorted(a.status for a in answers) == [201] + [409] * 9
         (r,) = settled(first, bucket)
         assert r.state == "succeeded"
@@ -365,9 +366,9 @@ def test_receipts_cli_lists_the_blocked_duplicate(clients, proxy, upstream, buck
     import sys
     from pathlib import Path
 
-    upstream.plan(f"/api/{bucket}/things", "drop")
-    assert clients.send("curl", "POST", things(upstream, bucket), {"title": "cli"}).status == 502
-    assert clients.send("curl", "POST", things(upstream, bucket), {"title": "cli"}).status == 409
+    upstream.plan(f"/api/{bucket}/plain", "drop")
+    assert clients.send("curl", "POST", plain(upstream, bucket), {"title": "cli"}).status == 502
+    assert clients.send("curl", "POST", plain(upstream, bucket), {"title": "cli"}).status == 409
     receipts = Path(sys.executable).parent / "receipts"
     out = subprocess.run([str(receipts), "--db", str(proxy.db), "list", "--json", "--limit", "1000"],
                          capture_output=True, text=True, timeout=30, check=True).stdout

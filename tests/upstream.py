@@ -10,6 +10,7 @@ Faults, one per request, in the order planned (then "ok"):
     ok        commit, answer 201 with {"id": n, ...}
     slow      commit, wait a second, then answer like ok
     drop      commit, then close the connection without answering
+    lost      close the connection without committing or answering (the write never took effect)
     hang      commit, then hold the connection (up to `hang_seconds`), then close
     half      commit, then send half a response and close
     reset     commit, then reset the connection (RST)
@@ -127,7 +128,7 @@ class Upstream:
                     fault = up._plans[path].pop(0) if up._plans[path] else _query_fault(self.path)
                     up.requests.append({"path": self.path, "method": self.command, "headers": dict(self.headers),
                                         "body": body, "fault": fault})
-                    if not fault.isdigit() or int(fault) >= 500:
+                    if fault != "lost" and (not fault.isdigit() or int(fault) >= 500):
                         up._commits[path] += 1
                         n = up._commits[path]
                         try:
@@ -143,7 +144,7 @@ class Upstream:
                 elif fault == "slow":
                     up.release.wait(1.0)
                     self._answer(201, {"id": n, "path": path, "received": len(body)})
-                elif fault == "drop":
+                elif fault in ("drop", "lost"):
                     self._close()
                 elif fault == "hang":
                     up.release.wait(up.hang_seconds)
