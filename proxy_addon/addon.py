@@ -33,20 +33,20 @@ from mitmproxy.addonmanager import Loader
 if __package__ != "proxy_addon":  # loaded with `mitmdump -s path/to/addon.py` from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from proxy_addon import exchange
 from proxy_addon.classify import classify_error, classify_status, external_id_of
 from proxy_addon.errors import IllegalTransition, ReceiptsError, RulesError, StoreError
 from proxy_addon.fingerprint import RequestView, fingerprint, keyed_hash, load_or_create_key
 from proxy_addon.reconcile import (
     Verdict, credentials_from, describe, finish, judge, perform_read_async, plan_read,
 )
-from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.rules import DEFAULT_RULES, Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Decision, Receipt, RecordedResponse, Store
 
 logger = logging.getLogger("receipt_proxy")
 
 DEFAULT_STATE_DIR = "~/.local/state/receipt-proxy"
-DEFAULT_RULES = str(Path(__file__).resolve().parent.parent / "rules")
 META = "receipts"  # flow.metadata key: a plain, serializable dict
 
 MARKERS = {
@@ -95,6 +95,9 @@ OPTIONS: list[tuple[str, type, Any, str]] = [
      "Largest response body (bytes) recorded for replay; a larger success is blocked instead of replayed"),
     ("receipts_read_timeout", int, 30,
      "Seconds a reconcile read (GET/HEAD) may take before the receipt goes to manual_review"),
+    ("receipts_forward", str, "addon",
+     "Who sends matched requests upstream: 'addon' (the exchange survives an agent that hangs up, so the real "
+     "outcome is recorded) or 'mitmproxy' (mitmproxy's own forwarding; an agent that hangs up leaves outcome_unknown)"),
     ("receipts_watch_rules", bool, True,
      "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error"),
 ]
@@ -116,6 +119,8 @@ class Receipts:
         self._watcher: asyncio.Task | None = None
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._reconciles: dict[str, asyncio.Task] = {}  # receipt id → the inline read in progress
+        self._client: httpx.AsyncClient | None = None  # sends matched requests (receipts_forward=addon)
+        self._client_config: tuple | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -148,6 +153,7 @@ class Receipts:
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
         if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._config:
             self._open_store()
+        self._configure_client()
         self.config_error = None
 
     def _open_store(self) -> None:
@@ -177,12 +183,28 @@ class Receipts:
             os.close(old_lock)
         logger.info(f"receipt-proxy: receipts in {db} (instance {instance})")
 
+    def _configure_client(self) -> None:
+        opts = ctx.options
+        if opts.receipts_forward not in ("addon", "mitmproxy"):
+            raise exceptions.OptionsError(f"receipts_forward must be 'addon' or 'mitmproxy', not {opts.receipts_forward!r}")
+        if opts.receipts_forward == "addon" and (why := exchange.unsupported(opts)):
+            raise exceptions.OptionsError(why)
+        config = (opts.receipts_forward, *(repr(getattr(opts, name, None)) for name in exchange.CLIENT_OPTIONS))
+        if config == self._client_config:
+            return
+        old, self._client_config = self._client, config
+        self._client = exchange.make_client(opts) if opts.receipts_forward == "addon" else None
+        if old is not None:
+            asyncio.get_running_loop().create_task(old.aclose())
+
     def running(self) -> None:
         logger.info(f"receipt-proxy: ready ({'NOT configured: ' + self.config_error if self.config_error else 'recording'})")
         if ctx.options.receipts_watch_rules and self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch_rules())
 
-    def done(self) -> None:
+    async def done(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
         if self._watcher:
             self._watcher.cancel()
         for handle in self._deadlines.values():
@@ -281,11 +303,34 @@ class Receipts:
             if op.idempotency_header and receipt.idempotency_key and agent_key_header not in view.headers:
                 flow.request.headers[op.idempotency_header] = receipt.idempotency_key
             self._mark(flow, receipt.state, receipt)
-            self._arm_deadline(flow)
+            if self._client is not None:
+                await self._exchange(flow, meta)
+            else:
+                self._arm_deadline(flow)
         elif decision.kind == "replay":
             self._answer_replay(flow, receipt)
         else:
             self._answer_blocked(flow, receipt, decision.kind)
+
+    async def _exchange(self, flow: http.HTTPFlow, meta: dict) -> None:
+        """Send the request ourselves: the exchange outlives an agent that hangs up (see exchange.py)."""
+        assert self._client is not None
+        result = await exchange.send(self._client, flow.request, deadline=ctx.options.receipts_upstream_timeout)
+        if isinstance(result, exchange.Failure):
+            meta["outcome"] = str(result.state)
+            await self._record(flow, meta, result.state, result.message, {"error": result.message})
+            sent = result.state is not State.NOT_SENT
+            self._answer(flow, 504 if "receipts_upstream_timeout" in result.message else 502, {
+                "error": "outcome_unknown" if sent else "not_sent",
+                "operation_id": meta["operation_id"],
+                "state": meta["state"],
+                "detail": result.message,
+                "hint": "the request may have taken effect; do not resend it until the receipt is reconciled"
+                if sent else "the request never reached the upstream; it is safe to send again",
+            }, {"X-Receipt-Id": meta["operation_id"], "X-Receipt-State": meta["state"]})
+            return
+        flow.response = result
+        await self._record_response(flow, meta)
 
     async def _reconcile_inline(self, op: Operation, receipt: Receipt, credentials: dict[str, str]) -> None:
         """
@@ -334,8 +379,10 @@ class Receipts:
 
     async def response(self, flow: http.HTTPFlow) -> None:
         meta = self._awaiting_outcome(flow)
-        if meta is None:
-            return
+        if meta is not None:
+            await self._record_response(flow, meta)
+
+    async def _record_response(self, flow: http.HTTPFlow, meta: dict) -> None:
         resp = flow.response
         assert resp is not None
         op = self._operation(meta)

@@ -4,6 +4,7 @@
     receipts list --state outcome_unknown     the unresolved ones you care about
     receipts show 20261129T184210Z-1fd54b31a2 one receipt, its history and the duplicates it stopped
     receipts blocked --since 1d               what the proxy blocked or replayed lately
+    receipts reconcile --all                  look for the effect of every unknown outcome with a read
     receipts resolve ID --as succeeded --note "the post is live" --external-id 1234567
     receipts export --since 2026-11-01 > audit.jsonl
     receipts prune --older-than 90d --dry-run
@@ -29,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy_addon.errors import ReceiptsError, StoreError
+from proxy_addon.errors import IllegalTransition, ReceiptsError, RulesError, StoreError
+from proxy_addon.reconcile import reconcile
+from proxy_addon.rules import DEFAULT_RULES, Operation, load_rules_path
 from proxy_addon.states import RESOLUTIONS, State
 from proxy_addon.store import Clock, Event, Receipt, Store, iso, utcnow
 
@@ -42,6 +45,7 @@ examples:
   receipts list --operation dev.to/articles.create --since 7d --json | jq '.[0]'
   receipts show 20261129T184210Z-1fd54b31a2
   receipts blocked --since 2h
+  receipts reconcile --all --header 'api-key: ...'
   receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" --external-id 1234567
   receipts export --since 2026-11-01 > receipts.jsonl
   receipts prune --older-than 90d --dry-run
@@ -53,7 +57,8 @@ The database is --db, else $RECEIPT_PROXY_DB, else $RECEIPT_PROXY_STATE_DIR/rece
 else ~/.local/state/receipt-proxy/receipts.db (where scripts/run keeps it).
 """
 
-SINCE_HELP = "only since T: an ISO date or time (2026-11-01, 2026-11-01T12:00:00Z; UTC unless it says otherwise) or an age (90m, 2h, 7d)"
+SINCE_HELP = ("only since T: an ISO date or time (2026-11-01, 2026-11-01T12:00:00Z; UTC unless it says otherwise) "
+              "or an age (90m, 2h, 7d)")
 AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -196,7 +201,8 @@ def list_run(store: Store, args: argparse.Namespace) -> int:
     if args.json:
         print_json([{**receipt_json(r), **dups[r.operation_id]} for r in receipts])
     elif not receipts:
-        print(f"no receipts in {store.path}" + (" match" if args.state or args.operation or since else ""))
+        filtered = args.state or args.operation or since
+        print(f"no receipts in {store.path}" + (" match these filters" if filtered else ""))
     else:
         print_table(
             ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"],
@@ -283,6 +289,68 @@ def resolve_run(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def reconcile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("operation_ids", metavar="ID", nargs="*", help="receipts to reconcile")
+    p.add_argument("--all", action="store_true", help="every outcome_unknown and manual_review receipt")
+    p.add_argument("--rules", default=None,
+                   help="the rules file or folder with the reconcile specs (default: $RECEIPT_PROXY_RULES, else rules/)")
+    p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="a credential header for the reads (repeatable); default: the env var the rule names "
+                        "in credentials.env")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a read may take (default 30)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def reconcile_run(store: Store, args: argparse.Namespace) -> int:
+    if bool(args.operation_ids) == args.all:
+        raise UsageError("name the receipts to reconcile, or pass --all")
+    headers = {}
+    for h in args.header:
+        name, sep, value = h.partition(":")
+        if not sep or not name.strip():
+            raise UsageError(f"--header {h!r} is not 'Name: value'")
+        headers[name.strip().lower()] = value.strip()
+    try:
+        rules = load_rules_path(args.rules or os.environ.get("RECEIPT_PROXY_RULES") or DEFAULT_RULES)
+    except RulesError as e:
+        raise UsageError(f"--rules: {e}") from None
+    if args.all:
+        ids = [r.operation_id for r in store.list(states=[State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW], limit=None)]
+    else:
+        ids = [store.get(i).operation_id for i in args.operation_ids]  # unknown ids fail before any read
+    results, failed = [], 0
+    for n, operation_id in enumerate(ids, 1):
+        before = store.get(operation_id)
+        if len(ids) > 1:
+            print(f"[{n}/{len(ids)}] {operation_id} {before.api}/{before.operation} ...", file=sys.stderr, flush=True)
+        op = rules.operation(before.api, before.operation)
+        credentials = headers or _env_credentials(op)
+        try:
+            after = reconcile(store, op, operation_id, credentials, actor=cli_actor(), timeout=args.timeout)
+        except IllegalTransition as e:
+            failed += 1
+            print(f"Error: {e}", file=sys.stderr)
+            continue
+        reason = store.events(operation_id)[-1].reason
+        results.append({"operation_id": operation_id, "operation": f"{after.api}/{after.operation}",
+                        "from": str(before.state), "state": str(after.state),
+                        "external_id": after.external_id, "reason": reason})
+        if not args.json:
+            print(f"{operation_id}  {before.state} → {after.state}  {reason}")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    elif not ids:
+        print("nothing to reconcile: no outcome_unknown or manual_review receipts")
+    return 1 if failed else 0
+
+
+def _env_credentials(op: Operation | None) -> dict[str, str]:
+    if op is None or not op.credentials_env or not op.credential_headers:
+        return {}
+    value = os.environ.get(op.credentials_env)
+    return {op.credential_headers[0]: value} if value else {}
+
+
 def export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
 
@@ -354,6 +422,18 @@ COMMANDS: dict[str, Command] = {
          'receipts resolve 20261129T184210Z-1fd54b31a2 --as safe_to_retry --note "not on the dashboard after 1h"',
          'receipts resolve 20261129T184210Z-1fd54b31a2 --as rejected --note "support says it was refused"'],
         resolve_args, resolve_run,
+    ),
+    "reconcile": Command(
+        "resolve unknown outcomes with a read, never another write",
+        "Look for each receipt's effect with the read its rule's reconcile spec describes (GET or\n"
+        "HEAD only): found → succeeded; absence proven and a retry allowed → safe_to_retry;\n"
+        "anything else → manual_review. What was read is recorded in the receipt's history;\n"
+        "credentials are used for the read and never stored.",
+        ["receipts reconcile 20261129T184210Z-1fd54b31a2",
+         "receipts reconcile --all --timeout 10",
+         "receipts reconcile --all --header 'api-key: ...' --json",
+         "receipts reconcile 20261129T184210Z-1fd54b31a2 --rules ./rules/dev.to.yaml"],
+        reconcile_args, reconcile_run,
     ),
     "export": Command(
         "every receipt with its events, as JSON Lines",

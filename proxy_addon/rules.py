@@ -28,6 +28,7 @@ import yaml
 from proxy_addon.errors import RulesError
 from proxy_addon.states import State
 
+DEFAULT_RULES = str(Path(__file__).resolve().parent.parent / "rules")  # rules/ of this checkout
 AfterSuccess = Literal["replay", "block", "allow"]
 AFTER_SUCCESS: tuple[str, ...] = ("replay", "block", "allow")
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS")

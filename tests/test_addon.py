@@ -22,17 +22,17 @@ operations:
 
 
 @pytest.fixture
-def setup(tmp_path):
+async def setup(tmp_path):
     rules = tmp_path / "shop.yaml"
     rules.write_text(RULES)
     addon = Receipts()
     with taddons.context() as tctx:
         tctx.options.add_option("connection_strategy", str, "eager", "as the proxyserver addon declares it")
         tctx.master.addons.add(addon)  # load() switches it to lazy
-        tctx.configure(addon, receipts_db=str(tmp_path / "r.db"),
-                       receipts_rules=str(rules), receipts_watch_rules=False)
+        tctx.configure(addon, receipts_db=str(tmp_path / "r.db"), receipts_rules=str(rules),
+                       receipts_watch_rules=False, receipts_forward="mitmproxy")
         yield addon, tctx, tmp_path
-        addon.done()
+        await addon.done()
 
 
 def order(sku: str = "A-1", path: str = "/v1/orders") -> http.HTTPFlow:

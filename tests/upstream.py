@@ -9,6 +9,7 @@ A real upstream API on 127.0.0.1 that commits writes and injects faults.
 Faults, one per request, in the order planned (then "ok"):
     ok        commit, answer 201 with {"id": n, ...}
     slow      commit, wait a second, then answer like ok
+    late      commit, wait 2.5 seconds (past a 1 s client timeout), then answer like ok
     drop      commit, then close the connection without answering
     lost      close the connection without committing or answering (the write never took effect)
     hang      commit, then hold the connection (up to `hang_seconds`), then close
@@ -141,8 +142,8 @@ class Upstream:
                 elif fault.isdigit():
                     extra = {"Retry-After": "1"} if fault == "429" else {}
                     self._answer(int(fault), {"error": f"status {fault}"}, extra)
-                elif fault == "slow":
-                    up.release.wait(1.0)
+                elif fault in ("slow", "late"):  # late: longer than the tests' 1 s client timeout
+                    up.release.wait(1.0 if fault == "slow" else 2.5)
                     self._answer(201, {"id": n, "path": path, "received": len(body)})
                 elif fault in ("drop", "lost"):
                     self._close()
