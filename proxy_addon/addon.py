@@ -95,6 +95,8 @@ OPTIONS: list[tuple[str, type, Any, str]] = [
      "Largest response body (bytes) recorded for replay; a larger success is blocked instead of replayed"),
     ("receipts_read_timeout", int, 30,
      "Seconds a reconcile read (GET/HEAD) may take before the receipt goes to manual_review"),
+    ("receipts_wait_submitted", int, 30,
+     "Seconds a duplicate of a request still in flight waits for its outcome (then gets the replay, or the 409); 0: answer 409 at once"),
     ("receipts_forward", str, "addon",
      "Who sends matched requests upstream: 'addon' (the exchange survives an agent that hangs up, so the real "
      "outcome is recorded) or 'mitmproxy' (mitmproxy's own forwarding; an agent that hangs up leaves outcome_unknown)"),
@@ -120,6 +122,7 @@ class Receipts:
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._reconciles: dict[str, asyncio.Task] = {}  # receipt id → the inline read in progress
         self._client: httpx.AsyncClient | None = None  # sends matched requests (receipts_forward=addon)
+        self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
         self._client_config: tuple | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -274,7 +277,7 @@ class Receipts:
         assert key is not None
         agent_key_header = (op.idempotency_header or "Idempotency-Key").lower()
 
-        def decide() -> Decision:
+        def decide(record: bool = True) -> Decision:
             intent = fingerprint(m, view, key)
             agent_key = view.headers.get(agent_key_header)
             attempt = Attempt(
@@ -284,14 +287,21 @@ class Receipts:
                 client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
                 idempotency=op.idempotency_header is not None,
             )
-            return store.begin_attempt(attempt, after_success=op.after_success, replay_window=replay_window)
+            return store.begin_attempt(attempt, after_success=op.after_success, replay_window=replay_window,
+                                       record_duplicate=record)
 
         loop = asyncio.get_running_loop()
         try:
-            decision = await loop.run_in_executor(self._executor, decide)
+            # Peek first: a duplicate may wait for the original's outcome or reconcile it, and
+            # only the answer it finally gets is recorded.
+            decision = await loop.run_in_executor(self._executor, decide, False)
             receipt = decision.receipt
+            if decision.kind == "blocked" and receipt.state is State.SUBMITTED and ctx.options.receipts_wait_submitted:
+                await self._wait_for_outcome(receipt.operation_id, ctx.options.receipts_wait_submitted)
+                receipt = await loop.run_in_executor(self._executor, store.get, receipt.operation_id)
             if decision.kind == "blocked" and receipt.state is State.OUTCOME_UNKNOWN and (op.reconcile or op.idempotency_header):
                 await self._reconcile_inline(op, receipt, credentials_from(op, view.headers))
+            if decision.kind != "forward":
                 decision = await loop.run_in_executor(self._executor, decide)
         except StoreError as e:
             self._answer_unavailable(flow, meta, str(e))
@@ -300,6 +310,7 @@ class Receipts:
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward":
             meta["retry_of"] = receipt.retry_of
+            self._outcomes[receipt.operation_id] = asyncio.Event()
             if op.idempotency_header and receipt.idempotency_key and agent_key_header not in view.headers:
                 flow.request.headers[op.idempotency_header] = receipt.idempotency_key
             self._mark(flow, receipt.state, receipt)
@@ -311,6 +322,25 @@ class Receipts:
             self._answer_replay(flow, receipt)
         else:
             self._answer_blocked(flow, receipt, decision.kind)
+
+    async def _wait_for_outcome(self, operation_id: str, timeout: float) -> None:
+        """
+        Wait, without holding a thread, until a submitted receipt has an outcome or `timeout`
+        passes: on this process's own event, or by polling the store when another proxy
+        process sent the original.
+        """
+        loop = asyncio.get_running_loop()
+        event = self._outcomes.get(operation_id)
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+            return
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
+            receipt = await loop.run_in_executor(self._executor, self.store.get, operation_id)  # type: ignore[union-attr]
+            if receipt.state is not State.SUBMITTED:
+                return
 
     async def _exchange(self, flow: http.HTTPFlow, meta: dict) -> None:
         """Send the request ourselves: the exchange outlives an agent that hangs up (see exchange.py)."""
@@ -442,6 +472,13 @@ class Receipts:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None
 
     async def _record(self, flow: http.HTTPFlow, meta: dict, state: State, reason: str, fields: dict) -> None:
+        try:
+            await self._record_outcome(flow, meta, state, reason, fields)
+        finally:
+            if (event := self._outcomes.pop(meta["operation_id"], None)) is not None:
+                event.set()  # duplicates waiting for this outcome decide again
+
+    async def _record_outcome(self, flow: http.HTTPFlow, meta: dict, state: State, reason: str, fields: dict) -> None:
         store = self.store
         assert store is not None
         try:

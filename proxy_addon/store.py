@@ -151,6 +151,7 @@ class Decision:
 
     kind: DecisionKind
     receipt: Receipt
+    reason: str = ""  # for a duplicate: why it gets this answer (recorded in the receipt's events)
 
 
 migrations = Migrations("receipt-proxy")
@@ -338,6 +339,7 @@ class Store:
         after_success: str = "replay",
         replay_window: float = 86400.0,
         actor: str = "proxy",
+        record_duplicate: bool = True,
     ) -> Decision:
         """
         Decide what to do with an attempt and commit that decision before returning.
@@ -346,11 +348,19 @@ class Store:
         - a succeeded one: per `after_success`, "replay" (within `replay_window` seconds and
           with a recorded response), "blocked_succeeded", or a new attempt;
         - otherwise a new `submitted` receipt, with `retry_of` naming the previous one: "forward".
+
+        A duplicate's answer is appended to the receipt's events, unless `record_duplicate` is
+        False (the proxy peeks first when it may wait for or reconcile the receipt).
         """
         for _ in range(3):
             try:
                 with self._write():
-                    return self._begin_attempt(attempt, after_success, replay_window, actor)
+                    decision = self._begin_attempt(attempt, after_success, replay_window, actor)
+                    if decision.kind != "forward" and record_duplicate:
+                        r = decision.receipt
+                        self._event(r.operation_id, "replayed" if decision.kind == "replay" else "blocked",
+                                    r.state, r.state, decision.reason, actor, attempt.flow_id, iso(self.clock()))
+                    return decision
             except sqlite3.IntegrityError:
                 # Lost a race on the unique index to another connection: decide again.
                 continue
@@ -370,32 +380,21 @@ class Store:
                 (a.client_key, a.intent_fingerprint),
             ))
             if other is not None:  # draft-ietf-httpapi-idempotency-key-header: a reused key, another request
-                self._event(other.operation_id, "blocked", other.state, other.state,
-                            "duplicate blocked: its Idempotency-Key was used for a different request", actor, a.flow_id, at)
-                return Decision("key_conflict", other)
+                return Decision("key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request")
         unresolved = self._unresolved_for(a.intent_fingerprint)
         if unresolved is not None:
-            self._event(unresolved.operation_id, "blocked", unresolved.state, unresolved.state,
-                        "duplicate blocked: the first attempt is unresolved", actor, a.flow_id, at)
-            return Decision("blocked", unresolved)
+            return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
         if after_success not in ("replay", "block", "allow"):
             raise ValueError(f"after_success must be replay, block or allow, not {after_success!r}")
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
             if after_success == "block":
-                self._event(latest.operation_id, "blocked", latest.state, latest.state,
-                            "duplicate blocked: the operation already succeeded", actor, a.flow_id, at)
-                return Decision("blocked_succeeded", latest)
+                return Decision("blocked_succeeded", latest, "duplicate blocked: the operation already succeeded")
             # updated_at: when it became succeeded (a terminal state, never updated again)
             age = (now - dt.datetime.fromisoformat(latest.updated_at)).total_seconds()
             if age <= replay_window:
                 if latest.response is not None and not latest.response.truncated:
-                    self._event(latest.operation_id, "replayed", latest.state, latest.state,
-                                "duplicate answered with the recorded response", actor, a.flow_id, at)
-                    return Decision("replay", latest)
-                self._event(latest.operation_id, "blocked", latest.state, latest.state,
-                            "duplicate blocked: succeeded, and no complete response was recorded to replay",
-                            actor, a.flow_id, at)
-                return Decision("blocked_succeeded", latest)
+                    return Decision("replay", latest, "duplicate answered with the recorded response")
+                return Decision("blocked_succeeded", latest, "duplicate blocked: succeeded, and no complete response was recorded to replay")
             # older than the replay window: a new attempt
         retry_of = latest.operation_id if latest is not None else None
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:

@@ -204,11 +204,31 @@ def test_twenty_identical_writes_at_once_reach_upstream_once(proxy, upstream, bu
     for t in threads:
         t.join(timeout=30)
     assert upstream.commits(f"/api/{bucket}/plain") == 1
-    statuses = sorted(a.status for a in answers)
-    assert statuses == [201] + [409] * 19, statuses
+    # The 19 duplicates waited for the original's outcome, then got its recorded answer.
+    assert [a.status for a in answers] == [201] * 20
+    assert sorted(a.headers.get("x-receipt-replayed", "-") for a in answers) == ["-"] + ["true"] * 19
+    assert {a.json()["id"] for a in answers} == {1}
     (r,) = settled(proxy, bucket)
     assert r.state == "succeeded"
-    assert sum(1 for e in events_of(proxy, r.operation_id) if e[0] == "blocked") == 19
+    assert [e[0] for e in events_of(proxy, r.operation_id)].count("replayed") == 19
+
+
+def test_a_duplicate_waits_only_as_long_as_receipts_wait_submitted(tmp_path, confdir, upstream, bucket):
+    proxy = Proxy(tmp_path, confdir, extra=("--set", "receipts_wait_submitted=1")).start()
+    try:
+        upstream.plan(f"/api/{bucket}/plain", "late")
+        first: list[Answer] = []
+        t = threading.Thread(target=lambda: first.append(
+            Clients(proxy).send("httpx", "POST", plain(upstream, bucket), {"title": "wait"})))
+        t.start()
+        wait_for(lambda: upstream.seen(f"/api/{bucket}/plain") == 1, what="the original to reach the upstream")
+        dup = Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "wait"})
+        assert (dup.status, dup.json()["state"]) == (409, "submitted")  # gave up waiting after 1 s
+        t.join(timeout=15)
+        assert first[0].status == 201  # the original still completed
+        assert upstream.commits(f"/api/{bucket}/plain") == 1
+    finally:
+        proxy.stop()
 
 
 def test_unmatched_request_passes_untouched(clients, proxy, upstream, bucket):
@@ -352,7 +372,8 @@ def test_two_proxies_sharing_one_db_forward_an_identical_write_once(tmp_path, co
         for t in threads:
             t.join(timeout=30)
         assert upstream.commits(f"/api/{bucket}/plain") == 1
-        assert sorted(a.status for a in answers) == [201] + [409] * 9
+        assert [a.status for a in answers] == [201] * 10  # the other process's duplicates polled the store
+        assert sorted(a.headers.get("x-receipt-replayed", "-") for a in answers) == ["-"] + ["true"] * 9
         (r,) = settled(first, bucket)
         assert r.state == "succeeded"
     finally:
