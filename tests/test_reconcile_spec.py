@@ -1,0 +1,171 @@
+"""The reconcile spec in rules files, and the reconciler's pure parts: templates, plans, verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy_addon.errors import RulesError
+from proxy_addon.reconcile import ReadRequest, ReconcileError, judge, perform_read, plan_read, render
+from proxy_addon.rules import load_rules
+from proxy_addon.states import State
+from proxy_addon.store import Receipt
+
+BASE = """\
+api: blog
+hosts: [blog.test]
+credentials: {header: api-key, env: BLOG_KEY}
+operations:
+  posts.create:
+    match: {method: POST, path: "/v1/{team}/posts"}
+    fingerprint: {body: [post.title, post.slug]}
+    external_id: id
+    reconcile:
+      read: {method: GET, url: "/v1/{path.team}/posts?slug={intent.post.slug}&per_page=100"}
+      items: data
+      find: {title: "{intent.post.title}", slug: "{intent.post.slug}"}
+      absence_provable: true
+      retry_when_absent: true
+"""
+
+
+def op_of(text: str = BASE):
+    return load_rules(text, "blog.yaml").operations[0]
+
+
+def receipt(intent: dict, external_id: str | None = None) -> Receipt:
+    return Receipt(
+        operation_id="20261129T000000Z-abc", api="blog", operation="posts.create", method="POST",
+        target="https://blog.test/v1/red/posts?token=REDACTED", state=State.RECONCILING,
+        intent_fingerprint="sha256:x", intent=intent, principal="anonymous", submitted_at="", updated_at="",
+        completed_at=None, http_status=None, error=None, external_id=external_id, flow_id=None, retry_of=None,
+        instance=None,
+    )
+
+
+INTENT = {"path": {"team": "red"}, "body": {"post.title": "Hello & bye", "post.slug": "hello-bye"}}
+
+
+def test_the_spec_loads_with_defaults():
+    spec = op_of().reconcile
+    assert (spec.method, spec.items, spec.absence_provable, spec.retry_when_absent, spec.external_id) == (
+        "GET", "data", True, True, "id")  # external_id defaults to the operation's
+    assert op_of().credentials_env == "BLOG_KEY"
+
+
+@pytest.mark.parametrize(
+    "old, new, line, field, message",
+    [
+        ("{method: GET,", "{method: POST,", 10, "reconcile.read.method", "never a write"),
+        ("{method: GET,", "{method: DELETE,", 10, "reconcile.read.method", "GET or HEAD"),
+        ('{intent.post.title}"', '{intent.post.body}"', 12, "reconcile.find.title", "not recorded by this operation's fingerprint"),
+        ("{path.team}", "{path.org}", 10, "reconcile.read.url", "{path.org} is not recorded"),
+        ("{path.team}", "{path.team", 10, "reconcile.read.url", "unbalanced"),
+        ('url: "/v1', 'url: "ftp://x/v1', 10, "reconcile.read.url", "must be a path"),
+        ("absence_provable: true", "absence_provable: false", 14, "reconcile.retry_when_absent", "needs absence_provable"),
+        ("absence_provable: true", "absence_provable: yes please", 13, "reconcile.absence_provable", "expected true or false"),
+        ("      items: data\n", "      itemz: data\n", 11, "reconcile.itemz", "unknown key"),
+        ("{method: GET,", "{method: HEAD,", 12, "reconcile.find", "HEAD read has no body"),
+        ("BLOG_KEY", "BLOG-KEY", 3, "credentials.env", "not an environment variable name"),
+    ],
+    ids=["post", "delete", "unknown-intent-field", "unknown-path-param", "unbalanced", "bad-scheme",
+         "retry-without-proof", "not-a-bool", "unknown-key", "head-with-find", "bad-env-name"],
+)
+def test_bad_specs_name_line_and_field(old, new, line, field, message):
+    assert old in BASE
+    with pytest.raises(RulesError) as e:
+        load_rules(BASE.replace(old, new, 1), "blog.yaml")
+    assert e.value.line == line
+    assert e.value.field.endswith(field)
+    assert message in e.value.message
+
+
+def test_idempotency_key_spec():
+    text = BASE.replace("    external_id: id\n", "    external_id: id\n    idempotency_key: {header: Idempotency-Key}\n", 1)
+    assert op_of(text).idempotency_header == "Idempotency-Key"
+    with pytest.raises(RulesError, match="idempotency_key.header"):
+        load_rules(text.replace("{header: Idempotency-Key}", "{header: 'bad header'}"), "blog.yaml")
+
+
+def test_plan_read_renders_and_url_encodes_from_the_receipt():
+    read = plan_read(op_of(), receipt(INTENT))
+    assert read == ReadRequest("GET", "https://blog.test/v1/red/posts?slug=hello-bye&per_page=100")
+    odd = {**INTENT, "body": {**INTENT["body"], "post.slug": "a b/c?d"}}
+    assert plan_read(op_of(), receipt(odd)).url.endswith("slug=a%20b%2Fc%3Fd&per_page=100")
+
+
+def test_render_refuses_a_missing_value():
+    with pytest.raises(ReconcileError, match="has no value"):
+        render("{external_id}", receipt(INTENT))
+    assert render("{external_id}", receipt(INTENT, external_id="42")) == "42"
+
+
+def answer(*items) -> bytes:
+    return json.dumps({"data": list(items)}).encode()
+
+
+FOUND = {"id": 7, "title": "Hello & bye", "slug": "hello-bye"}
+
+
+@pytest.mark.parametrize(
+    "status, body, state, external_id, reason",
+    [
+        (200, answer(FOUND), State.SUCCEEDED, "7", "found among 1 items (id=7)"),
+        (200, answer({"id": 8, "title": "Hello & bye", "slug": "other"}, FOUND), State.SUCCEEDED, "7", "found among 2"),
+        (200, answer({"id": 8, "title": "Other", "slug": "hello-bye"}), State.SAFE_TO_RETRY, None, "absence is proven"),
+        (200, answer(), State.SAFE_TO_RETRY, None, "not found among 0 items"),
+        (500, b"oops", State.MANUAL_REVIEW, None, "HTTP 500: the read failed"),
+        (404, b"", State.MANUAL_REVIEW, None, "the read failed"),
+        (200, b"<html>", State.MANUAL_REVIEW, None, "not JSON"),
+        (200, b'{"items": []}', State.MANUAL_REVIEW, None, "no list at data"),
+    ],
+    ids=["found", "found-second", "absent", "empty", "500", "404-with-find", "not-json", "no-list"],
+)
+def test_judge_with_find(status, body, state, external_id, reason):
+    op = op_of()
+    read = plan_read(op, receipt(INTENT))
+    v = judge(op.reconcile, read, receipt(INTENT), status, body)
+    assert (v.state, v.external_id) == (state, external_id)
+    assert reason in v.reason
+    assert v.reason.startswith(f"read GET {read.url} → HTTP {status}")
+
+
+STATUS_ONLY = """\
+api: blog
+hosts: [blog.test]
+operations:
+  posts.update:
+    match: {method: PUT, path: "/v1/posts/{id}"}
+    fingerprint: {path: [id], body: [title]}
+    reconcile:
+      read: {method: HEAD, url: "/v1/posts/{path.id}?rev={intent.title}"}
+      absence_provable: PROVABLE
+"""
+
+
+@pytest.mark.parametrize(
+    "provable, status, state",
+    [("true", 200, State.SUCCEEDED), ("true", 404, State.MANUAL_REVIEW), ("false", 410, State.MANUAL_REVIEW),
+     ("true", 503, State.MANUAL_REVIEW)],
+    ids=["2xx-found", "404-provable-but-no-retry", "410-not-provable", "503"],
+)
+def test_judge_by_status(provable, status, state):
+    op = op_of(STATUS_ONLY.replace("PROVABLE", provable))
+    r = receipt({"path": {"id": "9"}, "body": {"title": "v2"}})
+    read = plan_read(op, r)
+    assert read == ReadRequest("HEAD", "https://blog.test/v1/posts/9?rev=v2")
+    assert judge(op.reconcile, read, r, status, b"").state is state
+
+
+def test_secrets_in_the_read_url_are_redacted_in_the_reason():
+    read = ReadRequest("GET", "https://blog.test/v1/posts?access_token=s3cr3t&page=2")
+    v = judge(op_of().reconcile, read, receipt(INTENT), 500, b"")
+    assert "s3cr3t" not in v.reason
+    assert "access_token=REDACTED&page=2" in v.reason
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+def test_perform_read_refuses_anything_but_get_and_head(method):
+    with pytest.raises(ReconcileError, match="never a write"):
+        perform_read(ReadRequest(method, "http://127.0.0.1:9/never"), {})
