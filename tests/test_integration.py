@@ -415,3 +415,31 @@ def test_receipts_cli_lists_the_blocked_duplicate(clients, proxy, upstream, buck
     table = subprocess.run([str(receipts), "--db", str(proxy.db), "list", "--state", "outcome_unknown"],
                            capture_output=True, text=True, timeout=30, check=True).stdout
     assert row["operation_id"] in table
+
+
+def test_upstream_proxy_mode_is_kept_for_matched_requests(tmp_path, confdir, upstream, bucket):
+    """mitmproxy's `upstream:` mode: the addon's own exchange goes through the next proxy too."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.upstream import free_port
+
+    next_port = free_port()
+    log = tmp_path / "next-proxy.log"
+    with open(log, "wb") as out:
+        hop = subprocess.Popen([str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1",
+                                "-p", str(next_port), "--set", f"confdir={confdir}"], stdout=out, stderr=subprocess.STDOUT)
+    proxy = None
+    try:
+        wait_for(lambda: "proxy listening" in log.read_text(), what="the next proxy")
+        proxy = Proxy(tmp_path, confdir, extra=("--mode", f"upstream:http://127.0.0.1:{next_port}")).start()
+        answer = Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "via"})
+        assert answer.status == 201
+        assert upstream.commits(f"/api/{bucket}/plain") == 1
+        wait_for(lambda: f"/api/{bucket}/plain" in log.read_text(), what="the next proxy to log the write")
+    finally:
+        if proxy:
+            proxy.stop()
+        hop.terminate()
+        hop.wait(timeout=10)
