@@ -17,11 +17,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import fcntl
-import json
 import logging
 import os
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +30,7 @@ from mitmproxy.addonmanager import Loader
 if __package__ != "proxy_addon":  # loaded with `mitmdump -s path/to/addon.py` from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy_addon import exchange
+from proxy_addon import answers, exchange, instances
 from proxy_addon.classify import classify_error, classify_status, external_id_of
 from proxy_addon.errors import IllegalTransition, ReceiptsError, RulesError, StoreError
 from proxy_addon.fingerprint import RequestView, fingerprint, keyed_hash, load_or_create_key
@@ -42,41 +39,12 @@ from proxy_addon.reconcile import (
 )
 from proxy_addon.rules import DEFAULT_RULES, Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
-from proxy_addon.store import Attempt, Decision, Receipt, RecordedResponse, Store
+from proxy_addon.store import Attempt, Decision, Receipt, Store
 
 logger = logging.getLogger("receipt_proxy")
 
 DEFAULT_STATE_DIR = "~/.local/state/receipt-proxy"
 META = "receipts"  # flow.metadata key: a plain, serializable dict
-
-MARKERS = {
-    State.SUBMITTED: ":outbox_tray:",
-    State.SUCCEEDED: ":white_check_mark:",
-    State.REJECTED: ":x:",
-    State.NOT_SENT: ":leftwards_arrow_with_hook:",
-    State.OUTCOME_UNKNOWN: ":warning:",
-    State.RECONCILING: ":hourglass:",
-    State.SAFE_TO_RETRY: ":arrows_counterclockwise:",
-    State.MANUAL_REVIEW: ":raised_hand:",
-    "blocked": ":no_entry:",
-    "replayed": ":recycle:",
-    "store_unavailable": ":stop_sign:",
-}
-
-HINTS = {
-    State.SUBMITTED: "the first attempt is still in flight; wait for its outcome before retrying",
-    State.OUTCOME_UNKNOWN: "the first attempt's outcome is unknown; reconcile it before retrying",
-    State.RECONCILING: "the first attempt is being reconciled; retry after it settles",
-    State.MANUAL_REVIEW: "the first attempt needs manual review; resolve it with the receipts CLI before retrying",
-}
-
-# Response headers never recorded for replay: credentials, per-connection framing, and
-# content-encoding (the body is recorded decoded).
-UNRECORDED_HEADERS = frozenset(
-    {"set-cookie", "set-cookie2", "authorization", "proxy-authenticate", "www-authenticate",
-     "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
-     "upgrade", "proxy-connection", "trailer", "te", "alt-svc"}
-)
 
 OPTIONS: list[tuple[str, type, Any, str]] = [
     ("receipts_db", str, f"{DEFAULT_STATE_DIR}/receipts.db",
@@ -169,13 +137,13 @@ class Receipts:
             store = Store.open(db, lock_timeout=opts.receipts_lock_timeout)
         except (ReceiptsError, OSError, ValueError) as e:
             raise exceptions.OptionsError(f"receipts_db: {e}") from None
-        instance, lock_fd = _claim_instance(db)
+        instance, lock_fd = instances.claim(db)
         old_store, old_lock, old_executor = self.store, self._instance_lock, self._executor
         self.store, self.key, self.instance, self._instance_lock = store, key, instance, lock_fd
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="receipts-store")
         self._config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
         recovered = self._executor.submit(
-            store.recover_in_flight, is_alive=lambda i: i == instance or _instance_alive(db, i)
+            store.recover_in_flight, is_alive=lambda i: i == instance or instances.alive(db, i)
         ).result()
         for operation_id in recovered:
             logger.warning(f"receipt {operation_id}: proxy stopped while it was in flight; now outcome_unknown")
@@ -349,15 +317,8 @@ class Receipts:
         if isinstance(result, exchange.Failure):
             meta["outcome"] = str(result.state)
             await self._record(flow, meta, result.state, result.message, {"error": result.message})
-            sent = result.state is not State.NOT_SENT
-            self._answer(flow, 504 if "receipts_upstream_timeout" in result.message else 502, {
-                "error": "outcome_unknown" if sent else "not_sent",
-                "operation_id": meta["operation_id"],
-                "state": meta["state"],
-                "detail": result.message,
-                "hint": "the request may have taken effect; do not resend it until the receipt is reconciled"
-                if sent else "the request never reached the upstream; it is safe to send again",
-            }, {"X-Receipt-Id": meta["operation_id"], "X-Receipt-State": meta["state"]})
+            flow.response = answers.exchange_failed(meta["operation_id"], result.state, result.message,
+                                                    timed_out=result.timed_out)
             return
         flow.response = result
         await self._record_response(flow, meta)
@@ -417,14 +378,7 @@ class Receipts:
         assert resp is not None
         op = self._operation(meta)
         state = classify_status(resp.status_code, op)
-        body = resp.get_content(strict=False) or b""
-        cap = ctx.options.receipts_response_cap
-        recorded = RecordedResponse(
-            status=resp.status_code,
-            headers=[(k, v) for k, v in resp.headers.items(multi=True) if k.lower() not in UNRECORDED_HEADERS],
-            body=body[:cap],
-            truncated=len(body) > cap,
-        )
+        recorded, body = answers.recorded(resp, ctx.options.receipts_response_cap)
         fields: dict[str, Any] = {"http_status": resp.status_code, "response": recorded}
         if state is State.SUCCEEDED:
             fields["external_id"] = external_id_of(body, op.external_id if op else None)
@@ -500,13 +454,8 @@ class Receipts:
         logger.log(level, f"receipt {receipt.operation_id} {receipt.api} {receipt.operation}: {receipt.state} ({reason})")
 
     def _mark(self, flow: http.HTTPFlow, marker_key: Any, receipt: Receipt, prefix: str = "") -> None:
-        flow.marked = MARKERS[marker_key]
-        detail = f" ({receipt.http_status})" if receipt.http_status else ""
-        retry = f" · retry of {receipt.retry_of}" if receipt.retry_of and not prefix else ""
-        flow.comment = (
-            f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · "
-            f"{receipt.state}{detail}{retry}"
-        )
+        flow.marked = answers.MARKERS[marker_key]
+        flow.comment = answers.comment(receipt, prefix)
 
     def _arm_deadline(self, flow: http.HTTPFlow) -> None:
         loop = asyncio.get_running_loop()
@@ -526,60 +475,14 @@ class Receipts:
                        f"{ctx.options.receipts_upstream_timeout}s; ending the upstream exchange")
         _close_server_connection(flow)
 
-    def _answer(self, flow: http.HTTPFlow, status: int, body: dict, headers: dict[str, str]) -> None:
-        flow.response = http.Response.make(
-            status, json.dumps(body, indent=2) + "\n",
-            {"Content-Type": "application/json", "Cache-Control": "no-store", **headers},
-        )
-
     def _answer_blocked(self, flow: http.HTTPFlow, receipt: Receipt, kind: str) -> None:
-        if kind == "key_conflict":
-            self._answer(flow, 422, {
-                "error": "idempotency_key_reused",
-                "operation_id": receipt.operation_id,
-                "api": receipt.api,
-                "operation": receipt.operation,
-                "hint": "this Idempotency-Key was already used for a different request; use a new key for a new request",
-            }, {"X-Receipt-Id": receipt.operation_id, "X-Receipt-State": str(receipt.state)})
-            self._mark(flow, "blocked", receipt, prefix="BLOCKED reused Idempotency-Key of ")
-            return
-        if kind == "blocked_succeeded":
-            body = {
-                "error": "duplicate_succeeded",
-                "operation_id": receipt.operation_id,
-                "api": receipt.api,
-                "operation": receipt.operation,
-                "state": str(receipt.state),
-                "external_id": receipt.external_id,
-                "completed_at": receipt.completed_at,
-                "hint": "this operation already succeeded; it was not sent again",
-            }
-        else:
-            body = {
-                "error": "duplicate_unresolved",
-                "operation_id": receipt.operation_id,
-                "api": receipt.api,
-                "operation": receipt.operation,
-                "state": str(receipt.state),
-                "submitted_at": receipt.submitted_at,
-                "hint": HINTS.get(receipt.state, "the first attempt is unresolved"),
-            }
-        self._answer(flow, 409, body, {"X-Receipt-Id": receipt.operation_id, "X-Receipt-State": str(receipt.state)})
-        self._mark(flow, "blocked", receipt, prefix="BLOCKED duplicate of ")
+        flow.response = answers.duplicate(receipt, kind)
+        prefix = "BLOCKED reused Idempotency-Key of " if kind == "key_conflict" else "BLOCKED duplicate of "
+        self._mark(flow, "blocked", receipt, prefix=prefix)
         logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
 
     def _answer_replay(self, flow: http.HTTPFlow, receipt: Receipt) -> None:
-        rec = receipt.response
-        assert rec is not None
-        resp = http.Response.make(rec.status, rec.body)
-        resp.headers = http.Headers(
-            [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in rec.headers]
-        )
-        resp.headers["content-length"] = str(len(rec.body))
-        resp.headers["X-Receipt-Replayed"] = "true"
-        resp.headers["X-Receipt-Id"] = receipt.operation_id
-        resp.headers["X-Receipt-State"] = str(receipt.state)
-        flow.response = resp
+        flow.response = answers.replay(receipt)
         self._mark(flow, "replayed", receipt, prefix="REPLAYED from ")
         logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
 
@@ -592,16 +495,9 @@ class Receipts:
 
     def _answer_unavailable(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
         logger.error(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded, no receipt could be written: {why}")
-        self._answer(flow, 503, {
-            "error": "receipt_store_unavailable",
-            "sent": False,
-            "api": meta["api"],
-            "operation": meta["operation"],
-            "detail": why,
-            "hint": "the request was not sent upstream; it is safe to retry once the receipts database is writable",
-        }, {"Retry-After": "5"})
+        flow.response = answers.unavailable(meta["api"], meta["operation"], why)
         meta["answer"] = "store_unavailable"
-        flow.marked = MARKERS["store_unavailable"]
+        flow.marked = answers.MARKERS["store_unavailable"]
         flow.comment = f"NOT SENT: no receipt could be written ({why})"
 
 
@@ -631,40 +527,6 @@ def _check_deferred_options(loader: Loader) -> None:
         except exceptions.OptionsError as e:
             logger.error(f"receipt-proxy: bad value for {name}: {e}")
             del options.deferred[name]
-
-
-def _instances_dir(db: Path) -> Path:
-    return db.parent / f"{db.name}.instances"
-
-
-def _claim_instance(db: Path) -> tuple[str, int]:
-    """A fresh instance id, with a lock file held for as long as this process lives."""
-    d = _instances_dir(db)
-    d.mkdir(mode=0o700, exist_ok=True)
-    instance = f"{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(d / f"{instance}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return instance, fd
-
-
-def _instance_alive(db: Path, instance: str | None) -> bool:
-    if not instance:
-        return False
-    path = _instances_dir(db) / f"{instance}.lock"
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return False
-    finally:
-        os.close(fd)
 
 
 def _close_server_connection(flow: http.HTTPFlow) -> None:

@@ -48,6 +48,7 @@ NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, 
 class Failure:
     state: State
     message: str
+    timed_out: bool = False  # our own deadline passed
 
 
 # mitmproxy options the client is built from (absent ones, as under taddons, count as unset).
@@ -117,7 +118,8 @@ async def send(client: httpx.AsyncClient, request: http.Request, *, deadline: fl
             finally:
                 await upstream.aclose()
     except TimeoutError:
-        return Failure(State.OUTCOME_UNKNOWN, f"outcome unknown: no answer within receipts_upstream_timeout ({deadline:g}s)")
+        return Failure(State.OUTCOME_UNKNOWN, f"outcome unknown: no answer within receipts_upstream_timeout ({deadline:g}s)",
+                       timed_out=True)
     except httpx.HTTPError as e:
         return classify_failure(e)
     fields = [(k, v) for k, v in upstream.headers.raw if k.decode("latin-1").lower() not in HOP_BY_HOP]

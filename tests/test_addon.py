@@ -7,7 +7,8 @@ from mitmproxy import exceptions, http
 from mitmproxy.flow import Error
 from mitmproxy.test import taddons, tflow
 
-from proxy_addon.addon import MARKERS, Receipts
+from proxy_addon.addon import Receipts
+from proxy_addon.answers import MARKERS
 from proxy_addon.store import Store
 
 RULES = """\
