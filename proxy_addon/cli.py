@@ -21,6 +21,7 @@ import dataclasses
 import datetime as dt
 import getpass
 import json
+import math
 import os
 import re
 import sqlite3
@@ -119,6 +120,24 @@ def age(since: str, now: dt.datetime) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        n = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(n) or n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return n
+
+
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token
+
+
+def sendable(value: str) -> bool:
+    """Whether an HTTP/1.1 header can carry the value: printable ASCII, no CR, LF or other control."""
+    return value.isascii() and value.isprintable()
 
 
 def positive_int(text: str) -> int:
@@ -297,7 +316,7 @@ def reconcile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="a credential header for the reads (repeatable); default: the env var the rule names "
                         "in credentials.env")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds a read may take (default 30)")
+    p.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds a read may take (default 30)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -307,8 +326,11 @@ def reconcile_run(store: Store, args: argparse.Namespace) -> int:
     headers = {}
     for h in args.header:
         name, sep, value = h.partition(":")
-        if not sep or not name.strip():
-            raise UsageError(f"--header {h!r} is not 'Name: value'")
+        if not sep or not HEADER_NAME.match(name.strip()):
+            raise UsageError(f"--header {h.partition(':')[0]!r}...: not 'Name: value' with a header name")
+        if not sendable(value.strip()):
+            raise UsageError(f"--header {name.strip()}: the value has characters a header cannot carry "
+                             "(only printable ASCII)")
         headers[name.strip().lower()] = value.strip()
     try:
         rules = load_rules_path(args.rules or os.environ.get("RECEIPT_PROXY_RULES") or DEFAULT_RULES)
@@ -348,6 +370,9 @@ def _env_credentials(op: Operation | None) -> dict[str, str]:
     if op is None or not op.credentials_env or not op.credential_headers:
         return {}
     value = os.environ.get(op.credentials_env)
+    if value and not sendable(value):
+        raise UsageError(f"${op.credentials_env} has characters a header cannot carry (only printable ASCII; "
+                         "a trailing newline or CR?)")
     return {op.credential_headers[0]: value} if value else {}
 
 

@@ -176,8 +176,15 @@ def reconcile(store: Store, op: Operation | None, operation_id: str, credentials
         status, body = perform_read(read, credentials, timeout=timeout, verify=verify)
     except (ReconcileError, httpx.HTTPError) as e:
         return finish(store, receipt, Verdict(State.MANUAL_REVIEW, f"read failed: {describe(e)}"), actor=actor)
+    except BaseException as e:  # never leave a receipt in reconciling
+        finish(store, receipt, Verdict(State.MANUAL_REVIEW, f"read failed: {type(e).__name__}"), actor=actor)
+        raise
     return finish(store, receipt, judge(op.reconcile, read, receipt, status, body), actor=actor)
 
 
 def describe(e: Exception) -> str:
+    """An error for the receipt's history. A local protocol error can quote our own headers
+    (credentials included), so only its type is kept."""
+    if isinstance(e, httpx.LocalProtocolError):
+        return f"{type(e).__name__}: the request could not be sent as built"
     return str(e) or type(e).__name__

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import http.client
 import json
 import os
+import re
 import shlex
 import sqlite3
 import subprocess
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from proxy_addon import cli as cli_module
 from proxy_addon.cli import COMMANDS, EPILOG, main, parser
+from proxy_addon.rules import DEFAULT_RULES, load_rules_path
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, RecordedResponse, Store
 from tests.conftest import T0, FakeClock
+from tests.upstream import Upstream
 
 ROOT = Path(__file__).resolve().parents[1]
 RECEIPTS = ROOT / ".venv" / "bin" / "receipts"
@@ -711,6 +717,510 @@ def test_resolve_usage_errors_write_nothing(review, capsys, argv, message):
     assert dump(path) == before
 
 
+# --- reconcile ----------------------------------------------------------------------------
+
+KEY_ENV = "RECEIPTS_TEST_API_KEY"
+RECONCILE_RULES = f"""\
+api: test-api
+hosts: [127.0.0.1]
+credentials: {{header: api-key, env: {KEY_ENV}}}
+operations:
+  things.create:
+    description: A complete list, so "not found" proves absence
+    match: {{method: POST, path: "/api/{{bucket}}/things"}}
+    fingerprint: {{body: [title]}}
+    external_id: id
+    reconcile:
+      read: {{method: GET, url: "/api/{{path.bucket}}/things"}}
+      find: {{title: "{{intent.title}}"}}
+      absence_provable: true
+      retry_when_absent: true
+  notes.create:
+    description: A list that may be paginated, so "not found" proves nothing
+    match: {{method: POST, path: "/api/{{bucket}}/notes"}}
+    fingerprint: {{body: [title]}}
+    external_id: id
+    reconcile:
+      read: {{url: "/api/{{path.bucket}}/notes"}}
+      find: {{title: "{{intent.title}}"}}
+  drafts.create:
+    description: A complete list, but a retry needs a human's word
+    match: {{method: POST, path: "/api/{{bucket}}/drafts"}}
+    fingerprint: {{body: [title]}}
+    external_id: id
+    reconcile:
+      read: {{url: "/api/{{path.bucket}}/drafts"}}
+      find: {{title: "{{intent.title}}"}}
+      absence_provable: true
+  lookups.create:
+    description: One item, by its title (a number here); the read's status decides
+    match: {{method: POST, path: "/api/{{bucket}}/lookups"}}
+    fingerprint: {{body: [title]}}
+    external_id: id
+    reconcile:
+      read: {{url: "/api/{{path.bucket}}/lookups/{{intent.title}}"}}
+      absence_provable: true
+      retry_when_absent: true
+  plain.create:
+    description: No reconcile spec
+    match: {{method: POST, path: "/api/{{bucket}}/plain"}}
+    fingerprint: {{body: [title]}}
+    external_id: id
+"""
+RECONCILING_REASON = "reconciling with a read"
+
+
+@dataclass
+class Recon:
+    """
+    A writable receipts database, a rules file and a real upstream the reads go to. The
+    upstream is shared by the module (stopping one takes 50 ms); each test has its own bucket,
+    /api/<bucket>/<kind>, and counts only the requests to it.
+    """
+
+    path: Path
+    rules: Path
+    store: Store
+    clock: FakeClock
+    up: Upstream
+    bucket: str
+
+    def api_path(self, kind: str) -> str:
+        return f"/api/{self.bucket}/{kind}"
+
+    def attempt(self, title: str, *, kind: str = "things", api: str = "test-api",
+                operation: str | None = None) -> Attempt:
+        """A POST to <upstream>/api/<bucket>/<kind> with the body {"title": title}."""
+        return Attempt(api=api, operation=operation or f"{kind}.create", method="POST",
+                       target=f"{self.up.url}{self.api_path(kind)}", intent_fingerprint=f"sha256:{api}/{kind}/{title}",
+                       intent={"path": {"bucket": self.bucket}, "body": {"title": title}}, principal="anonymous",
+                       flow_id=f"flow-{title}")
+
+    def receipt(self, title: str, *, kind: str = "things", state: State = State.OUTCOME_UNKNOWN,
+                api: str = "test-api", operation: str | None = None) -> str:
+        """The receipt of `attempt(...)`, moved to `state`."""
+        rid = self.store.begin_attempt(self.attempt(title, kind=kind, api=api, operation=operation)).receipt.operation_id
+        steps = {
+            State.SUBMITTED: [], State.SUCCEEDED: [State.SUCCEEDED], State.REJECTED: [State.REJECTED],
+            State.NOT_SENT: [State.NOT_SENT], State.OUTCOME_UNKNOWN: [State.OUTCOME_UNKNOWN],
+            State.MANUAL_REVIEW: [State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW],
+            State.SAFE_TO_RETRY: [State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW, State.SAFE_TO_RETRY],
+            State.RECONCILING: [State.OUTCOME_UNKNOWN, State.RECONCILING],
+        }[state]
+        for s in steps:
+            if s is State.RECONCILING:
+                self.store.claim_for_reconcile(rid, actor="another-reconciler")
+            else:
+                self.store.transition(rid, s, reason=f"to {s}")
+        assert self.store.get(rid).state == state
+        return rid
+
+    def add(self, kind: str, *titles: str) -> None:
+        """Create items on the upstream with real POSTs, as if earlier writes had taken effect."""
+        for title in titles:  # a connection each: keep-alive would wait on delayed ACKs
+            conn = http.client.HTTPConnection("127.0.0.1", self.up.port, timeout=5)
+            try:
+                conn.request("POST", self.api_path(kind), json.dumps({"title": title}),
+                             {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                assert (r.status, json.loads(r.read())["id"]) == (201, self.up.commits(self.api_path(kind)))
+            finally:
+                conn.close()
+
+    def read_of(self, kind: str) -> str:
+        return f"read GET {self.up.url}{self.api_path(kind)}"
+
+    def requests(self) -> list[dict]:
+        """What reached this test's bucket on the upstream."""
+        with self.up.lock:
+            return [q for q in self.up.requests if q["path"].startswith(f"/api/{self.bucket}/")]
+
+    def gets(self) -> list[dict]:
+        return [q for q in self.requests() if q["method"] in ("GET", "HEAD")]
+
+    def reads(self, kind: str) -> int:
+        return self.up.reads(self.api_path(kind))
+
+    def db_bytes(self) -> bytes:
+        return b"".join(p.read_bytes() for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
+
+    def run(self, capsys, *argv: str, rules: bool = True) -> tuple[int, str, str]:
+        """`receipts reconcile --rules <ours> ARGV`; a later --rules in ARGV wins."""
+        pre = ["--rules", str(self.rules)] if rules else []
+        return cli(capsys, "--db", str(self.path), "reconcile", *pre, *argv, now=self.clock.now)
+
+
+@pytest.fixture(scope="module")
+def reads_upstream():
+    with Upstream() as up:
+        yield up
+
+
+@pytest.fixture
+def recon(tmp_path, monkeypatch, alice, reads_upstream):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv("RECEIPT_PROXY_RULES", raising=False)
+    rules = tmp_path / "test-api.yaml"
+    rules.write_text(RECONCILE_RULES)
+    clock = FakeClock()
+    store = Store.open(tmp_path / "receipts.db", clock=clock)
+    yield Recon(tmp_path / "receipts.db", rules, store, clock, reads_upstream, uuid.uuid4().hex[:12])
+    store.close()
+
+
+def history(store: Store, rid: str) -> list[tuple[str | None, str, str, str]]:
+    return [(e.from_state, e.to_state, e.reason, e.actor) for e in store.events(rid)]
+
+
+# Each case: the receipt's kind (/api/<bucket>/<kind>, operation <kind>.create) and title, the
+# titles already on the upstream, a fault for the read, more argv, the receipt's (api, operation)
+# when not the kind's, then the expected state, external id and reason ({read} is "read GET <url>"),
+# and the read's path after /api/<bucket>/<kind> (None: no read is sent).
+RECONCILE_CASES = [
+    pytest.param("things", "x", ["a", "x", "b"], None, [], None, "succeeded", "2",
+                 "{read} → HTTP 200: found among 3 items (id=2)", "", id="found"),
+    pytest.param("notes", "x", ["x"], None, [], None, "succeeded", "1",
+                 "{read} → HTTP 200: found among 1 items (id=1)", "", id="found-in-a-list-that-proves-nothing-absent"),
+    pytest.param("things", "x", ["a", "b"], None, [], None, "safe_to_retry", None,
+                 "{read} → HTTP 200: not found among 2 items; absence is proven and the rule allows a retry", "",
+                 id="absent-provable"),
+    pytest.param("things", "x", [], None, [], None, "safe_to_retry", None,
+                 "{read} → HTTP 200: not found among 0 items; absence is proven and the rule allows a retry", "",
+                 id="absent-from-an-empty-list"),
+    pytest.param("notes", "x", ["a"], None, [], None, "manual_review", None,
+                 "{read} → HTTP 200: not found among 1 items; the rule does not say this read proves absence", "",
+                 id="absent-not-provable"),
+    pytest.param("drafts", "x", ["a"], None, [], None, "manual_review", None,
+                 "{read} → HTTP 200: not found among 1 items; the rule does not allow a retry", "",
+                 id="absent-provable-but-no-retry-allowed"),
+    pytest.param("things", "x", ["x"], "500", [], None, "manual_review", None,
+                 "{read} → HTTP 500: the read failed, nothing is proven", "", id="read-answers-500"),
+    pytest.param("things", "x", ["x"], "404", [], None, "manual_review", None,
+                 "{read} → HTTP 404: the read failed, nothing is proven", "", id="list-read-answers-404"),
+    pytest.param("things", "x", ["x"], "hang", ["--timeout", "0.1"], None, "manual_review", None,
+                 "read failed: timed out", "", id="read-times-out"),
+    pytest.param("lookups", "2", ["a", "b"], None, [], None, "succeeded", "2",
+                 "{read} → HTTP 200: found", "/2", id="status-decides-found"),
+    pytest.param("lookups", "3", ["a", "b"], None, [], None, "safe_to_retry", None,
+                 "{read} → HTTP 404; absence is proven and the rule allows a retry", "/3", id="status-decides-absent"),
+    pytest.param("lookups", "2", ["a", "b"], "500", [], None, "manual_review", None,
+                 "{read} → HTTP 500: the read failed, nothing is proven", "/2", id="status-decides-500"),
+    pytest.param("plain", "x", ["x"], None, [], None, "manual_review", None,
+                 "no read can decide: test-api plain.create has no reconcile spec", None, id="no-reconcile-spec"),
+    pytest.param("things", "x", ["x"], None, [], ("test-api", "things.archive"), "manual_review", None,
+                 "no read can decide: its rule is gone", None, id="operation-gone-from-the-rules"),
+    pytest.param("things", "x", ["x"], None, [], ("gone-api", "things.create"), "manual_review", None,
+                 "no read can decide: its rule is gone", None, id="api-gone-from-the-rules"),
+]
+
+
+@pytest.mark.parametrize("start", [State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW], ids=str)
+@pytest.mark.parametrize("kind, title, items, fault, argv, rule, state, external_id, reason, read", RECONCILE_CASES)
+def test_reconcile(recon, capsys, start, kind, title, items, fault, argv, rule, state, external_id, reason, read):
+    recon.add(kind, *items)
+    api, operation = rule or ("test-api", f"{kind}.create")
+    rid = recon.receipt(title, kind=kind, state=start, api=api, operation=operation)
+    read_path = None if read is None else recon.api_path(kind) + read
+    if fault:
+        recon.up.plan_read(read_path, fault)
+    before = history(recon.store, rid)
+    reason = reason.format(read=f"read GET {recon.up.url}{read_path}")
+    code, out, err = recon.run(capsys, rid, *argv)
+    assert (code, err) == (0, "")  # one receipt: no progress lines
+    assert out == f"{rid}  {start} → {state}  {reason}\n"
+    r = recon.store.get(rid)
+    assert (r.state, r.external_id) == (state, external_id)
+    assert history(recon.store, rid) == before + [
+        (start, "reconciling", RECONCILING_REASON, "cli:alice"), ("reconciling", state, reason, "cli:alice")]
+    assert [(q["method"], q["path"]) for q in recon.gets()] == ([] if read is None else [("GET", read_path)])
+    assert recon.up.seen(recon.api_path(kind)) == len(items)  # a read, never another write
+    assert len(recon.requests()) == len(items) + (read is not None)
+
+
+def test_reconcile_safe_to_retry_lets_the_next_identical_request_through(recon, capsys):
+    rid = recon.receipt("x")
+    attempt_again = recon.attempt("x")
+    assert recon.store.begin_attempt(attempt_again).kind == "blocked"
+    code, _, _ = recon.run(capsys, rid)
+    assert (code, recon.store.get(rid).state) == (0, "safe_to_retry")
+    decision = recon.store.begin_attempt(attempt_again)
+    assert (decision.kind, decision.receipt.retry_of) == ("forward", rid)
+
+
+def test_reconcile_json(recon, capsys):
+    recon.add("things", "a", "x")
+    found = recon.receipt("x")
+    unproven = recon.receipt("y", kind="notes", state=State.MANUAL_REVIEW)
+    code, out, err = recon.run(capsys, found, unproven, "--json")
+    assert code == 0
+    assert err == (f"[1/2] {found} test-api/things.create ...\n"
+                   f"[2/2] {unproven} test-api/notes.create ...\n")
+    results = json.loads(out)
+    assert results == [
+        {"operation_id": found, "operation": "test-api/things.create", "from": "outcome_unknown",
+         "state": "succeeded", "external_id": "2",
+         "reason": f"{recon.read_of('things')} → HTTP 200: found among 2 items (id=2)"},
+        {"operation_id": unproven, "operation": "test-api/notes.create", "from": "manual_review",
+         "state": "manual_review", "external_id": None,
+         "reason": f"{recon.read_of('notes')} → HTTP 200: not found among 0 items; "
+                   "the rule does not say this read proves absence"},
+    ]
+    for result in results:  # what was printed is what was recorded
+        r = recon.store.get(result["operation_id"])
+        assert (r.state, r.external_id) == (result["state"], result["external_id"])
+        assert recon.store.events(r.operation_id)[-1].reason == result["reason"]
+    assert (recon.reads("things"), recon.reads("notes"), len(recon.gets())) == (1, 1, 2)
+
+
+def test_reconcile_several_ids_in_text(recon, capsys):
+    recon.add("things", "x")
+    first, second = recon.receipt("x"), recon.receipt("y")
+    code, out, err = recon.run(capsys, second, first)  # in the order given
+    assert code == 0
+    assert err == (f"[1/2] {second} test-api/things.create ...\n"
+                   f"[2/2] {first} test-api/things.create ...\n")
+    read = recon.read_of("things")
+    assert out == (
+        f"{second}  outcome_unknown → safe_to_retry  {read} → HTTP 200: not found among 1 items; "
+        "absence is proven and the rule allows a retry\n"
+        f"{first}  outcome_unknown → succeeded  {read} → HTTP 200: found among 1 items (id=1)\n"
+    )
+    assert recon.reads("things") == 2
+
+
+SECRET_HEADER = "SECRET-HEADER-9d1c44"
+SECRET_ENV = "SECRET-ENV-7ab302"
+
+
+@pytest.mark.parametrize(
+    "argv, env, sent",
+    [
+        pytest.param([], None, {}, id="none"),
+        pytest.param(["--header", f"api-key: {SECRET_HEADER}"], None, {"api-key": SECRET_HEADER}, id="header"),
+        pytest.param(["--header", f"  API-Key :  {SECRET_HEADER}  "], None, {"api-key": SECRET_HEADER},
+                     id="header-name-case-and-spaces"),
+        pytest.param(["--header", f"api-key: {SECRET_HEADER}", "--header", "Authorization: Bearer SECRET-BEARER-1"],
+                     None, {"api-key": SECRET_HEADER, "authorization": "Bearer SECRET-BEARER-1"}, id="two-headers"),
+        pytest.param([], SECRET_ENV, {"api-key": SECRET_ENV}, id="env-named-by-credentials.env"),
+        pytest.param(["--header", f"api-key: {SECRET_HEADER}"], SECRET_ENV, {"api-key": SECRET_HEADER},
+                     id="header-beats-env"),
+        pytest.param(["--header", "Authorization: Bearer SECRET-BEARER-1"], SECRET_ENV,
+                     {"authorization": "Bearer SECRET-BEARER-1"}, id="any-header-replaces-env"),
+        pytest.param([], "", {}, id="empty-env"),
+    ],
+)
+def test_reconcile_credentials_are_sent_and_never_stored(recon, capsys, monkeypatch, argv, env, sent):
+    if env is not None:
+        monkeypatch.setenv(KEY_ENV, env)
+    recon.add("things", "x")
+    rid = recon.receipt("x")
+    code, out, err = recon.run(capsys, rid, *argv)
+    assert (code, err) == (0, "")
+    assert recon.store.get(rid).state == "succeeded"
+    [read] = recon.gets()
+    headers = {k.lower(): v for k, v in read["headers"].items()}
+    assert {k: headers[k] for k in ("api-key", "authorization") if k in headers} == sent
+    stored = recon.db_bytes()
+    assert b"test-api" in stored and rid.encode() in stored  # the bytes read are the database's
+    for secret in ("SECRET-", SECRET_HEADER, SECRET_ENV):
+        assert secret.encode() not in stored
+        assert secret not in out
+    assert (SECRET_ENV in headers.values()) == (SECRET_ENV in sent.values())
+
+
+def test_reconcile_all(recon, capsys):
+    recon.add("things", "found")
+    ids = {}
+    ids["unknown_found"] = recon.receipt("found")
+    ids["review_absent"] = recon.receipt("absent", state=State.MANUAL_REVIEW)
+    ids["unknown_unproven"] = recon.receipt("unproven", kind="notes")
+    for s in (State.SUCCEEDED, State.SUBMITTED, State.REJECTED, State.NOT_SENT, State.SAFE_TO_RETRY,
+              State.RECONCILING):
+        ids[str(s)] = recon.receipt(f"other-{s}", state=s)
+    # one already there under the title found: a read would find it
+    untouched = {k: v for k, v in ids.items() if k not in ("unknown_found", "review_absent", "unknown_unproven")}
+    receipts_before, events_before = dump(recon.path)
+    code, out, err = recon.run(capsys, "--all")
+    assert code == 0
+    order = [ids["unknown_unproven"], ids["review_absent"], ids["unknown_found"]]  # newest first
+    ops = ["test-api/notes.create", "test-api/things.create", "test-api/things.create"]
+    assert err == "".join(f"[{n}/3] {rid} {op} ...\n" for n, (rid, op) in enumerate(zip(order, ops), 1))
+    things, notes = recon.read_of("things"), recon.read_of("notes")
+    assert out.splitlines() == [
+        f"{order[0]}  outcome_unknown → manual_review  {notes} → HTTP 200: not found among 0 items; "
+        "the rule does not say this read proves absence",
+        f"{order[1]}  manual_review → safe_to_retry  {things} → HTTP 200: not found among 1 items; "
+        "absence is proven and the rule allows a retry",
+        f"{order[2]}  outcome_unknown → succeeded  {things} → HTTP 200: found among 1 items (id=1)",
+    ]
+    receipts_after, events_after = dump(recon.path)
+    assert [r for r in receipts_after if r[0] in untouched.values()] == [
+        r for r in receipts_before if r[0] in untouched.values()]
+    assert events_after[:len(events_before)] == events_before
+    assert sorted(e[1] for e in events_after[len(events_before):]) == sorted(order * 2)  # two events each
+    assert (recon.reads("things"), recon.reads("notes"), len(recon.gets())) == (2, 1, 3)
+    # Again: only the receipt still in manual_review is read again, alone (no progress line).
+    code, out, err = recon.run(capsys, "--all")
+    assert (code, err) == (0, "")
+    assert out == (f"{order[0]}  manual_review → manual_review  {notes} → HTTP 200: not found among 0 items; "
+                   "the rule does not say this read proves absence\n")
+    assert (recon.reads("notes"), len(recon.gets())) == (2, 4)
+
+
+@pytest.mark.parametrize("json_flag, expected", [
+    pytest.param([], "nothing to reconcile: no outcome_unknown or manual_review receipts\n", id="text"),
+    pytest.param(["--json"], "[]\n", id="json"),
+])
+def test_reconcile_all_with_nothing_to_do(recon, capsys, json_flag, expected):
+    recon.receipt("done", state=State.SUCCEEDED)
+    recon.receipt("in-flight", state=State.SUBMITTED)
+    before = dump(recon.path)
+    code, out, err = recon.run(capsys, "--all", *json_flag)
+    assert (code, out, err) == (0, expected, "")
+    assert dump(recon.path) == before
+    assert recon.requests() == []
+
+
+def test_reconcile_rules_from_the_environment_and_by_default(recon, capsys, monkeypatch, tmp_path):
+    recon.add("things", "x")
+    first, second, third = recon.receipt("x"), recon.receipt("y"), recon.receipt("z")
+    monkeypatch.setenv("RECEIPT_PROXY_RULES", str(recon.rules))
+    code, out, _ = recon.run(capsys, first, rules=False)
+    assert code == 0 and "outcome_unknown → succeeded" in out
+    monkeypatch.setenv("RECEIPT_PROXY_RULES", str(tmp_path / "missing.yaml"))
+    code, out, _ = recon.run(capsys, second)  # --rules beats the environment
+    assert code == 0 and "outcome_unknown → safe_to_retry" in out
+    monkeypatch.delenv("RECEIPT_PROXY_RULES")
+    assert load_rules_path(DEFAULT_RULES).operation("test-api", "things.create") is None  # rules/ knows no test-api
+    code, out, _ = recon.run(capsys, third, rules=False)
+    assert (code, out) == (0, f"{third}  outcome_unknown → manual_review  no read can decide: its rule is gone\n")
+    assert recon.reads("things") == 2
+
+
+@pytest.mark.parametrize("settled_first", [False, True], ids=["settled-last", "settled-first"])
+def test_reconcile_a_settled_receipt_among_others_fails_only_itself(recon, capsys, settled_first):
+    recon.add("things", "x")
+    found, done = recon.receipt("x"), recon.receipt("done", state=State.SUCCEEDED)
+    done_before = [r for r in dump(recon.path)[0] if r[0] == done]
+    order = [done, found] if settled_first else [found, done]
+    code, out, err = recon.run(capsys, *order)
+    assert code == 1
+    assert out.startswith(f"{found}  outcome_unknown → succeeded  ") and out.count("\n") == 1
+    error = f"Error: receipt {done} is succeeded; succeeded → reconciling is not allowed"
+    progress = [f"[{n}/2] {rid} test-api/things.create ..." for n, rid in enumerate(order, 1)]
+    assert err.splitlines() == ([progress[0], error, progress[1]] if settled_first else [*progress, error])
+    assert recon.store.get(found).state == "succeeded"
+    assert [r for r in dump(recon.path)[0] if r[0] == done] == done_before
+    assert recon.reads("things") == 1
+
+
+RECONCILE_ERRORS = [
+    pytest.param(["{unknown}"], ["{unknown}"], id="unknown-id"),
+    pytest.param(["{outcome_unknown}", "{unknown}"], ["{unknown}"], id="a-known-and-an-unknown-id"),
+    pytest.param([], ["--all"], id="neither-ids-nor-all"),
+    pytest.param(["{outcome_unknown}", "--all"], ["--all"], id="ids-and-all"),
+    pytest.param(["{outcome_unknown}", "--header", "nocolon"], ["--header", "'nocolon'"], id="header-without-colon"),
+    pytest.param(["{outcome_unknown}", "--header", " : v"], ["--header"], id="header-without-name"),
+    pytest.param(["{outcome_unknown}", "--header", "api-key: v", "--header", "nocolon"], ["'nocolon'"],
+                 id="second-header-bad"),
+    pytest.param(["--all", "--header", "nocolon"], ["'nocolon'"], id="bad-header-with-all"),
+    pytest.param(["{outcome_unknown}", "--header", "api key: v"], ["--header", "api key"], id="header-name-with-space"),
+    pytest.param(["{outcome_unknown}", "--rules", "{tmp}/missing.yaml"], ["--rules", "missing.yaml", "no such rules"],
+                 id="missing-rules-file"),
+    pytest.param(["--all", "--rules", "{tmp}/no-rules-here"], ["--rules", "no-rules-here", "no *.yaml"],
+                 id="rules-folder-without-yaml"),
+    pytest.param(["{outcome_unknown}", "--rules", "{tmp}/broken.yaml"], ["--rules", "broken.yaml"],
+                 id="malformed-rules-file"),
+    pytest.param(["{succeeded}"], ["{succeeded}", "is succeeded"], id="already-succeeded"),
+    pytest.param(["{rejected}"], ["{rejected}", "is rejected"], id="already-rejected"),
+    pytest.param(["{safe_to_retry}"], ["{safe_to_retry}", "is safe_to_retry"], id="already-safe_to_retry"),
+    pytest.param(["{submitted}"], ["{submitted}", "is submitted"], id="still-submitted"),
+    pytest.param(["{reconciling}"], ["{reconciling}", "is reconciling"], id="being-reconciled"),
+]
+
+
+@pytest.mark.parametrize("argv, needles", RECONCILE_ERRORS)
+def test_reconcile_errors_write_nothing_and_read_nothing(recon, capsys, tmp_path, argv, needles):
+    (tmp_path / "no-rules-here").mkdir()
+    (tmp_path / "broken.yaml").write_text("api: test-api\nhosts: [127.0.0.1]\noperations: {x: {match: 3}}\n")
+    ids = {str(s): recon.receipt(str(s), state=s) for s in State}
+    values = {**ids, "unknown": UNKNOWN_ID, "tmp": str(tmp_path)}
+    before = dump(recon.path)
+    code, out, err = recon.run(capsys, *(a.format(**values) for a in argv))
+    assert_one_line_error(code, out, err, *(n.format(**values) for n in needles))
+    assert dump(recon.path) == before
+    assert recon.gets() == []
+
+
+def test_reconcile_usage_errors(recon, capsys):
+    rid = recon.receipt("x")
+    before = dump(recon.path)
+    for argv, message in [(["--timeout", "soon"], "argument --timeout: "),
+                          (["--header"], "argument --header: expected one argument")]:
+        with pytest.raises(SystemExit) as e:
+            main(["--db", str(recon.path), "reconcile", rid, *argv])
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err
+    assert dump(recon.path) == before
+    assert recon.gets() == []
+
+
+# Values that once reached httpx unchecked (a traceback after the claim, or a credential in the DB).
+
+
+def run_expecting_refusal(recon: Recon, capsys, *argv: str) -> tuple[int, str, str]:
+    """Run reconcile; an argparse refusal (exit 2) or an `Error:` line (exit 1) are both a refusal."""
+    try:
+        return recon.run(capsys, *argv)
+    except SystemExit as e:
+        out, err = capsys.readouterr()
+        return e.code, out, err
+
+
+@pytest.mark.parametrize("timeout", ["-1", "nan", "inf", "0"])
+def test_reconcile_bad_timeout_is_refused_before_any_read(recon, capsys, timeout):
+    recon.add("things", "x")
+    rid = recon.receipt("x")
+    before = dump(recon.path)
+    code, out, err = run_expecting_refusal(recon, capsys, rid, f"--timeout={timeout}")
+    assert code in (1, 2) and out == "" and "--timeout" in err
+    assert dump(recon.path) == before
+    assert recon.store.get(rid).state == "outcome_unknown"
+    assert recon.gets() == []
+
+
+@pytest.mark.parametrize("argv, env", [
+    pytest.param(["--header", "api-key: SECRET-caf\u00e9"], None, id="header"),
+    pytest.param([], "SECRET-caf\u00e9", id="env"),
+])
+def test_reconcile_unsendable_credential_is_a_one_line_error(recon, capsys, monkeypatch, argv, env):
+    if env is not None:
+        monkeypatch.setenv(KEY_ENV, env)
+    rid = recon.receipt("x")
+    before = dump(recon.path)
+    code, out, err = recon.run(capsys, rid, *argv)
+    assert_one_line_error(code, out, err)
+    assert "SECRET-" not in err
+    assert dump(recon.path) == before
+    assert recon.gets() == []
+
+
+@pytest.mark.parametrize("argv, env", [
+    pytest.param([], "SECRET-CR-3f9a\r", id="env-with-a-trailing-CR"),
+    pytest.param(["--header", "api-key: SECRET-LF-1\nSECRET-LF-2"], None, id="header-with-a-line-break"),
+])
+def test_reconcile_credential_with_a_line_break_never_reaches_the_db(recon, capsys, monkeypatch, argv, env):
+    if env is not None:
+        monkeypatch.setenv(KEY_ENV, env)
+    recon.add("things", "x")
+    rid = recon.receipt("x")
+    before = dump(recon.path)
+    code, out, err = recon.run(capsys, rid, *argv)
+    assert b"SECRET-" not in recon.db_bytes(), "the credential is in the database"
+    assert "SECRET-" not in out + err
+    assert dump(recon.path) == before  # no "read" that never left recorded as one
+
+
 # --- prune --------------------------------------------------------------------------------
 
 
@@ -860,6 +1370,7 @@ EVERY_COMMAND = [
     pytest.param(["show", "x"], id="show"),
     pytest.param(["blocked"], id="blocked"),
     pytest.param(["resolve", "x", "--as", "succeeded", "--note", "n"], id="resolve"),
+    pytest.param(["reconcile", "--all"], id="reconcile"),
     pytest.param(["export"], id="export"),
     pytest.param(["prune", "--older-than", "1d"], id="prune"),
 ]
@@ -956,8 +1467,8 @@ def test_no_command_prints_help(capsys):
     code, out, _ = cli(capsys)
     assert code == 0
     assert "usage: receipts" in out
-    for name in COMMANDS:
-        assert f"\n    {name} " in out
+    for name, c in COMMANDS.items():  # a name too long for the column puts its help on the next line
+        assert re.search(rf"\n    {re.escape(name)}\s+{re.escape(c.help)}\n", out), name
 
 
 def test_help_in_process(capsys):
