@@ -68,6 +68,9 @@ OPTIONS: list[tuple[str, type, Any, str]] = [
     ("receipts_forward", str, "addon",
      "Who sends matched requests upstream: 'addon' (the exchange survives an agent that hangs up, so the real "
      "outcome is recorded) or 'mitmproxy' (mitmproxy's own forwarding; an agent that hangs up leaves outcome_unknown)"),
+    ("receipts_debug_pause", str, "",
+     "For crash tests only: pause a matched request at a point, e.g. after_commit:10 (the receipt is committed, "
+     "nothing sent) or after_answer:10 (the upstream answered, the receipt not yet updated)"),
     ("receipts_watch_rules", bool, True,
      "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error"),
 ]
@@ -156,6 +159,9 @@ class Receipts:
 
     def _configure_client(self) -> None:
         opts = ctx.options
+        point, _, seconds = opts.receipts_debug_pause.partition(":")
+        if opts.receipts_debug_pause and (point not in ("after_commit", "after_answer") or not seconds.isdigit()):
+            raise exceptions.OptionsError(f"receipts_debug_pause: {opts.receipts_debug_pause!r} is not after_commit:N or after_answer:N")
         if opts.receipts_forward not in ("addon", "mitmproxy"):
             raise exceptions.OptionsError(f"receipts_forward must be 'addon' or 'mitmproxy', not {opts.receipts_forward!r}")
         if opts.receipts_forward == "addon" and (why := exchange.unsupported(opts)):
@@ -282,6 +288,7 @@ class Receipts:
             if op.idempotency_header and receipt.idempotency_key and agent_key_header not in view.headers:
                 flow.request.headers[op.idempotency_header] = receipt.idempotency_key
             self._mark(flow, receipt.state, receipt)
+            await self._debug_pause("after_commit", receipt.operation_id)
             if self._client is not None:
                 await self._exchange(flow, meta)
             else:
@@ -290,6 +297,12 @@ class Receipts:
             self._answer_replay(flow, receipt)
         else:
             self._answer_blocked(flow, receipt, decision.kind)
+
+    async def _debug_pause(self, point: str, operation_id: str) -> None:
+        name, _, seconds = ctx.options.receipts_debug_pause.partition(":")
+        if name == point:
+            logger.warning(f"receipt {operation_id}: pausing at {point} for {seconds}s (receipts_debug_pause)")
+            await asyncio.sleep(float(seconds or 0))
 
     async def _wait_for_outcome(self, operation_id: str, timeout: float) -> None:
         """
@@ -321,6 +334,7 @@ class Receipts:
                                                     timed_out=result.timed_out)
             return
         flow.response = result
+        await self._debug_pause("after_answer", meta["operation_id"])
         await self._record_response(flow, meta)
 
     async def _reconcile_inline(self, op: Operation, receipt: Receipt, credentials: dict[str, str]) -> None:
