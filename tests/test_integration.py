@@ -188,29 +188,54 @@ def test_half_a_response_or_a_reset_is_outcome_unknown(fault, clients, proxy, up
     assert upstream.commits(f"/api/{bucket}/plain") == 1
 
 
-def test_twenty_identical_writes_at_once_reach_upstream_once(proxy, upstream, bucket):
+def test_fifty_identical_writes_at_once_reach_upstream_once(proxy, upstream, bucket):
     upstream.plan(f"/api/{bucket}/plain", "slow")
     clients = Clients(proxy)
-    barrier = threading.Barrier(20)
+    barrier = threading.Barrier(50)
     answers: list[Answer] = []
 
     def one():
         barrier.wait(timeout=10)
         answers.append(clients.send("requests", "POST", plain(upstream, bucket), {"title": "same"}))
 
-    threads = [threading.Thread(target=one) for _ in range(20)]
+    threads = [threading.Thread(target=one) for _ in range(50)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
     assert upstream.commits(f"/api/{bucket}/plain") == 1
-    # The 19 duplicates waited for the original's outcome, then got its recorded answer.
-    assert [a.status for a in answers] == [201] * 20
-    assert sorted(a.headers.get("x-receipt-replayed", "-") for a in answers) == ["-"] + ["true"] * 19
+    # The 49 duplicates waited for the original's outcome, then got its recorded answer.
+    assert [a.status for a in answers] == [201] * 50
+    assert sorted(a.headers.get("x-receipt-replayed", "-") for a in answers) == ["-"] + ["true"] * 49
     assert {a.json()["id"] for a in answers} == {1}
     (r,) = settled(proxy, bucket)
     assert r.state == "succeeded"
-    assert [e[0] for e in events_of(proxy, r.operation_id)].count("replayed") == 19
+    assert [e[0] for e in events_of(proxy, r.operation_id)].count("replayed") == 49
+
+
+def test_two_hundred_different_writes_from_sixteen_clients(proxy, upstream, bucket):
+    import requests
+
+    from tests.conftest import SECRETS_HEADERS
+
+    def client(n: int) -> list[int]:
+        with requests.Session() as s:
+            s.proxies = {"http": proxy.url, "https": proxy.url}
+            return [s.post(plain(upstream, bucket), json={"title": f"write {i}"}, headers=SECRETS_HEADERS,
+                           timeout=30).status_code for i in range(n, 200, 16)]
+
+    results: list[list[int]] = []
+    threads = [threading.Thread(target=lambda n=n: results.append(client(n))) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(s for r in results for s in r) == [201] * 200
+    assert upstream.commits(f"/api/{bucket}/plain") == 200
+    rs = settled(proxy, bucket, 200)
+    assert [r.state for r in rs] == ["succeeded"] * 200
+    assert len({r.intent_fingerprint for r in rs}) == 200
+    assert "database is locked" not in proxy.log()
 
 
 def test_a_duplicate_waits_only_as_long_as_receipts_wait_submitted(tmp_path, confdir, upstream, bucket):
