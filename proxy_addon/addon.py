@@ -37,7 +37,7 @@ from proxy_addon.fingerprint import RequestView, fingerprint, keyed_hash, load_o
 from proxy_addon.reconcile import (
     Verdict, credentials_from, describe, finish, judge, perform_read_async, plan_read,
 )
-from proxy_addon.rules import DEFAULT_RULES, Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.rules import DEFAULT_RULES, Match, Operation, RuleSet, host_pattern, load_rules_path, rules_signature
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Decision, Receipt, Store
 
@@ -71,6 +71,9 @@ OPTIONS: list[tuple[str, type, Any, str]] = [
     ("receipts_debug_pause", str, "",
      "For crash tests only: pause a matched request at a point, e.g. after_commit:10 (the receipt is committed, "
      "nothing sent) or after_answer:10 (the upstream answered, the receipt not yet updated)"),
+    ("receipts_intercept_all", bool, False,
+     "Intercept TLS to every host; by default only the hosts named in the rules are intercepted and every other "
+     "host is tunnelled untouched (mitmproxy's allow_hosts, derived from the rules)"),
     ("receipts_watch_rules", bool, True,
      "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error"),
 ]
@@ -94,11 +97,15 @@ class Receipts:
         self._reconciles: dict[str, asyncio.Task] = {}  # receipt id → the inline read in progress
         self._client: httpx.AsyncClient | None = None  # sends matched requests (receipts_forward=addon)
         self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
+        self._allow_hosts: list[str] = []  # the allow_hosts we derived from the rules
         self._client_config: tuple | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def load(self, loader: Loader) -> None:
+        # httpx logs every request URL at INFO, query tokens included; our own lines redact them.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         for name, typespec, default, help_ in OPTIONS:
             loader.add_option(name, typespec, default, help_)
         _check_deferred_options(loader)
@@ -128,6 +135,7 @@ class Receipts:
         if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._config:
             self._open_store()
         self._configure_client()
+        self._sync_allow_hosts()
         self.config_error = None
 
     def _open_store(self) -> None:
@@ -156,6 +164,23 @@ class Receipts:
         if old_lock is not None:
             os.close(old_lock)
         logger.info(f"receipt-proxy: receipts in {db} (instance {instance})")
+
+    def _sync_allow_hosts(self) -> None:
+        """
+        Intercept TLS only for the hosts the rules name: every other host is tunnelled untouched
+        (mitmproxy's allow_hosts), unless receipts_intercept_all is on or the user set
+        allow_hosts or ignore_hosts themselves.
+        """
+        opts = ctx.options
+        if self.rules is None or "allow_hosts" not in opts:
+            return
+        wanted = [] if opts.receipts_intercept_all else sorted({host_pattern(h) for f in self.rules.files for h in f.hosts})
+        current = list(opts.allow_hosts)
+        if opts.ignore_hosts or (current and current != self._allow_hosts):
+            return  # the user's choice
+        if current != wanted:
+            self._allow_hosts = wanted
+            opts.update(allow_hosts=wanted)
 
     def _configure_client(self) -> None:
         opts = ctx.options
@@ -207,6 +232,7 @@ class Receipts:
                 logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
             else:
                 logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(self.rules.operations)} operations")
+                self._sync_allow_hosts()
 
     # --- hooks -----------------------------------------------------------------------------
 
@@ -465,7 +491,8 @@ class Receipts:
         meta["state"] = str(receipt.state)
         self._mark(flow, receipt.state, receipt)
         level = logging.INFO if receipt.state is State.SUCCEEDED else logging.WARNING
-        logger.log(level, f"receipt {receipt.operation_id} {receipt.api} {receipt.operation}: {receipt.state} ({reason})")
+        logger.log(level, f"receipt {receipt.operation_id} {receipt.api} {receipt.operation} "
+                          f"{receipt.method} {receipt.target}: {receipt.state} ({reason})")
 
     def _mark(self, flow: http.HTTPFlow, marker_key: Any, receipt: Receipt, prefix: str = "") -> None:
         flow.marked = answers.MARKERS[marker_key]

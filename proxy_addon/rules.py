@@ -165,6 +165,14 @@ class RuleSet:
         return None
 
 
+def host_pattern(host: str) -> str:
+    """A rules host as a regex for mitmproxy's `allow_hosts`, which matches `host:port` strings."""
+    name, _, port = host.partition(":")
+    name_rx = r"(?:[^.:]+\.)+" + re.escape(name[2:]) if name.startswith("*.") else re.escape(name)
+    port_rx = re.escape(port) if port else "[0-9]+"
+    return rf"^{name_rx}\.?:{port_rx}$"
+
+
 # --- loading -----------------------------------------------------------------------------------
 
 

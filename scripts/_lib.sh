@@ -38,7 +38,7 @@ find_python() {
 
 # ensure_venv [EXTRAS]: create .venv if needed and (re)install the project when pyproject.toml changed.
 ensure_venv() {
-  local extras="${1:-}" spec="." stamp want py
+  local extras="${1:-}" spec="." stamp want hash py
   [ -n "$extras" ] && spec=".[$extras]"
   if [ ! -x "$VENV/bin/python" ] || ! python_ok "$VENV/bin/python"; then
     py="$(find_python)" || exit 1
@@ -47,8 +47,10 @@ ensure_venv() {
     "$py" -m venv "$VENV" || { echo "error: '$py -m venv' failed; install the venv module (e.g. python3.12-venv)" >&2; exit 1; }
   fi
   stamp="$VENV/.receipt-proxy-installed"
-  want="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16) $spec"
-  if ! grep -qxF "$want" "$stamp" 2>/dev/null; then
+  hash="$(sha256sum < "$ROOT/pyproject.toml" | cut -c1-16)"
+  want="$hash $spec"
+  # An install with extras also satisfies a request for none (scripts/run after scripts/test).
+  if ! grep -qxF "$want" "$stamp" 2>/dev/null && ! { [ -z "$extras" ] && grep -q "^$hash " "$stamp" 2>/dev/null; }; then
     echo "installing receipt-proxy$([ -n "$extras" ] && echo " with [$extras]") into $VENV ..." >&2
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT$([ -n "$extras" ] && echo "[$extras]")" >&2 \
       || { echo "error: pip install failed (see above)" >&2; exit 1; }

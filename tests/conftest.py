@@ -64,7 +64,8 @@ class Proxy:
     def args(self) -> list[str]:
         args = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", str(self.port),
                 "--set", f"confdir={self.confdir}", "-s", str(ADDON),
-                "--set", f"receipts_db={self.db}", "--set", f"receipts_rules={self.rules}"]
+                "--set", f"receipts_db={self.db}", "--set", f"receipts_rules={self.rules}",
+                "--set", "flow_detail=0"]  # as scripts/run --headless: mitmdump would print raw URLs
         if self.upstream_ca:
             args += ["--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}"]
         return args + list(self.extra)
