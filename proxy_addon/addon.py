@@ -230,6 +230,8 @@ class Receipts:
                 self.rules = load_rules_path(path)
             except RulesError as e:
                 logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
+            except Exception as e:  # the watcher must outlive any surprise
+                logger.exception(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {type(e).__name__}: {e}")
             else:
                 logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(self.rules.operations)} operations")
                 self._sync_allow_hosts()

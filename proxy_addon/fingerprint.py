@@ -103,10 +103,11 @@ def _body_view(fields: tuple[str, ...] | None, headers: Mapping[str, str], body:
         else:
             try:
                 doc = json.loads(body)
-            except (UnicodeDecodeError, ValueError):
+            except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse: hashed whole
                 pass
             else:
-                return {"body": {f: dig(doc, f) for f in fields}}
+                if isinstance(doc, dict):  # a bare number, string or list has no fields: hashed whole
+                    return {"body": {f: dig(doc, f) for f in fields}}
     # Not JSON or form, or the rule names no fields: the whole body identifies the intent.
     return {"body_sha256": hashlib.sha256(body).hexdigest()}
 

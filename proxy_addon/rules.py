@@ -42,13 +42,13 @@ SECRET_NAME = re.compile(
 )
 ALWAYS_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 
-_OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:\d{1,5})?$")
+_OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:[0-9]{1,5})?\Z")
 _PARAM = re.compile(r"\{([^{}]*)\}")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
-_HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_STATUS_KEY = re.compile(r"^([1-5])(\d\d|xx)$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*\Z")
+_HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_STATUS_KEY = re.compile(r"^([1-5])([0-9][0-9]|xx)\Z")
 
 
 @dataclass(frozen=True)
@@ -282,6 +282,8 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
         if isinstance(e, yaml.reader.ReaderError) and isinstance(e.position, int):
             line = text.count("\n", 0, e.position) + 1
         raise RulesError(f"not valid YAML: {problem}", source=source, line=line) from None
+    except RecursionError:
+        raise RulesError("not valid YAML: nested too deeply", source=source) from None
     if node is None:
         raise RulesError("the file is empty; expected keys api, hosts and operations", source=source, line=1)
     top = ctx.mapping(node, "", ("api", "hosts", "credentials", "operations"), ("api", "hosts", "operations"))

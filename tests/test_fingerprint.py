@@ -486,3 +486,12 @@ def test_load_or_create_key_reads_an_existing_key(tmp_path):
     path = tmp_path / "hmac.key"
     path.write_bytes(b"f" * 64 + b"\n")
     assert load_or_create_key(path) == b"f" * 64
+
+
+@pytest.mark.parametrize("body", [b"1", b"2", b'"a string"', b"[1, 2]", b"null"], ids=str)
+def test_json_that_is_not_an_object_is_hashed_whole(body):
+    """A bare number, string or list has no fields: two different ones must not look alike."""
+    got = run(body=body)
+    assert got.intent["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert "body" not in got.intent
+    assert run(body=b"3").fingerprint != got.fingerprint

@@ -1,0 +1,212 @@
+"""
+The receipt-proxy benchmark: `scripts/bench [--quick] [--write-docs]` (see docs/benchmarks.md).
+
+One run starts, on 127.0.0.1 only: a fast upstream (bench/upstream.py); bare mitmdump
+with a do-nothing script (bench/noop_addon.py, the baseline); mitmdump with the receipts
+addon (its own rules file and a fresh database in a temporary folder); mitmdump with a
+constant-answer script (bench/constant_addon.py, the floor for answers an addon makes);
+mitmdump with a TCP_QUICKACK script (bench/quickack_addon.py, the requests-stall remedy).
+Every process is stopped by its PID at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import procs, report, store_bench
+from bench.http_bench import CLIENTS, SCENARIOS, HttpBench, Path as BenchPath
+
+RULES = """\
+# receipt-proxy bench rules: POST /bench/things is a write; everything else passes through.
+api: bench
+hosts: [127.0.0.1]
+operations:
+  things.create:
+    match: {method: POST, path: /bench/things}
+    fingerprint: {body: [title]}
+    external_id: id
+"""
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="fewer samples, and the store without its 1M-receipt database (about 2 minutes)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="timed requests per path for each client and scenario (default 300; 120 with --quick); "
+                        "plain requests, which stalls ~40 ms a POST, gets half")
+    p.add_argument("--warmup", type=int, default=20, help="untimed rounds before each timed series (default 20)")
+    p.add_argument("--clients", default=",".join(CLIENTS), help=f"comma-separated, of {', '.join(CLIENTS)}")
+    p.add_argument("--scenarios", default=",".join(s.key for s in SCENARIOS),
+                   help=f"comma-separated, of {', '.join(s.key for s in SCENARIOS)}")
+    p.add_argument("--concurrency", type=int, default=64, help="concurrent clients doing matched POSTs (default 64; 0: skip)")
+    p.add_argument("--per-client", type=int, default=4, help="requests per concurrent client per round (default 4)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of the concurrent test (default 6; 3 with --quick)")
+    p.add_argument("--store-samples", type=int, default=None, help="timed store calls per size (default 300; 150 with --quick)")
+    p.add_argument("--store-sizes", default=None, help="receipts already in the DB (default 0,100000,1000000; "
+                                                       "0,100000 with --quick)")
+    p.add_argument("--no-http", action="store_true", help="skip the proxy workloads")
+    p.add_argument("--no-store", action="store_true", help="skip the store workload")
+    p.add_argument("--addon", default=str(procs.ROOT / "proxy_addon" / "addon.py"),
+                   help="the addon script to measure (default proxy_addon/addon.py; e.g. a patched copy)")
+    p.add_argument("--workdir", default=None, help="where the temporary folder goes (default: the system's temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, databases)")
+    p.add_argument("--write-docs", action="store_true",
+                   help="rewrite the generated part of docs/benchmarks.md with this run's figures")
+    p.add_argument("--json", metavar="PATH", help="also write the raw figures as JSON to PATH")
+    a = p.parse_args(argv)
+    a.samples = a.samples or (120 if a.quick else 300)
+    a.rounds = a.rounds or (3 if a.quick else 6)
+    a.store_samples = a.store_samples or (150 if a.quick else 300)
+    a.store_sizes = tuple(int(x) for x in (a.store_sizes or ("0,100000" if a.quick else "0,100000,1000000")).split(","))
+    a.clients = [c for c in a.clients.split(",") if c]
+    a.scenarios = [s for s in a.scenarios.split(",") if s]
+    for c in a.clients:
+        if c not in CLIENTS:
+            p.error(f"unknown client {c!r}")
+    for s in a.scenarios:
+        if s not in {x.key for x in SCENARIOS}:
+            p.error(f"unknown scenario {s!r}")
+    return a
+
+
+def machine() -> dict:
+    from importlib.metadata import version
+
+    try:
+        commit = subprocess.run(["git", "-C", str(procs.ROOT), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(procs.ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "?", ""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(), "system": platform.system(),
+        "python": platform.python_version(), "mitmproxy": version("mitmproxy"), "httpx": version("httpx"),
+        "requests": version("requests"), "urllib3": version("urllib3"), "sqlite": __import__("sqlite3").sqlite_version,
+        "commit": commit + ("+local changes" if dirty else ""),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse(argv)
+    command = "scripts/bench" + "".join(" " + shlex.quote(x) for x in argv)
+    t_start = time.monotonic()
+    info = machine()
+    log = report.Log()
+    log(f"receipt-proxy bench: {command}")
+    log(f"  {info['date']} · {info['nproc']} CPUs ({info['cpu']}) · Linux {info['kernel']} · Python {info['python']} · "
+        f"mitmproxy {info['mitmproxy']} · commit {info['commit']}")
+    work = Path(tempfile.mkdtemp(prefix="receipt-bench-", dir=a.workdir))
+    results: dict = {"command": command, "machine": info, "args": {k: v for k, v in vars(a).items()}}
+    running: list[procs.Process] = []
+    try:
+        if not a.no_http:
+            results["http"] = run_http(a, work, running, log)
+        for p in running:
+            p.stop()
+        running.clear()
+        if not a.no_store:
+            log(f"store: {a.store_samples} timed calls of each kind per database, sizes {a.store_sizes}")
+            results["store"] = store_bench.run(work, a.store_sizes, a.store_samples, warmup=20, log=log)
+    finally:
+        for p in running:
+            p.stop()
+        if a.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    results["elapsed_seconds"] = time.monotonic() - t_start
+    text = report.summary(results)
+    print()
+    print(text)
+    if a.json:
+        report.write_json(Path(a.json), results)
+    if a.write_docs:
+        path = procs.ROOT / "docs" / "benchmarks.md"
+        report.write_docs(path, results)
+        print(f"wrote {path.relative_to(procs.ROOT)}")
+    return 0
+
+
+def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
+    rules = work / "rules.yaml"
+    rules.write_text(RULES)
+    up, up_port = procs.upstream(work)
+    here = Path(__file__).resolve().parent
+    proxies = {
+        "baseline": procs.mitmdump("baseline", work, here / "noop_addon.py", "bench-noop: ready"),
+        "addon": procs.mitmdump("addon", work, Path(a.addon).resolve(), "receipt-proxy: ready", [
+            "--set", f"receipts_db={work / 'receipts.db'}", "--set", f"receipts_rules={rules}"]),
+        "floor": procs.mitmdump("floor", work, here / "constant_addon.py", "bench-constant: ready"),
+        "quickack": procs.mitmdump("quickack", work, here / "quickack_addon.py", "bench-quickack: ready"),
+    }
+    for p in (up, *proxies.values()):
+        running.append(p.start())
+    for p in (up, *proxies.values()):
+        p.wait_ready()
+    if "recording" not in proxies["addon"].log():
+        raise RuntimeError(f"the addon is not recording:\n{proxies['addon'].log()[-2000:]}")
+    paths = {"direct": BenchPath("direct", None)}
+    paths.update({name: BenchPath(name, f"http://127.0.0.1:{p.port}") for name, p in proxies.items()})
+    pids = {name: p.proc.pid for name, p in proxies.items()}
+    hb = HttpBench(f"http://127.0.0.1:{up_port}", paths, run_id=f"{int(time.time())}", log=log)
+    out: dict = {"sequential": {}, "cpu_ms_per_request": {}}
+
+    log("warming up every path")
+    for sc in SCENARIOS[:3]:
+        hb.sequential("httpx", sc, n=50, warmup=a.warmup)
+
+    for client in a.clients:
+        n = a.samples // 2 if client == "requests" else a.samples
+        for sc in SCENARIOS:
+            if sc.key not in a.scenarios:
+                continue
+            cpu0 = {name: report.cpu_seconds(pid) for name, pid in pids.items()}
+            t0 = time.monotonic()
+            stats = hb.sequential(client, sc, n=n, warmup=a.warmup)
+            cpu1 = {name: report.cpu_seconds(pid) for name, pid in pids.items()}
+            # each proxy serves only its own path: its CPU time over the series, per request
+            per_req = {name: (cpu1[name] - cpu0[name]) * 1000 / (n + a.warmup) for name in stats if name in pids}
+            out["sequential"].setdefault(client, {})[sc.key] = stats
+            out["cpu_ms_per_request"].setdefault(client, {})[sc.key] = per_req
+            log(report.seq_line(client, sc.key, stats, per_req, time.monotonic() - t0))
+
+    if {"requests", "requests+nodelay"} & set(a.clients):
+        log("requests stall: unmatched POSTs through bare mitmdump, and through the TCP_QUICKACK script")
+        out["stall"] = hb.stall(n=max(40, a.samples // 3), warmup=10)
+        for k, s in out["stall"].items():
+            log(f"  {k:<38} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms")
+    for name in ("floor", "quickack"):  # free the CPU for the concurrent run
+        proxies[name].stop()
+
+    if a.concurrency:
+        log(f"{a.concurrency} concurrent httpx clients, {a.per_client} matched POSTs each per round, {a.rounds} rounds")
+        cpu0 = {name: report.cpu_seconds(pids[name]) for name in ("baseline", "addon")}
+        out["concurrent"] = hb.concurrent(a.concurrency, a.per_client, a.rounds)
+        total = a.concurrency * a.per_client * (a.rounds + 1)
+        out["concurrent_cpu_ms_per_request"] = {
+            name: (report.cpu_seconds(pids[name]) - cpu0[name]) * 1000 / total for name in cpu0}
+        for p, s in out["concurrent"].items():
+            log(f"  {p:<9} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
+    out["checks"] = hb.checks
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
