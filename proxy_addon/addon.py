@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import ctx, exceptions, hooks, http
+from mitmproxy.flow import Error
 from mitmproxy.addonmanager import Loader
 
 if __package__ != "proxy_addon":  # loaded with `mitmdump -s path/to/addon.py` from a checkout
@@ -74,6 +75,9 @@ OPTIONS: list[tuple[str, type, Any, str]] = [
     ("receipts_intercept_all", bool, False,
      "Intercept TLS to every host; by default only the hosts named in the rules are intercepted and every other "
      "host is tunnelled untouched (mitmproxy's allow_hosts, derived from the rules)"),
+    ("receipts_approval_timeout", int, 300,
+     "Seconds a write of an operation with approve: true waits in mitmweb for an operator to resume (approve) "
+     "or kill (deny) it; past that it is denied"),
     ("receipts_watch_rules", bool, True,
      "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error"),
 ]
@@ -121,7 +125,7 @@ class Receipts:
             )
         opts = ctx.options
         for name in ("receipts_replay_window", "receipts_upstream_timeout", "receipts_response_cap",
-                     "receipts_lock_timeout", "receipts_read_timeout"):
+                     "receipts_lock_timeout", "receipts_read_timeout", "receipts_approval_timeout"):
             if getattr(opts, name) <= 0:
                 raise exceptions.OptionsError(f"{name} must be a positive number, not {getattr(opts, name)}")
         if "receipts_rules" in updated or self.rules is None:
@@ -287,7 +291,7 @@ class Receipts:
                 target=intent.target, intent_fingerprint=intent.fingerprint, intent=intent.intent,
                 principal=intent.principal, flow_id=flow.id, instance=instance,
                 client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
-                idempotency=op.idempotency_header is not None,
+                idempotency=op.idempotency_header is not None, approval=op.approve,
             )
             return store.begin_attempt(attempt, after_success=op.after_success, replay_window=replay_window,
                                        record_duplicate=record)
@@ -312,6 +316,10 @@ class Receipts:
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward":
             meta["retry_of"] = receipt.retry_of
+            if receipt.state is State.AWAITING_APPROVAL:
+                receipt = await self._await_approval(flow, meta, receipt)
+                if receipt.state is not State.SUBMITTED:
+                    return
             self._outcomes[receipt.operation_id] = asyncio.Event()
             if op.idempotency_header and receipt.idempotency_key and agent_key_header not in view.headers:
                 flow.request.headers[op.idempotency_header] = receipt.idempotency_key
@@ -325,6 +333,43 @@ class Receipts:
             self._answer_replay(flow, receipt)
         else:
             self._answer_blocked(flow, receipt, decision.kind)
+
+    async def _await_approval(self, flow: http.HTTPFlow, meta: dict, receipt: Receipt) -> Receipt:
+        """
+        Hold the request with mitmproxy's own intercept until an operator resumes it (approve:
+        the receipt becomes submitted and the request is sent) or kills it (deny: rejected,
+        "denied by operator"), or until receipts_approval_timeout passes (denied too). The
+        agent gets a 403 that says so when denied. The wait holds no thread.
+        """
+        loop, store = asyncio.get_running_loop(), self.store
+        assert store is not None
+        flow.intercept()
+        self._mark(flow, State.AWAITING_APPROVAL, receipt, prefix="AWAITING APPROVAL (resume to send, kill to deny): ")
+        ctx.master.addons.trigger(hooks.UpdateHook([flow]))
+        logger.warning(f"receipt {receipt.operation_id} {receipt.api} {receipt.operation}: awaiting approval in mitmweb")
+        deadline = loop.time() + ctx.options.receipts_approval_timeout
+        killed = lambda: flow.error is not None and flow.error.msg == Error.KILLED_MESSAGE  # noqa: E731
+        while flow.intercepted and not killed() and loop.time() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flow.wait_for_resume(), 0.25)
+        if not flow.intercepted and not killed():
+            to, reason = State.SUBMITTED, "approved by operator"
+        elif killed():
+            to, reason = State.REJECTED, "denied by operator"
+        else:
+            to, reason = State.REJECTED, f"denied: no decision within receipts_approval_timeout ({ctx.options.receipts_approval_timeout}s)"
+        receipt = await loop.run_in_executor(self._executor, lambda: store.transition(
+            receipt.operation_id, to, reason=reason, actor="mitmweb operator" if "operator" in reason else "proxy",
+            expect=[State.AWAITING_APPROVAL], flow_id=flow.id, **({} if to is State.SUBMITTED else {"error": reason})))
+        meta["state"] = str(receipt.state)
+        self._mark(flow, receipt.state, receipt)
+        if to is not State.SUBMITTED:
+            meta["outcome"] = str(to)
+            # Answer the agent even when the flow was killed: undo the kill, send a 403 that says why.
+            flow.error, flow.live, flow.intercepted = None, True, False
+            flow.response = answers.denied(receipt, reason)
+            logger.warning(f"receipt {receipt.operation_id}: {reason}")
+        return receipt
 
     async def _debug_pause(self, point: str, operation_id: str) -> None:
         name, _, seconds = ctx.options.receipts_debug_pause.partition(":")

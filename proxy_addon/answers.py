@@ -17,6 +17,7 @@ from proxy_addon.states import State
 from proxy_addon.store import Receipt, RecordedResponse
 
 MARKERS: dict[Any, str] = {  # mitmweb shows `:emoji_name:` markers (mitmproxy.utils.emoji)
+    State.AWAITING_APPROVAL: ":pause_button:",
     State.SUBMITTED: ":outbox_tray:",
     State.SUCCEEDED: ":white_check_mark:",
     State.REJECTED: ":x:",
@@ -31,6 +32,7 @@ MARKERS: dict[Any, str] = {  # mitmweb shows `:emoji_name:` markers (mitmproxy.u
 }
 
 HINTS = {
+    State.AWAITING_APPROVAL: "the first attempt is waiting for an operator's approval in mitmweb",
     State.SUBMITTED: "the first attempt is still in flight; wait for its outcome before retrying",
     State.OUTCOME_UNKNOWN: "the first attempt's outcome is unknown; reconcile it before retrying",
     State.RECONCILING: "the first attempt is being reconciled; retry after it settles",
@@ -127,3 +129,12 @@ def recorded(resp: http.Response, cap: int) -> tuple[RecordedResponse, bytes]:
         body=body[:cap],
         truncated=len(body) > cap,
     ), body
+
+
+def denied(receipt: Receipt, reason: str) -> http.Response:
+    """The answer when an operator denies a held request, or nobody decided in time."""
+    return json_response(403, {
+        "error": "denied_by_operator", "operation_id": receipt.operation_id, "api": receipt.api,
+        "operation": receipt.operation, "state": str(receipt.state), "reason": reason, "sent": False,
+        "hint": "the request was not sent; ask the operator before trying it again",
+    }, receipt_headers(receipt))

@@ -97,6 +97,7 @@ class Operation:
     source: str = ""
     reconcile: ReconcileSpec | None = None
     idempotency_header: str | None = None  # the API deduplicates by this header; the proxy adds it
+    approve: bool = False  # an operator approves each request in mitmweb before it is sent
     credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
 
 
@@ -330,7 +331,7 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
     op = ctx.mapping(
         node, f,
         ("description", "match", "fingerprint", "external_id", "after_success", "classify",
-         "reconcile", "idempotency_key"),
+         "reconcile", "idempotency_key", "approve"),
         ("match",),
     )
     if "description" in op:
@@ -385,11 +386,14 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
         if not _HEADER.match(idempotency_header):
             raise ctx.error(key["header"][1], f"{f}.idempotency_key.header", f"{idempotency_header!r} is not a valid header name")
 
+    approve = _boolean(ctx, op["approve"][1], f"{f}.approve") if "approve" in op else False
+
     return Operation(
         api=api, name=name, method=method, path=path, fingerprint=fp,
         credential_headers=credential_headers, external_id=external_id,
         after_success=after_success, classify=tuple(classify), source=ctx.source,
         reconcile=reconcile, idempotency_header=idempotency_header, credentials_env=credentials_env,
+        approve=approve,
     )
 
 

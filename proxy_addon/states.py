@@ -1,6 +1,9 @@
 """
 Receipt states and the one table of legal transitions.
 
+    awaiting_approval ─┬─ (approved) submitted
+                       └─ rejected (denied by an operator) · not_sent (the proxy stopped)
+
     submitted ─┬─ succeeded
                ├─ rejected           explicit refusal (4xx)
                ├─ not_sent           provably never left the proxy
@@ -20,6 +23,7 @@ import enum
 
 
 class State(enum.StrEnum):
+    AWAITING_APPROVAL = "awaiting_approval"  # held in mitmweb until an operator resumes or kills it
     SUBMITTED = "submitted"
     SUCCEEDED = "succeeded"
     REJECTED = "rejected"
@@ -32,7 +36,7 @@ class State(enum.StrEnum):
 
 # While a fingerprint has a receipt in one of these states, an identical request is blocked.
 UNRESOLVED: frozenset[State] = frozenset(
-    {State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW}
+    {State.AWAITING_APPROVAL, State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW}
 )
 
 # A duplicate of a receipt in one of these states is forwarded as a new attempt (retry_of set).
@@ -45,6 +49,8 @@ TERMINAL: frozenset[State] = frozenset({State.SUCCEEDED, State.REJECTED, State.N
 RESOLUTIONS: tuple[State, ...] = (State.SUCCEEDED, State.SAFE_TO_RETRY, State.REJECTED)
 
 TRANSITIONS: dict[State, frozenset[State]] = {
+    # approved → sent; denied by the operator or timed out → rejected; the proxy stopped → not sent
+    State.AWAITING_APPROVAL: frozenset({State.SUBMITTED, State.REJECTED, State.NOT_SENT}),
     State.SUBMITTED: frozenset(
         {State.SUCCEEDED, State.REJECTED, State.NOT_SENT, State.OUTCOME_UNKNOWN}
     ),

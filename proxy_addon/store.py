@@ -68,6 +68,7 @@ class Attempt:
     instance: str | None = None
     client_key: str | None = None  # keyed hash of the agent's own Idempotency-Key and principal
     idempotency: bool = False  # the operation's API deduplicates by an idempotency key we add
+    approval: bool = False  # held for an operator's approval before it is sent
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,16 @@ def m002_prunable_events_and_idempotency_keys(db: Database) -> None:
     db.execute("ALTER TABLE receipts ADD COLUMN client_key TEXT")
     db.execute("CREATE INDEX receipts_by_client_key ON receipts(client_key) WHERE client_key IS NOT NULL")
     db.execute("CREATE INDEX receipt_events_by_time ON receipt_events(at)")
+
+
+@migrations()
+def m003_awaiting_approval_is_unresolved(db: Database) -> None:
+    db.execute("DROP INDEX receipts_one_unresolved_per_fingerprint")
+    unresolved = ", ".join(f"'{s}'" for s in sorted(UNRESOLVED))
+    db.execute(
+        f"CREATE UNIQUE INDEX receipts_one_unresolved_per_fingerprint "
+        f"ON receipts(intent_fingerprint) WHERE state IN ({unresolved})"
+    )
 
 
 _RECEIPT_COLUMNS = (
@@ -400,6 +411,7 @@ class Store:
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
             raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
         operation_id = new_operation_id(now)
+        first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
         idempotency_key = None
         if a.idempotency:
             # A retry of an attempt that provably did not happen reuses its key, so the server can
@@ -407,7 +419,7 @@ class Store:
             reuse = latest is not None and latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY)
             idempotency_key = (latest.idempotency_key if reuse else None) or f"receipt-{operation_id}"
         values = (
-            operation_id, a.api, a.operation, a.method, a.target, State.SUBMITTED,
+            operation_id, a.api, a.operation, a.method, a.target, first_state,
             a.intent_fingerprint, json.dumps(a.intent, sort_keys=True), a.principal, at, at,
             a.flow_id, retry_of, a.instance, idempotency_key, a.client_key,
         )
@@ -416,7 +428,7 @@ class Store:
             values,
         )
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
-        self._event(operation_id, "transition", None, State.SUBMITTED, reason, actor, a.flow_id, at)
+        self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
         return Decision("forward", self.get(operation_id))
 
     def _unresolved_for(self, fingerprint: str) -> Receipt | None:
@@ -562,24 +574,25 @@ class Store:
     def recover_in_flight(self, *, is_alive: Callable[[str | None], bool], actor: str = "proxy") -> list[str]:
         """
         Receipts left `submitted` (or `reconciling`) by a proxy instance that is no longer
-        running become `outcome_unknown`: the request may have left. Returns their ids.
+        running become `outcome_unknown`: the request may have left; `awaiting_approval` ones
+        become `not_sent`: they never left. Returns their ids.
         """
         rows = self.conn.execute(
-            "SELECT operation_id, state, instance FROM receipts WHERE state IN (?, ?)",
-            (State.SUBMITTED, State.RECONCILING),
+            "SELECT operation_id, state, instance FROM receipts WHERE state IN (?, ?, ?)",
+            (State.SUBMITTED, State.RECONCILING, State.AWAITING_APPROVAL),
         ).fetchall()
         recovered = []
+        outcomes = {
+            State.SUBMITTED: (State.OUTCOME_UNKNOWN, "proxy stopped while the request was in flight"),
+            State.RECONCILING: (State.OUTCOME_UNKNOWN, "proxy stopped while reconciling"),
+            State.AWAITING_APPROVAL: (State.NOT_SENT, "proxy stopped while the request awaited approval"),
+        }
         for operation_id, state, instance in rows:
             if is_alive(instance):
                 continue
-            reason = (
-                "proxy stopped while the request was in flight"
-                if state == State.SUBMITTED
-                else "proxy stopped while reconciling"
-            )
+            to, reason = outcomes[State(state)]
             try:
-                self.transition(operation_id, State.OUTCOME_UNKNOWN, reason=reason, actor=actor,
-                                expect=[State(state)], error=reason)
+                self.transition(operation_id, to, reason=reason, actor=actor, expect=[State(state)], error=reason)
             except IllegalTransition:
                 continue  # another process moved it on meanwhile
             recovered.append(operation_id)

@@ -19,6 +19,10 @@ operations:
     match: {method: POST, path: /v1/orders}
     fingerprint: {body: [sku]}
     external_id: order.id
+  refunds.create:
+    match: {method: POST, path: /v1/refunds}
+    fingerprint: {body: [sku]}
+    approve: true
 """
 
 
@@ -157,3 +161,69 @@ def test_bad_options_are_refused(setup, option, value, message):
     addon, tctx, _ = setup
     with pytest.raises(exceptions.OptionsError, match=message):
         tctx.configure(addon, **{option: value})
+
+
+async def test_approval_gate_approve(setup):
+    import asyncio
+
+    addon, _, tmp = setup
+    f = order("R-1", path="/v1/refunds")
+    addon.requestheaders(f)
+    task = asyncio.create_task(addon.request(f))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if f.intercepted:
+            break
+    assert f.intercepted and f.marked == MARKERS["awaiting_approval"]
+    assert f.comment.startswith("AWAITING APPROVAL")
+    operation_id = f.metadata["receipts"]["operation_id"]
+    assert Store.open(tmp / "r.db", create=False).get(operation_id).state == "awaiting_approval"
+    dup = order("R-1", path="/v1/refunds")  # a duplicate while it waits is blocked
+    await send(addon, dup)
+    assert (dup.response.status_code, dup.response.json()["state"]) == (409, "awaiting_approval")
+    f.resume()
+    await asyncio.wait_for(task, 5)
+    assert f.response is None  # approved: forwarded
+    r = Store.open(tmp / "r.db", create=False)
+    assert r.get(operation_id).state == "submitted"
+    assert [e.reason for e in r.events(operation_id)][-1] == "approved by operator"
+
+
+async def test_approval_gate_deny_by_kill(setup):
+    import asyncio
+
+    addon, _, tmp = setup
+    f = order("R-2", path="/v1/refunds")
+    addon.requestheaders(f)
+    task = asyncio.create_task(addon.request(f))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if f.intercepted:
+            break
+    f.kill()
+    await asyncio.wait_for(task, 5)
+    assert f.error is None and f.live  # un-killed, so the agent gets an answer
+    assert f.response.status_code == 403
+    assert (f.response.json()["error"], f.response.json()["reason"]) == ("denied_by_operator", "denied by operator")
+    r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
+    assert (r.state, r.error) == ("rejected", "denied by operator")
+    retry = order("R-2", path="/v1/refunds")  # a rejected receipt lets a new attempt through, held again
+    addon.requestheaders(retry)
+    retry_task = asyncio.create_task(addon.request(retry))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if retry.intercepted:
+            break
+    assert retry.intercepted
+    retry.kill()
+    await asyncio.wait_for(retry_task, 5)
+
+
+async def test_approval_gate_times_out(setup):
+    addon, tctx, tmp = setup
+    tctx.configure(addon, receipts_approval_timeout=1)
+    f = order("R-3", path="/v1/refunds")
+    await send(addon, f)
+    assert f.response.status_code == 403
+    assert "no decision within receipts_approval_timeout (1s)" in f.response.json()["reason"]
+    assert Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"]).state == "rejected"

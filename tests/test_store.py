@@ -136,7 +136,8 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
     s = Store.open(db_path, clock=clock)
     rows = s.conn.execute("SELECT migration_set, name, applied_at FROM _sqlite_migrations").fetchall()
     assert [(r[0], r[1]) for r in rows] == [
-        ("receipt-proxy", "m001_receipts"), ("receipt-proxy", "m002_prunable_events_and_idempotency_keys")]
+        ("receipt-proxy", "m001_receipts"), ("receipt-proxy", "m002_prunable_events_and_idempotency_keys"),
+        ("receipt-proxy", "m003_awaiting_approval_is_unresolved")]
     forward(s)
     s.close()
 
@@ -227,7 +228,7 @@ def test_new_attempt_is_forwarded_with_a_submitted_receipt(store, clock):
     assert n_receipts(store) == 1
 
 
-@pytest.mark.parametrize("state", sorted(UNRESOLVED), ids=str)
+@pytest.mark.parametrize("state", sorted(UNRESOLVED - {State.AWAITING_APPROVAL}), ids=str)
 def test_duplicate_while_unresolved_is_blocked(store, clock, state):
     op = forward(store)
     walk(store, op, *PATH[state])
@@ -419,7 +420,7 @@ def test_expect_with_a_source_the_table_forbids(store):
 def test_transition_to_submitted_is_refused(store):
     op = forward(store)
     walk(store, op, State.REJECTED)
-    with pytest.raises(IllegalTransition, match="nothing may move to submitted"):
+    with pytest.raises(IllegalTransition, match="rejected → submitted is not allowed"):
         store.transition(op, State.SUBMITTED, reason="x")
     assert store.get(op).state is State.REJECTED
 
@@ -786,3 +787,14 @@ def test_duplicate_counts(store, clock):
     assert store.duplicate_counts([op, "missing"]) == {op: {"blocked": 2, "replayed": 0},
                                                         "missing": {"blocked": 0, "replayed": 0}}
     assert store.duplicate_counts([]) == {}
+
+
+def test_an_attempt_awaiting_approval_blocks_duplicates_and_settles(store, clock):
+    d = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://x/y",
+                                    intent_fingerprint="fp-approve", intent={}, principal="p", approval=True))
+    assert (d.kind, d.receipt.state) == ("forward", State.AWAITING_APPROVAL)
+    dup = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://x/y",
+                                      intent_fingerprint="fp-approve", intent={}, principal="p"))
+    assert (dup.kind, dup.receipt.operation_id) == ("blocked", d.receipt.operation_id)
+    store.transition(d.receipt.operation_id, State.SUBMITTED, reason="approved by operator", actor="mitmweb")
+    assert store.get(d.receipt.operation_id).state is State.SUBMITTED
