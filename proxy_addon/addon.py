@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from mitmproxy import ctx, exceptions, hooks, http
+from mitmproxy import command, contentviews, ctx, exceptions, hooks, http
+from mitmproxy import flow as mflow
 from mitmproxy.flow import Error
 from mitmproxy.addonmanager import Loader
 
 if __package__ != "proxy_addon":  # loaded with `mitmdump -s path/to/addon.py` from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy_addon import answers, exchange, instances
+from proxy_addon import answers, exchange, instances, web
 from proxy_addon.classify import classify_error, classify_status, external_id_of
 from proxy_addon.errors import IllegalTransition, ReceiptsError, RulesError, StoreError
 from proxy_addon.fingerprint import RequestView, fingerprint, keyed_hash, load_or_create_key
@@ -39,7 +40,7 @@ from proxy_addon.reconcile import (
     Verdict, credentials_from, describe, finish, judge, perform_read_async, plan_read,
 )
 from proxy_addon.rules import DEFAULT_RULES, Match, Operation, RuleSet, host_pattern, load_rules_path, rules_signature
-from proxy_addon.states import State
+from proxy_addon.states import RESOLUTIONS, State
 from proxy_addon.store import Attempt, Decision, Receipt, Store
 
 logger = logging.getLogger("receipt_proxy")
@@ -102,11 +103,20 @@ class Receipts:
         self._client: httpx.AsyncClient | None = None  # sends matched requests (receipts_forward=addon)
         self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
         self._allow_hosts: list[str] = []  # the allow_hosts we derived from the rules
+        self._read_store: Store | None = None
+        self._view = web.ReceiptView(self._reader)
         self._client_config: tuple | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
+    def _reader(self) -> Store | None:
+        """A connection for reads on the event loop's thread (the content view, commands)."""
+        if self._read_store is None and self.store is not None and self.store.path:
+            self._read_store = Store.open(self.store.path, create=False)
+        return self._read_store
+
     def load(self, loader: Loader) -> None:
+        contentviews.add(self._view)
         # httpx logs every request URL at INFO, query tokens included; our own lines redact them.
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -154,6 +164,9 @@ class Receipts:
             raise exceptions.OptionsError(f"receipts_db: {e}") from None
         instance, lock_fd = instances.claim(db)
         old_store, old_lock, old_executor = self.store, self._instance_lock, self._executor
+        if self._read_store is not None:
+            self._read_store.close()
+            self._read_store = None
         self.store, self.key, self.instance, self._instance_lock = store, key, instance, lock_fd
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="receipts-store")
         self._config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
@@ -209,6 +222,9 @@ class Receipts:
             self._watcher = asyncio.get_running_loop().create_task(self._watch_rules())
 
     async def done(self) -> None:
+        contentviews.remove(self._view)
+        if self._read_store is not None:
+            self._read_store.close()
         if self._client is not None:
             await self._client.aclose()
         if self._watcher:
@@ -364,12 +380,68 @@ class Receipts:
         meta["state"] = str(receipt.state)
         self._mark(flow, receipt.state, receipt)
         if to is not State.SUBMITTED:
-            meta["outcome"] = str(to)
+            meta["outcome"], meta["answer"] = str(to), "denied"
             # Answer the agent even when the flow was killed: undo the kill, send a 403 that says why.
             flow.error, flow.live, flow.intercepted = None, True, False
             flow.response = answers.denied(receipt, reason)
             logger.warning(f"receipt {receipt.operation_id}: {reason}")
         return receipt
+
+    # --- commands (mitmproxy's command prompt; mitmweb users reach them through the console) ---
+
+    def _flow_receipt(self, f: mflow.Flow) -> tuple[dict, Receipt]:
+        meta = web._meta(f)
+        reader = self._reader()
+        if meta is None or reader is None:
+            raise exceptions.CommandError("this flow has no receipt")
+        return meta, reader.get(meta["operation_id"])
+
+    @command.command("receipts.show")
+    def show(self, f: mflow.Flow) -> str:
+        """The receipt behind a flow, with its history: receipts.show @focus"""
+        meta, receipt = self._flow_receipt(f)
+        return web.describe(self._reader(), receipt.operation_id, answer=meta.get("answer"))  # type: ignore[arg-type]
+
+    @command.command("receipts.reconcile")
+    def reconcile_flow(self, f: mflow.Flow) -> str:
+        """Look for the effect of a flow's unknown outcome with a read, using that flow's credentials: receipts.reconcile @focus"""
+        meta, receipt = self._flow_receipt(f)
+        op = self._operation(meta)
+        if receipt.state not in (State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW):
+            raise exceptions.CommandError(f"receipt {receipt.operation_id} is {receipt.state}; "
+                                          "only outcome_unknown and manual_review receipts are reconciled")
+        if op is None:
+            raise exceptions.CommandError(f"the rules no longer have {receipt.api} {receipt.operation}")
+        credentials = credentials_from(op, {k.lower(): v for k, v in f.request.headers.items()})  # type: ignore[attr-defined]
+        asyncio.get_running_loop().create_task(self._reconcile_inline(op, receipt, credentials, from_command=True))
+        return f"reconciling receipt {receipt.operation_id}; its flow's comment shows the result"
+
+    @command.command("receipts.resolve")
+    def resolve_flow(self, f: mflow.Flow, state: str, note: str) -> str:
+        """Settle a flow's receipt by hand: receipts.resolve @focus succeeded|safe_to_retry|rejected "why" """
+        _, receipt = self._flow_receipt(f)
+        if state not in {s.value for s in RESOLUTIONS}:
+            raise exceptions.CommandError(f"resolve as one of {', '.join(RESOLUTIONS)}, not {state!r}")
+        store = self.store
+        assert store is not None and self._executor is not None
+        try:
+            done = self._executor.submit(store.resolve, receipt.operation_id, State(state), note=note,
+                                         actor="mitmweb operator").result(timeout=ctx.options.receipts_lock_timeout + 1)
+        except (ReceiptsError, ValueError) as e:
+            raise exceptions.CommandError(str(e)) from None
+        self._refresh_flow(done)
+        return f"receipt {done.operation_id} is now {done.state}"
+
+    def _refresh_flow(self, receipt: Receipt) -> None:
+        """Keep the original flow's comment and marker in step with its receipt while mitmweb shows it."""
+        view = ctx.master.addons.get("view")
+        f = view.get_by_id(receipt.flow_id) if view is not None and receipt.flow_id else None
+        if f is None:
+            return
+        if META in f.metadata:
+            f.metadata[META]["state"] = str(receipt.state)
+        self._mark(f, receipt.state, receipt)
+        ctx.master.addons.trigger(hooks.UpdateHook([f]))
 
     async def _debug_pause(self, point: str, operation_id: str) -> None:
         name, _, seconds = ctx.options.receipts_debug_pause.partition(":")
@@ -410,7 +482,8 @@ class Receipts:
         await self._debug_pause("after_answer", meta["operation_id"])
         await self._record_response(flow, meta)
 
-    async def _reconcile_inline(self, op: Operation, receipt: Receipt, credentials: dict[str, str]) -> None:
+    async def _reconcile_inline(self, op: Operation, receipt: Receipt, credentials: dict[str, str],
+                                from_command: bool = False) -> None:
         """
         Resolve an outcome_unknown receipt while its duplicate waits, with the duplicate's own
         credentials (nothing is stored). Concurrent duplicates in this process share one read;
@@ -420,15 +493,17 @@ class Receipts:
         if running is not None:
             await asyncio.shield(running)
             return
-        task = asyncio.get_running_loop().create_task(self._run_reconcile(op, receipt, credentials))
+        task = asyncio.get_running_loop().create_task(self._run_reconcile(op, receipt, credentials, from_command))
         self._reconciles[receipt.operation_id] = task
         try:
             await asyncio.shield(task)
         finally:
             self._reconciles.pop(receipt.operation_id, None)
 
-    async def _run_reconcile(self, op: Operation, receipt: Receipt, credentials: dict[str, str]) -> None:
-        loop, store, actor = asyncio.get_running_loop(), self.store, "proxy (inline reconcile)"
+    async def _run_reconcile(self, op: Operation, receipt: Receipt, credentials: dict[str, str],
+                             from_command: bool = False) -> None:
+        loop, store = asyncio.get_running_loop(), self.store
+        actor = "mitmweb operator (receipts.reconcile)" if from_command else "proxy (inline reconcile)"
         assert store is not None
         try:
             claimed = await loop.run_in_executor(self._executor, lambda: store.claim_for_reconcile(
@@ -454,6 +529,7 @@ class Receipts:
             verdict = Verdict(State.MANUAL_REVIEW, f"reconcile failed: {type(e).__name__}: {e}")
         done = await loop.run_in_executor(self._executor, lambda: finish(store, claimed, verdict, actor=actor))
         logger.warning(f"receipt {done.operation_id} {done.api} {done.operation}: {done.state} ({verdict.reason})")
+        self._refresh_flow(done)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         meta = self._awaiting_outcome(flow)

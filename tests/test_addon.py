@@ -227,3 +227,80 @@ async def test_approval_gate_times_out(setup):
     assert f.response.status_code == 403
     assert "no decision within receipts_approval_timeout (1s)" in f.response.json()["reason"]
     assert Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"]).state == "rejected"
+
+
+async def unknown(addon, sku: str) -> http.HTTPFlow:
+    f = order(sku)
+    await send(addon, f)
+    f.error = Error("server closed connection")
+    f.server_conn.timestamp_tcp_setup = f.server_conn.timestamp_tls_setup = 1.0
+    await addon.error(f)
+    return f
+
+
+async def test_receipt_content_view(setup):
+    from mitmproxy import contentviews
+
+    addon, _, _ = setup
+    first = await unknown(addon, "V-1")
+    dup = order("V-1")
+    await send(addon, dup)
+    original = first.metadata["receipts"]["operation_id"]
+    shown = contentviews.prettify_message(dup.response, dup)  # chosen by itself for the proxy's answer
+    assert shown.view_name == "Receipt"
+    assert f"BLOCKED: a duplicate of receipt {original} (now outcome_unknown)" in shown.text
+    assert "submitted → outcome_unknown" in shown.text and "blocked duplicate" in shown.text
+    assert '"sku": "V-1"' in shown.text and "t0k3n" not in shown.text
+    mine = contentviews.prettify_message(first.request, first, view_name="Receipt")
+    assert mine.text.startswith(f"receipt          {original}")
+    assert contentviews.prettify_message(first.request, first).view_name != "Receipt"  # by choice for forwarded flows
+
+
+async def test_commands_show_resolve_and_refuse(setup):
+    from mitmproxy import exceptions
+
+    addon, _, tmp = setup
+    f = await unknown(addon, "C-1")
+    assert "state            outcome_unknown" in addon.show(f)
+    assert addon.resolve_flow(f, "safe_to_retry", "not on the dashboard") == (
+        f"receipt {f.metadata['receipts']['operation_id']} is now safe_to_retry")
+    r = Store.open(tmp / "r.db", create=False).events(f.metadata["receipts"]["operation_id"])
+    assert [(e.to_state, e.actor) for e in r[-2:]] == [("manual_review", "mitmweb operator"), ("safe_to_retry", "mitmweb operator")]
+    with pytest.raises(exceptions.CommandError, match="only outcome_unknown and manual_review"):
+        addon.resolve_flow(f, "succeeded", "again")
+    with pytest.raises(exceptions.CommandError, match="resolve as one of"):
+        addon.resolve_flow(await unknown(addon, "C-2"), "maybe", "x")
+    with pytest.raises(exceptions.CommandError, match="no receipt"):
+        addon.show(order(path="/v1/health"))
+
+
+async def test_reconcile_command_without_a_spec_goes_to_manual_review(setup):
+    import asyncio
+
+    addon, _, tmp = setup
+    f = await unknown(addon, "C-3")
+    assert addon.reconcile_flow(f).startswith("reconciling receipt")
+    store = Store.open(tmp / "r.db", create=False)
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if store.get(f.metadata["receipts"]["operation_id"]).state == "manual_review":
+            break
+    events = store.events(f.metadata["receipts"]["operation_id"])
+    assert events[-1].to_state == "manual_review"
+    assert events[-1].actor == "mitmweb operator (receipts.reconcile)"
+
+
+async def test_the_original_flow_comment_follows_its_receipt(setup):
+    from mitmproxy.addons import view
+
+    addon, tctx, _ = setup
+    v = view.View()
+    tctx.master.addons.add(v)
+    first = await unknown(addon, "U-1")
+    v.add([first])
+    assert first.comment.endswith("outcome_unknown") and first.marked == MARKERS["outcome_unknown"]
+    dup = order("U-1")
+    await send(addon, dup)
+    addon.resolve_flow(dup, "succeeded", "the order exists")  # resolved from the duplicate's flow
+    assert first.comment.endswith("· succeeded")
+    assert first.marked == MARKERS["succeeded"]

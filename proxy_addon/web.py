@@ -1,0 +1,83 @@
+"""
+The receipts story in mitmweb: a "Receipt" content view and `receipts.*` commands.
+
+- The Receipt view shows a flow's receipt: state, fingerprint, sanitized intent and event
+  history. For a blocked or replayed duplicate it shows the original receipt. mitmproxy
+  picks it by itself for the proxy's own answers (blocked, replayed, denied); for other
+  matched flows choose "Receipt" in the body's view menu.
+- Commands (mitmproxy's command prompt, `:` in mitmproxy; mitmweb 12 has no command bar,
+  but its flows API and the console run them): `receipts.show @focus`,
+  `receipts.reconcile @focus`, `receipts.resolve @focus succeeded "the post is live"`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from mitmproxy import contentviews, flow
+from mitmproxy.contentviews import Metadata
+
+from proxy_addon.store import Receipt, Store
+
+META = "receipts"
+ANSWERED = ("blocked", "replay", "blocked_succeeded", "key_conflict", "denied")  # the proxy answered
+
+
+def describe(store: Store, operation_id: str, *, answer: str | None = None) -> str:
+    """A receipt as readable text: its fields, intent and history."""
+    r = store.get(operation_id)
+    lines = []
+    if answer in ANSWERED:
+        if answer == "denied":
+            lines += [f"This request was DENIED (receipt {r.operation_id}); it was not sent.", ""]
+        else:
+            verb = "REPLAYED from" if answer == "replay" else "BLOCKED: a duplicate of"
+            lines += [f"This request was {verb} receipt {r.operation_id} (now {r.state}); it was not sent.", ""]
+    lines += _fields(r)
+    lines += ["", "intent (the allowlisted fields; credentials are never stored):"]
+    lines += ["  " + line for line in json.dumps(r.intent, indent=2, sort_keys=True).splitlines()]
+    lines += ["", "history:"]
+    for e in store.events(r.operation_id):
+        change = f"{e.from_state or '(new)'} → {e.to_state}" if e.event == "transition" else f"{e.event} duplicate"
+        lines.append(f"  {e.at}  {change:36}  {e.actor:18}  {e.reason}")
+    return "\n".join(lines) + "\n"
+
+
+def _fields(r: Receipt) -> list[str]:
+    rows = [
+        ("receipt", r.operation_id), ("operation", f"{r.api} {r.operation}"), ("state", r.state),
+        ("target", f"{r.method} {r.target}"), ("fingerprint", r.intent_fingerprint),
+        ("submitted", r.submitted_at), ("completed", r.completed_at), ("http status", r.http_status),
+        ("external id", r.external_id), ("error", r.error), ("retry of", r.retry_of),
+        ("idempotency key", r.idempotency_key),
+    ]
+    return [f"{k:16} {v}" for k, v in rows if v not in (None, "")]
+
+
+class ReceiptView(contentviews.Contentview):
+    """mitmproxy content view: the receipt behind a matched flow."""
+
+    name = "Receipt"
+    syntax_highlight = "yaml"
+
+    def __init__(self, reader: Callable[[], Store | None]):
+        self.reader = reader
+
+    def prettify(self, data: bytes, metadata: Metadata) -> str:
+        meta = _meta(metadata.flow)
+        store = self.reader()
+        if not meta or store is None:
+            raise ValueError("this flow has no receipt")
+        return describe(store, meta["operation_id"], answer=meta.get("answer"))
+
+    def render_priority(self, data: bytes, metadata: Metadata) -> float:
+        meta = _meta(metadata.flow)
+        if not meta:
+            return -1
+        return 2 if meta.get("answer") in ANSWERED else 0.05  # ours for the proxy's own answers; else by choice
+
+
+def _meta(f: flow.Flow | None) -> dict | None:
+    meta = f.metadata.get(META) if f is not None else None
+    return meta if meta and "operation_id" in meta else None
