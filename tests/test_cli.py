@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as dt
 import getpass
 import http.client
@@ -799,9 +801,12 @@ class Recon:
     def receipt(self, title: str, *, kind: str = "things", state: State = State.OUTCOME_UNKNOWN,
                 api: str = "test-api", operation: str | None = None) -> str:
         """The receipt of `attempt(...)`, moved to `state`."""
-        rid = self.store.begin_attempt(self.attempt(title, kind=kind, api=api, operation=operation)).receipt.operation_id
+        attempt = self.attempt(title, kind=kind, api=api, operation=operation)
+        if state is State.AWAITING_APPROVAL:  # created as one: its operation needs approval
+            attempt = dataclasses.replace(attempt, approval=True)
+        rid = self.store.begin_attempt(attempt).receipt.operation_id
         steps = {
-            State.SUBMITTED: [], State.SUCCEEDED: [State.SUCCEEDED], State.REJECTED: [State.REJECTED],
+            State.AWAITING_APPROVAL: [], State.SUBMITTED: [], State.SUCCEEDED: [State.SUCCEEDED], State.REJECTED: [State.REJECTED],
             State.NOT_SENT: [State.NOT_SENT], State.OUTCOME_UNKNOWN: [State.OUTCOME_UNKNOWN],
             State.MANUAL_REVIEW: [State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW],
             State.SAFE_TO_RETRY: [State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW, State.SAFE_TO_RETRY],
