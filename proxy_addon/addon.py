@@ -299,32 +299,44 @@ class Receipts:
         assert key is not None
         agent_key_header = (op.idempotency_header or "Idempotency-Key").lower()
 
-        def decide(record: bool = True) -> Decision:
-            intent = fingerprint(m, view, key)
-            agent_key = view.headers.get(agent_key_header)
-            attempt = Attempt(
-                api=op.api, operation=op.name, method=view.method,
-                target=intent.target, intent_fingerprint=intent.fingerprint, intent=intent.intent,
-                principal=intent.principal, flow_id=flow.id, instance=instance,
-                client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
-                idempotency=op.idempotency_header is not None, approval=op.approve,
+        wait_submitted = ctx.options.receipts_wait_submitted
+
+        def follows_up(d: Decision) -> bool:
+            """A duplicate that first waits for the original's outcome, or reconciles it."""
+            state = d.receipt.state
+            return d.kind == "blocked" and (
+                (state is State.SUBMITTED and wait_submitted > 0)
+                or (state is State.OUTCOME_UNKNOWN and (op.reconcile is not None or op.idempotency_header is not None))
             )
-            return store.begin_attempt(attempt, after_success=op.after_success, replay_window=replay_window,
-                                       record_duplicate=record)
+
+        attempts: list[Attempt] = []  # fingerprinted once, in the store's thread
+
+        def decide(final: bool) -> Decision:
+            if not attempts:
+                intent = fingerprint(m, view, key)
+                agent_key = view.headers.get(agent_key_header)
+                attempts.append(Attempt(
+                    api=op.api, operation=op.name, method=view.method,
+                    target=intent.target, intent_fingerprint=intent.fingerprint, intent=intent.intent,
+                    principal=intent.principal, flow_id=flow.id, instance=instance,
+                    client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
+                    idempotency=op.idempotency_header is not None, approval=op.approve,
+                ))
+            # Only the answer a duplicate finally gets is recorded.
+            return store.begin_attempt(attempts[0], after_success=op.after_success, replay_window=replay_window,
+                                       record_duplicate=True if final else (lambda d: not follows_up(d)))
 
         loop = asyncio.get_running_loop()
         try:
-            # Peek first: a duplicate may wait for the original's outcome or reconcile it, and
-            # only the answer it finally gets is recorded.
             decision = await loop.run_in_executor(self._executor, decide, False)
-            receipt = decision.receipt
-            if decision.kind == "blocked" and receipt.state is State.SUBMITTED and ctx.options.receipts_wait_submitted:
-                await self._wait_for_outcome(receipt.operation_id, ctx.options.receipts_wait_submitted)
-                receipt = await loop.run_in_executor(self._executor, store.get, receipt.operation_id)
-            if decision.kind == "blocked" and receipt.state is State.OUTCOME_UNKNOWN and (op.reconcile or op.idempotency_header):
-                await self._reconcile_inline(op, receipt, credentials_from(op, view.headers))
-            if decision.kind != "forward":
-                decision = await loop.run_in_executor(self._executor, decide)
+            if follows_up(decision):
+                receipt = decision.receipt
+                if receipt.state is State.SUBMITTED:
+                    await self._wait_for_outcome(receipt.operation_id, wait_submitted)
+                    receipt = await loop.run_in_executor(self._executor, store.get, receipt.operation_id)
+                if receipt.state is State.OUTCOME_UNKNOWN and (op.reconcile or op.idempotency_header):
+                    await self._reconcile_inline(op, receipt, credentials_from(op, view.headers))
+                decision = await loop.run_in_executor(self._executor, decide, True)
         except StoreError as e:
             self._answer_unavailable(flow, meta, str(e))
             return

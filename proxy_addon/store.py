@@ -350,7 +350,7 @@ class Store:
         after_success: str = "replay",
         replay_window: float = 86400.0,
         actor: str = "proxy",
-        record_duplicate: bool = True,
+        record_duplicate: bool | Callable[[Decision], bool] = True,
     ) -> Decision:
         """
         Decide what to do with an attempt and commit that decision before returning.
@@ -361,13 +361,15 @@ class Store:
         - otherwise a new `submitted` receipt, with `retry_of` naming the previous one: "forward".
 
         A duplicate's answer is appended to the receipt's events, unless `record_duplicate` is
-        False (the proxy peeks first when it may wait for or reconcile the receipt).
+        False or says False of the decision (the proxy does not record a duplicate that will
+        first wait for or reconcile the receipt; it records the answer it finally gets).
         """
         for _ in range(3):
             try:
                 with self._write():
                     decision = self._begin_attempt(attempt, after_success, replay_window, actor)
-                    if decision.kind != "forward" and record_duplicate:
+                    record = record_duplicate(decision) if callable(record_duplicate) else record_duplicate
+                    if decision.kind != "forward" and record:
                         r = decision.receipt
                         self._event(r.operation_id, "replayed" if decision.kind == "replay" else "blocked",
                                     r.state, r.state, decision.reason, actor, attempt.flow_id, iso(self.clock()))
