@@ -304,3 +304,27 @@ async def test_the_original_flow_comment_follows_its_receipt(setup):
     addon.resolve_flow(dup, "succeeded", "the order exists")  # resolved from the duplicate's flow
     assert first.comment.endswith("· succeeded")
     assert first.marked == MARKERS["succeeded"]
+
+
+@pytest.mark.parametrize("state", ["submitted", "succeeded", "rejected", "not_sent", "outcome_unknown",
+                                   "reconciling", "manual_review", "safe_to_retry"])
+async def test_receipt_view_for_each_state(setup, state):
+    from mitmproxy import contentviews
+
+    from proxy_addon.states import State
+
+    addon, _, tmp = setup
+    f = order(f"S-{state}")
+    await send(addon, f)
+    operation_id = f.metadata["receipts"]["operation_id"]
+    store = Store.open(tmp / "r.db")
+    walk = {"submitted": [], "succeeded": ["succeeded"], "rejected": ["rejected"], "not_sent": ["not_sent"],
+            "outcome_unknown": ["outcome_unknown"], "reconciling": ["outcome_unknown", "reconciling"],
+            "manual_review": ["outcome_unknown", "manual_review"],
+            "safe_to_retry": ["outcome_unknown", "reconciling", "safe_to_retry"]}[state]
+    for step in walk:
+        store.transition(operation_id, State(step), reason=f"to {step}", actor="test")
+    text = contentviews.prettify_message(f.request, f, view_name="Receipt").text
+    assert f"state            {state}\n" in text
+    assert text.count("\n  20") == len(walk) + 1  # one history line per transition, the first included
+    assert "BLOCKED" not in text
