@@ -19,6 +19,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,7 @@ class Receipts:
     # --- hooks -----------------------------------------------------------------------------
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
+        _ack_now(flow)
         if self.rules is None or self.config_error:
             # Not configured (yet): we cannot tell writes from reads, so nothing passes.
             flow.metadata[META] = {"api": "*", "operation": "*", "params": {}}
@@ -703,6 +705,32 @@ def _check_deferred_options(loader: Loader) -> None:
         except exceptions.OptionsError as e:
             logger.error(f"receipt-proxy: bad value for {name}: {e}")
             del options.deferred[name]
+
+
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+
+
+def _ack_now(flow: http.HTTPFlow) -> None:
+    """
+    ACK a request's headers at once, so that a client with Nagle's algorithm on sends the body now.
+
+    urllib3 (so requests, and the SDKs built on it) leaves Nagle's algorithm on for
+    connections to a proxy, and http.client writes a request's headers and its body in two
+    send() calls: the body then waits in the client's kernel until the proxy ACKs the
+    headers, and Linux delays that ACK by ~40 ms on a keep-alive connection, since the
+    proxy has nothing to send back until it has the body. See docs/benchmarks.md.
+    """
+    headers = flow.request.headers
+    if _QUICKACK is None or (headers.get("content-length", "0").strip() in ("", "0") and "transfer-encoding" not in headers):
+        return
+    proxyserver = ctx.master.addons.get("proxyserver")
+    handler = getattr(proxyserver, "connections", {}).get(flow.client_conn.id)
+    io = getattr(handler, "transports", {}).get(flow.client_conn) if handler else None
+    get_extra_info = getattr(getattr(io, "writer", None), "get_extra_info", None)  # mitmproxy_rs streams have no socket
+    sock = get_extra_info("socket") if get_extra_info else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
 
 
 def _close_server_connection(flow: http.HTTPFlow) -> None:
