@@ -17,6 +17,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-store", action="store_true", help="skip the store workload")
     p.add_argument("--addon", default=str(procs.ROOT / "proxy_addon" / "addon.py"),
                    help="the addon script to measure (default proxy_addon/addon.py; e.g. a patched copy)")
+    p.add_argument("--compare-addon", metavar="PATH",
+                   help="also measure a second build of the addon (e.g. a patched copy's proxy_addon/addon.py), "
+                        "interleaved with the first, with its own database")
+    p.add_argument("--compare-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="an extra --set for the compared addon only (repeatable); with --compare-addon, or alone "
+                        "to compare the addon with itself under an option, e.g. --compare-set receipts_forward=mitmproxy")
+    p.add_argument("--addon-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="an extra --set for the addon's mitmdump (repeatable), e.g. receipts_forward=mitmproxy")
     p.add_argument("--workdir", default=None, help="where the temporary folder goes (default: the system's temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, databases)")
     p.add_argument("--write-docs", action="store_true",
@@ -99,12 +108,22 @@ def machine() -> dict:
         "python": platform.python_version(), "mitmproxy": version("mitmproxy"), "httpx": version("httpx"),
         "requests": version("requests"), "urllib3": version("urllib3"), "sqlite": __import__("sqlite3").sqlite_version,
         "commit": commit + ("+local changes" if dirty else ""),
+        "loadavg_start": _loadavg(),
     }
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
+    # A TERM (e.g. a CI timeout) unwinds like Ctrl-C, so every child is still stopped by its PID.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     command = "scripts/bench" + "".join(" " + shlex.quote(x) for x in argv)
     t_start = time.monotonic()
     info = machine()
@@ -132,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     results["elapsed_seconds"] = time.monotonic() - t_start
+    info["loadavg_end"] = _loadavg()
     text = report.summary(results)
     print()
     print(text)
@@ -152,7 +172,11 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
     proxies = {
         "baseline": procs.mitmdump("baseline", work, here / "noop_addon.py", "bench-noop: ready"),
         "addon": procs.mitmdump("addon", work, Path(a.addon).resolve(), "receipt-proxy: ready", [
-            "--set", f"receipts_db={work / 'receipts.db'}", "--set", f"receipts_rules={rules}"]),
+            "--set", f"receipts_db={work / 'receipts.db'}", "--set", f"receipts_rules={rules}",
+            *[x for kv in a.addon_set for x in ("--set", kv)]]),
+        **({"compare": procs.mitmdump("compare", work, Path(a.compare_addon or a.addon).resolve(), "receipt-proxy: ready", [
+            "--set", f"receipts_db={work / 'compare' / 'receipts.db'}", "--set", f"receipts_rules={rules}",
+            *[x for kv in a.addon_set + a.compare_set for x in ("--set", kv)]])} if a.compare_addon or a.compare_set else {}),
         "floor": procs.mitmdump("floor", work, here / "constant_addon.py", "bench-constant: ready"),
         "quickack": procs.mitmdump("quickack", work, here / "quickack_addon.py", "bench-quickack: ready"),
     }
@@ -160,8 +184,9 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
         running.append(p.start())
     for p in (up, *proxies.values()):
         p.wait_ready()
-    if "recording" not in proxies["addon"].log():
-        raise RuntimeError(f"the addon is not recording:\n{proxies['addon'].log()[-2000:]}")
+    for name in ("addon", "compare"):
+        if name in proxies and "recording" not in proxies[name].log():
+            raise RuntimeError(f"the {name} addon is not recording:\n{proxies[name].log()[-2000:]}")
     paths = {"direct": BenchPath("direct", None)}
     paths.update({name: BenchPath(name, f"http://127.0.0.1:{p.port}") for name, p in proxies.items()})
     pids = {name: p.proc.pid for name, p in proxies.items()}
@@ -197,13 +222,16 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
 
     if a.concurrency:
         log(f"{a.concurrency} concurrent httpx clients, {a.per_client} matched POSTs each per round, {a.rounds} rounds")
-        cpu0 = {name: report.cpu_seconds(pids[name]) for name in ("baseline", "addon")}
+        cpu0 = {name: report.cpu_seconds(pids[name]) for name in ("baseline", "addon", "compare") if name in pids}
         out["concurrent"] = hb.concurrent(a.concurrency, a.per_client, a.rounds)
         total = a.concurrency * a.per_client * (a.rounds + 1)
         out["concurrent_cpu_ms_per_request"] = {
             name: (report.cpu_seconds(pids[name]) - cpu0[name]) * 1000 / total for name in cpu0}
         for p, s in out["concurrent"].items():
             log(f"  {p:<9} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
+    stats = hb.upstream_stats()
+    hb.checks.append(f"the upstream saw {stats.get('expect', 0)} requests with an Expect header, "
+                     f"out of {sum(v for k, v in stats.items() if k.startswith('path:'))}")
     out["checks"] = hb.checks
     return out
 

@@ -19,6 +19,7 @@ import httpx
 import requests
 from requests.adapters import HTTPAdapter
 
+ADDONS = ("addon", "compare")  # the receipts addon, and optionally a second build of it (--compare-addon)
 UPSTREAM_PATH = "/bench/things"  # the rules file makes POST here a matched write
 OTHER_PATH = "/bench/other"  # same host, no rule: passes through
 JSON = {"Content-Type": "application/json"}
@@ -134,6 +135,10 @@ class HttpBench:
     log: Callable[[str], None] = print
     checks: list[str] = field(default_factory=list)
 
+    @property
+    def addons(self) -> list[str]:
+        return [p for p in ADDONS if p in self.paths]
+
     def url(self, path: str, query: str = "") -> str:
         return f"{self.upstream}{path}{query}"
 
@@ -147,10 +152,11 @@ class HttpBench:
     # --- sequential, interleaved -------------------------------------------------------------
 
     def sequential(self, client: str, sc: Scenario, n: int, warmup: int) -> dict[str, Stats]:
-        names = ["direct", "baseline", "addon"] + (["floor"] if sc.floor and "floor" in self.paths else [])
+        names = ["direct", "baseline", *self.addons] + (["floor"] if sc.floor and "floor" in self.paths else [])
         fixed = self.body(client, sc.key, "dup") if not sc.unique else None
         if sc.setup:
-            self._setup_duplicate(sc, fixed)
+            for p in self.addons:
+                self._setup_duplicate(sc, fixed, p)
         clients = {p: make_client(client, self.paths[p].proxy) for p in names}
         before = self.upstream_stats()
         try:
@@ -173,11 +179,12 @@ class HttpBench:
                 close()
         if sc.setup:  # duplicates answered from the record must not reach the upstream
             after = self.upstream_stats()
-            reached = after.get("path:addon", 0) - before.get("path:addon", 0)
-            msg = f"{client} {sc.key}: {reached} of {warmup + n} duplicates sent through the addon reached the upstream"
-            self.checks.append(msg)
-            if reached:
-                raise AssertionError(msg)
+            for p in self.addons:
+                reached = after.get(f"path:{p}", 0) - before.get(f"path:{p}", 0)
+                msg = f"{client} {sc.key}: {reached} of {warmup + n} duplicates sent through {p} reached the upstream"
+                self.checks.append(msg)
+                if reached:
+                    raise AssertionError(msg)
         return {p: Stats.of(v) for p, v in ms.items()}
 
     def _one(self, send: Send, sc: Scenario, path: str, body: bytes | None, client: str) -> float:
@@ -185,19 +192,20 @@ class HttpBench:
         t0 = time.perf_counter()
         status, h = send(sc.method, self.url(sc.path), body if sc.method != "GET" else None, headers)
         dt = (time.perf_counter() - t0) * 1000
-        want = sc.addon_status if path == "addon" else (200 if path == "floor" or sc.method == "GET" else 201)
+        addon = path in ADDONS
+        want = sc.addon_status if addon else (200 if path == "floor" or sc.method == "GET" else 201)
         ok = status == want
-        if ok and path == "addon" and sc.addon_check == "succeeded":
+        if ok and addon and sc.addon_check == "succeeded":
             ok = h.get("x-receipt-state") == "succeeded"
-        if ok and path == "addon" and sc.addon_check == "replayed":
+        if ok and addon and sc.addon_check == "replayed":
             ok = h.get("x-receipt-replayed") == "true"
         if not ok:
             raise AssertionError(f"{client} {sc.key} via {path}: got {status} {dict(h)}, wanted {want} {sc.addon_check}")
         return dt
 
-    def _setup_duplicate(self, sc: Scenario, body: bytes | None) -> None:
-        """The first attempt, through the addon: dropped by the upstream (outcome_unknown) or answered (succeeded)."""
-        with httpx.Client(proxy=self.paths["addon"].proxy, trust_env=False, timeout=30.0) as c:
+    def _setup_duplicate(self, sc: Scenario, body: bytes | None, addon: str) -> None:
+        """The first attempt, through an addon: dropped by the upstream (outcome_unknown) or answered (succeeded)."""
+        with httpx.Client(proxy=self.paths[addon].proxy, trust_env=False, timeout=30.0) as c:
             query = "?fault=drop" if sc.setup == "drop" else ""
             r = c.post(self.url(sc.path, query), content=body, headers={**JSON, "X-Bench-Path": "setup"})
             want = (502, "outcome_unknown") if sc.setup == "drop" else (201, "succeeded")
@@ -232,7 +240,7 @@ class HttpBench:
         return asyncio.run(self._concurrent(clients, per_client, rounds))
 
     async def _concurrent(self, nclients: int, per_client: int, rounds: int) -> dict[str, Stats]:
-        names = ["direct", "baseline", "addon"]
+        names = ["direct", "baseline", *self.addons]
         pools = {p: [httpx.AsyncClient(proxy=self.paths[p].proxy, trust_env=False, timeout=60.0,
                                        limits=httpx.Limits(max_connections=1))
                      for _ in range(nclients)] for p in names}
@@ -245,7 +253,7 @@ class HttpBench:
                 t0 = time.perf_counter()
                 resp = await c.post(self.url(UPSTREAM_PATH), content=body, headers={**JSON, "X-Bench-Path": p})
                 dt = (time.perf_counter() - t0) * 1000
-                if resp.status_code != 201 or (p == "addon" and resp.headers.get("x-receipt-state") != "succeeded"):
+                if resp.status_code != 201 or (p in ADDONS and resp.headers.get("x-receipt-state") != "succeeded"):
                     raise AssertionError(f"concurrent via {p}: {resp.status_code} {resp.text[:200]}")
                 if out is not None:
                     out.append(dt)

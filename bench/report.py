@@ -33,9 +33,9 @@ def cpu_seconds(pid: int) -> float:
 
 def seq_line(client: str, key: str, stats: dict[str, Stats], cpu: dict[str, float], seconds: float) -> str:
     parts = [f"{p} {s.p50:6.2f}" for p, s in stats.items()]
-    ratio = stats["addon"].p50 / stats["baseline"].p50
-    return (f"{client:<17} {key:<9} p50 ms: {' · '.join(parts)}  addon/baseline {ratio:4.2f}  "
-            f"CPU ms/req baseline {cpu.get('baseline', 0):.2f} addon {cpu.get('addon', 0):.2f}  ({seconds:.0f}s)")
+    ratios = " ".join(f"{p}/baseline {stats[p].p50 / stats['baseline'].p50:4.2f}" for p in ("addon", "compare") if p in stats)
+    cpus = " ".join(f"{p} {cpu[p]:.2f}" for p in ("baseline", "addon", "compare") if p in cpu)
+    return f"{client:<17} {key:<9} p50 ms: {' · '.join(parts)}  {ratios}  CPU ms/req {cpus}  ({seconds:.0f}s)"
 
 
 # --- targets ------------------------------------------------------------------------------------------
@@ -70,6 +70,8 @@ def targets(results: dict) -> list[Target]:
             if "floor" in s:
                 note = f"constant-answer floor {s['floor'].p50 / s['baseline'].p50:.2f}×"
             out.append(Target(what, client, s["addon"].p50 / s["baseline"].p50, limit, note))
+            if "compare" in s:
+                out.append(Target(what, f"{client}, compare", s["compare"].p50 / s["baseline"].p50, limit, note))
     store = results.get("store", {}).get("ops", {})
     if store and 0 in store and len(store) > 1:
         big = max(store)
@@ -83,8 +85,10 @@ def targets(results: dict) -> list[Target]:
 # --- tables ---------------------------------------------------------------------------------------------
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|"]
+def _table(head: list[str], rows: list[list[str]], align: str = "") -> str:
+    """A markdown table; `align` has an "l" or "r" per column (default: the first left, the others right)."""
+    align = align or "l" + "r" * (len(head) - 1)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -100,23 +104,30 @@ def tables(results: dict) -> list[tuple[str, str]]:
     if tg:
         rows = [[t.what, t.where, f"{t.value:.2f}×", f"{t.limit:.2f}×", "met" if t.met else "**missed**", t.note]
                 for t in tg]
-        out.append(("Targets", _table(["target", "client", "measured", "limit", "", "note"], rows)))
+        out.append(("Targets", _table(["target", "client", "measured", "limit", "", "note"], rows, "llrrll")))
     http = results.get("http", {})
     cpu = http.get("cpu_ms_per_request", {})
     for client, per in http.get("sequential", {}).items():
         rows = []
+        compare = any("compare" in s for s in per.values())
         for key, s in per.items():
             b, a = s["baseline"], s["addon"]
             c = cpu.get(client, {}).get(key, {})
-            rows.append([
+            row = [
                 TITLES[key], _ms(s["direct"].p50), _ms(b.p50), _ms(a.p50) + (f" (floor {_ms(s['floor'].p50)})" if "floor" in s else ""),
                 f"**{a.p50 / b.p50:.2f}×**", _ms(b.p99), _ms(a.p99), f"{a.p99 / b.p99:.2f}×",
                 f"{b.rps:.0f} / {a.rps:.0f}", f"{c.get('baseline', 0):.2f} / {c.get('addon', 0):.2f}",
-            ])
+            ]
+            if compare:
+                k = s["compare"]
+                row += [_ms(k.p50), f"**{k.p50 / b.p50:.2f}×**", f"{k.p99 / b.p99:.2f}×", f"{c.get('compare', 0):.2f}"]
+            rows.append(row)
+        head = ["workload", "direct p50", "baseline p50", "addon p50", "addon/baseline p50", "baseline p99",
+                "addon p99", "addon/baseline p99", "req/s baseline / addon", "proxy CPU ms/req baseline / addon"]
+        if compare:
+            head += ["compare p50", "compare/baseline p50", "compare/baseline p99", "compare CPU ms/req"]
         out.append((f"One {client} client, keep-alive, {per[next(iter(per))]['addon'].n} timed requests per path",
-                    _table(["workload", "direct p50", "baseline p50", "addon p50", "addon/baseline p50",
-                            "baseline p99", "addon p99", "addon/baseline p99", "req/s baseline / addon",
-                            "proxy CPU ms/req baseline / addon"], rows)))
+                    _table(head, rows)))
     if "stall" in http:
         rows = [[k, _ms(s.p50), _ms(s.p99)] for k, s in http["stall"].items()]
         out.append(("The requests stall: unmatched POSTs through bare mitmdump and through the TCP_QUICKACK script",
@@ -157,7 +168,8 @@ def summary(results: dict) -> str:
     parts = [f"command: {results['command']}",
              f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['system']} {m['kernel']}, Python {m['python']}, "
              f"mitmproxy {m['mitmproxy']}, httpx {m['httpx']}, requests {m['requests']} (urllib3 {m['urllib3']}), "
-             f"SQLite {m['sqlite']}; commit {m['commit']}; {m['date']}; took {results['elapsed_seconds']:.0f}s"]
+             f"SQLite {m['sqlite']}; commit {m['commit']}; {m['date']}; took {results['elapsed_seconds']:.0f}s; "
+             f"load average {m['loadavg_start']} at the start, {m['loadavg_end']} at the end"]
     for title, table in tables(results):
         parts += ["", f"## {title}", "", table]
     checks = results.get("http", {}).get("checks", [])
@@ -189,7 +201,7 @@ def write_docs(path: Path, results: dict) -> None:
         "",
         f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['system']} {m['kernel']}; Python {m['python']}; "
         f"mitmproxy {m['mitmproxy']}; httpx {m['httpx']}; requests {m['requests']} with urllib3 {m['urllib3']}; "
-        f"SQLite {m['sqlite']}.",
+        f"SQLite {m['sqlite']}. Load average (1, 5, 15 min) {m['loadavg_start']} at the start, {m['loadavg_end']} at the end.",
         *[line for title, table in tables(results) for line in ("", f"### {title}", "", table)],
         "",
         *(["Checks: " + "; ".join(results["http"]["checks"]) + ".", ""] if results.get("http", {}).get("checks") else []),
