@@ -175,7 +175,8 @@ class Receipts:
             store.recover_in_flight, is_alive=lambda i: i == instance or instances.alive(db, i)
         ).result()
         for operation_id in recovered:
-            logger.warning(f"receipt {operation_id}: proxy stopped while it was in flight; now outcome_unknown")
+            logger.warning(f"receipt {operation_id}: left behind by a stopped proxy; now "
+                           f"{self._executor.submit(store.get, operation_id).result().state}")
         if old_executor:
             old_executor.submit(old_store.close)
             old_executor.shutdown(wait=False)
