@@ -163,18 +163,27 @@ def test_bad_options_are_refused(setup, option, value, message):
         tctx.configure(addon, **{option: value})
 
 
-async def test_approval_gate_approve(setup):
+async def held(addon: Receipts, f: http.HTTPFlow):
+    """Send `f` and return the request hook's task once the approval gate holds the flow."""
     import asyncio
 
-    addon, _, tmp = setup
-    f = order("R-1", path="/v1/refunds")
     addon.requestheaders(f)
     task = asyncio.create_task(addon.request(f))
     for _ in range(100):
         await asyncio.sleep(0.01)
         if f.intercepted:
             break
-    assert f.intercepted and f.marked == MARKERS["awaiting_approval"]
+    assert f.intercepted, "the flow was not held for approval"
+    return task
+
+
+async def test_approval_gate_approve(setup):
+    import asyncio
+
+    addon, _, tmp = setup
+    f = order("R-1", path="/v1/refunds")
+    task = await held(addon, f)
+    assert f.marked == MARKERS["awaiting_approval"]
     assert f.comment.startswith("AWAITING APPROVAL")
     operation_id = f.metadata["receipts"]["operation_id"]
     assert Store.open(tmp / "r.db", create=False).get(operation_id).state == "awaiting_approval"
@@ -194,12 +203,7 @@ async def test_approval_gate_deny_by_kill(setup):
 
     addon, _, tmp = setup
     f = order("R-2", path="/v1/refunds")
-    addon.requestheaders(f)
-    task = asyncio.create_task(addon.request(f))
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if f.intercepted:
-            break
+    task = await held(addon, f)
     f.kill()
     await asyncio.wait_for(task, 5)
     assert f.error is None and f.live  # un-killed, so the agent gets an answer
@@ -208,13 +212,7 @@ async def test_approval_gate_deny_by_kill(setup):
     r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
     assert (r.state, r.error) == ("rejected", "denied by operator")
     retry = order("R-2", path="/v1/refunds")  # a rejected receipt lets a new attempt through, held again
-    addon.requestheaders(retry)
-    retry_task = asyncio.create_task(addon.request(retry))
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if retry.intercepted:
-            break
-    assert retry.intercepted
+    retry_task = await held(addon, retry)
     retry.kill()
     await asyncio.wait_for(retry_task, 5)
 
