@@ -46,6 +46,26 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
+def at_once(*calls):
+    """Run the calls in threads released together by a barrier; return their results in order."""
+    import threading
+
+    barrier = threading.Barrier(len(calls))
+    results: list = [None] * len(calls)
+
+    def run(i, call):
+        barrier.wait(timeout=10)
+        results[i] = call()
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a concurrent call did not finish"
+    return results
+
+
 class Proxy:
     """A mitmdump process with the receipts addon; stopped by PID."""
 

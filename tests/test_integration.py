@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from proxy_addon.store import Receipt, Store
-from tests.conftest import CLIENTS, SECRETS, Answer, Clients, Proxy, wait_for
+from tests.conftest import CLIENTS, SECRETS, Answer, Clients, Proxy, at_once, wait_for
 from tests.upstream import Upstream, free_port
 
 
@@ -148,35 +148,6 @@ def test_connection_refused_is_not_sent_and_retry_goes_through(client, clients, 
     assert second_r.state == "succeeded"
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-def test_400_is_rejected_and_retry_is_forwarded(client, clients, proxy, upstream, bucket):
-    url = plain(upstream, bucket)
-    upstream.plan(f"/api/{bucket}/plain", "400")
-    first = clients.send(client, "POST", url, {"title": "bad"})
-    assert first.status == 400
-    (r,) = settled(proxy, bucket)
-    assert (r.state, r.http_status) == ("rejected", 400)
-    retry = clients.send(client, "POST", url, {"title": "bad"})
-    assert retry.status == 201
-    assert upstream.seen(f"/api/{bucket}/plain") == 2
-    assert upstream.commits(f"/api/{bucket}/plain") == 1
-    a, b = settled(proxy, bucket, 2)
-    assert (b.state, b.retry_of) == ("succeeded", a.operation_id)
-
-
-@pytest.mark.parametrize("client", CLIENTS)
-def test_500_is_outcome_unknown(client, clients, proxy, upstream, bucket):
-    url = plain(upstream, bucket)
-    upstream.plan(f"/api/{bucket}/plain", "500")
-    first = clients.send(client, "POST", url, {"title": "boom"})
-    assert first.status == 500
-    (r,) = settled(proxy, bucket)
-    assert (r.state, r.http_status) == ("outcome_unknown", 500)
-    retry = clients.send(client, "POST", url, {"title": "boom"})
-    assert retry.status == 409
-    assert upstream.commits(f"/api/{bucket}/plain") == 1
-
-
 @pytest.mark.parametrize("fault", ["half", "reset"])
 def test_half_a_response_or_a_reset_is_outcome_unknown(fault, clients, proxy, upstream, bucket):
     upstream.plan(f"/api/{bucket}/plain", fault)
@@ -191,18 +162,7 @@ def test_half_a_response_or_a_reset_is_outcome_unknown(fault, clients, proxy, up
 def test_fifty_identical_writes_at_once_reach_upstream_once(proxy, upstream, bucket):
     upstream.plan(f"/api/{bucket}/plain", "slow")
     clients = Clients(proxy)
-    barrier = threading.Barrier(50)
-    answers: list[Answer] = []
-
-    def one():
-        barrier.wait(timeout=10)
-        answers.append(clients.send("requests", "POST", plain(upstream, bucket), {"title": "same"}))
-
-    threads = [threading.Thread(target=one) for _ in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    answers = at_once(*[lambda: clients.send("requests", "POST", plain(upstream, bucket), {"title": "same"})] * 50)
     assert upstream.commits(f"/api/{bucket}/plain") == 1
     # The 49 duplicates waited for the original's outcome, then got its recorded answer.
     assert [a.status for a in answers] == [201] * 50
@@ -224,12 +184,7 @@ def test_two_hundred_different_writes_from_sixteen_clients(proxy, upstream, buck
             return [s.post(plain(upstream, bucket), json={"title": f"write {i}"}, headers=SECRETS_HEADERS,
                            timeout=30).status_code for i in range(n, 200, 16)]
 
-    results: list[list[int]] = []
-    threads = [threading.Thread(target=lambda n=n: results.append(client(n))) for n in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    results = at_once(*[lambda n=n: client(n) for n in range(16)])
     assert sorted(s for r in results for s in r) == [201] * 200
     assert upstream.commits(f"/api/{bucket}/plain") == 200
     rs = settled(proxy, bucket, 200)
@@ -384,18 +339,8 @@ def test_two_proxies_sharing_one_db_forward_an_identical_write_once(tmp_path, co
     second = Proxy(tmp_path, confdir, db=first.db).start()
     try:
         upstream.plan(f"/api/{bucket}/plain", "slow")
-        barrier = threading.Barrier(10)
-        answers: list[Answer] = []
-
-        def one(proxy: Proxy):
-            barrier.wait(timeout=10)
-            answers.append(Clients(proxy).send("httpx", "POST", plain(upstream, bucket), {"title": "shared"}))
-
-        threads = [threading.Thread(target=one, args=(p,)) for p in [first, second] * 5]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
+        answers = at_once(*[lambda p=p: Clients(p).send("httpx", "POST", plain(upstream, bucket), {"title": "shared"})
+                            for p in [first, second] * 5])
         assert upstream.commits(f"/api/{bucket}/plain") == 1
         assert [a.status for a in answers] == [201] * 10  # the other process's duplicates polled the store
         assert sorted(a.headers.get("x-receipt-replayed", "-") for a in answers) == ["-"] + ["true"] * 9

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from proxy_addon.reconcile import ReadRequest, ReconcileError, perform_read
 from proxy_addon.store import Receipt, Store
-from tests.conftest import SECRETS, Answer, Clients, Proxy, wait_for
+from tests.conftest import SECRETS, Clients, Proxy, at_once, wait_for
 
 RECEIPTS = Path(sys.executable).parent / "receipts"
 
@@ -120,18 +119,8 @@ def test_no_reconcile_spec_leaves_the_receipt_blocked_without_a_read(clients, pr
 
 def test_ten_concurrent_duplicates_trigger_exactly_one_read(clients, proxy, upstream, bucket):
     unknown_write(clients, proxy, upstream, bucket, "things", {"title": "crowd"}, "drop")
-    barrier = threading.Barrier(10)
-    answers: list[Answer] = []
-
-    def one():
-        barrier.wait(timeout=10)
-        answers.append(Clients(proxy).send("httpx", "POST", f"{upstream.url}/api/{bucket}/things", {"title": "crowd"}))
-
-    threads = [threading.Thread(target=one) for _ in range(10)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    answers = at_once(*[lambda: Clients(proxy).send("httpx", "POST", f"{upstream.url}/api/{bucket}/things",
+                                                   {"title": "crowd"})] * 10)
     assert upstream.reads(f"/api/{bucket}/things") == 1
     assert upstream.commits(f"/api/{bucket}/things") == 1
     assert [a.status for a in answers] == [409] * 10
