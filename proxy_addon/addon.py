@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from proxy_addon.reconcile import (
 )
 from proxy_addon.rules import DEFAULT_RULES, Match, Operation, RuleSet, host_pattern, load_rules_path, rules_signature
 from proxy_addon.states import RESOLUTIONS, State
-from proxy_addon.store import Attempt, Decision, Receipt, Store
+from proxy_addon.store import Attempt, Decision, Receipt, Store, iso, utcnow
 
 logger = logging.getLogger("receipt_proxy")
 
@@ -220,8 +221,8 @@ class Receipts:
 
     def running(self) -> None:
         logger.info(f"receipt-proxy: ready ({'NOT configured: ' + self.config_error if self.config_error else 'recording'})")
-        if ctx.options.receipts_watch_rules and self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(self._watch_rules())
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def done(self) -> None:
         contentviews.remove(self._view)
@@ -238,25 +239,44 @@ class Receipts:
                 self._executor.submit(self.store.close)
             self._executor.shutdown(wait=True)
 
-    async def _watch_rules(self) -> None:
+    async def _watch(self) -> None:
+        """Once a second: follow receipts other processes changed, and reload changed rules."""
+        since = iso(utcnow())
         while True:
             await asyncio.sleep(1)
-            if not ctx.options.receipts_watch_rules:
-                continue
-            path = ctx.options.receipts_rules
-            sig = rules_signature(path)
-            if sig == self._rules_sig:
-                continue
-            self._rules_sig = sig
-            try:
-                self.rules = load_rules_path(path)
-            except RulesError as e:
-                logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
-            except Exception as e:  # the watcher must outlive any surprise
-                logger.exception(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {type(e).__name__}: {e}")
-            else:
-                logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(self.rules.operations)} operations")
-                self._sync_allow_hosts()
+            since = self._follow_receipts(since)
+            if ctx.options.receipts_watch_rules:
+                self._reload_rules()
+
+    def _follow_receipts(self, since: str) -> str:
+        """Keep flows shown in mitmweb in step with receipts changed elsewhere (the CLI, another proxy)."""
+        reader = self._reader()
+        if ctx.master.addons.get("view") is None or reader is None:
+            return since
+        try:
+            changed = reader.changed_since(since)
+        except (ReceiptsError, sqlite3.Error) as e:
+            logger.debug(f"receipt-proxy: could not follow receipts: {e}")
+            return since
+        for receipt in changed:
+            self._refresh_flow(receipt)
+        return changed[-1].updated_at if changed else since
+
+    def _reload_rules(self) -> None:
+        path = ctx.options.receipts_rules
+        sig = rules_signature(path)
+        if sig == self._rules_sig:
+            return
+        self._rules_sig = sig
+        try:
+            self.rules = load_rules_path(path)
+        except RulesError as e:
+            logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
+        except Exception as e:  # the watcher must outlive any surprise
+            logger.exception(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {type(e).__name__}: {e}")
+        else:
+            logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(self.rules.operations)} operations")
+            self._sync_allow_hosts()
 
     # --- hooks -----------------------------------------------------------------------------
 

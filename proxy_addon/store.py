@@ -632,6 +632,11 @@ class Store:
             params.append(since)
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
+    def changed_since(self, at: str, *, limit: int = 500) -> list[Receipt]:
+        """Receipts whose state changed after `at` (an ISO time), oldest change first."""
+        return [Receipt.from_row(r) for r in self.db.query(
+            "SELECT * FROM receipts WHERE updated_at > ? ORDER BY updated_at LIMIT ?", [at, limit])]
+
     def duplicates(self, *, since: str | None = None, limit: int | None = 100) -> list[tuple[Event, Receipt]]:
         """Blocked and replayed duplicates, newest first, each with the receipt it was checked against."""
         sql = "SELECT * FROM receipt_events WHERE event IN ('blocked', 'replayed')"

@@ -68,3 +68,30 @@ def test_an_operator_approves_one_held_write_and_denies_another(tmp_path, confdi
     assert [(r.intent["body"]["amount"], r.state) for r in rs] == [(10, "succeeded"), (20, "rejected")]
     reasons = [[e.reason for e in store.events(r.operation_id)] for r in rs]
     assert "approved by operator" in reasons[0] and "denied by operator" in reasons[1]
+
+
+def test_a_resolution_from_the_cli_shows_in_mitmweb(tmp_path, confdir, upstream, bucket):
+    """Another process (the receipts CLI) settles a receipt; the flow in mitmweb follows within seconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = f"/api/{bucket}/plain"
+    with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
+        web, base = operator(web_url)
+        upstream.plan(path, "drop")
+        first = requests.post(upstream.url + path, json={"title": "settle me"}, timeout=30,
+                              proxies={"http": proxy_url, "https": proxy_url})
+        assert first.status_code == 502
+        operation_id = first.headers["x-receipt-id"]
+        subprocess.run([str(Path(sys.executable).parent / "receipts"), "--db", str(tmp_path / "state" / "receipts.db"),
+                        "resolve", operation_id, "--as", "succeeded", "--note", "checked the dashboard"],
+                       check=True, capture_output=True, timeout=30)
+
+        def flow():
+            return next((f for f in web.get(f"{base}/flows", timeout=5).json()
+                         if f.get("comment", "").startswith(f"receipt {operation_id}")), None)
+
+        settled = wait_for(lambda: (f := flow()) and f["comment"].endswith("· succeeded") and f,
+                           timeout=10, what="the flow's comment to follow the CLI's resolution")
+        assert settled["marked"] == "✅"
