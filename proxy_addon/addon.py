@@ -225,7 +225,8 @@ class Receipts:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def done(self) -> None:
-        contentviews.remove(self._view)
+        # mitmproxy 12 cannot unregister a content view (contentviews.remove is a no-op); a reloaded
+        # script registers its view again under the same name, which replaces this one.
         if self._read_store is not None:
             self._read_store.close()
         if self._client is not None:
