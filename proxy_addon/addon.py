@@ -745,9 +745,7 @@ def _ack_now(flow: http.HTTPFlow) -> None:
     headers = flow.request.headers
     if _QUICKACK is None or (headers.get("content-length", "0").strip() in ("", "0") and "transfer-encoding" not in headers):
         return
-    proxyserver = ctx.master.addons.get("proxyserver")
-    handler = getattr(proxyserver, "connections", {}).get(flow.client_conn.id)
-    io = getattr(handler, "transports", {}).get(flow.client_conn) if handler else None
+    io = _transport(flow, flow.client_conn)
     get_extra_info = getattr(getattr(io, "writer", None), "get_extra_info", None)  # mitmproxy_rs streams have no socket
     sock = get_extra_info("socket") if get_extra_info else None
     if sock is not None:
@@ -755,11 +753,15 @@ def _ack_now(flow: http.HTTPFlow) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
 
 
+def _transport(flow: http.HTTPFlow, conn: Any) -> Any:
+    """mitmproxy's transport for one side of a live flow, or None. Internals: no public API has it."""
+    handler = getattr(ctx.master.addons.get("proxyserver"), "connections", {}).get(flow.client_conn.id)
+    return getattr(handler, "transports", {}).get(conn) if handler else None
+
+
 def _close_server_connection(flow: http.HTTPFlow) -> None:
     """End a flow's upstream exchange. mitmproxy 12 has no public call for this (flow.kill() cannot stop a flow in transit)."""
-    proxyserver = ctx.master.addons.get("proxyserver")
-    handler = getattr(proxyserver, "connections", {}).get(flow.client_conn.id)
-    transport = getattr(handler, "transports", {}).get(flow.server_conn) if handler else None
+    transport = _transport(flow, flow.server_conn)
     if transport is None or transport.handler is None:
         logger.error(f"receipt-proxy: could not end the upstream exchange of flow {flow.id}")
         return

@@ -46,17 +46,25 @@ def classify_status(status: int, op: Operation | None = None) -> State:
     return State.OUTCOME_UNKNOWN
 
 
+def never_sent(detail: str) -> str:
+    return f"not sent: the connection to the upstream was never established ({detail})"
+
+
+def maybe_sent(detail: str) -> str:
+    return f"outcome unknown: the request may have reached the upstream ({detail})"
+
+
 def classify_error(
     message: str, *, tcp_setup: float | None, tls: bool, tls_setup: float | None
 ) -> tuple[State, str]:
     """The state an upstream failure leaves a receipt in, and why."""
     if tcp_setup is None:
-        return State.NOT_SENT, f"not sent: the connection to the upstream was never established ({message})"
+        return State.NOT_SENT, never_sent(message)
     if tls and tls_setup is None:
         return State.NOT_SENT, f"not sent: the TLS handshake with the upstream did not complete ({message})"
     if "REFUSED_STREAM" in message:
         return State.NOT_SENT, f"not sent: the upstream refused the HTTP/2 stream ({message})"
-    return State.OUTCOME_UNKNOWN, f"outcome unknown: the request may have reached the upstream ({message})"
+    return State.OUTCOME_UNKNOWN, maybe_sent(message)
 
 
 def external_id_of(body: bytes, dotted: str | None) -> str | None:

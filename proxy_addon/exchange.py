@@ -34,6 +34,7 @@ import certifi
 import httpx
 from mitmproxy import http
 
+from proxy_addon.classify import maybe_sent, never_sent
 from proxy_addon.states import State
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and framing that the new exchange sets itself.
@@ -98,8 +99,8 @@ def make_client(options: Any) -> httpx.AsyncClient:
 def classify_failure(e: BaseException) -> Failure:
     detail = str(e) or type(e).__name__
     if isinstance(e, NOT_SENT_ERRORS):
-        return Failure(State.NOT_SENT, f"not sent: the connection to the upstream was never established ({detail})")
-    return Failure(State.OUTCOME_UNKNOWN, f"outcome unknown: the request may have reached the upstream ({type(e).__name__}: {detail})")
+        return Failure(State.NOT_SENT, never_sent(detail))
+    return Failure(State.OUTCOME_UNKNOWN, maybe_sent(f"{type(e).__name__}: {detail}"))
 
 
 async def send(client: httpx.AsyncClient, request: http.Request, *, deadline: float,
