@@ -1,8 +1,10 @@
 """
 What happened to a forwarded request, as a receipt state.
 
-Responses (overridable per operation with `classify:`): 2xx and 3xx → succeeded;
-408 → outcome_unknown; other 4xx → rejected; 5xx → outcome_unknown.
+Responses: 2xx and 3xx → succeeded; 408 → outcome_unknown; other 4xx → rejected;
+5xx → outcome_unknown. An operation's `classify:` overrides this by status, or by
+status, body fields and headers (Slack's 200 `{"ok": false}`, GraphQL's `errors`), and
+may call an answer `already_exists`: evidence that the effect may exist, to be read.
 
 Errors (mitmproxy's `error` hook). What this relies on, read in mitmproxy 12.3's
 `proxy/layers/http/__init__.py` and checked by the integration tests:
@@ -24,11 +26,73 @@ Errors (mitmproxy's `error` hook). What this relies on, read in mitmproxy 12.3's
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from proxy_addon.fingerprint import dig
-from proxy_addon.rules import Operation
+from proxy_addon.rules import ClassifyRule, Operation
 from proxy_addon.states import State
+
+
+def classify_response(status: int, headers: Mapping[str, str], body: bytes, op: Operation | None = None) -> tuple[str, str | None]:
+    """
+    The verdict on an answer: a State, or ALREADY_EXISTS (the API says the effect may exist
+    already: read to decide), and the reason a `classify:` rule gives, if any. The operation's
+    rules are tried in order; then its status map; then the defaults.
+    """
+    if op is not None and op.classify_rules:
+        parsed: list[Any] = []  # the body, parsed once if a rule looks at it
+        for rule in op.classify_rules:
+            if rule_fits(rule, status, headers, body, parsed):
+                return rule.state, rule.reason
+    return classify_status(status, op), None
+
+
+def rule_fits(rule: ClassifyRule, status: int, headers: Mapping[str, str], body: bytes,
+              parsed: list[Any] | None = None) -> bool:
+    """Whether an answer passes every test of a rule (`classify:` entries, `absent_when`)."""
+    if rule.statuses and not _status_fits(status, rule.statuses):
+        return False
+    if rule.headers and not all(check.fits([headers.get(name)]) for name, check in rule.headers):
+        return False
+    if rule.body:
+        parsed = [] if parsed is None else parsed
+        if not parsed:
+            parsed.append(_json(body))
+        doc = parsed[0]
+        if doc is _UNPARSED or not all(check.fits(dig_all(doc, path)) for path, check in rule.body):
+            return False
+    return True
+
+
+_UNPARSED = object()
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else _UNPARSED
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return _UNPARSED
+
+
+def _status_fits(status: int, keys: tuple[str, ...]) -> bool:
+    return str(status) in keys or f"{status // 100}xx" in keys
+
+
+def dig_all(value: Any, dotted: str) -> list[Any]:
+    """Every value at a dotted path where `*` is any item of a list; [None] when there is none."""
+    values = [value]
+    for part in dotted.split("."):
+        nxt = []
+        for v in values:
+            if part == "*" and isinstance(v, list):
+                nxt += v
+            elif isinstance(v, dict) and part in v:
+                nxt.append(v[part])
+            elif isinstance(v, list) and part.isdecimal() and int(part) < len(v):
+                nxt.append(v[int(part)])
+        values = nxt
+    return values or [None]
 
 
 def classify_status(status: int, op: Operation | None = None) -> State:
@@ -36,7 +100,7 @@ def classify_status(status: int, op: Operation | None = None) -> State:
         code, klass = str(status), f"{status // 100}xx"
         for key, state in op.classify:
             if key == code or key == klass:
-                return state
+                return state  # type: ignore[return-value]  # ALREADY_EXISTS is handled by the caller
     if status < 400:
         return State.SUCCEEDED
     if status == 408:
@@ -67,15 +131,32 @@ def classify_error(
     return State.OUTCOME_UNKNOWN, maybe_sent(message)
 
 
-def external_id_of(body: bytes, dotted: str | None) -> str | None:
-    """The value at `dotted` in a JSON response body, as a string, or None."""
+def external_id_of(body: bytes, dotted: str | tuple[str, ...] | None) -> str | None:
+    """The value at `dotted` in a JSON response body, as a string, or None. Several fields: joined with ':'."""
     if not dotted or not body:
         return None
     try:
-        value: Any = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+        doc: Any = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    value = dig(value, dotted)
-    if value is None or isinstance(value, (dict, list)):
+    return id_in(doc, dotted)
+
+
+def id_in(doc: Any, dotted: str | tuple[str, ...]) -> str | None:
+    """The id at a dotted field (or the fields joined with ':') of parsed JSON, or None if any is missing."""
+    parts = []
+    for path in (dotted,) if isinstance(dotted, str) else dotted:
+        value = dig(doc, path)
+        if value is None or isinstance(value, (dict, list)):
+            return None
+        parts.append(value if isinstance(value, str) else json.dumps(value))
+    return ":".join(parts)
+
+
+def response_external_id(op: Operation | None, headers: Mapping[str, str], body: bytes) -> str | None:
+    """The created object's id in a success answer: from the header the rule names, or the body."""
+    if op is None:
         return None
-    return str(value)
+    if op.external_id_header:
+        return headers.get(op.external_id_header) or None
+    return external_id_of(body, op.external_id)

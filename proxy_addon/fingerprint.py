@@ -10,6 +10,9 @@ Bodies:
 - JSON: the allowlisted dotted fields (`article.title`, `items.0.sku`); a missing
   field counts as null.
 - form-encoded: the allowlisted field names, taken literally.
+- multipart/form-data: the allowlisted part names; a file part is {filename,
+  content_type, size, sha256}: its content is hashed, never kept.
+- GraphQL operations: dotted paths into the root field's arguments, variables substituted.
 - anything else, or no `fingerprint.body` in the rule: the SHA-256 of the whole body.
 """
 
@@ -23,6 +26,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from email.message import Message
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote_plus, urlsplit
@@ -86,12 +90,75 @@ def dig(value: Any, dotted: str) -> Any:
     return value
 
 
-def _body_view(fields: tuple[str, ...] | None, headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
+def multipart_parts(content_type: str, body: bytes) -> dict[str, Any] | None:
+    """
+    The parts of a multipart/form-data body by name: a text part as its text, a file part
+    (one with a filename, or not UTF-8) as {filename, content_type, size, sha256}. The
+    content of a file is hashed, never kept. None when the body is not well-formed.
+    """
+    params = Message()
+    params["content-type"] = content_type
+    boundary = params.get_param("boundary")
+    if not isinstance(boundary, str) or not boundary:
+        return None
+    delimiter = b"--" + boundary.encode("latin-1")
+    chunks = body.split(delimiter)
+    if len(chunks) < 3 or not chunks[-1].startswith(b"--"):
+        return None  # no closing delimiter: truncated or not multipart
+    parts: dict[str, Any] = {}
+    for chunk in chunks[1:-1]:
+        chunk = chunk.removeprefix(b"\r\n").removesuffix(b"\r\n")
+        head, sep, content = chunk.partition(b"\r\n\r\n")
+        if not sep:
+            return None
+        headers = Message()
+        for line in head.decode("latin-1").split("\r\n"):
+            name, colon, value = line.partition(":")
+            if not colon:
+                return None
+            headers[name.strip()] = value.strip()
+        disposition = headers.get("content-disposition", "")
+        if not disposition.lower().startswith("form-data"):
+            return None
+        name = headers.get_param("name", header="content-disposition")
+        filename = headers.get_param("filename", header="content-disposition")
+        if not isinstance(name, str):
+            return None
+        value: Any
+        try:
+            text = content.decode("utf-8") if filename is None else None
+        except UnicodeDecodeError:
+            text = None
+        if text is not None:
+            value = text
+        else:
+            value = {
+                "filename": filename if isinstance(filename, str) else None,
+                "content_type": headers.get("content-type"),
+                "size": len(content),
+                "sha256": hashlib.sha256(content).hexdigest(),
+            }
+        if name in parts:
+            value = (parts[name] if isinstance(parts[name], list) else [parts[name]]) + [value]
+        parts[name] = value
+    return parts
+
+
+def _body_view(fields: tuple[str, ...] | None, headers: Mapping[str, str], body: bytes,
+               graphql: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     if fields == ():
         return {}
+    if graphql is not None and fields is not None:
+        field_name, args = graphql
+        return {"graphql": field_name, "body": {f: dig(args, f) for f in fields}}
     if fields is not None and body:
-        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype == "application/x-www-form-urlencoded":
+        content_type = headers.get("content-type", "")
+        ctype = content_type.split(";")[0].strip().lower()
+        if ctype == "multipart/form-data":
+            parts = multipart_parts(content_type, body)
+            if parts is not None:
+                return {"multipart": {f: dig(parts, f) if f not in parts else parts[f] for f in fields}}
+        elif ctype == "application/x-www-form-urlencoded":
             try:
                 form: dict[str, list[str]] = {}
                 for k, v in parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True):
@@ -143,7 +210,8 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
         intent["query"] = {q: _one(query.get(q)) for q in spec.query}
     if spec.headers:
         intent["headers"] = {h: req.headers.get(h) for h in spec.headers}
-    intent.update(_body_view(spec.body, req.headers, req.body))
+    graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
+    intent.update(_body_view(spec.body, req.headers, req.body, graphql))
     principal = principal_of(match, req.headers, key)
     default_port = {"http": 80, "https": 443}.get(req.scheme)
     bare = req.host.lower().rstrip(".")

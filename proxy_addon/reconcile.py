@@ -16,20 +16,22 @@ async read. The verdict:
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urljoin
 
 import httpx
 
-from proxy_addon.classify import external_id_of
+from proxy_addon import gql
+from proxy_addon.classify import external_id_of, id_in, rule_fits
 from proxy_addon.errors import ReceiptsError
 from proxy_addon.fingerprint import dig, redact_url
-from proxy_addon.rules import _TEMPLATE_VAR, Operation, ReconcileSpec
+from proxy_addon.rules import _TEMPLATE_VAR, ClassifyRule, Operation, PathTemplate, ReconcileSpec
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, Store
+from proxy_addon.store import Receipt, Store, iso, utcnow
 
 READ_METHODS = ("GET", "HEAD")
 
@@ -42,6 +44,7 @@ class ReconcileError(ReceiptsError):
 class ReadRequest:
     method: str
     url: str
+    body: bytes | None = None  # a POST read's JSON body (only to a path the rules list in post_reads)
 
     @property
     def shown(self) -> str:
@@ -55,20 +58,25 @@ class Verdict:
     state: State
     reason: str
     external_id: str | None = None
+    retry_after: dt.datetime | None = None  # outcome_unknown until then: absence is not provable yet
 
 
 def _variables(receipt: Receipt) -> dict[str, Any]:
     intent = receipt.intent
-    out: dict[str, Any] = {"external_id": receipt.external_id}
+    out: dict[str, Any] = {"external_id": receipt.external_id, "idempotency_key": receipt.idempotency_key}
+    if receipt.submitted_at:
+        submitted = dt.datetime.fromisoformat(receipt.submitted_at)
+        out.update(submitted_at=iso(submitted), submitted_at_unix=int(submitted.timestamp()))
     out.update({f"path.{k}": v for k, v in intent.get("path", {}).items()})
     out.update({f"query.{k}": v for k, v in intent.get("query", {}).items()})
     out.update({f"header.{k}": v for k, v in intent.get("headers", {}).items()})
-    out.update({f"intent.{k}": v for k, v in (intent.get("body") or intent.get("form") or {}).items()})
+    out.update({f"intent.{k}": v for k, v in (intent.get("body") or intent.get("form") or intent.get("multipart") or {}).items()})
     return out
 
 
 def render(template: str, receipt: Receipt, *, url: bool = False) -> str:
-    """Fill `{intent.x}`, `{path.x}`, `{query.x}`, `{header.x}` and `{external_id}` from the receipt."""
+    """Fill `{intent.x}`, `{path.x}`, `{query.x}`, `{header.x}`, `{external_id}`, `{idempotency_key}`,
+    `{submitted_at}` and `{submitted_at_unix}` from the receipt."""
     values = _variables(receipt)
 
     def one(m) -> str:
@@ -86,7 +94,29 @@ def plan_read(op: Operation, receipt: Receipt) -> ReadRequest:
     if spec is None:
         raise ReconcileError(f"operation {op.api} {op.name} has no reconcile spec")
     url = urljoin(receipt.target, render(spec.url, receipt, url=True))
-    return ReadRequest(spec.method, url)
+    body = None
+    if spec.body is not None:
+        doc = {k: v if k == "query" else _render_doc(v, receipt) for k, v in spec.body.items()}
+        body = json.dumps(doc).encode()
+    return ReadRequest(spec.method, url, body)
+
+
+def _render_doc(doc: Any, receipt: Receipt) -> Any:
+    """A POST read's body with its string templates filled (a GraphQL `query` is sent as written).
+    A string that is one whole template (`"{submitted_at_unix}"`) takes the value's own JSON type."""
+    if isinstance(doc, dict):
+        return {k: _render_doc(v, receipt) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_render_doc(v, receipt) for v in doc]
+    if isinstance(doc, str):
+        whole = _TEMPLATE_VAR.fullmatch(doc)
+        if whole:
+            value = _variables(receipt).get(whole.group(1))
+            if value is None:
+                raise ReconcileError(f"{doc} has no value in receipt {receipt.operation_id}")
+            return value
+        return render(doc, receipt)
+    return doc
 
 
 def credentials_from(op: Operation, headers: Mapping[str, str]) -> dict[str, str]:
@@ -94,35 +124,56 @@ def credentials_from(op: Operation, headers: Mapping[str, str]) -> dict[str, str
     return {h: headers[h] for h in (*op.credential_headers, "authorization", "cookie") if headers.get(h)}
 
 
-def _check(read: ReadRequest) -> None:
-    if read.method not in READ_METHODS:
-        raise ReconcileError(f"refusing {read.method} {read.shown}: a reconcile read is GET or HEAD, never a write")
+def _check(read: ReadRequest, post_reads: Sequence[PathTemplate]) -> None:
+    """Refuse anything but a read: GET or HEAD, or a POST of a query to a path the rules list in post_reads."""
+    if read.method in READ_METHODS and read.body is None:
+        return
+    path = httpx.URL(read.url).path
+    if read.method == "POST" and read.body is not None and any(t.match(path) is not None for t in post_reads):
+        request = gql.request_of(read.body)
+        why = gql.read_is_query(request[0]) if request else None
+        if why is None:
+            return
+        raise ReconcileError(f"refusing POST {read.shown}: {why}")
+    raise ReconcileError(f"refusing {read.method} {read.shown}: a reconcile read is GET or HEAD "
+                         "(or a POST to a path the rules list in post_reads), never a write")
+
+
+def _request_args(read: ReadRequest, credentials: Mapping[str, str]) -> dict[str, Any]:
+    headers = dict(credentials)
+    if read.body is not None:
+        headers["content-type"] = "application/json"
+    return {"headers": headers, "content": read.body}
 
 
 def perform_read(read: ReadRequest, credentials: Mapping[str, str], *, timeout: float = 30.0,
-                 verify: Any = True) -> tuple[int, bytes]:
-    _check(read)
+                 verify: Any = True, post_reads: Sequence[PathTemplate] = ()) -> tuple[int, bytes]:
+    _check(read, post_reads)
     with httpx.Client(timeout=timeout, verify=verify, trust_env=False, follow_redirects=True) as client:
-        r = client.request(read.method, read.url, headers=dict(credentials))
+        r = client.request(read.method, read.url, **_request_args(read, credentials))
         return r.status_code, r.content
 
 
 async def perform_read_async(read: ReadRequest, credentials: Mapping[str, str], *, timeout: float = 30.0,
-                             verify: Any = True) -> tuple[int, bytes]:
-    _check(read)
+                             verify: Any = True, post_reads: Sequence[PathTemplate] = ()) -> tuple[int, bytes]:
+    _check(read, post_reads)
     async with httpx.AsyncClient(timeout=timeout, verify=verify, trust_env=False, follow_redirects=True) as client:
-        r = await client.request(read.method, read.url, headers=dict(credentials))
+        r = await client.request(read.method, read.url, **_request_args(read, credentials))
         return r.status_code, r.content
 
 
-def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int, body: bytes) -> Verdict:
+def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int, body: bytes, *,
+          headers: Mapping[str, str] | None = None, now: dt.datetime | None = None) -> Verdict:
     """What the read proves."""
     said = f"read {read.method} {read.shown} → HTTP {status}"
+    now = now or utcnow()
+    if spec.absent_when is not None and _fits(spec.absent_when, status, headers or {}, body):
+        return _absent(spec, f"{said}: the answer says there is no such object", receipt, now)
     if not spec.find:
-        if 200 <= status < 300:
+        if 200 <= status < 300 and spec.absent_when is None or 200 <= status < 300 and _has(body, spec.items):
             return Verdict(State.SUCCEEDED, f"{said}: found", external_id_of(body, spec.external_id) or receipt.external_id)
-        if status in (404, 410):
-            return _absent(spec, said)
+        if status in (404, 410) and spec.absent_when is None:
+            return _absent(spec, said, receipt, now)
         return Verdict(State.MANUAL_REVIEW, f"{said}: the read failed, nothing is proven")
     if not 200 <= status < 300:
         return Verdict(State.MANUAL_REVIEW, f"{said}: the read failed, nothing is proven")
@@ -131,6 +182,8 @@ def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int,
     except (UnicodeDecodeError, ValueError):
         return Verdict(State.MANUAL_REVIEW, f"{said}: the answer is not JSON")
     items = dig(doc, spec.items) if spec.items else doc
+    if isinstance(items, dict):  # a read of one object (GraphQL `issue(id:)`): a list of one
+        items = [items]
     if not isinstance(items, list):
         return Verdict(State.MANUAL_REVIEW, f"{said}: no list at {spec.items or 'the top level'} of the answer")
     try:
@@ -139,10 +192,11 @@ def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int,
         return Verdict(State.MANUAL_REVIEW, f"{said}: {e}")
     for item in items:
         if all(_text(dig(item, field)) == value for field, value in wanted):
-            found = _text(dig(item, spec.external_id)) if spec.external_id else None
+            found = id_in(item, spec.external_id) if spec.external_id else None
+            label = spec.external_id if isinstance(spec.external_id, str) else ":".join(spec.external_id or ())
             return Verdict(State.SUCCEEDED, f"{said}: found among {len(items)} items"
-                           + (f" ({spec.external_id}={found})" if found else ""), found)
-    return _absent(spec, f"{said}: not found among {len(items)} items")
+                           + (f" ({label}={found})" if found else ""), found)
+    return _absent(spec, f"{said}: not found among {len(items)} items", receipt, now)
 
 
 def _text(value: Any) -> str | None:
@@ -151,11 +205,40 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _absent(spec: ReconcileSpec, said: str) -> Verdict:
+def _fits(rule: ClassifyRule, status: int, headers: Mapping[str, str], body: bytes) -> bool:
+    return rule_fits(rule, status, headers, body)
+
+
+def _has(body: bytes, items: str | None) -> bool:
+    """Whether a 2xx answer holds an object at `items` (absent_when reads: a null there proves nothing)."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return (dig(doc, items) if items else doc) not in (None, [], {})
+
+
+def _absent(spec: ReconcileSpec, said: str, receipt: Receipt | None = None, now: dt.datetime | None = None) -> Verdict:
+    if spec.absence_provable and spec.settle and receipt is not None:
+        since = dt.datetime.fromisoformat(receipt.completed_at or receipt.submitted_at)
+        proof_from = since + dt.timedelta(seconds=spec.settle)
+        if (now or utcnow()) < proof_from:
+            return Verdict(State.OUTCOME_UNKNOWN,
+                           f"{said}; this read proves absence only {spec.settle}s after the outcome became unknown: "
+                           f"try again after {iso(proof_from)}", retry_after=proof_from)
     if spec.absence_provable and spec.retry_when_absent:
         return Verdict(State.SAFE_TO_RETRY, f"{said}; absence is proven and the rule allows a retry")
     why = "the rule does not say this read proves absence" if not spec.absence_provable else "the rule does not allow a retry"
     return Verdict(State.MANUAL_REVIEW, f"{said}; {why}")
+
+
+def retry_after(op: Operation | None, receipt: Receipt, now: dt.datetime) -> dt.datetime | None:
+    """When a read can next prove absence of an outcome_unknown receipt's effect, if that is still ahead."""
+    spec = op.reconcile if op is not None else None
+    if spec is None or not spec.settle or receipt.state is not State.OUTCOME_UNKNOWN:
+        return None
+    at = dt.datetime.fromisoformat(receipt.completed_at or receipt.submitted_at) + dt.timedelta(seconds=spec.settle)
+    return at if at > now else None
 
 
 def finish(store: Store, receipt: Receipt, verdict: Verdict, *, actor: str) -> Receipt:
@@ -165,7 +248,7 @@ def finish(store: Store, receipt: Receipt, verdict: Verdict, *, actor: str) -> R
 
 
 def reconcile(store: Store, op: Operation | None, operation_id: str, credentials: Mapping[str, str], *,
-              actor: str, timeout: float = 30.0, verify: Any = True) -> Receipt:
+              actor: str, timeout: float = 30.0, verify: Any = True, post_reads: Sequence[PathTemplate] = ()) -> Receipt:
     """Claim, read, judge and record, synchronously (the CLI's path)."""
     receipt = store.claim_for_reconcile(operation_id, actor=actor)
     if op is None or op.reconcile is None:
@@ -173,13 +256,13 @@ def reconcile(store: Store, op: Operation | None, operation_id: str, credentials
         return finish(store, receipt, Verdict(State.MANUAL_REVIEW, f"no read can decide: {what}"), actor=actor)
     try:
         read = plan_read(op, receipt)
-        status, body = perform_read(read, credentials, timeout=timeout, verify=verify)
+        status, body = perform_read(read, credentials, timeout=timeout, verify=verify, post_reads=post_reads)
     except (ReconcileError, httpx.HTTPError) as e:
         return finish(store, receipt, Verdict(State.MANUAL_REVIEW, f"read failed: {describe(e)}"), actor=actor)
     except BaseException as e:  # never leave a receipt in reconciling
         finish(store, receipt, Verdict(State.MANUAL_REVIEW, f"read failed: {type(e).__name__}"), actor=actor)
         raise
-    return finish(store, receipt, judge(op.reconcile, read, receipt, status, body), actor=actor)
+    return finish(store, receipt, judge(op.reconcile, read, receipt, status, body, now=store.clock()), actor=actor)
 
 
 def describe(e: Exception) -> str:

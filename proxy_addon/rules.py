@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -70,17 +70,65 @@ class FingerprintSpec:
     headers: tuple[str, ...] = ()
 
 
+ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the effect may already exist; read to decide
+
+
+@dataclass(frozen=True)
+class Check:
+    """One test of a classify rule on a field or header: equal, one_of, present, contains or matches."""
+
+    kind: str
+    value: Any = None
+
+    def fits(self, found: list[Any]) -> bool:
+        """Whether any of the values found at a path (None: absent) passes the test."""
+        present = [v for v in found if v is not None]
+        if self.kind == "present":
+            return bool(present) == self.value
+        if self.kind == "equal":
+            return any(_same(v, self.value) for v in found)
+        if self.kind == "one_of":
+            return any(_same(v, x) for v in found for x in self.value)
+        if self.kind == "contains":
+            return any(isinstance(v, str) and self.value in v for v in present)
+        return any(isinstance(v, str) and self.value.search(v) for v in present)  # matches
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality with JSON's types: false is not 0, 1 is 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+@dataclass(frozen=True)
+class ClassifyRule:
+    """`classify:` list entry: when the status, body fields and headers fit, the answer is `state`."""
+
+    state: str  # a State, or ALREADY_EXISTS
+    statuses: tuple[str, ...] = ()  # "409", "4xx"; () → any
+    body: tuple[tuple[str, Check], ...] = ()
+    headers: tuple[tuple[str, Check], ...] = ()
+    reason: str | None = None
+    line: int = 0
+
+
 @dataclass(frozen=True)
 class ReconcileSpec:
     """How to look for an operation's effect with a read (never another write)."""
 
-    method: str  # GET or HEAD
+    method: str  # GET or HEAD; POST only to a path the file lists in post_reads
     url: str  # a template: absolute, or a path on the receipt's own origin
     find: tuple[tuple[str, str], ...] = ()  # (dotted field of an item, value template); () → the status decides
     items: str | None = None  # dotted path to the list in the JSON answer; None → the answer itself
     absence_provable: bool = False  # "not found" in this read proves the effect does not exist
     retry_when_absent: bool = False  # once absence is proven, the operation may be sent again
-    external_id: str | None = None  # field of the found item naming it
+    external_id: str | tuple[str, ...] | None = None  # field(s) of the found item naming it
+    body: Any = None  # POST reads: a JSON document whose strings are templates
+    settle: int = 0  # seconds after the outcome became unknown before "not found" proves absence
+    absent_when: ClassifyRule | None = None  # an answer that says "no such object" (a GraphQL error, a 404)
 
 
 @dataclass(frozen=True)
@@ -91,20 +139,34 @@ class Operation:
     path: PathTemplate
     fingerprint: FingerprintSpec
     credential_headers: tuple[str, ...]
-    external_id: str | None = None
+    external_id: str | tuple[str, ...] | None = None  # dotted field(s) of the JSON answer; several → joined with ':'
     after_success: AfterSuccess = "replay"
-    classify: tuple[tuple[str, State], ...] = ()  # ("404", ...) before ("4xx", ...)
+    classify: tuple[tuple[str, str], ...] = ()  # ("404", state) before ("4xx", state); state: a State or ALREADY_EXISTS
     source: str = ""
     reconcile: ReconcileSpec | None = None
     idempotency_header: str | None = None  # the API deduplicates by this header; the proxy adds it
     approve: bool = False  # an operator approves each request in mitmweb before it is sent
     credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
+    graphql: str | None = None  # match only GraphQL mutations with this root field
+    classify_rules: tuple[ClassifyRule, ...] = ()  # `classify:` as a list; tried before `classify`
+    external_id_header: str | None = None  # the created object's id is in this response header
+    idempotency_body: str | None = None  # the proxy writes its key at this dotted path of the JSON body
+    idempotency_format: str = "receipt"  # receipt: receipt-<id>; uuid4
+    credentials_scheme: str | None = None  # CLI reads send "<scheme> $VAR"
+    line: int = 0
+
+    @property
+    def idempotent(self) -> bool:
+        """The proxy chooses an identity the API deduplicates by (a header or a body field)."""
+        return self.idempotency_header is not None or self.idempotency_body is not None
 
 
 @dataclass(frozen=True)
 class Match:
     operation: Operation
     params: dict[str, str]
+    pending: bool = False  # a GraphQL operation: the body decides (RuleSet.match with body=...)
+    graphql_args: dict[str, Any] | None = None  # the root field's arguments, variables substituted
 
 
 @dataclass(frozen=True)
@@ -113,6 +175,7 @@ class RuleFile:
     hosts: tuple[str, ...]
     operations: tuple[Operation, ...]
     source: str
+    post_reads: tuple[PathTemplate, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,8 +208,12 @@ class RuleSet:
                 return next((op for op in f.operations if op.name == name), None)
         return None
 
-    def match(self, host: str, port: int, method: str, path: str) -> Match | None:
-        """The first operation whose host, method and path template fit, or None."""
+    def match(self, host: str, port: int, method: str, path: str, body: bytes | None = None) -> Match | None:
+        """
+        The first operation whose host, method and path template fit, or None. A GraphQL
+        operation (`match.graphql`) also needs the body: without one, the first such candidate
+        comes back `pending`; with one, only the mutation with that root field fits.
+        """
         host = host.lower().rstrip(".")
         candidates = self._exact.get(f"{host}:{port}", ()) + self._exact.get(host, ())
         if self._wildcard:
@@ -158,11 +225,23 @@ class RuleSet:
         if not candidates:
             return None
         path = path.split("?", 1)[0]
+        mutation: dict[str, dict[str, Any]] | None = None
+        parsed = False
         for _, op in candidates:
             if op.method == method:
                 params = op.path.match(path)
-                if params is not None:
+                if params is None:
+                    continue
+                if op.graphql is None:
                     return Match(op, params)
+                if body is None:
+                    return Match(op, params, pending=True)
+                if not parsed:
+                    from proxy_addon.gql import mutation_fields  # graphql-core loads only for GraphQL rules
+
+                    mutation, parsed = mutation_fields(body), True
+                if mutation is not None and op.graphql in mutation:
+                    return Match(op, params, graphql_args=mutation[op.graphql])
         return None
 
 
@@ -180,6 +259,7 @@ def host_pattern(host: str) -> str:
 class _Ctx:
     def __init__(self, source: str):
         self.source = source
+        self.post_reads: tuple[PathTemplate, ...] = ()
 
     def error(self, node: yaml.Node | None, field_: str, message: str) -> RulesError:
         line = node.start_mark.line + 1 if node is not None else None
@@ -272,7 +352,31 @@ def parse_path_template(template: str) -> PathTemplate:
 
 
 def load_rules(text: str, source: str = "<rules>") -> RuleFile:
-    """Parse one rules file. Raises RulesError naming `source`, the line and the field."""
+    """Parse one rules file. Raises RulesError naming `source`, the line and the field (the first problem)."""
+    problems: list[RulesError] = []
+    rf = _load(text, source, problems)
+    if problems:
+        raise problems[0]
+    assert rf is not None
+    return rf
+
+
+def check_rules(text: str, source: str = "<rules>") -> list[RulesError]:
+    """Every problem of one rules file: the first at the top level, else one per bad operation."""
+    problems: list[RulesError] = []
+    _load(text, source, problems)
+    return problems
+
+
+def _load(text: str, source: str, problems: list[RulesError]) -> RuleFile | None:
+    try:
+        return _load_file(text, source, problems)
+    except RulesError as e:
+        problems.append(e)
+        return None
+
+
+def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile | None:
     ctx = _Ctx(source)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -287,7 +391,7 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
         raise RulesError("not valid YAML: nested too deeply", source=source) from None
     if node is None:
         raise RulesError("the file is empty; expected keys api, hosts and operations", source=source, line=1)
-    top = ctx.mapping(node, "", ("api", "hosts", "credentials", "operations"), ("api", "hosts", "operations"))
+    top = ctx.mapping(node, "", ("api", "hosts", "credentials", "post_reads", "operations"), ("api", "hosts", "operations"))
 
     api = ctx.string(top["api"][1], "api")
     hosts = []
@@ -297,9 +401,9 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
         hosts.append(host)
 
     credential_headers: tuple[str, ...] = ()
-    credentials_env = None
+    credentials_env = credentials_scheme = None
     if "credentials" in top:
-        cred = ctx.mapping(top["credentials"][1], "credentials", ("header", "env"), ("header",))
+        cred = ctx.mapping(top["credentials"][1], "credentials", ("header", "env", "scheme"), ("header",))
         names = []
         for item, h in ctx.strings(cred["header"][1], "credentials.header", allow_empty=False):
             if not _HEADER.match(h):
@@ -310,6 +414,18 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
             credentials_env = ctx.string(cred["env"][1], "credentials.env")
             if not _IDENT.match(credentials_env):
                 raise ctx.error(cred["env"][1], "credentials.env", f"{credentials_env!r} is not an environment variable name")
+        if "scheme" in cred:
+            credentials_scheme = ctx.string(cred["scheme"][1], "credentials.scheme")
+            if not _HEADER.match(credentials_scheme):
+                raise ctx.error(cred["scheme"][1], "credentials.scheme", f"{credentials_scheme!r} is not an auth scheme like Bearer or Token")
+
+    post_reads = []
+    for item, template in ctx.strings(top["post_reads"][1], "post_reads") if "post_reads" in top else ():
+        try:
+            post_reads.append(parse_path_template(template))
+        except ValueError as e:
+            raise ctx.error(item, "post_reads", str(e)) from None
+    ctx.post_reads = tuple(post_reads)
 
     ops_node = top["operations"][1]
     if not isinstance(ops_node, yaml.MappingNode):
@@ -319,10 +435,18 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
         raise ctx.error(ops_node, "operations", "must list at least one operation")
     operations = []
     for name, (key, value) in ops_map.items():
-        if not _OPERATION_NAME.match(name):
-            raise ctx.error(key, f"operations.{name}", "operation names use letters, digits, '.', '_' and '-'")
-        operations.append(_operation(ctx, api, name, value, credential_headers, credentials_env))
-    return RuleFile(api=api, hosts=tuple(hosts), operations=tuple(operations), source=source)
+        try:
+            if not _OPERATION_NAME.match(name):
+                raise ctx.error(key, f"operations.{name}", "operation names use letters, digits, '.', '_' and '-'")
+            op = _operation(ctx, api, name, value, credential_headers, credentials_env)
+        except RulesError as e:
+            problems.append(e)  # go on: `receipts rules check` reports every bad operation
+            continue
+        operations.append(replace(op, credentials_scheme=credentials_scheme, line=key.start_mark.line + 1))
+    if problems:
+        return None
+    return RuleFile(api=api, hosts=tuple(hosts), operations=tuple(operations), source=source,
+                    post_reads=tuple(post_reads))
 
 
 def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_headers: tuple[str, ...],
@@ -336,7 +460,7 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
     )
     if "description" in op:
         ctx.string(op["description"][1], f"{f}.description")
-    m = ctx.mapping(op["match"][1], f"{f}.match", ("method", "path"), ("method", "path"))
+    m = ctx.mapping(op["match"][1], f"{f}.match", ("method", "path", "graphql"), ("method", "path"))
     method_node = m["method"][1]
     method = ctx.string(method_node, f"{f}.match.method").upper()
     if method not in METHODS:
@@ -347,13 +471,27 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
     except ValueError as e:
         raise ctx.error(path_node, f"{f}.match.path", str(e)) from None
 
+    graphql = None
+    if "graphql" in m:
+        graphql = ctx.string(m["graphql"][1], f"{f}.match.graphql")
+        if not _IDENT.match(graphql):
+            raise ctx.error(m["graphql"][1], f"{f}.match.graphql", f"{graphql!r} is not a GraphQL field name like issueCreate")
+        if method != "POST":
+            raise ctx.error(m["graphql"][1], f"{f}.match.graphql", "GraphQL mutations are POSTs; use method: POST")
+
     fp = _fingerprint(ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path, credential_headers)
 
-    external_id = None
+    external_id = external_id_header = None
     if "external_id" in op:
-        external_id = ctx.string(op["external_id"][1], f"{f}.external_id")
-        if not _DOTTED.match(external_id):
-            raise ctx.error(op["external_id"][1], f"{f}.external_id", f"{external_id!r} is not a dotted field path like 'id' or 'data.id'")
+        enode = op["external_id"][1]
+        if isinstance(enode, yaml.MappingNode):
+            e = ctx.mapping(enode, f"{f}.external_id", ("header",), ("header",))
+            external_id_header = ctx.string(e["header"][1], f"{f}.external_id.header")
+            if not _HEADER.match(external_id_header):
+                raise ctx.error(e["header"][1], f"{f}.external_id.header", f"{external_id_header!r} is not a valid header name")
+            external_id_header = external_id_header.lower()
+        else:
+            external_id = _fields(ctx, enode, f"{f}.external_id")
 
     after_success: AfterSuccess = "replay"
     if "after_success" in op:
@@ -362,29 +500,49 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
             raise ctx.error(op["after_success"][1], f"{f}.after_success", f"{v!r} is not one of {', '.join(AFTER_SUCCESS)}")
         after_success = v  # type: ignore[assignment]
 
-    classify: list[tuple[str, State]] = []
-    if "classify" in op:
+    classify: list[tuple[str, str]] = []
+    classify_rules: list[ClassifyRule] = []
+    if "classify" in op and isinstance(op["classify"][1], yaml.SequenceNode):
+        classify_rules = [_classify_rule(ctx, item, f"{f}.classify[{i}]") for i, item in enumerate(op["classify"][1].value)]
+        if not classify_rules:
+            raise ctx.error(op["classify"][1], f"{f}.classify", "must list at least one rule")
+    elif "classify" in op:
         cnode = op["classify"][1]
         keys = [k.value for k, _ in cnode.value] if isinstance(cnode, yaml.MappingNode) else []
         for status, (knode, vnode) in ctx.mapping(cnode, f"{f}.classify", keys).items():
             where = f"{f}.classify.{status}"
-            if not _STATUS_KEY.match(status.lower()):
-                raise ctx.error(knode, where, f"{status!r} is not a status code (like 409) or class (like 4xx)")
-            state = ctx.string(vnode, where)
-            if state not in CLASSIFIABLE:
-                raise ctx.error(vnode, where, f"{state!r} is not one of {', '.join(CLASSIFIABLE)}")
-            classify.append((status.lower(), State(state)))
+            classify.append((_status_key(ctx, knode, status, where), _verdict(ctx, vnode, where)))
         classify.sort(key=lambda kv: kv[0].endswith("xx"))  # exact codes first
 
-    reconcile = _reconcile(ctx, f, op["reconcile"][1], fp, external_id) if "reconcile" in op else None
-
-    idempotency_header = None
+    idempotency_header = idempotency_body = None
+    idempotency_format = "receipt"
     if "idempotency_key" in op:
         knode = op["idempotency_key"][1]
-        key = ctx.mapping(knode, f"{f}.idempotency_key", ("header",), ("header",))
-        idempotency_header = ctx.string(key["header"][1], f"{f}.idempotency_key.header")
-        if not _HEADER.match(idempotency_header):
-            raise ctx.error(key["header"][1], f"{f}.idempotency_key.header", f"{idempotency_header!r} is not a valid header name")
+        where = f"{f}.idempotency_key"
+        key = ctx.mapping(knode, where, ("header", "body", "format"))
+        if ("header" in key) == ("body" in key):
+            raise ctx.error(knode, where, "name exactly one place for the key: header (Idempotency-Key) or body (a dotted field)")
+        if "header" in key:
+            idempotency_header = ctx.string(key["header"][1], f"{where}.header")
+            if not _HEADER.match(idempotency_header):
+                raise ctx.error(key["header"][1], f"{where}.header", f"{idempotency_header!r} is not a valid header name")
+        else:
+            idempotency_body = ctx.string(key["body"][1], f"{where}.body")
+            if not _DOTTED.match(idempotency_body) or any(p.isdecimal() for p in idempotency_body.split(".")):
+                raise ctx.error(key["body"][1], f"{where}.body", f"{idempotency_body!r} is not a dotted field path like 'input.id'")
+            if graphql and "." not in idempotency_body:
+                raise ctx.error(key["body"][1], f"{where}.body", "for a GraphQL operation, name a field inside an argument, like 'input.id'")
+        if "format" in key:
+            idempotency_format = ctx.string(key["format"][1], f"{where}.format")
+            if idempotency_format not in ("receipt", "uuid4"):
+                raise ctx.error(key["format"][1], f"{where}.format", f"{idempotency_format!r} is not one of receipt, uuid4")
+
+    reconcile = (_reconcile(ctx, f, op["reconcile"][1], fp, external_id, idempotent=bool(idempotency_header or idempotency_body))
+                 if "reconcile" in op else None)
+    for state in (*(r.state for r in classify_rules), *(v for _, v in classify)):
+        if state == ALREADY_EXISTS and reconcile is None:
+            problem = "an already_exists answer needs a reconcile read to decide; add reconcile: to this operation"
+            raise ctx.error(op["classify"][1], f"{f}.classify", problem)
 
     approve = _boolean(ctx, op["approve"][1], f"{f}.approve") if "approve" in op else False
 
@@ -393,8 +551,113 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
         credential_headers=credential_headers, external_id=external_id,
         after_success=after_success, classify=tuple(classify), source=ctx.source,
         reconcile=reconcile, idempotency_header=idempotency_header, credentials_env=credentials_env,
-        approve=approve,
+        approve=approve, graphql=graphql, classify_rules=tuple(classify_rules),
+        external_id_header=external_id_header, idempotency_body=idempotency_body,
+        idempotency_format=idempotency_format,
     )
+
+
+def _fields(ctx: _Ctx, node: yaml.Node, field_: str) -> str | tuple[str, ...]:
+    """A dotted field path, or a list of them (a composite id, joined with ':')."""
+    if isinstance(node, yaml.SequenceNode):
+        names = [v for _, v in ctx.strings(node, field_, allow_empty=False)]
+    else:
+        names = [ctx.string(node, field_)]
+    for name in names:
+        if not _DOTTED.match(name):
+            raise ctx.error(node, field_, f"{name!r} is not a dotted field path like 'id' or 'data.id'")
+    return names[0] if not isinstance(node, yaml.SequenceNode) else tuple(names)
+
+
+def _status_key(ctx: _Ctx, node: yaml.Node, status: str, field_: str) -> str:
+    if not _STATUS_KEY.match(status.lower()):
+        raise ctx.error(node, field_, f"{status!r} is not a status code (like 409) or class (like 4xx)")
+    return status.lower()
+
+
+def _verdict(ctx: _Ctx, node: yaml.Node, field_: str) -> str:
+    state = ctx.string(node, field_)
+    allowed = (*CLASSIFIABLE, ALREADY_EXISTS)
+    if state not in allowed:
+        raise ctx.error(node, field_, f"{state!r} is not one of {', '.join(allowed)}")
+    return state if state == ALREADY_EXISTS else State(state)
+
+
+_CHECKS = ("present", "contains", "matches")
+
+
+def _scalar(node: yaml.Node) -> Any:
+    """A YAML scalar as the JSON value it stands for."""
+    if node.tag == "tag:yaml.org,2002:str":
+        return node.value
+    return yaml.safe_load(node.value)
+
+
+def _check(ctx: _Ctx, node: yaml.Node, field_: str) -> Check:
+    if isinstance(node, yaml.ScalarNode):
+        return Check("equal", _scalar(node))
+    if isinstance(node, yaml.SequenceNode):
+        values = []
+        for i, item in enumerate(node.value):
+            if not isinstance(item, yaml.ScalarNode):
+                raise ctx.error(item, f"{field_}[{i}]", f"expected a value, got {_kind(item)}")
+            values.append(_scalar(item))
+        if not values:
+            raise ctx.error(node, field_, "must list at least one value")
+        return Check("one_of", tuple(values))
+    test = ctx.mapping(node, field_, _CHECKS)
+    if len(test) != 1:
+        raise ctx.error(node, field_, f"expected one test: {', '.join(_CHECKS)}")
+    (kind, (_, vnode)), = test.items()
+    where = f"{field_}.{kind}"
+    if kind == "present":
+        return Check(kind, _boolean(ctx, vnode, where))
+    text = ctx.string(vnode, where)
+    if kind == "matches":
+        try:
+            return Check(kind, re.compile(text))
+        except re.error as e:
+            raise ctx.error(vnode, where, f"{text!r} is not a valid regular expression: {e}") from None
+    return Check(kind, text)
+
+
+_WILD_DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*\Z")
+
+
+def _classify_rule(ctx: _Ctx, node: yaml.Node, field_: str, *, verdict: bool = True) -> ClassifyRule:
+    keys = ("status", "body", "headers", "state", "reason") if verdict else ("status", "body", "headers")
+    rule = ctx.mapping(node, field_, keys, ("state",) if verdict else ())
+    statuses: list[str] = []
+    if "status" in rule:
+        snode = rule["status"][1]
+        items = snode.value if isinstance(snode, yaml.SequenceNode) else [snode]
+        for i, item in enumerate(items):
+            where = f"{field_}.status" + (f"[{i}]" if isinstance(snode, yaml.SequenceNode) else "")
+            if not isinstance(item, yaml.ScalarNode) or not item.value:
+                raise ctx.error(item, where, f"expected a status code (like 409) or class (like 4xx), got {_kind(item)}")
+            statuses.append(_status_key(ctx, item, item.value, where))
+    body = []
+    if "body" in rule:
+        bnode = rule["body"][1]
+        keys = [k.value for k, _ in bnode.value] if isinstance(bnode, yaml.MappingNode) else []
+        for name, (knode, vnode) in ctx.mapping(bnode, f"{field_}.body", keys).items():
+            if not _WILD_DOTTED.match(name):
+                raise ctx.error(knode, f"{field_}.body.{name}", f"{name!r} is not a dotted field path (use * for any item of a list)")
+            body.append((name, _check(ctx, vnode, f"{field_}.body.{name}")))
+    headers = []
+    if "headers" in rule:
+        hnode = rule["headers"][1]
+        keys = [k.value for k, _ in hnode.value] if isinstance(hnode, yaml.MappingNode) else []
+        for name, (knode, vnode) in ctx.mapping(hnode, f"{field_}.headers", keys).items():
+            if not _HEADER.match(name):
+                raise ctx.error(knode, f"{field_}.headers.{name}", f"{name!r} is not a valid header name")
+            headers.append((name.lower(), _check(ctx, vnode, f"{field_}.headers.{name}")))
+    if not (statuses or body or headers):
+        raise ctx.error(node, field_, "a rule that tests nothing fits every answer; give status, body or headers")
+    reason = ctx.string(rule["reason"][1], f"{field_}.reason") if "reason" in rule else None
+    state = _verdict(ctx, rule["state"][1], f"{field_}.state") if verdict else ""
+    return ClassifyRule(state=state, statuses=tuple(statuses),
+                        body=tuple(body), headers=tuple(headers), reason=reason, line=node.start_mark.line + 1)
 
 
 _TEMPLATE_VAR = re.compile(r"\{([^{}]*)\}")
@@ -402,7 +665,7 @@ _TEMPLATE_VAR = re.compile(r"\{([^{}]*)\}")
 
 def template_variables(fp: FingerprintSpec) -> set[str]:
     """The names a reconcile template may use, given what the operation's fingerprint records."""
-    names = {"external_id"}
+    names = {"external_id", "idempotency_key", "submitted_at", "submitted_at_unix"}
     names |= {f"path.{p}" for p in fp.path}
     names |= {f"query.{q}" for q in fp.query}
     names |= {f"header.{h}" for h in fp.headers}
@@ -429,20 +692,77 @@ def _boolean(ctx: _Ctx, node: yaml.Node, field_: str) -> bool:
     return node.value.lower() in ("true", "yes", "on")
 
 
-def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external_id: str | None) -> ReconcileSpec:
+_DURATION = re.compile(r"^([0-9]+)\s*(s|m|h|d)?\Z")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def _duration(ctx: _Ctx, node: yaml.Node, field_: str) -> int:
+    text = node.value if isinstance(node, yaml.ScalarNode) else ""
+    m = _DURATION.match(text.strip())
+    if not m or node.tag not in ("tag:yaml.org,2002:str", "tag:yaml.org,2002:int"):
+        raise ctx.error(node, field_, f"expected a duration like 30s, 5m, 1h or 1d, got {_kind(node)}")
+    return int(m.group(1)) * _UNIT[m.group(2)]
+
+
+def _read_body(ctx: _Ctx, node: yaml.Node, field_: str, allowed: set[str]) -> Any:
+    """A POST read's JSON body: its strings may be templates."""
+    if isinstance(node, yaml.MappingNode):
+        out = {}
+        for key, value in node.value:
+            name = ctx.string(key, field_)
+            out[name] = _read_body(ctx, value, f"{field_}.{name}", allowed)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_read_body(ctx, item, f"{field_}[{i}]", allowed) for i, item in enumerate(node.value)]
+    if node.tag == "tag:yaml.org,2002:str":
+        return _template(ctx, node, field_, allowed)
+    return _scalar(node)
+
+
+def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external_id: str | tuple[str, ...] | None,
+               idempotent: bool = False) -> ReconcileSpec:
     f = f"{f}.reconcile"
-    rec = ctx.mapping(node, f, ("read", "find", "items", "absence_provable", "retry_when_absent", "external_id"), ("read",))
+    rec = ctx.mapping(node, f, ("read", "find", "items", "absent_when", "absence_provable", "settle",
+                                "retry_when_absent", "external_id"), ("read",))
     allowed = template_variables(fp)
-    read = ctx.mapping(rec["read"][1], f"{f}.read", ("method", "url"), ("url",))
+    if not idempotent:
+        allowed.discard("idempotency_key")
+    read = ctx.mapping(rec["read"][1], f"{f}.read", ("method", "url", "body"), ("url",))
     method = "GET"
     if "method" in read:
         method = ctx.string(read["method"][1], f"{f}.read.method").upper()
-        if method not in ("GET", "HEAD"):
+        if method not in ("GET", "HEAD", "POST"):
             raise ctx.error(read["method"][1], f"{f}.read.method",
-                            f"{method!r}: a reconcile read is GET or HEAD, never a write")
+                            f"{method!r}: a reconcile read is GET or HEAD (or a POST to a path listed in post_reads), never a write")
     url = _template(ctx, read["url"][1], f"{f}.read.url", allowed)
     if not (url.startswith("/") or re.match(r"^https?://[^/{}]+", url)):
         raise ctx.error(read["url"][1], f"{f}.read.url", f"{url!r} must be a path ('/api/...') or an http(s) URL with a fixed host")
+    body = None
+    if method == "POST":
+        path = re.sub(r"^https?://[^/]+", "", _TEMPLATE_VAR.sub("x", url)).split("?", 1)[0] or "/"
+        if not any(t.match(path) is not None for t in ctx.post_reads):
+            listed = ", ".join(t.template for t in ctx.post_reads) or "none"
+            raise ctx.error(read["method"][1], f"{f}.read.method",
+                            f"a reconcile read is GET or HEAD, never a write; a POST read is allowed only to a path listed in post_reads (listed: {listed}); "
+                            f"{url!r} is not one of them")
+        if "body" not in read:
+            raise ctx.error(rec["read"][1], f"{f}.read.body", "a POST read needs a body (a mapping, sent as JSON)")
+        bnode = read["body"][1]
+        if not isinstance(bnode, yaml.MappingNode):
+            raise ctx.error(bnode, f"{f}.read.body", f"expected a mapping, got {_kind(bnode)}")
+        body = {}
+        for key, value in bnode.value:
+            name = ctx.string(key, f"{f}.read.body")
+            if name == "query":  # a GraphQL document is sent as written; values go in variables
+                from proxy_addon.gql import read_is_query
+
+                body[name] = ctx.string(value, f"{f}.read.body.query")
+                if (why := read_is_query(body[name])) is not None:
+                    raise ctx.error(value, f"{f}.read.body.query", why)
+            else:
+                body[name] = _read_body(ctx, value, f"{f}.read.body.{name}", allowed)
+    elif "body" in read:
+        raise ctx.error(read["body"][1], f"{f}.read.body", f"a {method} read has no body; only a POST read does")
     find = []
     if "find" in rec:
         fnode = rec["find"][1]
@@ -456,14 +776,19 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
         if method == "HEAD":
             raise ctx.error(fnode, f"{f}.find", "a HEAD read has no body to search; use GET or leave find out")
     items = ctx.string(rec["items"][1], f"{f}.items") if "items" in rec else None
+    absent_when = _classify_rule(ctx, rec["absent_when"][1], f"{f}.absent_when", verdict=False) if "absent_when" in rec else None
     provable = _boolean(ctx, rec["absence_provable"][1], f"{f}.absence_provable") if "absence_provable" in rec else False
+    settle = _duration(ctx, rec["settle"][1], f"{f}.settle") if "settle" in rec else 0
+    if "settle" in rec and not provable:
+        raise ctx.error(rec["settle"][1], f"{f}.settle", "needs absence_provable: true; settle says when absence counts")
     retry = _boolean(ctx, rec["retry_when_absent"][1], f"{f}.retry_when_absent") if "retry_when_absent" in rec else False
     if retry and not provable:
         raise ctx.error(rec["retry_when_absent"][1], f"{f}.retry_when_absent",
                         "needs absence_provable: true; a retry is safe only when absence is proven")
-    rec_external_id = ctx.string(rec["external_id"][1], f"{f}.external_id") if "external_id" in rec else external_id
+    rec_external_id = _fields(ctx, rec["external_id"][1], f"{f}.external_id") if "external_id" in rec else external_id
     return ReconcileSpec(method=method, url=url, find=tuple(find), items=items, absence_provable=provable,
-                         retry_when_absent=retry, external_id=rec_external_id)
+                         retry_when_absent=retry, external_id=rec_external_id, body=body, settle=settle,
+                         absent_when=absent_when)
 
 
 def _fingerprint(ctx: _Ctx, f: str, node: yaml.Node | None, path: PathTemplate, credential_headers: tuple[str, ...]) -> FingerprintSpec:
@@ -529,6 +854,38 @@ def load_rules_path(path: str | Path) -> RuleSet:
                 raise RulesError(f"api {rf.api!r} is already defined in {other.source}", source=str(file), field="api")
         loaded.append(rf)
     return RuleSet.of(loaded)
+
+
+def rules_files(path: str | Path) -> list[Path]:
+    """The rules files a path names: itself, or every *.yaml/*.yml in a folder, sorted."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file())
+    return [p] if p.is_file() else []
+
+
+def check_rules_path(path: str | Path) -> tuple[list[Path], list[RulesError]]:
+    """The files checked and every problem found in them (`receipts rules check`)."""
+    files = rules_files(path)
+    if not files:
+        what = "no *.yaml rules files in this folder" if Path(path).expanduser().is_dir() else "no such rules file or folder"
+        return [], [RulesError(what, source=str(path))]
+    problems: list[RulesError] = []
+    apis: dict[str, str] = {}
+    for file in files:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            problems.append(RulesError(f"cannot read: {e}", source=str(file)))
+            continue
+        found = check_rules(text, str(file))
+        problems += found
+        if not found:
+            api = load_rules(text, str(file)).api
+            if api in apis:
+                problems.append(RulesError(f"api {api!r} is already defined in {apis[api]}", source=str(file), field="api"))
+            apis.setdefault(api, str(file))
+    return files, problems
 
 
 def rules_signature(path: str | Path) -> tuple:

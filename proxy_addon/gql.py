@@ -1,0 +1,126 @@
+"""
+GraphQL requests, read with graphql-core: which mutation a POST runs, with which arguments.
+
+    call = mutation_fields(body)        # {"issueCreate": {"input": {...}}} or None
+    read_is_query(text)                 # False when a document holds a mutation
+
+A rule recognises a GraphQL operation by the root field of the mutation the request
+executes (`issueCreate`), never by `operationName`, which the client chooses (Linear's
+SDK sends `createIssue`). Arguments are resolved with the request's variables, so
+`issueCreate(input: $input)` and `issueCreate(input: {title: "x"})` read the same.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from graphql import GraphQLError, parse
+from graphql.language import (
+    DocumentNode, FieldNode, FragmentDefinitionNode, FragmentSpreadNode, InlineFragmentNode,
+    OperationDefinitionNode, OperationType, SelectionSetNode, VariableNode,
+)
+from graphql.pyutils import Undefined
+from graphql.utilities import value_from_ast_untyped
+
+MAX_QUERY = 256 * 1024  # a larger document is not read as GraphQL (it is fingerprinted by its hash)
+
+
+def request_of(body: bytes) -> tuple[str, dict[str, Any], str | None] | None:
+    """(query, variables, operationName) of a GraphQL-over-HTTP POST body, or None."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("query"), str) or len(doc["query"]) > MAX_QUERY:
+        return None
+    variables = doc.get("variables") or {}
+    name = doc.get("operationName")
+    if not isinstance(variables, dict) or (name is not None and not isinstance(name, str)):
+        return None
+    return doc["query"], variables, name
+
+
+def _document(query: str) -> DocumentNode | None:
+    try:
+        return parse(query, no_location=True)
+    except (GraphQLError, RecursionError):
+        return None
+
+
+def _executed(doc: DocumentNode, name: str | None) -> OperationDefinitionNode | None:
+    """The operation a server executes: the one named `operationName`, or the only one."""
+    ops = [d for d in doc.definitions if isinstance(d, OperationDefinitionNode)]
+    if name:
+        return next((o for o in ops if o.name and o.name.value == name), None)
+    return ops[0] if len(ops) == 1 else None
+
+
+def _root_fields(selection: SelectionSetNode, fragments: dict[str, FragmentDefinitionNode], depth: int = 0) -> list[FieldNode]:
+    out: list[FieldNode] = []
+    for sel in selection.selections:
+        if isinstance(sel, FieldNode):
+            out.append(sel)
+        elif depth < 8 and isinstance(sel, InlineFragmentNode):
+            out += _root_fields(sel.selection_set, fragments, depth + 1)
+        elif depth < 8 and isinstance(sel, FragmentSpreadNode) and sel.name.value in fragments:
+            out += _root_fields(fragments[sel.name.value].selection_set, fragments, depth + 1)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if value is Undefined:
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def mutation_fields(body: bytes) -> dict[str, dict[str, Any]] | None:
+    """
+    The root fields of the mutation a GraphQL POST body executes, each with its arguments
+    (variables substituted), or None when the body is not a GraphQL mutation.
+    """
+    request = request_of(body)
+    if request is None:
+        return None
+    query, variables, name = request
+    doc = _document(query)
+    op = _executed(doc, name) if doc else None
+    if op is None or op.operation is not OperationType.MUTATION:
+        return None
+    fragments = {d.name.value: d for d in doc.definitions if isinstance(d, FragmentDefinitionNode)}  # type: ignore[union-attr]
+    fields: dict[str, dict[str, Any]] = {}
+    for f in _root_fields(op.selection_set, fragments):
+        args = {a.name.value: _plain(value_from_ast_untyped(a.value, variables)) for a in f.arguments or ()}
+        fields.setdefault(f.name.value, args)
+    return fields
+
+
+def argument_variable(body: bytes, field_name: str, argument: str) -> str | None:
+    """The name of the variable that carries `argument` of the mutation's root field `field_name`, if one does."""
+    request = request_of(body)
+    doc = _document(request[0]) if request else None
+    op = _executed(doc, request[2]) if doc and request else None
+    if op is None:
+        return None
+    fragments = {d.name.value: d for d in doc.definitions if isinstance(d, FragmentDefinitionNode)}  # type: ignore[union-attr]
+    for f in _root_fields(op.selection_set, fragments):
+        if f.name.value == field_name:
+            for a in f.arguments or ():
+                if a.name.value == argument and isinstance(a.value, VariableNode):
+                    return a.value.name.value
+    return None
+
+
+def read_is_query(query: str) -> str | None:
+    """Why a GraphQL document may not be sent as a read (it does not parse, or holds a mutation), or None."""
+    doc = _document(query)
+    if doc is None:
+        return "the GraphQL document does not parse"
+    for d in doc.definitions:
+        if isinstance(d, OperationDefinitionNode) and d.operation is not OperationType.QUERY:
+            return f"the GraphQL document holds a {d.operation.value}; a read holds queries only"
+    return None
