@@ -34,14 +34,16 @@ from mitmproxy.addonmanager import Loader
 if __package__ != "proxy_addon":  # loaded with `mitmdump -s path/to/addon.py` from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy_addon import answers, exchange, instances, web
-from proxy_addon.classify import classify_error, classify_status, external_id_of
+from proxy_addon import answers, exchange, identity, instances, web
+from proxy_addon.classify import classify_error, classify_response, response_external_id
 from proxy_addon.errors import IllegalTransition, ReceiptsError, RulesError, StoreError
 from proxy_addon.fingerprint import RequestView, fingerprint, keyed_hash, load_or_create_key
 from proxy_addon.reconcile import (
-    Verdict, credentials_from, describe, finish, judge, perform_read_async, plan_read,
+    Verdict, credentials_from, describe, finish, judge, perform_read_async, plan_read, retry_after,
 )
-from proxy_addon.rules import DEFAULT_RULES, Match, Operation, RuleSet, host_pattern, load_rules_path, rules_signature
+from proxy_addon.rules import (
+    ALREADY_EXISTS, DEFAULT_RULES, Match, Operation, RuleSet, host_pattern, load_rules_path, rules_signature,
+)
 from proxy_addon.states import RESOLUTIONS, State
 from proxy_addon.store import Attempt, Decision, Receipt, Store, iso, utcnow
 
@@ -293,11 +295,20 @@ class Receipts:
             return
         req.stream = False  # the receipt must be committed before any byte leaves
         flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
+        if m.pending:
+            flow.metadata[META]["pending"] = True  # a GraphQL rule: the body decides (request hook)
 
     async def request(self, flow: http.HTTPFlow) -> None:
         meta = flow.metadata.get(META)
         if meta is None or flow.response or flow.error or not flow.live:
             return
+        if meta.pop("pending", False) and self.rules is not None and not self.config_error:
+            req = flow.request
+            m = self.rules.match(req.host, req.port, req.method, req.path, body=req.raw_content or b"")
+            if m is None:  # a GraphQL query, or a mutation no rule names: passed through untouched
+                del flow.metadata[META]
+                return
+            meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
         try:
             await self._begin(flow, meta)
         except Exception as e:  # fail closed: whatever broke, the request is not forwarded
@@ -330,7 +341,8 @@ class Receipts:
             state = d.receipt.state
             return d.kind == "blocked" and (
                 (state is State.SUBMITTED and wait_submitted > 0)
-                or (state is State.OUTCOME_UNKNOWN and (op.reconcile is not None or op.idempotency_header is not None))
+                or (state is State.OUTCOME_UNKNOWN and (op.reconcile is not None or op.idempotency_header is not None)
+                    and self._may_reconcile(op, d.receipt))
             )
 
         attempts: list[Attempt] = []  # fingerprinted once, in the store's thread
@@ -339,12 +351,20 @@ class Receipts:
             if not attempts:
                 intent = fingerprint(m, view, key)
                 agent_key = view.headers.get(agent_key_header)
+                given_key, idempotency = None, op.idempotency_header is not None
+                if op.idempotency_body:
+                    # An id the API deduplicates by, in the body: the agent's own, or ours if there is room.
+                    given_key, idempotency = identity.body_key(op, view.body, m.graphql_args)
+                    if not idempotency:
+                        logger.warning(f"{op.api} {op.name}: no place for {op.idempotency_body} in this body; "
+                                       "sent without a proxy-chosen id")
                 attempts.append(Attempt(
                     api=op.api, operation=op.name, method=view.method,
                     target=intent.target, intent_fingerprint=intent.fingerprint, intent=intent.intent,
                     principal=intent.principal, flow_id=flow.id, instance=instance,
                     client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
-                    idempotency=op.idempotency_header is not None, approval=op.approve,
+                    idempotency=idempotency, approval=op.approve, key_format=op.idempotency_format,
+                    given_key=given_key,
                 ))
             # Only the answer a duplicate finally gets is recorded.
             return store.begin_attempt(attempts[0], after_success=op.after_success, replay_window=replay_window,
@@ -375,6 +395,10 @@ class Receipts:
             self._outcomes[receipt.operation_id] = asyncio.Event()
             if op.idempotency_header and receipt.idempotency_key and agent_key_header not in view.headers:
                 flow.request.headers[op.idempotency_header] = receipt.idempotency_key
+            if op.idempotency_body and receipt.idempotency_key and attempts[0].given_key is None:
+                body = identity.with_body_key(op, view.body, receipt.idempotency_key)
+                if body is not None:
+                    flow.request.content = body
             self._mark(flow, receipt.state, receipt)
             await self._debug_pause("after_commit", receipt.operation_id)
             if self._client is not None:
@@ -384,7 +408,17 @@ class Receipts:
         elif decision.kind == "replay":
             self._answer_replay(flow, receipt)
         else:
-            self._answer_blocked(flow, receipt, decision.kind)
+            self._answer_blocked(flow, receipt, decision.kind, op)
+
+    def _may_reconcile(self, op: Operation, receipt: Receipt) -> bool:
+        """
+        Whether a duplicate should reconcile an outcome_unknown receipt now. An API whose key
+        makes a resend safe always may; a read that cannot prove absence yet (settle) and has
+        already looked once since the outcome became unknown waits until it can.
+        """
+        if op.idempotency_header is not None or op.reconcile is None or not op.reconcile.settle:
+            return True
+        return retry_after(op, receipt, utcnow()) is None or receipt.updated_at == receipt.completed_at
 
     async def _await_approval(self, flow: http.HTTPFlow, meta: dict, receipt: Receipt) -> Receipt:
         """
@@ -554,12 +588,15 @@ class Receipts:
                 read = plan_read(op, claimed)
                 opts = ctx.options
                 verify: Any = False if opts.ssl_insecure else (opts.ssl_verify_upstream_trusted_ca or True)
+                rules = self.rules
+                post_reads = rules.post_reads(op.api) if rules else ()
                 try:
-                    status, body = await perform_read_async(read, credentials, timeout=opts.receipts_read_timeout, verify=verify)
+                    status, headers, body = await perform_read_async(
+                        read, credentials, timeout=opts.receipts_read_timeout, verify=verify, post_reads=post_reads)
                 except httpx.HTTPError as e:
                     verdict = Verdict(State.MANUAL_REVIEW, f"read {read.method} {read.shown} failed: {describe(e)}")
                 else:
-                    verdict = judge(op.reconcile, read, claimed, status, body)
+                    verdict = judge(op.reconcile, read, claimed, status, body, headers=headers, now=store.clock())
         except Exception as e:  # never leave a receipt in reconciling
             logger.exception(f"receipt {claimed.operation_id}: reconcile failed")
             verdict = Verdict(State.MANUAL_REVIEW, f"reconcile failed: {type(e).__name__}: {e}")
@@ -576,15 +613,31 @@ class Receipts:
         resp = flow.response
         assert resp is not None
         op = self._operation(meta)
-        state = classify_status(resp.status_code, op)
         recorded, body = answers.recorded(resp, ctx.options.receipts_response_cap)
+        headers = {k.lower(): v for k, v in resp.headers.items()}
+        verdict, why = classify_response(resp.status_code, headers, body, op)
+        exists = verdict == ALREADY_EXISTS
+        state = State.OUTCOME_UNKNOWN if exists else State(verdict)
         fields: dict[str, Any] = {"http_status": resp.status_code, "response": recorded}
         if state is State.SUCCEEDED:
-            fields["external_id"] = external_id_of(body, op.external_id if op else None)
+            fields["external_id"] = response_external_id(op, headers, body)
         else:
-            fields["error"] = f"HTTP {resp.status_code} {resp.reason}".strip()
+            fields["error"] = f"HTTP {resp.status_code} {resp.reason}".strip() + (f": {why}" if why else "")
+        reason = f"upstream answered HTTP {resp.status_code}" + (f": {why}" if why else "")
+        if exists:
+            reason += (" (the answer says the effect may already exist; " if why else
+                       " (an already-exists answer; ") + "a read decides)"
         meta["outcome"] = str(state)
-        await self._record(flow, meta, state, f"upstream answered HTTP {resp.status_code}", fields)
+        await self._record(flow, meta, state, reason, fields)
+        if exists and op is not None and meta.get("state") == str(State.OUTCOME_UNKNOWN):
+            # Evidence, not a rejection: look it up now, with this request's own credentials.
+            receipt = await asyncio.get_running_loop().run_in_executor(self._executor, self.store.get, meta["operation_id"])  # type: ignore[union-attr]
+            await self._reconcile_inline(op, receipt, credentials_from(op, {k.lower(): v for k, v in flow.request.headers.items()}))
+            receipt = await asyncio.get_running_loop().run_in_executor(self._executor, self.store.get, meta["operation_id"])  # type: ignore[union-attr]
+            meta["state"] = str(receipt.state)
+            self._mark(flow, receipt.state, receipt)
+            if receipt.external_id:
+                resp.headers["X-Receipt-External-Id"] = receipt.external_id
         resp.headers["X-Receipt-Id"] = meta["operation_id"]
         resp.headers["X-Receipt-State"] = meta["state"]
 
@@ -619,7 +672,7 @@ class Receipts:
         if op is None:  # the rules were reloaded in between and the operation is gone
             flow.metadata.pop(META, None)
             return None
-        return Match(op, dict(meta["params"]))
+        return Match(op, dict(meta["params"]), graphql_args=meta.get("graphql_args"))
 
     def _operation(self, meta: dict) -> Operation | None:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None
@@ -675,8 +728,8 @@ class Receipts:
                        f"{ctx.options.receipts_upstream_timeout}s; ending the upstream exchange")
         _close_server_connection(flow)
 
-    def _answer_blocked(self, flow: http.HTTPFlow, receipt: Receipt, kind: str) -> None:
-        flow.response = answers.duplicate(receipt, kind)
+    def _answer_blocked(self, flow: http.HTTPFlow, receipt: Receipt, kind: str, op: Operation | None = None) -> None:
+        flow.response = answers.duplicate(receipt, kind, retry_after=retry_after(op, receipt, utcnow()))
         prefix = "BLOCKED reused Idempotency-Key of " if kind == "key_conflict" else "BLOCKED duplicate of "
         self._mark(flow, "blocked", receipt, prefix=prefix)
         logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")

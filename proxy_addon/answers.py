@@ -8,7 +8,9 @@ tested without a proxy.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
 from typing import Any
 
 from mitmproxy import http
@@ -66,8 +68,11 @@ def comment(receipt: Receipt, prefix: str = "") -> str:
     return f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · {receipt.state}{detail}{retry}"
 
 
-def duplicate(receipt: Receipt, kind: str) -> http.Response:
-    """The answer to a duplicate that is not forwarded: `blocked`, `blocked_succeeded` or `key_conflict`."""
+def duplicate(receipt: Receipt, kind: str, *, retry_after: dt.datetime | None = None) -> http.Response:
+    """
+    The answer to a duplicate that is not forwarded: `blocked`, `blocked_succeeded` or
+    `key_conflict`. `retry_after`: when a read can next prove the first attempt absent (settle).
+    """
     base = {"operation_id": receipt.operation_id, "api": receipt.api, "operation": receipt.operation}
     if kind == "key_conflict":
         return json_response(422, {
@@ -80,11 +85,18 @@ def duplicate(receipt: Receipt, kind: str) -> http.Response:
             "external_id": receipt.external_id, "completed_at": receipt.completed_at,
             "hint": "this operation already succeeded; it was not sent again",
         }, receipt_headers(receipt))
-    return json_response(409, {
+    doc = {
         "error": "duplicate_unresolved", **base, "state": str(receipt.state),
         "submitted_at": receipt.submitted_at,
         "hint": HINTS.get(receipt.state, "the first attempt is unresolved"),
-    }, receipt_headers(receipt))
+    }
+    headers = receipt_headers(receipt)
+    if retry_after is not None:
+        doc["retry_after"] = retry_after.isoformat().replace("+00:00", "Z")
+        doc["hint"] = (f"the first attempt's outcome is unknown and this API's read proves absence only after a delay; "
+                       f"send it again after {doc['retry_after']} to have it reconciled")
+        headers["Retry-After"] = str(max(1, math.ceil((retry_after - dt.datetime.now(dt.UTC)).total_seconds())))
+    return json_response(409, doc, headers)
 
 
 def replay(receipt: Receipt) -> http.Response:

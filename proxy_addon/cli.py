@@ -348,7 +348,8 @@ def reconcile_run(store: Store, args: argparse.Namespace) -> int:
         op = rules.operation(before.api, before.operation)
         credentials = headers or _env_credentials(op)
         try:
-            after = reconcile(store, op, operation_id, credentials, actor=cli_actor(), timeout=args.timeout)
+            after = reconcile(store, op, operation_id, credentials, actor=cli_actor(), timeout=args.timeout,
+                              post_reads=rules.post_reads(before.api))
         except IllegalTransition as e:
             failed += 1
             print(f"Error: {e}", file=sys.stderr)
@@ -373,6 +374,8 @@ def _env_credentials(op: Operation | None) -> dict[str, str]:
     if value and not sendable(value):
         raise UsageError(f"${op.credentials_env} has characters a header cannot carry (only printable ASCII; "
                          "a trailing newline or CR?)")
+    if value and op.credentials_scheme:
+        value = f"{op.credentials_scheme} {value}"
     return {op.credential_headers[0]: value} if value else {}
 
 

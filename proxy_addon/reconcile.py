@@ -3,7 +3,8 @@ Resolve an unknown outcome with a read, never another write.
 
     receipt = store.claim_for_reconcile(id, actor="cli")      # outcome_unknown → reconciling
     read = plan_read(op, receipt)                              # GET/HEAD from the rule's template
-    verdict = judge(op.reconcile, read, *perform_read(read, credentials))
+    status, headers, body = perform_read(read, credentials)
+    verdict = judge(op.reconcile, read, receipt, status, body, headers=headers)
     store.transition(id, verdict.state, reason=verdict.reason, expect=[State.RECONCILING], ...)
 
 `reconcile()` does the four steps for the CLI; the addon runs the same steps around an
@@ -147,19 +148,20 @@ def _request_args(read: ReadRequest, credentials: Mapping[str, str]) -> dict[str
 
 
 def perform_read(read: ReadRequest, credentials: Mapping[str, str], *, timeout: float = 30.0,
-                 verify: Any = True, post_reads: Sequence[PathTemplate] = ()) -> tuple[int, bytes]:
+                 verify: Any = True, post_reads: Sequence[PathTemplate] = ()) -> tuple[int, dict[str, str], bytes]:
+    """Send a read; its status, headers (lower-case names) and body."""
     _check(read, post_reads)
     with httpx.Client(timeout=timeout, verify=verify, trust_env=False, follow_redirects=True) as client:
         r = client.request(read.method, read.url, **_request_args(read, credentials))
-        return r.status_code, r.content
+        return r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content
 
 
 async def perform_read_async(read: ReadRequest, credentials: Mapping[str, str], *, timeout: float = 30.0,
-                             verify: Any = True, post_reads: Sequence[PathTemplate] = ()) -> tuple[int, bytes]:
+                             verify: Any = True, post_reads: Sequence[PathTemplate] = ()) -> tuple[int, dict[str, str], bytes]:
     _check(read, post_reads)
     async with httpx.AsyncClient(timeout=timeout, verify=verify, trust_env=False, follow_redirects=True) as client:
         r = await client.request(read.method, read.url, **_request_args(read, credentials))
-        return r.status_code, r.content
+        return r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content
 
 
 def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int, body: bytes, *,
@@ -256,13 +258,14 @@ def reconcile(store: Store, op: Operation | None, operation_id: str, credentials
         return finish(store, receipt, Verdict(State.MANUAL_REVIEW, f"no read can decide: {what}"), actor=actor)
     try:
         read = plan_read(op, receipt)
-        status, body = perform_read(read, credentials, timeout=timeout, verify=verify, post_reads=post_reads)
+        status, headers, body = perform_read(read, credentials, timeout=timeout, verify=verify, post_reads=post_reads)
     except (ReconcileError, httpx.HTTPError) as e:
         return finish(store, receipt, Verdict(State.MANUAL_REVIEW, f"read failed: {describe(e)}"), actor=actor)
     except BaseException as e:  # never leave a receipt in reconciling
         finish(store, receipt, Verdict(State.MANUAL_REVIEW, f"read failed: {type(e).__name__}"), actor=actor)
         raise
-    return finish(store, receipt, judge(op.reconcile, read, receipt, status, body, now=store.clock()), actor=actor)
+    verdict = judge(op.reconcile, read, receipt, status, body, headers=headers, now=store.clock())
+    return finish(store, receipt, verdict, actor=actor)
 
 
 def describe(e: Exception) -> str:

@@ -202,6 +202,10 @@ class RuleSet:
     def operations(self) -> tuple[Operation, ...]:
         return tuple(op for f in self.files for op in f.operations)
 
+    def post_reads(self, api: str) -> tuple[PathTemplate, ...]:
+        """The POST paths an API's file declares to be reads (`post_reads:`)."""
+        return next((f.post_reads for f in self.files if f.api == api), ())
+
     def operation(self, api: str, name: str) -> Operation | None:
         for f in self.files:
             if f.api == api:

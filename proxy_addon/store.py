@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import uuid
 import os
 import secrets
 import sqlite3
@@ -68,6 +69,8 @@ class Attempt:
     instance: str | None = None
     client_key: str | None = None  # keyed hash of the agent's own Idempotency-Key and principal
     idempotency: bool = False  # the operation's API deduplicates by an idempotency key we add
+    key_format: str = "receipt"  # our key: receipt-<receipt id>, or uuid4
+    given_key: str | None = None  # the agent's own key in the body (idempotency_key.body): kept as the key
     approval: bool = False  # held for an operator's approval before it is sent
 
 
@@ -419,7 +422,8 @@ class Store:
             # A retry of an attempt that provably did not happen reuses its key, so the server can
             # still deduplicate; after a success (after_success: allow) or a rejection, a new key.
             reuse = latest is not None and latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY)
-            idempotency_key = (latest.idempotency_key if reuse else None) or f"receipt-{operation_id}"
+            fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
+            idempotency_key = a.given_key or (latest.idempotency_key if reuse else None) or fresh
         values = (
             operation_id, a.api, a.operation, a.method, a.target, first_state,
             a.intent_fingerprint, json.dumps(a.intent, sort_keys=True), a.principal, at, at,

@@ -1,0 +1,72 @@
+"""
+Proxy-chosen identities (`idempotency_key:` in a rule): a key the API deduplicates by,
+sent in a header, or an id written into the JSON body (Linear's `input.id`).
+
+    given, ok = body_key(op, body, graphql_args)   # the agent's own value, whether we can write ours
+    body = with_body_key(op, body, key)            # the body with our key in place
+
+The fingerprint is computed from the agent's request before any of this: its retries carry
+no key of ours, and must still be recognised.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from proxy_addon import gql
+from proxy_addon.fingerprint import dig
+from proxy_addon.rules import Operation
+
+
+def _target(op: Operation, doc: Any, body: bytes) -> tuple[dict | None, list[str]]:
+    """The object the key's path starts from (the JSON body, or a GraphQL variable) and the rest of the path."""
+    path = (op.idempotency_body or "").split(".")
+    if op.graphql is None:
+        return (doc if isinstance(doc, dict) else None), path
+    variable = gql.argument_variable(body, op.graphql, path[0])
+    if variable is None or not isinstance(doc, dict):
+        return None, path  # an inline argument: the document text would have to be rewritten
+    if doc.get("variables") is None:
+        doc["variables"] = {}
+    variables = doc["variables"]
+    if not isinstance(variables, dict):
+        return None, path
+    if variables.get(variable) is None:
+        variables[variable] = {}
+    return (variables if isinstance(variables[variable], dict) else None), [variable, *path[1:]]
+
+
+def body_key(op: Operation, body: bytes, graphql_args: dict[str, Any] | None = None) -> tuple[str | None, bool]:
+    """The agent's own value at the key's path (kept as the key), and whether we could write one there."""
+    if op.idempotency_body is None:
+        return None, False
+    if op.graphql is not None:
+        given = dig(graphql_args or {}, op.idempotency_body)
+    else:
+        try:
+            given = dig(json.loads(body), op.idempotency_body)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return None, False
+    if given is not None:
+        return (given if isinstance(given, str) else json.dumps(given)), True
+    return None, with_body_key(op, body, "probe") is not None
+
+
+def with_body_key(op: Operation, body: bytes, key: str) -> bytes | None:
+    """The JSON body with `key` at the rule's path, or None when the body has no place for it."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    node, path = _target(op, doc, body)
+    if node is None:
+        return None
+    for part in path[:-1]:
+        if node.get(part) is None:
+            node[part] = {}
+        if not isinstance(node[part], dict):
+            return None
+        node = node[part]
+    node[path[-1]] = key
+    return json.dumps(doc, ensure_ascii=False).encode()
