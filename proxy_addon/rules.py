@@ -154,6 +154,7 @@ class Operation:
     idempotency_format: str = "receipt"  # receipt: receipt-<id>; uuid4
     credentials_scheme: str | None = None  # CLI reads send "<scheme> $VAR"
     line: int = 0
+    description: str | None = None
 
     @property
     def idempotent(self) -> bool:
@@ -201,6 +202,19 @@ class RuleSet:
     @property
     def operations(self) -> tuple[Operation, ...]:
         return tuple(op for f in self.files for op in f.operations)
+
+    def files_for(self, host: str, port: int) -> list[RuleFile]:
+        """The rules files that name this host (exactly, with its port, or by a '*.' pattern)."""
+        host = host.lower().rstrip(".")
+        out = []
+        for f in self.files:
+            for h in f.hosts:
+                name, _, p = h.partition(":")
+                fits = name == host or (name.startswith("*.") and host.endswith(name[1:]))
+                if fits and (not p or int(p) == port):
+                    out.append(f)
+                    break
+        return out
 
     def post_reads(self, api: str) -> tuple[PathTemplate, ...]:
         """The POST paths an API's file declares to be reads (`post_reads:`)."""
@@ -462,8 +476,7 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
          "reconcile", "idempotency_key", "approve"),
         ("match",),
     )
-    if "description" in op:
-        ctx.string(op["description"][1], f"{f}.description")
+    description = ctx.string(op["description"][1], f"{f}.description") if "description" in op else None
     m = ctx.mapping(op["match"][1], f"{f}.match", ("method", "path", "graphql"), ("method", "path"))
     method_node = m["method"][1]
     method = ctx.string(method_node, f"{f}.match.method").upper()
@@ -557,7 +570,7 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
         reconcile=reconcile, idempotency_header=idempotency_header, credentials_env=credentials_env,
         approve=approve, graphql=graphql, classify_rules=tuple(classify_rules),
         external_id_header=external_id_header, idempotency_body=idempotency_body,
-        idempotency_format=idempotency_format,
+        idempotency_format=idempotency_format, description=description,
     )
 
 

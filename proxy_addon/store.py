@@ -606,6 +606,11 @@ class Store:
 
     # --- reads -----------------------------------------------------------------------------
 
+    def latest_for(self, fingerprint: str) -> Receipt | None:
+        """The newest receipt with this intent fingerprint, or None."""
+        return _one_row(self.conn.execute(
+            "SELECT * FROM receipts WHERE intent_fingerprint = ? ORDER BY rowid DESC LIMIT 1", (fingerprint,)))
+
     def get(self, operation_id: str) -> Receipt:
         row = _one_row(self.conn.execute("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,)))
         if row is None:

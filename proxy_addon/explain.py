@@ -1,0 +1,194 @@
+"""
+`receipts rules explain`: what the proxy would do with a request, without sending it.
+
+    report = explain(rules, "POST", "https://api.github.com/repos/o/r/issues", body, headers, key)
+    print(render(report))
+
+The report names the operation that matches (or why none does), the fields that enter
+the fingerprint with their values (credentials never: they are shown as REDACTED), the
+fingerprint itself, how an answer would be classified and what a duplicate would get.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from proxy_addon import gql
+from proxy_addon.fingerprint import REDACTED, RequestView, fingerprint, redact_url
+from proxy_addon.rules import ALWAYS_SECRET_HEADERS, SECRET_NAME, Check, ClassifyRule, Operation, RuleSet
+from proxy_addon.store import Receipt
+
+SHOWN = 120  # characters of a value shown
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
+
+
+def _no_match(rules: RuleSet, host: str, port: int, method: str, path: str, body: bytes) -> list[str]:
+    """Why no operation matched: which rules files know the host, and what they match instead."""
+    files = rules.files_for(host, port)
+    if not files:
+        hosts = sorted({h for f in rules.files for h in f.hosts})
+        return [f"no rules file names the host {host} (the rules name: {', '.join(hosts) or 'none'})",
+                "the proxy passes this request through untouched"]
+    lines = []
+    bare = path.split("?")[0]
+    for f in files:
+        lines.append(f"no operation of {f.api} ({f.source}) matches {method} {bare}:")
+        mutation = gql.mutation_fields(body) if any(op.graphql for op in f.operations) else None
+        for op in f.operations:
+            why = ""
+            if op.method != method:
+                why = f"method is {op.method}"
+            elif op.path.match(bare) is None:
+                why = "path differs"
+            elif op.graphql:
+                why = ("the body is not a GraphQL mutation" if mutation is None else
+                       f"the mutation's root fields are {', '.join(mutation) or 'none'}, not {op.graphql}")
+            lines.append(f"  {op.name}: {op.method} {op.path.template}"
+                         + (f" (mutation {op.graphql})" if op.graphql else "") + (f": {why}" if why else ""))
+    lines.append("the proxy passes this request through untouched")
+    return lines
+
+
+def _check_text(check: Check) -> str:
+    if check.kind == "equal":
+        return json.dumps(check.value)
+    if check.kind == "one_of":
+        return "one of " + ", ".join(json.dumps(v) for v in check.value)
+    if check.kind == "matches":
+        return f"matches /{check.value.pattern}/"
+    if check.kind == "present":
+        return "present" if check.value else "absent"
+    return f"contains {json.dumps(check.value)}"
+
+
+def _rule_text(rule: ClassifyRule) -> str:
+    tests = []
+    if rule.statuses:
+        tests.append("HTTP " + "/".join(rule.statuses))
+    tests += [f"{path} {_check_text(c)}" for path, c in rule.body]
+    tests += [f"header {name} {_check_text(c)}" for name, c in rule.headers]
+    return " and ".join(tests) + f" → {rule.state}" + (f" ({rule.reason})" if rule.reason else "")
+
+
+def _flatten(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and not value:
+        return []
+    if isinstance(value, dict) and prefix.count(".") < 1:
+        return [kv for k, v in value.items() for kv in _flatten(f"{prefix}.{k}" if prefix else k, v)]
+    return [(prefix, value)]
+
+
+def _duplicates(op: Operation) -> list[str]:
+    after = {
+        "replay": "answered with the recorded response (within receipts_replay_window), never sent again",
+        "block": "blocked with 409 duplicate_succeeded, never sent again",
+        "allow": "sent again as a new attempt",
+    }[op.after_success]
+    lines = [
+        "while the first attempt is unresolved (submitted, outcome_unknown, reconciling, manual_review): "
+        "blocked with 409 duplicate_unresolved",
+        f"after it succeeded: {after}",
+        "after it was rejected or provably not sent: sent again as a retry",
+    ]
+    spec = op.reconcile
+    if op.idempotency_header:
+        lines.append(f"after an unknown outcome: sent again with the same {op.idempotency_header}, "
+                     "which the API deduplicates (no read needed)")
+    elif spec is None:
+        lines.append("after an unknown outcome: blocked until someone resolves it (no reconcile read in the rule)")
+    else:
+        absence = ("never proves absence: manual_review when not found" if not spec.absence_provable else
+                   ("proves absence" + (f" {spec.settle}s after the outcome became unknown" if spec.settle else " at once")
+                    + ("; then safe_to_retry" if spec.retry_when_absent else "; then manual_review (no retry_when_absent)")))
+        lines.append(f"after an unknown outcome: the duplicate triggers a read, {spec.method} {spec.url}: "
+                     f"found → succeeded; {absence}")
+    return lines
+
+
+def explain(rules: RuleSet, method: str, url: str, body: bytes = b"", headers: Mapping[str, str] | None = None,
+            key: bytes = b"", *, receipt: Receipt | None = None) -> dict[str, Any]:
+    """What the proxy would do with this request, as a JSON-able report (`render` prints it)."""
+    headers = {k.lower(): v for k, v in (headers or {}).items()}
+    method = method.upper()
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL")
+    port = u.port or {"http": 80, "https": 443}[u.scheme]
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    shown_headers = {k: REDACTED if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) else v for k, v in headers.items()}
+    report: dict[str, Any] = {"request": f"{method} {redact_url(u.scheme, u.hostname, port, path)}",
+                              "headers": shown_headers, "sent": False}
+    m = rules.match(u.hostname, port, method, path, body=body)
+    if m is None:
+        report["match"] = None
+        report["why"] = _no_match(rules, u.hostname, port, method, path, body)
+        return report
+    op = m.operation
+    for name in op.credential_headers:
+        if headers.get(name):
+            shown_headers[name] = REDACTED
+    intent = fingerprint(m, RequestView(method, u.scheme, u.hostname, port, path, headers, body), key)
+    report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}",
+                       "description": op.description, "graphql": op.graphql}
+    report["fingerprint"] = {
+        "fields": dict(kv for part, value in intent.intent.items() for kv in _flatten(part, value)),
+        "principal": intent.principal,
+        "value": intent.fingerprint,
+    }
+    report["classify"] = [_rule_text(r) for r in op.classify_rules] + [f"HTTP {k} → {v}" for k, v in op.classify] + [
+        "otherwise: 2xx/3xx → succeeded, 408 → outcome_unknown, other 4xx → rejected, 5xx → outcome_unknown"]
+    if op.idempotency_header:
+        report["identity"] = f"the proxy adds {op.idempotency_header}: <its key> (an agent's own key is kept)"
+    elif op.idempotency_body:
+        report["identity"] = f"the proxy writes a {op.idempotency_format} id at {op.idempotency_body} (an agent's own value is kept)"
+    if op.external_id_header or op.external_id:
+        report["external_id"] = (f"header {op.external_id_header}" if op.external_id_header else
+                                 op.external_id if isinstance(op.external_id, str) else " + ".join(op.external_id))
+    report["duplicates"] = _duplicates(op)
+    if op.approve:
+        report["duplicates"].insert(0, "each write waits for an operator's approval in mitmweb before it is sent")
+    if receipt is not None:
+        report["existing"] = {"operation_id": receipt.operation_id, "state": str(receipt.state),
+                              "submitted_at": receipt.submitted_at}
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [report["request"]]
+    lines += [f"  {k}: {v}" for k, v in report["headers"].items()]
+    if report["match"] is None:
+        lines += ["", *report["why"], "", "Nothing was sent."]
+        return "\n".join(lines)
+    m = report["match"]
+    lines += ["", f"operation: {m['api']} {m['operation']}  ({m['source']})"]
+    if m["description"]:
+        lines.append(f"  {m['description']}")
+    if m["graphql"]:
+        lines.append(f"  recognised by the mutation's root field {m['graphql']}")
+    fp = report["fingerprint"]
+    lines += ["", "fingerprint fields (nothing else of the request enters it):"]
+    lines += [f"  {k} = {_short(v)}" for k, v in fp["fields"].items()] or ["  (none: the body is ignored)"]
+    principal = fp["principal"]
+    lines.append(f"  principal = {'anonymous (no credential)' if principal == 'anonymous' else principal + ' (a keyed hash of the credential)'}")
+    lines += [f"fingerprint: {fp['value']}"]
+    if "key_note" in report:
+        lines.append(f"  ({report['key_note']})")
+    if "existing" in report:
+        e = report["existing"]
+        lines.append(f"  the receipts database has {e['operation_id']} with this fingerprint: {e['state']} "
+                     f"(submitted {e['submitted_at']})")
+    lines += ["", "answers:"] + [f"  {c}" for c in report["classify"]]
+    if "external_id" in report:
+        lines.append(f"  the created object's id: {report['external_id']}")
+    if "identity" in report:
+        lines += ["", f"identity: {report['identity']}"]
+    lines += ["", "a duplicate:"] + [f"  {d}" for d in report["duplicates"]]
+    lines += ["", "Nothing was sent."]
+    return "\n".join(lines)
