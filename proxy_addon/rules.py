@@ -42,6 +42,25 @@ SECRET_NAME = re.compile(
 )
 ALWAYS_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 
+# The keys each mapping of a rules file may have, in the order errors list them.
+# proxy_addon/rules.schema.json describes the same keys (a test keeps them in step).
+KEYS: dict[str, tuple[str, ...]] = {
+    "file": ("api", "hosts", "credentials", "post_reads", "operations"),
+    "credentials": ("header", "env", "scheme"),
+    "operation": ("description", "match", "fingerprint", "external_id", "after_success", "classify",
+                  "reconcile", "idempotency_key", "approve"),
+    "match": ("method", "path", "graphql"),
+    "fingerprint": ("path", "body", "query", "headers"),
+    "external_id": ("header",),
+    "classify_rule": ("status", "body", "headers", "state", "reason"),
+    "absent_when": ("status", "body", "headers"),
+    "check": ("present", "contains", "matches"),
+    "reconcile": ("read", "find", "items", "absent_when", "absence_provable", "settle", "retry_when_absent",
+                  "external_id"),
+    "read": ("method", "url", "body"),
+    "idempotency_key": ("header", "body", "format"),
+}
+
 _OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:[0-9]{1,5})?\Z")
 _PARAM = re.compile(r"\{([^{}]*)\}")
@@ -409,7 +428,7 @@ def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile |
         raise RulesError("not valid YAML: nested too deeply", source=source) from None
     if node is None:
         raise RulesError("the file is empty; expected keys api, hosts and operations", source=source, line=1)
-    top = ctx.mapping(node, "", ("api", "hosts", "credentials", "post_reads", "operations"), ("api", "hosts", "operations"))
+    top = ctx.mapping(node, "", KEYS["file"], ("api", "hosts", "operations"))
 
     api = ctx.string(top["api"][1], "api")
     hosts = []
@@ -421,7 +440,7 @@ def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile |
     credential_headers: tuple[str, ...] = ()
     credentials_env = credentials_scheme = None
     if "credentials" in top:
-        cred = ctx.mapping(top["credentials"][1], "credentials", ("header", "env", "scheme"), ("header",))
+        cred = ctx.mapping(top["credentials"][1], "credentials", KEYS["credentials"], ("header",))
         names = []
         for item, h in ctx.strings(cred["header"][1], "credentials.header", allow_empty=False):
             if not _HEADER.match(h):
@@ -470,14 +489,9 @@ def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile |
 def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_headers: tuple[str, ...],
                credentials_env: str | None = None) -> Operation:
     f = f"operations.{name}"
-    op = ctx.mapping(
-        node, f,
-        ("description", "match", "fingerprint", "external_id", "after_success", "classify",
-         "reconcile", "idempotency_key", "approve"),
-        ("match",),
-    )
+    op = ctx.mapping(node, f, KEYS["operation"], ("match",))
     description = ctx.string(op["description"][1], f"{f}.description") if "description" in op else None
-    m = ctx.mapping(op["match"][1], f"{f}.match", ("method", "path", "graphql"), ("method", "path"))
+    m = ctx.mapping(op["match"][1], f"{f}.match", KEYS["match"], ("method", "path"))
     method_node = m["method"][1]
     method = ctx.string(method_node, f"{f}.match.method").upper()
     if method not in METHODS:
@@ -502,7 +516,7 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
     if "external_id" in op:
         enode = op["external_id"][1]
         if isinstance(enode, yaml.MappingNode):
-            e = ctx.mapping(enode, f"{f}.external_id", ("header",), ("header",))
+            e = ctx.mapping(enode, f"{f}.external_id", KEYS["external_id"], ("header",))
             external_id_header = ctx.string(e["header"][1], f"{f}.external_id.header")
             if not _HEADER.match(external_id_header):
                 raise ctx.error(e["header"][1], f"{f}.external_id.header", f"{external_id_header!r} is not a valid header name")
@@ -536,7 +550,7 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
     if "idempotency_key" in op:
         knode = op["idempotency_key"][1]
         where = f"{f}.idempotency_key"
-        key = ctx.mapping(knode, where, ("header", "body", "format"))
+        key = ctx.mapping(knode, where, KEYS["idempotency_key"])
         if ("header" in key) == ("body" in key):
             raise ctx.error(knode, where, "name exactly one place for the key: header (Idempotency-Key) or body (a dotted field)")
         if "header" in key:
@@ -600,9 +614,6 @@ def _verdict(ctx: _Ctx, node: yaml.Node, field_: str) -> str:
     return state if state == ALREADY_EXISTS else State(state)
 
 
-_CHECKS = ("present", "contains", "matches")
-
-
 def _scalar(node: yaml.Node) -> Any:
     """A YAML scalar as the JSON value it stands for."""
     if node.tag == "tag:yaml.org,2002:str":
@@ -622,9 +633,9 @@ def _check(ctx: _Ctx, node: yaml.Node, field_: str) -> Check:
         if not values:
             raise ctx.error(node, field_, "must list at least one value")
         return Check("one_of", tuple(values))
-    test = ctx.mapping(node, field_, _CHECKS)
+    test = ctx.mapping(node, field_, KEYS["check"])
     if len(test) != 1:
-        raise ctx.error(node, field_, f"expected one test: {', '.join(_CHECKS)}")
+        raise ctx.error(node, field_, f"expected one test: {', '.join(KEYS['check'])}")
     (kind, (_, vnode)), = test.items()
     where = f"{field_}.{kind}"
     if kind == "present":
@@ -642,7 +653,7 @@ _WILD_DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*\Z")
 
 
 def _classify_rule(ctx: _Ctx, node: yaml.Node, field_: str, *, verdict: bool = True) -> ClassifyRule:
-    keys = ("status", "body", "headers", "state", "reason") if verdict else ("status", "body", "headers")
+    keys = KEYS["classify_rule"] if verdict else KEYS["absent_when"]
     rule = ctx.mapping(node, field_, keys, ("state",) if verdict else ())
     statuses: list[str] = []
     if "status" in rule:
@@ -739,12 +750,11 @@ def _read_body(ctx: _Ctx, node: yaml.Node, field_: str, allowed: set[str]) -> An
 def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external_id: str | tuple[str, ...] | None,
                idempotent: bool = False) -> ReconcileSpec:
     f = f"{f}.reconcile"
-    rec = ctx.mapping(node, f, ("read", "find", "items", "absent_when", "absence_provable", "settle",
-                                "retry_when_absent", "external_id"), ("read",))
+    rec = ctx.mapping(node, f, KEYS["reconcile"], ("read",))
     allowed = template_variables(fp)
     if not idempotent:
         allowed.discard("idempotency_key")
-    read = ctx.mapping(rec["read"][1], f"{f}.read", ("method", "url", "body"), ("url",))
+    read = ctx.mapping(rec["read"][1], f"{f}.read", KEYS["read"], ("url",))
     method = "GET"
     if "method" in read:
         method = ctx.string(read["method"][1], f"{f}.read.method").upper()
@@ -811,7 +821,7 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
 def _fingerprint(ctx: _Ctx, f: str, node: yaml.Node | None, path: PathTemplate, credential_headers: tuple[str, ...]) -> FingerprintSpec:
     if node is None:
         return FingerprintSpec(path=path.params, body=None)
-    fp = ctx.mapping(node, f"{f}.fingerprint", ("path", "body", "query", "headers"))
+    fp = ctx.mapping(node, f"{f}.fingerprint", KEYS["fingerprint"])
     path_params = path.params
     if "path" in fp:
         path_params = []

@@ -1,0 +1,169 @@
+"""
+The JSON Schema for rules files (proxy_addon/rules.schema.json), which editors use through
+the yaml-language-server modeline, and the table of every shipped rules file: it loads,
+passes `receipts rules check`, and `receipts rules explain` matches a sample request of
+each of its operations to that operation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from proxy_addon import cli
+from proxy_addon.errors import RulesError
+from proxy_addon.explain import explain
+from proxy_addon.rules import KEYS, load_rules, load_rules_path
+from tests.conftest import ROOT
+
+SCHEMA_PATH = ROOT / "proxy_addon" / "rules.schema.json"
+SCHEMA = json.loads(SCHEMA_PATH.read_text())
+VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
+SHIPPED = sorted((ROOT / "rules").glob("*.yaml"))
+BAD = sorted((ROOT / "tests" / "rules_bad").glob("*.yaml"))
+MODELINE = "# yaml-language-server: $schema=../proxy_addon/rules.schema.json"
+
+
+def test_the_schema_is_valid_draft_7():
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+
+
+def _props(*path: str) -> set[str]:
+    node = SCHEMA
+    for step in path:
+        node = node[step]
+    return set(node["properties"])
+
+
+@pytest.mark.parametrize("where, schema_path", [
+    ("file", ()),
+    ("credentials", ("properties", "credentials")),
+    ("operation", ("definitions", "operation")),
+    ("match", ("definitions", "operation", "properties", "match")),
+    ("fingerprint", ("definitions", "operation", "properties", "fingerprint")),
+    ("classify_rule", ("definitions", "operation", "properties", "classify", "oneOf", 1, "items")),
+    ("reconcile", ("definitions", "operation", "properties", "reconcile")),
+    ("read", ("definitions", "operation", "properties", "reconcile", "properties", "read")),
+    ("absent_when", ("definitions", "operation", "properties", "reconcile", "properties", "absent_when")),
+    ("idempotency_key", ("definitions", "operation", "properties", "idempotency_key")),
+    ("check", ("definitions", "check", "oneOf", 2)),
+])
+def test_the_schema_names_the_keys_the_loader_accepts(where, schema_path):
+    node = SCHEMA
+    for step in schema_path:
+        node = node[step]
+    assert set(node["properties"]) == set(KEYS[where])
+    assert node.get("additionalProperties") is False
+
+
+@pytest.mark.parametrize("path", [*SHIPPED, ROOT / "tests" / "rules_it" / "test-api.yaml"], ids=lambda p: p.name)
+def test_shipped_rules_validate_against_the_schema(path):
+    errors = [e.message for e in VALIDATOR.iter_errors(yaml.safe_load(path.read_text()))]
+    assert errors == []
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_rules_carry_the_modeline_to_the_schema(path):
+    first = path.read_text().splitlines()[0]
+    assert first == MODELINE
+    assert (path.parent / first.split("$schema=")[1]).resolve() == SCHEMA_PATH
+
+
+def _unknown_key_files():
+    for path in BAD:
+        try:
+            load_rules(path.read_text(), str(path))
+        except RulesError as e:
+            if "unknown key" in e.message:
+                yield path
+
+
+@pytest.mark.parametrize("path", list(_unknown_key_files()), ids=lambda p: p.name)
+def test_the_schema_also_refuses_unknown_keys(path):
+    assert not VALIDATOR.is_valid(yaml.safe_load(path.read_text()))
+
+
+# --- every shipped file, every operation -----------------------------------------------------
+
+
+def _sample(rf, op) -> tuple[str, str, bytes, dict[str, str]]:
+    host = rf.hosts[0].replace("*.", "sample.")
+    path = op.path.template
+    for param in op.path.params:
+        path = path.replace(f"{{{param}}}", f"sample-{param}")
+    body, headers = b"", {}
+    if op.graphql:
+        body = json.dumps({"query": f"mutation M {{ {op.graphql}(input: {{}}) {{ __typename }} }}",
+                           "operationName": "M"}).encode()
+        headers = {"content-type": "application/json"}
+    return op.method, f"https://{host}{path}", body, headers
+
+
+CASES = [(path, op.name) for path in SHIPPED for op in load_rules(path.read_text(), str(path)).operations]
+
+
+def test_every_shipped_file_passes_rules_check(capsys):
+    assert cli.main(["rules", "check", str(ROOT / "rules")]) == 0
+    out = capsys.readouterr().out
+    for path in SHIPPED:
+        assert f"ok  {path}" in out
+
+
+@pytest.mark.parametrize("path, name", CASES, ids=[f"{p.stem}-{n}" for p, n in CASES])
+def test_rules_explain_matches_a_sample_of_each_operation(path, name):
+    rules = load_rules_path(ROOT / "rules")  # all files at once: no file shadows another's operation
+    rf = next(f for f in rules.files if f.source == str(path))
+    op = next(o for o in rf.operations if o.name == name)
+    method, url, body, headers = _sample(rf, op)
+    report = explain(rules, method, url, body, headers, b"k" * 32)
+    assert report["match"] is not None, report.get("why")
+    assert (report["match"]["api"], report["match"]["operation"]) == (rf.api, name)
+    assert report["sent"] is False
+
+
+def test_rules_explain_through_the_cli_names_the_operation_and_redacts_credentials(tmp_path, capsys):
+    body = tmp_path / "issue.json"
+    body.write_text(json.dumps({"title": "Login fails", "body": "Steps to reproduce", "labels": ["bug"]}))
+    rc = cli.main(["rules", "explain", "POST", "https://api.github.com/repos/o/r/issues?access_token=tok-SECRET-1",
+                   "--body", str(body), "--header", "Authorization: Bearer ghp_SECRET-2",
+                   "--rules", str(ROOT / "rules" / "github.yaml")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "operation: github issues.create" in out
+    assert 'body.title = "Login fails"' in out and 'path.repo = "r"' in out
+    assert "labels" not in out.split("fingerprint fields")[1].split("fingerprint:")[0]  # not allowlisted
+    assert "SECRET" not in out
+    assert "authorization: REDACTED" in out and "access_token=REDACTED" in out
+    assert "Nothing was sent." in out
+
+
+def test_rules_explain_says_why_nothing_matches(capsys):
+    rc = cli.main(["rules", "explain", "POST", "https://api.github.com/repos/o/r/labels",
+                   "--rules", str(ROOT / "rules" / "github.yaml")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "no operation of github" in out and "issues.create: POST /repos/{owner}/{repo}/issues: path differs" in out
+    assert "passes this request through untouched" in out
+
+
+def test_rules_check_prints_every_problem_with_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "api: demo\nhosts: [api.demo.test]\noperations:\n"
+        "  a.create:\n    match: {method: POST, path: /a}\n    external_id: [id, {x: 1}]\n"
+        "  b.create:\n    match: {method: POST, path: /b}\n    classify: [{status: 200, state: maybe}]\n"
+        "  c.create:\n    match: {method: POST, path: /c}\n")
+    good = tmp_path / "good.yaml"
+    good.write_text("api: other\nhosts: [api.other.test]\noperations:\n  x:\n    match: {method: POST, path: /x}\n")
+    rc = cli.main(["rules", "check", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert f"{bad}:6: operations.a.create.external_id[1]: expected a non-empty string" in captured.err
+    assert f"{bad}:9: operations.b.create.classify[0].state: 'maybe' is not one of" in captured.err
+    assert "2 problems" in captured.err
+    assert f"ok  {good}: 1 operations" in captured.out
+    assert str(bad) not in captured.out
