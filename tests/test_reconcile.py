@@ -191,3 +191,55 @@ def test_perform_read_refuses_writes(method, upstream):
     with pytest.raises(ReconcileError, match="never a write"):
         perform_read(ReadRequest(method, f"{upstream.url}/api/x/things"), {})
     assert upstream.seen("/api/x/things") == 0
+
+
+def test_before_settle_a_duplicate_reads_once_and_is_told_when_to_retry(clients, proxy, upstream, bucket):
+    path = f"/api/{bucket}/messages"
+    r = unknown_write(clients, proxy, upstream, bucket, "messages", {"title": "settling"}, "lost")
+    dup = clients.send("httpx", "POST", upstream.url + path, {"title": "settling"})
+    assert dup.status == 409
+    assert dup.json()["state"] == "outcome_unknown" and dup.json()["retry_after"]
+    assert 1 <= int(dup.headers["retry-after"]) <= 3
+    assert upstream.reads(path) == 1  # looked once: an object found now would have proven success
+    assert "proves absence only 2s after" in reasons(proxy, r.operation_id)[-2]
+    again = clients.send("httpx", "POST", upstream.url + path, {"title": "settling"})
+    assert again.status == 409 and upstream.reads(path) == 1  # no second read before the delay has passed
+    wait_for(lambda: clients.send("httpx", "POST", upstream.url + path, {"title": "settling"}).status == 201,
+             timeout=8, interval=0.5, what="the retry after the settle delay")
+    first, second = receipts_for(proxy, bucket, "messages")
+    assert (first.operation_id, first.state) == (r.operation_id, "safe_to_retry")
+    assert (second.state, second.retry_of) == ("succeeded", r.operation_id)
+    assert upstream.commits(path) == 1 and upstream.reads(path) == 2
+
+
+def test_an_already_exists_answer_is_read_at_once_and_found(clients, proxy, upstream, bucket):
+    path = f"/api/{bucket}/posts"
+    import httpx
+
+    assert httpx.post(upstream.url + path, json={"title": "twice"}).status_code == 201  # made outside the proxy
+    upstream.plan(path, "409")
+    answer = clients.send("requests", "POST", upstream.url + path, {"title": "twice"})
+    assert answer.status == 409  # the API's own answer reaches the agent...
+    assert answer.headers["x-receipt-state"] == "succeeded"  # ...with what the read proved
+    assert answer.headers["x-receipt-external-id"] == "1"
+    (receipt,) = receipts_for(proxy, bucket, "posts")
+    assert (receipt.state, receipt.external_id, receipt.http_status) == ("succeeded", "1", 409)
+    history = reasons(proxy, receipt.operation_id)
+    assert "submitted->outcome_unknown:upstream answered HTTP 409: the post may already exist" in history[1]
+    assert "outcome_unknown->reconciling" in history[2] and "reconciling->succeeded" in history[3]
+    assert upstream.commits(path) == 1 and upstream.reads(path) == 1
+    dup = clients.send("requests", "POST", upstream.url + path, {"title": "twice"})
+    # The same answer again, from the receipt: the write is never sent a second time.
+    assert (dup.status, dup.headers["x-receipt-replayed"], dup.headers["x-receipt-state"]) == (409, "true", "succeeded")
+    assert upstream.seen(path) == 2  # the write made outside the proxy, and the one it forwarded
+
+
+def test_an_already_exists_answer_not_found_goes_to_manual_review(clients, proxy, upstream, bucket):
+    path = f"/api/{bucket}/posts"
+    upstream.plan(path, "409")
+    answer = clients.send("curl", "POST", upstream.url + path, {"title": "ghost"})
+    assert (answer.status, answer.headers["x-receipt-state"]) == (409, "manual_review")
+    (receipt,) = receipts_for(proxy, bucket, "posts")
+    assert receipt.state == "manual_review"
+    assert "does not say this read proves absence" in reasons(proxy, receipt.operation_id)[-1]
+    assert upstream.commits(path) == 0 and upstream.reads(path) == 1
