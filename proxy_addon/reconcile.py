@@ -46,6 +46,7 @@ class ReadRequest:
     method: str
     url: str
     body: bytes | None = None  # a POST read's JSON body (only to a path the rules list in post_reads)
+    headers: tuple[tuple[str, str], ...] = ()  # the rule's own headers (Notion-Version), never credentials
 
     @property
     def shown(self) -> str:
@@ -99,7 +100,8 @@ def plan_read(op: Operation, receipt: Receipt) -> ReadRequest:
     if spec.body is not None:
         doc = {k: v if k == "query" else _render_doc(v, receipt) for k, v in spec.body.items()}
         body = json.dumps(doc).encode()
-    return ReadRequest(spec.method, url, body)
+    headers = tuple((name, render(value, receipt)) for name, value in spec.headers)
+    return ReadRequest(spec.method, url, body, headers)
 
 
 def _render_doc(doc: Any, receipt: Receipt) -> Any:
@@ -141,7 +143,7 @@ def _check(read: ReadRequest, post_reads: Sequence[PathTemplate]) -> None:
 
 
 def _request_args(read: ReadRequest, credentials: Mapping[str, str]) -> dict[str, Any]:
-    headers = dict(credentials)
+    headers = {**dict(read.headers), **credentials}
     if read.body is not None:
         headers["content-type"] = "application/json"
     return {"headers": headers, "content": read.body}

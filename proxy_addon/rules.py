@@ -57,7 +57,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "check": ("present", "contains", "matches"),
     "reconcile": ("read", "find", "items", "absent_when", "absence_provable", "settle", "retry_when_absent",
                   "external_id"),
-    "read": ("method", "url", "body"),
+    "read": ("method", "url", "headers", "body"),
     "idempotency_key": ("header", "body", "format"),
 }
 
@@ -148,6 +148,7 @@ class ReconcileSpec:
     body: Any = None  # POST reads: a JSON document whose strings are templates
     settle: int = 0  # seconds after the outcome became unknown before "not found" proves absence
     absent_when: ClassifyRule | None = None  # an answer that says "no such object" (a GraphQL error, a 404)
+    headers: tuple[tuple[str, str], ...] = ()  # (name, value template) sent with the read, never credentials
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,7 @@ class _Ctx:
     def __init__(self, source: str):
         self.source = source
         self.post_reads: tuple[PathTemplate, ...] = ()
+        self.credential_headers: tuple[str, ...] = ()
 
     def error(self, node: yaml.Node | None, field_: str, message: str) -> RulesError:
         line = node.start_mark.line + 1 if node is not None else None
@@ -446,7 +448,7 @@ def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile |
             if not _HEADER.match(h):
                 raise ctx.error(item, "credentials.header", f"{h!r} is not a valid header name")
             names.append(h.lower())
-        credential_headers = tuple(names)
+        credential_headers = ctx.credential_headers = tuple(names)
         if "env" in cred:
             credentials_env = ctx.string(cred["env"][1], "credentials.env")
             if not _IDENT.match(credentials_env):
@@ -764,6 +766,19 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
     url = _template(ctx, read["url"][1], f"{f}.read.url", allowed)
     if not (url.startswith("/") or re.match(r"^https?://[^/{}]+", url)):
         raise ctx.error(read["url"][1], f"{f}.read.url", f"{url!r} must be a path ('/api/...') or an http(s) URL with a fixed host")
+    headers = []
+    if "headers" in read:
+        hnode = read["headers"][1]
+        keys = [k.value for k, _ in hnode.value] if isinstance(hnode, yaml.MappingNode) else []
+        for name, (knode, vnode) in ctx.mapping(hnode, f"{f}.read.headers", keys).items():
+            where = f"{f}.read.headers.{name}"
+            if not _HEADER.match(name):
+                raise ctx.error(knode, where, f"{name!r} is not a valid header name")
+            low = name.lower()
+            if low in ALWAYS_SECRET_HEADERS or low in ctx.credential_headers or SECRET_NAME.search(low):
+                raise ctx.error(knode, where, f"{name!r} carries credentials: a read sends the request's own "
+                                              "(credentials.header), never a value written in a rules file")
+            headers.append((low, _template(ctx, vnode, where, allowed)))
     body = None
     if method == "POST":
         path = re.sub(r"^https?://[^/]+", "", _TEMPLATE_VAR.sub("x", url)).split("?", 1)[0] or "/"
@@ -815,7 +830,7 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
     rec_external_id = _fields(ctx, rec["external_id"][1], f"{f}.external_id") if "external_id" in rec else external_id
     return ReconcileSpec(method=method, url=url, find=tuple(find), items=items, absence_provable=provable,
                          retry_when_absent=retry, external_id=rec_external_id, body=body, settle=settle,
-                         absent_when=absent_when)
+                         absent_when=absent_when, headers=tuple(headers))
 
 
 def _fingerprint(ctx: _Ctx, f: str, node: yaml.Node | None, path: PathTemplate, credential_headers: tuple[str, ...]) -> FingerprintSpec:

@@ -359,3 +359,25 @@ def test_multipart_fingerprints_by_file_content_never_storing_it():
     assert a.fingerprint != fp("batch", b"line two\n").fingerprint
     assert a.fingerprint != fp("fine-tune", b"line one SECRET-CONTENT\n").fingerprint
     assert "SECRET-CONTENT" not in json.dumps(a.intent)
+
+
+def test_a_read_sends_the_rules_own_headers_but_never_a_credential_written_in_the_file():
+    text = HEAD + """\
+credentials: {header: api-key}
+operations:
+  x:
+    match: {method: POST, path: /pages}
+    fingerprint: {body: [title]}
+    reconcile:
+      read: {url: /pages, headers: {Notion-Version: "2025-09-03", X-Title: "{intent.title}"}}
+      find: {title: "{intent.title}"}
+"""
+    op = op_of(text)
+    r = _unknown(None)
+    r = Receipt(**{**r.__dict__, "intent": {"body": {"title": "Plan"}}})
+    read = plan_read(op, r)
+    assert read.headers == (("notion-version", "2025-09-03"), ("x-title", "Plan"))
+    for name in ("Authorization", "api-key", "X-Api-Token"):
+        with pytest.raises(RulesError) as info:
+            rules(text.replace("Notion-Version", name))
+        assert info.value.field == f"operations.x.reconcile.read.headers.{name}" and "carries credentials" in info.value.message
