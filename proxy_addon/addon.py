@@ -553,7 +553,7 @@ class Receipts:
         await self._record_response(flow, meta)
 
     async def _reconcile_inline(self, op: Operation, receipt: Receipt, credentials: dict[str, str],
-                                from_command: bool = False) -> None:
+                                from_command: bool = False, evidence: bool = False) -> None:
         """
         Resolve an outcome_unknown receipt while its duplicate waits, with the duplicate's own
         credentials (nothing is stored). Concurrent duplicates in this process share one read;
@@ -563,7 +563,7 @@ class Receipts:
         if running is not None:
             await asyncio.shield(running)
             return
-        task = asyncio.get_running_loop().create_task(self._run_reconcile(op, receipt, credentials, from_command))
+        task = asyncio.get_running_loop().create_task(self._run_reconcile(op, receipt, credentials, from_command, evidence))
         self._reconciles[receipt.operation_id] = task
         try:
             await asyncio.shield(task)
@@ -571,17 +571,21 @@ class Receipts:
             self._reconciles.pop(receipt.operation_id, None)
 
     async def _run_reconcile(self, op: Operation, receipt: Receipt, credentials: dict[str, str],
-                             from_command: bool = False) -> None:
+                             from_command: bool = False, evidence: bool = False) -> None:
+        """`evidence`: the API answered that the effect may already exist; only a read decides,
+        even where resending with the same idempotency key would otherwise be safe."""
         loop, store = asyncio.get_running_loop(), self.store
         actor = "mitmweb operator (receipts.reconcile)" if from_command else "proxy (inline reconcile)"
         assert store is not None
         try:
             claimed = await loop.run_in_executor(self._executor, lambda: store.claim_for_reconcile(
-                receipt.operation_id, actor=actor, reason="a duplicate arrived: reconciling with a read"))
+                receipt.operation_id, actor=actor,
+                reason="the answer says it may already exist: reconciling with a read" if evidence else
+                "an operator asked for a read" if from_command else "a duplicate arrived: reconciling with a read"))
         except IllegalTransition:
             return  # another proxy process claimed it first
         try:
-            if op.idempotency_header and claimed.idempotency_key:
+            if op.idempotency_header and claimed.idempotency_key and not evidence:
                 verdict = Verdict(State.SAFE_TO_RETRY, f"the API deduplicates by {op.idempotency_header}; "
                                                        f"sending again with the same key {claimed.idempotency_key} is safe")
             else:
@@ -632,7 +636,8 @@ class Receipts:
         if exists and op is not None and meta.get("state") == str(State.OUTCOME_UNKNOWN):
             # Evidence, not a rejection: look it up now, with this request's own credentials.
             receipt = await asyncio.get_running_loop().run_in_executor(self._executor, self.store.get, meta["operation_id"])  # type: ignore[union-attr]
-            await self._reconcile_inline(op, receipt, credentials_from(op, {k.lower(): v for k, v in flow.request.headers.items()}))
+            await self._reconcile_inline(op, receipt, credentials_from(op, {k.lower(): v for k, v in flow.request.headers.items()}),
+                                         evidence=True)
             receipt = await asyncio.get_running_loop().run_in_executor(self._executor, self.store.get, meta["operation_id"])  # type: ignore[union-attr]
             meta["state"] = str(receipt.state)
             self._mark(flow, receipt.state, receipt)
