@@ -408,6 +408,11 @@ class Store:
             # updated_at: when it became succeeded (a terminal state, never updated again)
             age = (now - dt.datetime.fromisoformat(latest.updated_at)).total_seconds()
             if age <= replay_window:
+                if not self._answered_success(latest.operation_id):
+                    # Found by a read or resolved by hand: the recorded answer (a 5xx, an "already
+                    # exists") is not the success, so it is never replayed as one.
+                    return Decision("blocked_succeeded", latest, "duplicate blocked: succeeded (settled after the "
+                                                                 "answer, which is not replayed)")
                 if latest.response is not None and not latest.response.truncated:
                     return Decision("replay", latest, "duplicate answered with the recorded response")
                 return Decision("blocked_succeeded", latest, "duplicate blocked: succeeded, and no complete response was recorded to replay")
@@ -436,6 +441,14 @@ class Store:
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
         return Decision("forward", self.get(operation_id))
+
+    def _answered_success(self, operation_id: str) -> bool:
+        """Whether a succeeded receipt became so from the upstream's answer (submitted → succeeded)."""
+        row = self.conn.execute(
+            "SELECT from_state FROM receipt_events WHERE operation_id = ? AND to_state = ? ORDER BY id DESC LIMIT 1",
+            (operation_id, State.SUCCEEDED),
+        ).fetchone()
+        return row is not None and row[0] == State.SUBMITTED
 
     def _unresolved_for(self, fingerprint: str) -> Receipt | None:
         placeholders = ", ".join("?" * len(UNRESOLVED))

@@ -798,3 +798,23 @@ def test_an_attempt_awaiting_approval_blocks_duplicates_and_settles(store, clock
     assert (dup.kind, dup.receipt.operation_id) == ("blocked", d.receipt.operation_id)
     store.transition(d.receipt.operation_id, State.SUBMITTED, reason="approved by operator", actor="mitmweb")
     assert store.get(d.receipt.operation_id).state is State.SUBMITTED
+
+
+def test_a_success_settled_after_the_answer_is_never_replayed(tmp_path):
+    """A 5xx recorded, then found by a read (or resolved by hand): a duplicate is blocked, not
+    answered with the 5xx as if it were the success."""
+    store = Store.open(tmp_path / "r.db")
+    a = Attempt(api="x", operation="create", method="POST", target="https://x.test/a",
+                intent_fingerprint="sha256:settled", intent={}, principal="anonymous")
+    r = store.begin_attempt(a).receipt
+    store.transition(r.operation_id, State.OUTCOME_UNKNOWN, reason="HTTP 502", http_status=502,
+                     response=RecordedResponse(status=502, headers=[], body=b'{"message": "Server Error"}'))
+    store.claim_for_reconcile(r.operation_id, actor="test")
+    store.transition(r.operation_id, State.SUCCEEDED, reason="found by a read", external_id="7")
+    d = store.begin_attempt(a)
+    assert (d.kind, d.receipt.operation_id) == ("blocked_succeeded", r.operation_id)
+    b = Attempt(**{**a.__dict__, "intent_fingerprint": "sha256:answered"})
+    r2 = store.begin_attempt(b).receipt
+    store.transition(r2.operation_id, State.SUCCEEDED, reason="HTTP 201", http_status=201,
+                     response=RecordedResponse(status=201, headers=[], body=b'{"id": 8}'))
+    assert store.begin_attempt(b).kind == "replay"
