@@ -768,6 +768,17 @@ operations:
     match: {{method: POST, path: "/api/{{bucket}}/plain"}}
     fingerprint: {{body: [title]}}
     external_id: id
+  slow.create:
+    description: A search index that lags its writes by up to ten minutes
+    match: {{method: POST, path: "/api/{{bucket}}/slow"}}
+    fingerprint: {{body: [title]}}
+    external_id: id
+    reconcile:
+      read: {{url: "/api/{{path.bucket}}/slow"}}
+      find: {{title: "{{intent.title}}"}}
+      absence_provable: true
+      settle: 10m
+      retry_when_absent: true
 """
 RECONCILING_REASON = "reconciling with a read"
 
@@ -1542,3 +1553,18 @@ def test_installed_script_help_of_every_command(tmp_path):
     assert (missing.returncode, out) == (1, "")
     assert err == f"Error: no receipts database at {tmp_path / 'none.db'}\n"
     assert not (tmp_path / "none.db").exists()
+
+
+def test_reconcile_before_the_settle_delay_says_when_to_try_again(recon, capsys):
+    recon.add("slow", "other")
+    rid = recon.receipt("x", kind="slow")  # outcome_unknown at the fake clock's T0
+    read = f"read GET {recon.up.url}{recon.api_path('slow')} → HTTP 200: not found among 1 items"
+    code, out, _ = recon.run(capsys, rid)
+    assert code == 0
+    assert out == (f"{rid}  outcome_unknown → outcome_unknown  {read}; this read proves absence only 600s after "
+                   f"the outcome became unknown: try again after 2026-03-01T12:10:00.000000Z\n")
+    assert recon.store.get(rid).state == "outcome_unknown" and recon.reads("slow") == 1
+    recon.clock.advance(601)
+    code, out, _ = recon.run(capsys, rid)
+    assert out == f"{rid}  outcome_unknown → safe_to_retry  {read}; absence is proven and the rule allows a retry\n"
+    assert recon.reads("slow") == 2 and recon.up.seen(recon.api_path("slow")) == 1  # reads only: the one seeded item
