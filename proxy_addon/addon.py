@@ -39,7 +39,7 @@ from proxy_addon.classify import classify_error, classify_response, response_ext
 from proxy_addon.errors import IllegalTransition, ReceiptsError, RulesError, StoreError
 from proxy_addon.fingerprint import RequestView, fingerprint, keyed_hash, load_or_create_key
 from proxy_addon.reconcile import (
-    Verdict, credentials_from, describe, finish, judge, perform_read_async, plan_read, retry_after,
+    Verdict, credentials_from, describe, finish, judge, key_dedupes, perform_read_async, plan_read, retry_after,
 )
 from proxy_addon.rules import (
     ALREADY_EXISTS, DEFAULT_RULES, Match, Operation, RuleSet, host_pattern, load_rules_path, rules_signature,
@@ -341,7 +341,7 @@ class Receipts:
             state = d.receipt.state
             return d.kind == "blocked" and (
                 (state is State.SUBMITTED and wait_submitted > 0)
-                or (state is State.OUTCOME_UNKNOWN and (op.reconcile is not None or op.idempotency_header is not None)
+                or (state is State.OUTCOME_UNKNOWN and (op.reconcile is not None or key_dedupes(op, d.receipt, utcnow()))
                     and self._may_reconcile(op, d.receipt))
             )
 
@@ -378,7 +378,7 @@ class Receipts:
                 if receipt.state is State.SUBMITTED:
                     await self._wait_for_outcome(receipt.operation_id, wait_submitted)
                     receipt = await loop.run_in_executor(self._executor, store.get, receipt.operation_id)
-                if receipt.state is State.OUTCOME_UNKNOWN and (op.reconcile or op.idempotency_header):
+                if receipt.state is State.OUTCOME_UNKNOWN and (op.reconcile or key_dedupes(op, receipt, utcnow())):
                     await self._reconcile_inline(op, receipt, credentials_from(op, view.headers))
                 decision = await loop.run_in_executor(self._executor, decide, True)
         except StoreError as e:
@@ -416,7 +416,7 @@ class Receipts:
         makes a resend safe always may; a read that cannot prove absence yet (settle) and has
         already looked once since the outcome became unknown waits until it can.
         """
-        if op.idempotency_header is not None or op.reconcile is None or not op.reconcile.settle:
+        if key_dedupes(op, receipt, utcnow()) or op.reconcile is None or not op.reconcile.settle:
             return True
         return retry_after(op, receipt, utcnow()) is None or receipt.updated_at == receipt.completed_at
 
@@ -585,9 +585,12 @@ class Receipts:
         except IllegalTransition:
             return  # another proxy process claimed it first
         try:
-            if op.idempotency_header and claimed.idempotency_key and not evidence:
+            if key_dedupes(op, claimed, store.clock()) and not evidence:
                 verdict = Verdict(State.SAFE_TO_RETRY, f"the API deduplicates by {op.idempotency_header}; "
                                                        f"sending again with the same key {claimed.idempotency_key} is safe")
+            elif op.reconcile is None:
+                verdict = Verdict(State.MANUAL_REVIEW, f"the API forgets {op.idempotency_header} keys after "
+                                                       f"{op.idempotency_ttl}s and no read is configured")
             else:
                 read = plan_read(op, claimed)
                 opts = ctx.options

@@ -196,11 +196,25 @@ def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int,
         return Verdict(State.MANUAL_REVIEW, f"{said}: {e}")
     for item in items:
         if all(_text(dig(item, field)) == value for field, value in wanted):
-            found = id_in(item, spec.external_id) if spec.external_id else None
+            found = _found_id(item, spec.external_id, receipt) if spec.external_id else None
             label = spec.external_id if isinstance(spec.external_id, str) else ":".join(spec.external_id or ())
             return Verdict(State.SUCCEEDED, f"{said}: found among {len(items)} items"
                            + (f" ({label}={found})" if found else ""), found)
     return _absent(spec, f"{said}: not found among {len(items)} items", receipt, now)
+
+
+def _found_id(item: Any, fields: str | tuple[str, ...], receipt: Receipt) -> str | None:
+    """The found item's id: its fields, with any `{template}` part taken from the receipt
+    (Slack's history items carry `ts` but not the channel: `["{intent.channel}", ts]`)."""
+    if isinstance(fields, str):
+        return id_in(item, fields)
+    parts = []
+    for f in fields:
+        part = render(f, receipt) if _TEMPLATE_VAR.fullmatch(f) else id_in(item, f)
+        if part is None:
+            return None
+        parts.append(part)
+    return ":".join(parts)
 
 
 def _text(value: Any) -> str | None:
@@ -234,6 +248,16 @@ def _absent(spec: ReconcileSpec, said: str, receipt: Receipt | None = None, now:
         return Verdict(State.SAFE_TO_RETRY, f"{said}; absence is proven and the rule allows a retry")
     why = "the rule does not say this read proves absence" if not spec.absence_provable else "the rule does not allow a retry"
     return Verdict(State.MANUAL_REVIEW, f"{said}; {why}")
+
+
+def key_dedupes(op: Operation, receipt: Receipt, now: dt.datetime) -> bool:
+    """Whether sending again with the receipt's key is safe: the API deduplicates by the header
+    and still remembers the key (`idempotency_key.ttl`, counted from when it was first sent)."""
+    if not op.idempotency_header or not receipt.idempotency_key:
+        return False
+    if not op.idempotency_ttl:
+        return True
+    return now < dt.datetime.fromisoformat(receipt.submitted_at) + dt.timedelta(seconds=op.idempotency_ttl)
 
 
 def retry_after(op: Operation | None, receipt: Receipt, now: dt.datetime) -> dt.datetime | None:

@@ -58,7 +58,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "reconcile": ("read", "find", "items", "absent_when", "absence_provable", "settle", "retry_when_absent",
                   "external_id"),
     "read": ("method", "url", "headers", "body"),
-    "idempotency_key": ("header", "body", "format"),
+    "idempotency_key": ("header", "body", "format", "ttl"),
 }
 
 _OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
@@ -172,6 +172,7 @@ class Operation:
     external_id_header: str | None = None  # the created object's id is in this response header
     idempotency_body: str | None = None  # the proxy writes its key at this dotted path of the JSON body
     idempotency_format: str = "receipt"  # receipt: receipt-<id>; uuid4
+    idempotency_ttl: int = 0  # seconds the API remembers a key (Stripe, Resend: 24h); 0: forever
     credentials_scheme: str | None = None  # CLI reads send "<scheme> $VAR"
     line: int = 0
     description: str | None = None
@@ -549,6 +550,7 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
 
     idempotency_header = idempotency_body = None
     idempotency_format = "receipt"
+    idempotency_ttl = 0
     if "idempotency_key" in op:
         knode = op["idempotency_key"][1]
         where = f"{f}.idempotency_key"
@@ -565,6 +567,10 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
                 raise ctx.error(key["body"][1], f"{where}.body", f"{idempotency_body!r} is not a dotted field path like 'input.id'")
             if graphql and "." not in idempotency_body:
                 raise ctx.error(key["body"][1], f"{where}.body", "for a GraphQL operation, name a field inside an argument, like 'input.id'")
+        if "ttl" in key:
+            idempotency_ttl = _duration(ctx, key["ttl"][1], f"{where}.ttl")
+            if idempotency_ttl <= 0:
+                raise ctx.error(key["ttl"][1], f"{where}.ttl", "must be longer than 0s")
         if "format" in key:
             idempotency_format = ctx.string(key["format"][1], f"{where}.format")
             if idempotency_format not in ("receipt", "uuid4"):
@@ -586,20 +592,24 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
         reconcile=reconcile, idempotency_header=idempotency_header, credentials_env=credentials_env,
         approve=approve, graphql=graphql, classify_rules=tuple(classify_rules),
         external_id_header=external_id_header, idempotency_body=idempotency_body,
-        idempotency_format=idempotency_format, description=description,
+        idempotency_format=idempotency_format, description=description, idempotency_ttl=idempotency_ttl,
     )
 
 
-def _fields(ctx: _Ctx, node: yaml.Node, field_: str) -> str | tuple[str, ...]:
-    """A dotted field path, or a list of them (a composite id, joined with ':')."""
+def _fields(ctx: _Ctx, node: yaml.Node, field_: str, templates: set[str] | None = None) -> str | tuple[str, ...]:
+    """A dotted field path, or a list of them (a composite id, joined with ':'). With `templates`,
+    a list item may be a template of the receipt (`{intent.channel}`), for reads whose items lack a part."""
     if isinstance(node, yaml.SequenceNode):
-        names = [v for _, v in ctx.strings(node, field_, allow_empty=False)]
+        items = ctx.strings(node, field_, allow_empty=False)
     else:
-        names = [ctx.string(node, field_)]
-    for name in names:
-        if not _DOTTED.match(name):
-            raise ctx.error(node, field_, f"{name!r} is not a dotted field path like 'id' or 'data.id'")
-    return names[0] if not isinstance(node, yaml.SequenceNode) else tuple(names)
+        items = [(node, ctx.string(node, field_))]
+    for item, name in items:
+        if templates is not None and isinstance(node, yaml.SequenceNode) and _TEMPLATE_VAR.fullmatch(name):
+            _template(ctx, item, field_, templates)
+        elif not _DOTTED.match(name) or "{" in name:
+            raise ctx.error(item, field_, f"{name!r} is not a dotted field path like 'id' or 'data.id'")
+    names = tuple(name for _, name in items)
+    return names[0] if not isinstance(node, yaml.SequenceNode) else names
 
 
 def _status_key(ctx: _Ctx, node: yaml.Node, status: str, field_: str) -> str:
@@ -827,7 +837,8 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
     if retry and not provable:
         raise ctx.error(rec["retry_when_absent"][1], f"{f}.retry_when_absent",
                         "needs absence_provable: true; a retry is safe only when absence is proven")
-    rec_external_id = _fields(ctx, rec["external_id"][1], f"{f}.external_id") if "external_id" in rec else external_id
+    rec_external_id = (_fields(ctx, rec["external_id"][1], f"{f}.external_id", allowed) if "external_id" in rec
+                       else external_id)
     return ReconcileSpec(method=method, url=url, find=tuple(find), items=items, absence_provable=provable,
                          retry_when_absent=retry, external_id=rec_external_id, body=body, settle=settle,
                          absent_when=absent_when, headers=tuple(headers))

@@ -5,6 +5,7 @@ and from the `receipts reconcile` CLI. The upstream counts the reads and the wri
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -244,3 +245,16 @@ def test_an_already_exists_answer_not_found_goes_to_manual_review(clients, proxy
     assert receipt.state == "manual_review"
     assert "does not say this read proves absence" in reasons(proxy, receipt.operation_id)[-1]
     assert upstream.commits(path) == 0 and upstream.reads(path) == 1
+
+
+def test_an_expired_idempotency_key_is_not_taken_as_a_safe_resend(clients, proxy, upstream, bucket):
+    path = f"/api/{bucket}/charges"
+    r = unknown_write(clients, proxy, upstream, bucket, "charges", {"amount": 500}, "drop")
+    wait_for(lambda: (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(r.submitted_at)).total_seconds() > 1.2,
+             interval=0.1, what="the key's 1s ttl to pass")
+    dup = clients.send("requests", "POST", upstream.url + path, {"amount": 500})
+    # Within the ttl this would be safe_to_retry and resent with the key; now the API may have
+    # forgotten the key, and with no read configured the receipt stays blocked for a human.
+    assert (dup.status, dup.json()["state"]) == (409, "outcome_unknown")
+    assert not any("reconciling" in h or "safe_to_retry" in h for h in reasons(proxy, r.operation_id))
+    assert upstream.commits(path) == 1 and upstream.seen(path) == 1  # the dropped write; never sent again

@@ -381,3 +381,31 @@ operations:
         with pytest.raises(RulesError) as info:
             rules(text.replace("Notion-Version", name))
         assert info.value.field == f"operations.x.reconcile.read.headers.{name}" and "carries credentials" in info.value.message
+
+
+def test_a_found_id_may_take_a_part_from_the_receipt():
+    text = SLACKISH.replace('''      find: {text: "{intent.text}"}''', '''      find: {text: "{intent.text}"}
+      external_id: ["{intent.channel}", ts]''')
+    op = op_of(text)
+    r = _unknown(None)
+    r = Receipt(**{**r.__dict__, "intent": {"body": {"channel": "C9", "text": "hi"}}})
+    read = plan_read(op, r)
+    found = json.dumps({"ok": True, "messages": [{"text": "hi", "ts": "17.5"}]}).encode()
+    v = judge(op.reconcile, read, r, 200, found)
+    assert (v.state, v.external_id) == (State.SUCCEEDED, "C9:17.5")
+    with pytest.raises(RulesError) as info:
+        op_of(text.replace("{intent.channel}", "{intent.team}"))
+    assert info.value.field == "operations.post.reconcile.external_id" and "not recorded" in info.value.message
+
+
+def test_an_idempotency_key_dedupes_only_while_the_api_remembers_it():
+    from proxy_addon.reconcile import key_dedupes
+
+    op = op_of(HEAD + "operations:\n  pay:\n    match: {method: POST, path: /pay}\n"
+                      "    idempotency_key: {header: Idempotency-Key, ttl: 24h}\n")
+    assert op.idempotency_ttl == 86400
+    r = Receipt(**{**_unknown(None).__dict__, "idempotency_key": "receipt-r2"})
+    t0 = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
+    assert key_dedupes(op, r, t0 + dt.timedelta(hours=23))
+    assert not key_dedupes(op, r, t0 + dt.timedelta(hours=24, seconds=1))
+    assert not key_dedupes(op, Receipt(**{**r.__dict__, "idempotency_key": None}), t0)
