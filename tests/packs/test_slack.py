@@ -178,7 +178,7 @@ def test_retry_after_internal_error_finds_the_message_and_does_not_post_again(sl
 
     receipt = slack.receipt(first)
     assert receipt.state is State.SUCCEEDED
-    assert receipt.external_id == "1712345678.000402"  # history messages have no channel field
+    assert receipt.external_id == f"{channel}:1712345678.000402"  # the channel from the request, ts from history
     assert State.RECONCILING in to_states(slack, receipt.operation_id)
     assert retry.headers["x-receipt-id"] == first.headers["x-receipt-id"]
     assert retry.headers["x-receipt-state"] == "succeeded"
@@ -195,7 +195,7 @@ def test_retry_of_a_message_found_posted_is_not_told_that_slack_failed(slack):
     assert retry.headers["x-receipt-state"] == "succeeded"
     assert retry.headers.get("x-receipt-replayed") is None
     assert retry.status_code == 409 and retry.json()["error"] == "duplicate_succeeded"
-    assert retry.json()["external_id"] == "1712345678.000450"
+    assert retry.json()["external_id"] == f"{channel}:1712345678.000450"
 
 
 def test_retry_after_drop_found_gets_the_succeeded_answer(slack):
@@ -206,7 +206,7 @@ def test_retry_after_drop_found_gets_the_succeeded_answer(slack):
     slack.api.on("GET", HISTORY, 200, history({"type": "message", "text": text, "ts": "1712345678.000500"}))
     retry = slack.send("POST", POST, data={"channel": channel, "text": text})
     assert retry.status_code == 409 and retry.json()["error"] == "duplicate_succeeded"
-    assert retry.json()["external_id"] == "1712345678.000500"
+    assert retry.json()["external_id"] == f"{channel}:1712345678.000500"
     assert retry.headers["x-receipt-state"] == "succeeded"
     assert len(reads(slack, channel)) == 1
     assert len(posts(slack, text.replace(" ", "+"))) == 1
