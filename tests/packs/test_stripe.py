@@ -1,0 +1,379 @@
+"""
+rules/stripe.yaml against a fake Stripe: form-encoded bodies, Stripe's error documents, and
+Stripe's idempotency as documented (a key's first answer is saved and returned to a retry
+with the same key; the same key with other parameters is an idempotency_error).
+Each test uses its own order id, so fingerprints and counts never mix between tests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import threading
+import time
+from urllib.parse import parse_qs, parse_qsl, urlsplit
+
+import pytest
+
+from tests.packs.harness import PackRun, Seen, State, pack_run
+
+SECRET = "Bearer sk_test_51R3c31ptPr0xyF4k3K3yN0tR3alAbCdEfGhIjKlMnOpQrStUvWxYz0123456789"  # fake
+PI = "/v1/payment_intents"
+REFUNDS = "/v1/refunds"
+CUSTOMERS = "/v1/customers"
+
+
+class FakeStripe:
+    """Creates objects the way Stripe does, idempotency included."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        self.saved: dict[str, tuple[dict, tuple[int, dict, dict]]] = {}  # key → (params, answer)
+        self.objects: list[dict] = []
+
+    def create(self, seen: Seen, *, then_drop: bool = False):
+        params = dict(parse_qsl(seen.body.decode()))
+        key = seen.headers.get("idempotency-key")
+        with self.lock:
+            if key in self.saved:
+                first, answer = self.saved[key]
+                if first != params:
+                    return 400, {}, error("idempotency_error", None, "Keys for idempotent requests can only be used "
+                                          "with the same parameters they were first used with.")
+                return answer
+            obj = {"id": f"{self.prefix}_{next(self.ids):04d}FakeObj", "created": int(time.time()), "livemode": False,
+                   "metadata": {k[9:-1]: v for k, v in params.items() if k.startswith("metadata[")}}
+            for name in ("amount",):
+                if name in params:
+                    obj[name] = int(params[name])
+            for name in ("currency", "customer", "payment_intent", "charge", "email", "name", "description"):
+                if name in params:
+                    obj[name] = params[name]
+            self.objects.append(obj)
+            answer = (200, {"Request-Id": f"req_{obj['id']}"}, obj)
+            if key:
+                self.saved[key] = (params, answer)
+        return (0, {}, None) if then_drop else answer
+
+    def matching(self, **fields) -> list[dict]:
+        with self.lock:
+            return [o for o in self.objects if all(_get(o, k) == v for k, v in fields.items())]
+
+    def listing(self, seen: Seen):
+        """GET /v1/<objects>: {"object": "list", "data": [...]} newest first, created[gte] and filters applied."""
+        q = dict(parse_qsl(urlsplit(seen.path).query))
+        since = int(q.pop("created[gte]", 0))
+        limit = int(q.pop("limit", 10))
+        with self.lock:
+            data = [o for o in reversed(self.objects)
+                    if o["created"] >= since and all(str(o.get(k)) == v for k, v in q.items())][:limit]
+        return 200, {}, {"object": "list", "url": urlsplit(seen.path).path, "has_more": False, "data": data}
+
+
+def _get(obj: dict, dotted: str):
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def error(type_: str, code: str | None, message: str, **more) -> dict:
+    return {"error": {"type": type_, "code": code, "message": message,
+                      "doc_url": f"https://docs.stripe.com/error-codes/{code}" if code else None, **more}}
+
+
+@pytest.fixture(scope="module")
+def stripe(tmp_path_factory, confdir):
+    yield from pack_run("stripe.yaml", tmp_path_factory.mktemp("stripe"), confdir, headers={"Authorization": SECRET})
+
+
+@pytest.fixture(scope="module")
+def fakes(stripe):
+    """One fake Stripe per object kind, answering creates and lists."""
+    made = {PI: FakeStripe("pi"), REFUNDS: FakeStripe("re"), CUSTOMERS: FakeStripe("cus")}
+    for path, fake in made.items():
+        stripe.api.on("POST", path, fake.create)
+        stripe.api.on("GET", path, fake.listing)
+    return made
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def history(run: PackRun, answer) -> list[tuple[str | None, str, str]]:
+    operation_id = answer if isinstance(answer, str) else answer.headers["x-receipt-id"]
+    store = run.store()
+    try:
+        return [(e.from_state and str(e.from_state), str(e.to_state), e.reason)
+                for e in store.events(operation_id) if e.event == "transition"]
+    finally:
+        store.close()
+
+
+def posts(run: PackRun, path: str, **form) -> list[Seen]:
+    """The writes the fake received at `path` whose form holds these fields."""
+    out = []
+    for s in run.api.requests("POST"):
+        if s.path == path:
+            sent = dict(parse_qsl(s.body.decode()))
+            if all(sent.get(k) == v for k, v in form.items()):
+                out.append(s)
+    return out
+
+
+def reads(run: PackRun, path: str) -> list[Seen]:
+    return [s for s in run.api.requests("GET") if s.path.split("?")[0] == path]
+
+
+def unix(iso: str) -> int:
+    return int(dt.datetime.fromisoformat(iso).timestamp())
+
+
+def pi_form(order: str, amount: int = 2000, **more) -> dict:
+    return {"amount": str(amount), "currency": "usd", "metadata[order_id]": order,
+            "payment_method_types[]": "card", **more}
+
+
+# --- payment_intents.create: success, fingerprint, the proxy's key -----------------------------
+
+
+def test_payment_intent_created_with_the_proxys_idempotency_key(stripe, fakes):
+    r = stripe.send("POST", PI, data=pi_form("ord_ok", customer="cus_Fake1", description="first try"))
+    assert r.status_code == 200
+    obj = r.json()
+    receipt = stripe.receipt(r)
+    assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, obj["id"])
+    assert r.headers["x-receipt-state"] == "succeeded"
+    # Form fields, taken literally: the fingerprinted ones only.
+    assert receipt.intent["form"] == {"amount": "2000", "currency": "usd", "customer": "cus_Fake1",
+                                      "metadata[order_id]": "ord_ok"}
+    (sent,) = posts(stripe, PI, **{"metadata[order_id]": "ord_ok"})
+    assert sent.headers["content-type"].startswith("application/x-www-form-urlencoded")
+    assert sent.headers["idempotency-key"] == receipt.idempotency_key == f"receipt-{receipt.operation_id}"
+    assert sent.headers["authorization"] == SECRET
+
+
+def test_form_fingerprint_ignores_unlisted_fields_and_sees_the_amount(stripe, fakes):
+    first = stripe.send("POST", PI, data=pi_form("ord_fp", 1500, description="Order ord_fp"))
+    assert first.status_code == 200
+    # Differs only in description (not fingerprinted): the same intent, answered from the receipt.
+    same = stripe.send("POST", PI, data=pi_form("ord_fp", 1500, description="Order ord_fp, again"))
+    assert same.status_code == 200 and same.headers.get("x-receipt-replayed") == "true"
+    assert same.json()["id"] == first.json()["id"]
+    assert same.headers["x-receipt-id"] == first.headers["x-receipt-id"]
+    assert len(posts(stripe, PI, **{"metadata[order_id]": "ord_fp"})) == 1
+    # Another amount: another intent, sent with its own key.
+    other = stripe.send("POST", PI, data=pi_form("ord_fp", 1600, description="Order ord_fp"))
+    assert other.status_code == 200 and "x-receipt-replayed" not in other.headers
+    assert other.json()["id"] != first.json()["id"]
+    sent = posts(stripe, PI, **{"metadata[order_id]": "ord_fp"})
+    assert [s.body.count(b"amount=") for s in sent] == [1, 1]
+    assert len({s.headers["idempotency-key"] for s in sent}) == 2
+    assert len(fakes[PI].matching(**{"metadata.order_id": "ord_fp"})) == 2
+
+
+def test_the_agents_own_idempotency_key_is_sent_untouched(stripe, fakes):
+    r = stripe.send("POST", PI, data=pi_form("ord_agentkey"), headers={"Idempotency-Key": "agent-ord_agentkey-1"})
+    assert r.status_code == 200
+    (sent,) = posts(stripe, PI, **{"metadata[order_id]": "ord_agentkey"})
+    assert sent.headers["idempotency-key"] == "agent-ord_agentkey-1"
+
+
+# --- refusals and unknown outcomes -------------------------------------------------------------
+
+REFUSALS = [
+    # (status, body, a reason the history must hold, or None)
+    (402, error("card_error", "card_declined", "Your card was declined.", decline_code="generic_decline",
+                payment_intent={"id": "pi_declined", "object": "payment_intent", "status": "requires_payment_method"}),
+     "card_error"),
+    (400, error("invalid_request_error", "parameter_missing", "Missing required param: currency.", param="currency"), None),
+    (401, error("invalid_request_error", None, "Invalid API Key provided: sk_test_****6789"), None),
+    (403, error("invalid_request_error", None, "The provided key does not have the required permissions."), None),
+    (404, error("invalid_request_error", "resource_missing", "No such customer: 'cus_nope'", param="customer"), None),
+    (429, error("invalid_request_error", "rate_limit", "Too many requests hit the API too quickly."), "rate limiter"),
+]
+
+
+@pytest.mark.parametrize("status, body, reason", REFUSALS, ids=["402", "400", "401", "403", "404", "429"])
+def test_payment_intent_refusals_are_rejected_and_a_retry_gets_a_new_key(stripe, fakes, status, body, reason):
+    order = f"ord_refused_{status}"
+    stripe.api.on("POST", PI, status, body, times=1)
+    r = stripe.send("POST", PI, data=pi_form(order))
+    assert r.status_code == status and r.json() == body
+    assert r.headers["x-receipt-state"] == "rejected"
+    assert stripe.receipt(r).state is State.REJECTED
+    if reason:
+        assert any(reason in why for _, to, why in history(stripe, r) if to == "rejected"), history(stripe, r)
+    # Sent again: a new attempt with a NEW key (the refused one's answer may be saved under
+    # its key, and Stripe would return it again).
+    again = stripe.send("POST", PI, data=pi_form(order))
+    assert again.status_code == 200
+    first_key, second_key = [s.headers["idempotency-key"] for s in posts(stripe, PI, **{"metadata[order_id]": order})]
+    assert first_key != second_key == stripe.receipt(again).idempotency_key
+    assert stripe.receipt(again).retry_of == stripe.receipt(r).operation_id
+
+
+@pytest.mark.parametrize("status, body, reason", [
+    (500, error("api_error", None, "An unknown error occurred"), None),
+    (503, error("api_error", None, "Service unavailable"), None),
+    (424, error("invalid_request_error", None, "External dependency failed"), "424 External Dependency Failed"),
+], ids=["500", "503", "424"])
+def test_payment_intent_server_errors_are_unknown(stripe, fakes, status, body, reason):
+    stripe.api.on("POST", PI, status, body, times=1)
+    r = stripe.send("POST", PI, data=pi_form(f"ord_unknown_{status}"))
+    assert r.status_code == status
+    assert r.headers["x-receipt-state"] == "outcome_unknown"
+    assert stripe.receipt(r).state is State.OUTCOME_UNKNOWN
+    if reason:
+        assert any(reason in why for _, _, why in history(stripe, r)), history(stripe, r)
+
+
+def test_payment_intent_lost_answer_retry_reuses_the_key_and_stripe_answers_from_it(stripe, fakes):
+    order = "ord_lost_done"
+    # Stripe created the intent, then the connection broke before the answer.
+    stripe.api.on("POST", PI, lambda seen: fakes[PI].create(seen, then_drop=True), times=1)
+    first = stripe.send("POST", PI, data=pi_form(order))
+    assert (first.status_code, first.headers["x-receipt-state"]) == (502, "outcome_unknown")
+    (made,) = fakes[PI].matching(**{"metadata.order_id": order})
+
+    retry = stripe.send("POST", PI, data=pi_form(order))
+    assert retry.status_code == 200
+    assert retry.json()["id"] == made["id"]  # Stripe's saved answer for the key, not a second intent
+    keys = [s.headers["idempotency-key"] for s in posts(stripe, PI, **{"metadata[order_id]": order})]
+    assert keys == [stripe.receipt(first).idempotency_key] * 2
+    assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
+    assert stripe.receipt(first).state is State.SAFE_TO_RETRY
+    second = stripe.receipt(retry)
+    assert (second.state, second.external_id, second.retry_of) == (State.SUCCEEDED, made["id"], first.headers["x-receipt-id"])
+    assert second.idempotency_key == stripe.receipt(first).idempotency_key
+
+
+def test_payment_intent_lost_before_stripe_ran_it_is_created_once_on_retry(stripe, fakes):
+    order = "ord_lost_never"
+    stripe.api.drop("POST", PI)  # read, closed, never executed
+    first = stripe.send("POST", PI, data=pi_form(order))
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    assert fakes[PI].matching(**{"metadata.order_id": order}) == []
+    retry = stripe.send("POST", PI, data=pi_form(order))
+    assert retry.status_code == 200
+    assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
+    assert stripe.receipt(first).state is State.SAFE_TO_RETRY
+    keys = {s.headers["idempotency-key"] for s in posts(stripe, PI, **{"metadata[order_id]": order})}
+    assert keys == {stripe.receipt(first).idempotency_key}
+
+
+# --- idempotency errors: already_exists, decided by a list read --------------------------------
+
+IN_USE = error("idempotency_error", "idempotency_key_in_use",
+               "There is currently another in-progress request using this Idempotent Key (that probably means "
+               "you submitted twice, and the other request is still going through): receipt-x. Please try again later.")
+
+
+def test_key_in_use_409_is_already_exists_and_the_list_read_finds_the_intent(stripe, fakes):
+    order = "ord_in_use"
+    # The intent exists (created by the request holding the key); this one gets the 409.
+    existing = {"id": "pi_InUse0001", "object": "payment_intent", "amount": 2000, "currency": "usd",
+                "metadata": {"order_id": order}, "created": int(time.time()) + 1}
+    with fakes[PI].lock:
+        fakes[PI].objects.append(existing)
+    stripe.api.on("POST", PI, 409, IN_USE, times=1)
+    r = stripe.send("POST", PI, data=pi_form(order))
+    assert r.status_code == 409 and r.json() == IN_USE   # the agent gets Stripe's answer
+    receipt = stripe.receipt(r)
+    assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "pi_InUse0001")
+    assert r.headers["x-receipt-state"] == "succeeded"
+    steps = history(stripe, r)
+    assert [(a, b) for a, b, _ in steps][-2:] == [("outcome_unknown", "reconciling"), ("reconciling", "succeeded")], steps
+    assert any("idempotency_key_in_use" in why for _, _, why in steps), steps
+    (read,) = [s for s in reads(stripe, PI) if s.headers.get("authorization") == SECRET][-1:]
+    q = parse_qs(urlsplit(read.path).query)
+    assert q == {"created[gte]": [str(unix(receipt.submitted_at))], "limit": ["100"]}
+    assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 1
+
+
+def test_key_reused_with_other_parameters_is_already_exists_and_absence_allows_a_retry(stripe, fakes):
+    order = "ord_key_mismatch"
+    mismatch = error("idempotency_error", None, "Keys for idempotent requests can only be used with the same "
+                     "parameters they were first used with. Try using a key other than 'receipt-x' if you meant "
+                     "to execute a different request.")
+    stripe.api.on("POST", PI, 400, mismatch, times=1)
+    r = stripe.send("POST", PI, data=pi_form(order))
+    assert r.status_code == 400
+    receipt = stripe.receipt(r)
+    assert receipt.state is State.SAFE_TO_RETRY  # the read found no such intent since the attempt
+    steps = history(stripe, r)
+    assert ("outcome_unknown", "reconciling") in [(a, b) for a, b, _ in steps], steps
+    assert any("first used with other parameters" in why for _, _, why in steps), steps
+    assert "absence is proven" in steps[-1][2]
+    again = stripe.send("POST", PI, data=pi_form(order))
+    assert again.status_code == 200
+    assert stripe.receipt(again).idempotency_key == receipt.idempotency_key  # the key is reused
+
+
+# --- refunds.create ----------------------------------------------------------------------------
+
+
+def test_refund_created_and_recorded(stripe, fakes):
+    r = stripe.send("POST", REFUNDS, data={"payment_intent": "pi_ToRefund01", "amount": "500",
+                                           "metadata[order_id]": "ord_refund_ok", "reason": "requested_by_customer"})
+    assert r.status_code == 200
+    receipt = stripe.receipt(r)
+    assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, r.json()["id"])
+    assert receipt.intent["form"] == {"payment_intent": "pi_ToRefund01", "charge": None, "amount": "500",
+                                      "metadata[order_id]": "ord_refund_ok"}
+    (sent,) = posts(stripe, REFUNDS, payment_intent="pi_ToRefund01")
+    assert sent.headers["idempotency-key"] == receipt.idempotency_key
+
+
+def test_refund_key_in_use_is_found_by_its_payment_intent(stripe, fakes):
+    with fakes[REFUNDS].lock:
+        fakes[REFUNDS].objects.append({"id": "re_Other01", "payment_intent": "pi_Other", "amount": 100,
+                                       "created": int(time.time()) + 1, "metadata": {}})
+        fakes[REFUNDS].objects.append({"id": "re_Mine01", "payment_intent": "pi_ToRefund02", "amount": 2000,
+                                       "created": int(time.time()) + 1, "metadata": {}})
+    stripe.api.on("POST", REFUNDS, 409, IN_USE, times=1)
+    r = stripe.send("POST", REFUNDS, data={"payment_intent": "pi_ToRefund02"})  # a full refund: no amount
+    assert (r.status_code, r.headers["x-receipt-state"]) == (409, "succeeded")
+    assert stripe.receipt(r).external_id == "re_Mine01"
+    read = reads(stripe, REFUNDS)[-1]
+    q = parse_qs(urlsplit(read.path).query)
+    assert q["payment_intent"] == ["pi_ToRefund02"] and q["limit"] == ["100"]
+    assert q["created[gte]"] == [str(unix(stripe.receipt(r).submitted_at))]
+
+
+def test_refund_of_an_already_refunded_charge_is_rejected(stripe, fakes):
+    body = error("invalid_request_error", "charge_already_refunded",
+                 "Charge ch_Fake has already been refunded.")
+    stripe.api.on("POST", REFUNDS, 400, body, times=1)
+    n = len(reads(stripe, REFUNDS))
+    r = stripe.send("POST", REFUNDS, data={"payment_intent": "pi_Refunded03"})
+    assert (r.status_code, r.headers["x-receipt-state"]) == (400, "rejected")
+    assert len(reads(stripe, REFUNDS)) == n  # no read: a refusal
+
+
+# --- customers.create --------------------------------------------------------------------------
+
+
+def test_customer_created_and_found_by_email_after_a_key_conflict(stripe, fakes):
+    ok = stripe.send("POST", CUSTOMERS, data={"email": "ada@example.com", "name": "Ada", "description": "vip"})
+    assert ok.status_code == 200
+    assert (stripe.receipt(ok).state, stripe.receipt(ok).external_id) == (State.SUCCEEDED, ok.json()["id"])
+
+    with fakes[CUSTOMERS].lock:
+        fakes[CUSTOMERS].objects.append({"id": "cus_Grace01", "email": "grace@example.com", "name": "Grace",
+                                         "created": int(time.time()) + 1, "metadata": {}})
+    stripe.api.on("POST", CUSTOMERS, 409, IN_USE, times=1)
+    r = stripe.send("POST", CUSTOMERS, data={"email": "grace@example.com", "name": "Grace"})
+    assert (r.status_code, r.headers["x-receipt-state"]) == (409, "succeeded")
+    assert stripe.receipt(r).external_id == "cus_Grace01"
+    q = parse_qs(urlsplit(reads(stripe, CUSTOMERS)[-1].path).query)
+    assert q["email"] == ["grace@example.com"] and q["limit"] == ["100"]
+
+
+def test_the_secret_key_never_reaches_the_receipts_database(stripe, fakes):
+    """Every test above sent the key; the store keeps only a keyed hash of it."""
+    assert stripe.api.requests("POST"), "run with the other tests of this module"
+    db = stripe.proxy.db
+    stored = b"".join(p.read_bytes() for p in (db, db.with_name(db.name + "-wal")) if p.exists())
+    assert SECRET.split()[1].encode() not in stored
