@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import sqlite3
 import threading
 import time
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 import pytest
 
+from proxy_addon.store import iso
 from tests.packs.harness import PackRun, Seen, State, pack_run
 
 SECRET = "Bearer sk_test_51R3c31ptPr0xyF4k3K3yN0tR3alAbCdEfGhIjKlMnOpQrStUvWxYz0123456789"  # fake
@@ -130,6 +132,16 @@ def unix(iso: str) -> int:
     return int(dt.datetime.fromisoformat(iso).timestamp())
 
 
+def backdate(run: PackRun, answer, hours: float) -> None:
+    """Make the receipt's attempt `hours` older: as if the agent came back that much later."""
+    operation_id = answer.headers["x-receipt-id"]
+    before = dt.datetime.fromisoformat(run.receipt(operation_id).submitted_at)
+    with sqlite3.connect(run.proxy.db, timeout=10) as db:
+        db.execute("UPDATE receipts SET submitted_at = ? WHERE operation_id = ?",
+                   (iso(before - dt.timedelta(hours=hours)), operation_id))
+    db.close()
+
+
 def pi_form(order: str, amount: int = 2000, **more) -> dict:
     return {"amount": str(amount), "currency": "usd", "metadata[order_id]": order,
             "payment_method_types[]": "card", **more}
@@ -243,7 +255,10 @@ def test_payment_intent_lost_answer_retry_reuses_the_key_and_stripe_answers_from
     keys = [s.headers["idempotency-key"] for s in posts(stripe, PI, **{"metadata[order_id]": order})]
     assert keys == [stripe.receipt(first).idempotency_key] * 2
     assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
+    # Within the key's 24 hours: no read, the key alone makes the resend safe.
     assert stripe.receipt(first).state is State.SAFE_TO_RETRY
+    assert "deduplicates by Idempotency-Key" in history(stripe, first)[-1][2]
+    assert not [s for s in reads(stripe, PI) if order in s.path]
     second = stripe.receipt(retry)
     assert (second.state, second.external_id, second.retry_of) == (State.SUCCEEDED, made["id"], first.headers["x-receipt-id"])
     assert second.idempotency_key == stripe.receipt(first).idempotency_key
@@ -261,6 +276,37 @@ def test_payment_intent_lost_before_stripe_ran_it_is_created_once_on_retry(strip
     assert stripe.receipt(first).state is State.SAFE_TO_RETRY
     keys = {s.headers["idempotency-key"] for s in posts(stripe, PI, **{"metadata[order_id]": order})}
     assert keys == {stripe.receipt(first).idempotency_key}
+
+
+def test_after_24_hours_the_key_is_not_trusted_and_the_list_read_finds_the_intent(stripe, fakes):
+    order = "ord_late_found"
+    stripe.api.on("POST", PI, lambda seen: fakes[PI].create(seen, then_drop=True), times=1)
+    first = stripe.send("POST", PI, data=pi_form(order))
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    (made,) = fakes[PI].matching(**{"metadata.order_id": order})
+    backdate(stripe, first, hours=25)  # Stripe may have pruned the key by now
+    n = len(reads(stripe, PI))
+    retry = stripe.send("POST", PI, data=pi_form(order))
+    assert (retry.status_code, retry.json()["external_id"]) == (409, made["id"])
+    assert retry.json()["error"] == "duplicate_succeeded"
+    receipt = stripe.receipt(first)
+    assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, made["id"])
+    (read,) = reads(stripe, PI)[n:]
+    assert parse_qs(urlsplit(read.path).query) == {"created[gte]": [str(unix(receipt.submitted_at))], "limit": ["100"]}
+    assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 1
+
+
+def test_after_24_hours_a_read_that_finds_nothing_allows_the_resend(stripe, fakes):
+    order = "ord_late_absent"
+    stripe.api.drop("POST", PI)
+    first = stripe.send("POST", PI, data=pi_form(order))
+    backdate(stripe, first, hours=25)
+    retry = stripe.send("POST", PI, data=pi_form(order))
+    assert retry.status_code == 200
+    assert stripe.receipt(first).state is State.SAFE_TO_RETRY
+    assert "absence is proven" in history(stripe, first)[-1][2]
+    assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 2
+    assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
 
 
 # --- idempotency errors: already_exists, decided by a list read --------------------------------
