@@ -67,8 +67,12 @@ def _variables(receipt: Receipt) -> dict[str, Any]:
     intent = receipt.intent
     out: dict[str, Any] = {"external_id": receipt.external_id, "idempotency_key": receipt.idempotency_key}
     if receipt.submitted_at:
-        submitted = dt.datetime.fromisoformat(receipt.submitted_at)
-        out.update(submitted_at=iso(submitted), submitted_at_unix=int(submitted.timestamp()))
+        # When the first attempt that may have made this effect was sent: a retry that reuses
+        # an idempotency key continues its first attempt. Whole seconds, rounded down, so
+        # that a `created >= ` filter never misses an object made in the same second.
+        submitted = dt.datetime.fromisoformat(receipt.idempotency_key_at or receipt.submitted_at)
+        out.update(submitted_at=submitted.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                   submitted_at_unix=int(submitted.timestamp()))
     out.update({f"path.{k}": v for k, v in intent.get("path", {}).items()})
     out.update({f"query.{k}": v for k, v in intent.get("query", {}).items()})
     out.update({f"header.{k}": v for k, v in intent.get("headers", {}).items()})
@@ -252,12 +256,14 @@ def _absent(spec: ReconcileSpec, said: str, receipt: Receipt | None = None, now:
 
 def key_dedupes(op: Operation, receipt: Receipt, now: dt.datetime) -> bool:
     """Whether sending again with the receipt's key is safe: the API deduplicates by the header
-    and still remembers the key (`idempotency_key.ttl`, counted from when it was first sent)."""
+    and still remembers the key (`idempotency_key.ttl`, counted from when the key was first
+    sent, by this receipt or the first one of the retries that reused it)."""
     if not op.idempotency_header or not receipt.idempotency_key:
         return False
     if not op.idempotency_ttl:
         return True
-    return now < dt.datetime.fromisoformat(receipt.submitted_at) + dt.timedelta(seconds=op.idempotency_ttl)
+    first = dt.datetime.fromisoformat(receipt.idempotency_key_at or receipt.submitted_at)
+    return now < first + dt.timedelta(seconds=op.idempotency_ttl)
 
 
 def retry_after(op: Operation | None, receipt: Receipt, now: dt.datetime) -> dt.datetime | None:

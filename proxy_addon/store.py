@@ -105,6 +105,7 @@ class Receipt:
     response: RecordedResponse | None = field(default=None, repr=False)
     idempotency_key: str | None = None
     client_key: str | None = None
+    idempotency_key_at: str | None = None  # when this key was first sent (by this receipt or one it retries)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -129,6 +130,7 @@ class Receipt:
             http_status=row["http_status"], error=row["error"], external_id=row["external_id"],
             flow_id=row["flow_id"], retry_of=row["retry_of"], instance=row["instance"],
             response=response, idempotency_key=row.get("idempotency_key"), client_key=row.get("client_key"),
+            idempotency_key_at=row.get("idempotency_key_at"),
         )
 
     @property
@@ -246,10 +248,16 @@ def m003_awaiting_approval_is_unresolved(db: Database) -> None:
     )
 
 
+@migrations()
+def m004_when_an_idempotency_key_was_first_sent(db: Database) -> None:
+    # A retry reuses its predecessor's key; an API forgets a key some time after it first saw it.
+    db.execute("ALTER TABLE receipts ADD COLUMN idempotency_key_at TEXT")
+
+
 _RECEIPT_COLUMNS = (
     "operation_id", "api", "operation", "method", "target", "state", "intent_fingerprint",
     "intent", "principal", "submitted_at", "updated_at", "flow_id", "retry_of", "instance",
-    "idempotency_key", "client_key",
+    "idempotency_key", "client_key", "idempotency_key_at",
 )
 _UPDATABLE = frozenset(
     {"completed_at", "http_status", "error", "external_id", "response"}
@@ -422,17 +430,19 @@ class Store:
             raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
         operation_id = new_operation_id(now)
         first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
-        idempotency_key = None
+        idempotency_key = idempotency_key_at = None
         if a.idempotency:
             # A retry of an attempt that provably did not happen reuses its key, so the server can
             # still deduplicate; after a success (after_success: allow) or a rejection, a new key.
             reuse = latest is not None and latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY)
             fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
             idempotency_key = a.given_key or (latest.idempotency_key if reuse else None) or fresh
+            reused = latest is not None and idempotency_key == latest.idempotency_key
+            idempotency_key_at = (latest.idempotency_key_at or latest.submitted_at) if reused else at
         values = (
             operation_id, a.api, a.operation, a.method, a.target, first_state,
             a.intent_fingerprint, json.dumps(a.intent, sort_keys=True), a.principal, at, at,
-            a.flow_id, retry_of, a.instance, idempotency_key, a.client_key,
+            a.flow_id, retry_of, a.instance, idempotency_key, a.client_key, idempotency_key_at,
         )
         self.conn.execute(
             f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({', '.join('?' * len(values))})",

@@ -409,3 +409,13 @@ def test_an_idempotency_key_dedupes_only_while_the_api_remembers_it():
     assert key_dedupes(op, r, t0 + dt.timedelta(hours=23))
     assert not key_dedupes(op, r, t0 + dt.timedelta(hours=24, seconds=1))
     assert not key_dedupes(op, Receipt(**{**r.__dict__, "idempotency_key": None}), t0)
+
+
+def test_submitted_at_templates_are_whole_seconds_from_the_first_use_of_a_reused_key():
+    op = op_of(HEAD + "operations:\n  pay:\n    match: {method: POST, path: /pay}\n"
+                      "    idempotency_key: {header: Idempotency-Key}\n"
+                      "    reconcile:\n      read: {url: '/pay?created[gte]={submitted_at_unix}&since={submitted_at}'}\n")
+    r = Receipt(**{**_unknown(None).__dict__, "submitted_at": "2026-11-29T12:00:00.750000Z",
+                   "idempotency_key": "receipt-r1", "idempotency_key_at": "2026-11-29T10:00:00.250000Z"})
+    first = int(dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).timestamp())
+    assert plan_read(op, r).url == f"https://api.demo.test/pay?created[gte]={first}&since=2026-11-29T10%3A00%3A00Z"

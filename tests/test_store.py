@@ -137,7 +137,8 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
     rows = s.conn.execute("SELECT migration_set, name, applied_at FROM _sqlite_migrations").fetchall()
     assert [(r[0], r[1]) for r in rows] == [
         ("receipt-proxy", "m001_receipts"), ("receipt-proxy", "m002_prunable_events_and_idempotency_keys"),
-        ("receipt-proxy", "m003_awaiting_approval_is_unresolved")]
+        ("receipt-proxy", "m003_awaiting_approval_is_unresolved"),
+        ("receipt-proxy", "m004_when_an_idempotency_key_was_first_sent")]
     forward(s)
     s.close()
 
@@ -818,3 +819,24 @@ def test_a_success_settled_after_the_answer_is_never_replayed(tmp_path):
     store.transition(r2.operation_id, State.SUCCEEDED, reason="HTTP 201", http_status=201,
                      response=RecordedResponse(status=201, headers=[], body=b'{"id": 8}'))
     assert store.begin_attempt(b).kind == "replay"
+
+
+def test_a_reused_idempotency_key_keeps_the_time_it_was_first_sent(tmp_path):
+    """A retry after safe_to_retry reuses its predecessor's key; the key's age (which an API's
+    ttl counts) runs from the first receipt that sent it, not from the retry."""
+    clock = FakeClock()
+    store = Store.open(tmp_path / "r.db", clock=clock)
+    a = Attempt(api="x", operation="pay", method="POST", target="https://x.test/pay",
+                intent_fingerprint="sha256:keyed", intent={}, principal="anonymous", idempotency=True)
+    first = store.begin_attempt(a).receipt
+    assert first.idempotency_key_at == first.submitted_at
+    store.transition(first.operation_id, State.OUTCOME_UNKNOWN, reason="dropped")
+    store.claim_for_reconcile(first.operation_id, actor="t")
+    store.transition(first.operation_id, State.SAFE_TO_RETRY, reason="the key dedupes")
+    clock.advance(7200)
+    second = store.begin_attempt(a).receipt
+    assert (second.retry_of, second.idempotency_key) == (first.operation_id, first.idempotency_key)
+    assert second.idempotency_key_at == first.submitted_at != second.submitted_at
+    store.transition(second.operation_id, State.REJECTED, reason="declined")
+    third = store.begin_attempt(a).receipt  # after a rejection: a new key, a new clock
+    assert third.idempotency_key != first.idempotency_key and third.idempotency_key_at == third.submitted_at

@@ -135,10 +135,12 @@ def unix(iso: str) -> int:
 def backdate(run: PackRun, answer, hours: float) -> None:
     """Make the receipt's attempt `hours` older: as if the agent came back that much later."""
     operation_id = answer.headers["x-receipt-id"]
-    before = dt.datetime.fromisoformat(run.receipt(operation_id).submitted_at)
+    receipt = run.receipt(operation_id)
+    shift = dt.timedelta(hours=hours)
+    key_at = receipt.idempotency_key_at and iso(dt.datetime.fromisoformat(receipt.idempotency_key_at) - shift)
     with sqlite3.connect(run.proxy.db, timeout=10) as db:
-        db.execute("UPDATE receipts SET submitted_at = ? WHERE operation_id = ?",
-                   (iso(before - dt.timedelta(hours=hours)), operation_id))
+        db.execute("UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
+                   (iso(dt.datetime.fromisoformat(receipt.submitted_at) - shift), key_at, operation_id))
     db.close()
 
 
