@@ -455,7 +455,8 @@ class Store:
     def _answered_success(self, operation_id: str) -> bool:
         """Whether a succeeded receipt became so from the upstream's answer (submitted → succeeded)."""
         row = self.conn.execute(
-            "SELECT from_state FROM receipt_events WHERE operation_id = ? AND to_state = ? ORDER BY id DESC LIMIT 1",
+            "SELECT from_state FROM receipt_events WHERE operation_id = ? AND event = 'transition' AND to_state = ? "
+            "ORDER BY id DESC LIMIT 1",
             (operation_id, State.SUCCEEDED),
         ).fetchone()
         return row is not None and row[0] == State.SUBMITTED

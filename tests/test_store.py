@@ -819,6 +819,8 @@ def test_a_success_settled_after_the_answer_is_never_replayed(tmp_path):
     store.transition(r2.operation_id, State.SUCCEEDED, reason="HTTP 201", http_status=201,
                      response=RecordedResponse(status=201, headers=[], body=b'{"id": 8}'))
     assert store.begin_attempt(b).kind == "replay"
+    assert store.begin_attempt(b).kind == "replay"  # and again: a replay's own event changes nothing
+    store.close()
 
 
 def test_a_reused_idempotency_key_keeps_the_time_it_was_first_sent(tmp_path):
@@ -840,3 +842,4 @@ def test_a_reused_idempotency_key_keeps_the_time_it_was_first_sent(tmp_path):
     store.transition(second.operation_id, State.REJECTED, reason="declined")
     third = store.begin_attempt(a).receipt  # after a rejection: a new key, a new clock
     assert third.idempotency_key != first.idempotency_key and third.idempotency_key_at == third.submitted_at
+    store.close()

@@ -19,9 +19,12 @@ def test_no_secret_reaches_any_database_or_log(proxy, clients, upstream, bucket,
     assert proxy.db in dbs and proxy.log_path in logs
     assert any(p.name.endswith("-wal") for p in dbs)
     for path in dbs + logs:
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # a WAL removed as its last connection closed: its pages are in the DB
+            continue
         for name, secret in SECRETS.items():
             assert secret.encode() not in data, f"the {name} secret reached {path}"
     # The ?token= value was redacted, not dropped silently.
-    assert b"token=REDACTED" in b"".join(p.read_bytes() for p in dbs)
+    assert b"token=REDACTED" in b"".join(p.read_bytes() for p in dbs if p.exists())
     assert "token=REDACTED" in proxy.log()
