@@ -210,6 +210,28 @@ class PackRun:
         finally:
             store.close()
 
+    def history(self, answer: httpx.Response | str) -> list[tuple[str | None, str, str]]:
+        """(from, to, reason) of every state change of the receipt behind an answer (or id);
+        duplicates blocked or replayed are events too, but not state changes."""
+        operation_id = answer if isinstance(answer, str) else answer.headers["x-receipt-id"]
+        store = self.store()
+        try:
+            return [(e.from_state and str(e.from_state), str(e.to_state), e.reason)
+                    for e in store.events(operation_id) if e.event == "transition"]
+        finally:
+            store.close()
+
+    def states(self, answer: httpx.Response | str) -> list[State]:
+        """The states the receipt went through, in order (its transitions)."""
+        return [State(to) for _, to, _ in self.history(answer)]
+
+    def receipt_count(self) -> int:
+        store = self.store()
+        try:
+            return sum(store.counts().values())
+        finally:
+            store.close()
+
 
 def pack_run(pack: str, workdir: Path, confdir: Path, *, headers: dict[str, str] | None = None,
              extra: tuple[str, ...] = ()):

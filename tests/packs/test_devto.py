@@ -108,12 +108,7 @@ def reads(run: PackRun) -> list[Seen]:
     return [s for s in run.api.requests("GET") if s.path.split("?")[0] == ME_ALL]
 
 
-def to_states(run: PackRun, operation_id: str) -> list[State]:
-    store = run.store()
-    try:
-        return [e.to_state for e in store.events(operation_id) if e.event == "transition"]
-    finally:
-        store.close()
+to_states = PackRun.states
 
 
 # --- outcomes of the write ---------------------------------------------------------------------

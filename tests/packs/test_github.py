@@ -25,16 +25,7 @@ def gh(tmp_path_factory, confdir):
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def history(run: PackRun, answer) -> list[tuple[str | None, str, str]]:
-    """(from, to, reason) of every state change of the receipt behind an answer (or id);
-    duplicates blocked or replayed are events too, but not state changes."""
-    operation_id = answer if isinstance(answer, str) else answer.headers["x-receipt-id"]
-    store = run.store()
-    try:
-        return [(e.from_state and str(e.from_state), str(e.to_state), e.reason)
-                for e in store.events(operation_id) if e.event == "transition"]
-    finally:
-        store.close()
+history = PackRun.history
 
 
 def went_through_reconciling(run: PackRun, answer, ending: str) -> list[tuple[str | None, str, str]]:

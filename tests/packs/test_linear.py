@@ -135,21 +135,10 @@ def sent_input(seen: Seen) -> dict:
     return seen.json()["variables"]["input"]
 
 
-def to_states(run: PackRun, operation_id: str) -> list[State]:
-    """The states a receipt went through (its transitions, not the duplicates it answered)."""
-    store = run.store()
-    try:
-        return [e.to_state for e in store.events(operation_id) if e.event == "transition"]
-    finally:
-        store.close()
+to_states = PackRun.states
 
 
-def receipt_count(run: PackRun) -> int:
-    store = run.store()
-    try:
-        return sum(store.counts().values())
-    finally:
-        store.close()
+receipt_count = PackRun.receipt_count
 
 
 # --- matching and fingerprints -----------------------------------------------------------------

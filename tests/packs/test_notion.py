@@ -131,20 +131,10 @@ def queries(run: PackRun, ds: str) -> list[Seen]:
     return [s for s in run.api.requests("POST") if s.path == f"/v1/data_sources/{ds}/query"]
 
 
-def to_states(run: PackRun, operation_id: str) -> list[State]:
-    store = run.store()
-    try:
-        return [e.to_state for e in store.events(operation_id) if e.event == "transition"]
-    finally:
-        store.close()
+to_states = PackRun.states
 
 
-def receipt_count(run: PackRun) -> int:
-    store = run.store()
-    try:
-        return sum(store.counts().values())
-    finally:
-        store.close()
+receipt_count = PackRun.receipt_count
 
 
 # --- outcomes of the write ---------------------------------------------------------------------

@@ -197,12 +197,7 @@ def seen(run: PackRun, method: str, path: str | re.Pattern, marker: str | None =
     return out
 
 
-def to_states(run: PackRun, operation_id: str) -> list[State]:
-    store = run.store()
-    try:
-        return [e.to_state for e in store.events(operation_id) if e.event == "transition"]
-    finally:
-        store.close()
+to_states = PackRun.states
 
 
 # --- files: multipart upload -----------------------------------------------------------------------

@@ -103,14 +103,7 @@ def fakes(stripe):
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def history(run: PackRun, answer) -> list[tuple[str | None, str, str]]:
-    operation_id = answer if isinstance(answer, str) else answer.headers["x-receipt-id"]
-    store = run.store()
-    try:
-        return [(e.from_state and str(e.from_state), str(e.to_state), e.reason)
-                for e in store.events(operation_id) if e.event == "transition"]
-    finally:
-        store.close()
+history = PackRun.history
 
 
 def posts(run: PackRun, path: str, **form) -> list[Seen]:
