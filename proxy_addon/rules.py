@@ -325,6 +325,11 @@ class _Ctx:
                 raise self.error(node, f"{field_}.{name}" if field_ else name, "is required")
         return out
 
+    def entries(self, node: yaml.Node, field_: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """A mapping whose keys are the user's own (operation names, fields, headers)."""
+        keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)] if isinstance(node, yaml.MappingNode) else []
+        return self.mapping(node, field_, keys)
+
     def string(self, node: yaml.Node, field_: str) -> str:
         if not isinstance(node, yaml.ScalarNode) or node.tag != "tag:yaml.org,2002:str" or node.value == "":
             raise self.error(node, field_, f"expected a non-empty string, got {_kind(node)}")
@@ -470,7 +475,7 @@ def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile |
     ops_node = top["operations"][1]
     if not isinstance(ops_node, yaml.MappingNode):
         raise ctx.error(ops_node, "operations", f"expected a mapping of operation names, got {_kind(ops_node)}")
-    ops_map = ctx.mapping(ops_node, "operations", [k.value for k, _ in ops_node.value if isinstance(k, yaml.ScalarNode)])
+    ops_map = ctx.entries(ops_node, "operations")
     if not ops_map:
         raise ctx.error(ops_node, "operations", "must list at least one operation")
     operations = []
@@ -542,8 +547,7 @@ def _operation(ctx: _Ctx, api: str, name: str, node: yaml.Node, credential_heade
             raise ctx.error(op["classify"][1], f"{f}.classify", "must list at least one rule")
     elif "classify" in op:
         cnode = op["classify"][1]
-        keys = [k.value for k, _ in cnode.value] if isinstance(cnode, yaml.MappingNode) else []
-        for status, (knode, vnode) in ctx.mapping(cnode, f"{f}.classify", keys).items():
+        for status, (knode, vnode) in ctx.entries(cnode, f"{f}.classify").items():
             where = f"{f}.classify.{status}"
             classify.append((_status_key(ctx, knode, status, where), _verdict(ctx, vnode, where)))
         classify.sort(key=lambda kv: kv[0].endswith("xx"))  # exact codes first
@@ -679,16 +683,14 @@ def _classify_rule(ctx: _Ctx, node: yaml.Node, field_: str, *, verdict: bool = T
     body = []
     if "body" in rule:
         bnode = rule["body"][1]
-        keys = [k.value for k, _ in bnode.value] if isinstance(bnode, yaml.MappingNode) else []
-        for name, (knode, vnode) in ctx.mapping(bnode, f"{field_}.body", keys).items():
+        for name, (knode, vnode) in ctx.entries(bnode, f"{field_}.body").items():
             if not _WILD_DOTTED.match(name):
                 raise ctx.error(knode, f"{field_}.body.{name}", f"{name!r} is not a dotted field path (use * for any item of a list)")
             body.append((name, _check(ctx, vnode, f"{field_}.body.{name}")))
     headers = []
     if "headers" in rule:
         hnode = rule["headers"][1]
-        keys = [k.value for k, _ in hnode.value] if isinstance(hnode, yaml.MappingNode) else []
-        for name, (knode, vnode) in ctx.mapping(hnode, f"{field_}.headers", keys).items():
+        for name, (knode, vnode) in ctx.entries(hnode, f"{field_}.headers").items():
             if not _HEADER.match(name):
                 raise ctx.error(knode, f"{field_}.headers.{name}", f"{name!r} is not a valid header name")
             headers.append((name.lower(), _check(ctx, vnode, f"{field_}.headers.{name}")))
@@ -779,8 +781,7 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
     headers = []
     if "headers" in read:
         hnode = read["headers"][1]
-        keys = [k.value for k, _ in hnode.value] if isinstance(hnode, yaml.MappingNode) else []
-        for name, (knode, vnode) in ctx.mapping(hnode, f"{f}.read.headers", keys).items():
+        for name, (knode, vnode) in ctx.entries(hnode, f"{f}.read.headers").items():
             where = f"{f}.read.headers.{name}"
             if not _HEADER.match(name):
                 raise ctx.error(knode, where, f"{name!r} is not a valid header name")
@@ -818,8 +819,7 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
     find = []
     if "find" in rec:
         fnode = rec["find"][1]
-        keys = [k.value for k, _ in fnode.value] if isinstance(fnode, yaml.MappingNode) else []
-        for name, (knode, vnode) in ctx.mapping(fnode, f"{f}.find", keys).items():
+        for name, (knode, vnode) in ctx.entries(fnode, f"{f}.find").items():
             if not _DOTTED.match(name):
                 raise ctx.error(knode, f"{f}.find.{name}", f"{name!r} is not a dotted field path")
             find.append((name, _template(ctx, vnode, f"{f}.find.{name}", allowed)))
