@@ -12,13 +12,15 @@ SDK sends `createIssue`). Arguments are resolved with the request's variables, s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
-from graphql import GraphQLError, parse
+from graphql import GraphQLError, parse, print_ast
 from graphql.language import (
-    DocumentNode, FieldNode, FragmentDefinitionNode, FragmentSpreadNode, InlineFragmentNode,
-    OperationDefinitionNode, OperationType, SelectionSetNode, VariableNode,
+    DocumentNode, FieldNode, FragmentDefinitionNode, FragmentSpreadNode, InlineFragmentNode, NameNode,
+    ObjectFieldNode, ObjectValueNode, OperationDefinitionNode, OperationType, SelectionSetNode, StringValueNode,
+    VariableNode,
 )
 from graphql.pyutils import Undefined
 from graphql.utilities import value_from_ast_untyped
@@ -112,6 +114,67 @@ def argument_variable(body: bytes, field_name: str, argument: str) -> str | None
             for a in f.arguments or ():
                 if a.name.value == argument and isinstance(a.value, VariableNode):
                     return a.value.name.value
+    return None
+
+
+def _with(node: Any, **changes: Any) -> Any:
+    """A copy of an AST node with some fields changed (graphql-core 3.3 nodes are frozen)."""
+    try:
+        return dataclasses.replace(node, **changes)
+    except TypeError:  # graphql-core 3.2: plain classes listing their fields in `keys`
+        return type(node)(**{**{k: getattr(node, k) for k in node.keys if k != "loc"}, **changes})
+
+
+def _set_field(obj: ObjectValueNode, path: list[str], value: str) -> ObjectValueNode | None:
+    """`obj` with `path` set to the string `value`, or None when a step is not an object."""
+    fields = list(obj.fields)
+    index = next((i for i, f in enumerate(fields) if f.name.value == path[0]), None)
+    if len(path) == 1:
+        new: Any = StringValueNode(value=value)
+    else:
+        inner = fields[index].value if index is not None else ObjectValueNode(fields=())
+        if not isinstance(inner, ObjectValueNode):
+            return None
+        new = _set_field(inner, path[1:], value)
+        if new is None:
+            return None
+    if index is None:
+        fields.append(ObjectFieldNode(name=NameNode(value=path[0]), value=new))
+    else:
+        fields[index] = _with(fields[index], value=new)
+    return _with(obj, fields=tuple(fields))
+
+
+def with_inline_value(body: bytes, field_name: str, path: list[str], value: str) -> bytes | None:
+    """
+    The GraphQL body with `value` written at `path` inside an inline (literal) argument of the
+    mutation's root field `field_name`, as in `issueCreate(input: {title: "x"})` → `input.id`.
+    The document is printed anew (same meaning, other layout). None when there is no such
+    inline object argument on a root field written directly in the operation.
+    """
+    request = request_of(body)
+    doc = _document(request[0]) if request else None
+    op = _executed(doc, request[2]) if doc and request else None
+    if op is None or op.operation is not OperationType.MUTATION or len(path) < 2:
+        return None
+    selections = list(op.selection_set.selections)
+    for i, sel in enumerate(selections):
+        if not isinstance(sel, FieldNode) or sel.name.value != field_name:
+            continue
+        args = list(sel.arguments or ())
+        for j, arg in enumerate(args):
+            if arg.name.value == path[0] and isinstance(arg.value, ObjectValueNode):
+                obj = _set_field(arg.value, path[1:], value)
+                if obj is None:
+                    return None
+                args[j] = _with(arg, value=obj)
+                selections[i] = _with(sel, arguments=tuple(args))
+                new_op = _with(op, selection_set=_with(op.selection_set, selections=tuple(selections)))
+                definitions = tuple(new_op if d is op else d for d in doc.definitions)  # type: ignore[union-attr]
+                out = json.loads(body)
+                out["query"] = print_ast(_with(doc, definitions=definitions))
+                return json.dumps(out, ensure_ascii=False).encode()
+        return None
     return None
 
 

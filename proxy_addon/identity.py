@@ -26,7 +26,7 @@ def _target(op: Operation, doc: Any, body: bytes) -> tuple[dict | None, list[str
         return (doc if isinstance(doc, dict) else None), path
     variable = gql.argument_variable(body, op.graphql, path[0])
     if variable is None or not isinstance(doc, dict):
-        return None, path  # an inline argument: the document text would have to be rewritten
+        return None, path  # an inline argument (or none): with_body_key writes into the document
     if doc.get("variables") is None:
         doc["variables"] = {}
     variables = doc["variables"]
@@ -60,6 +60,8 @@ def with_body_key(op: Operation, body: bytes, key: str) -> bytes | None:
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     node, path = _target(op, doc, body)
+    if node is None and op.graphql is not None:  # an inline argument: write it into the document
+        return gql.with_inline_value(body, op.graphql, (op.idempotency_body or "").split("."), key)
     if node is None:
         return None
     for part in path[:-1]:

@@ -315,9 +315,16 @@ def test_a_proxy_chosen_id_goes_into_the_variable_or_is_kept_from_the_agent():
     own = json.loads(json.dumps(WITH_VARIABLES))
     own["variables"]["input"]["id"] = "agent-uuid"
     assert identity.body_key(op, _gql(own), own["variables"]) == ("agent-uuid", True)
-    # An inline argument has no variable to write into: no key, the request goes as it is.
-    assert identity.body_key(op, _gql(INLINE), {"input": {"title": "Crash on save"}}) == (None, False)
-    assert identity.with_body_key(op, _gql(INLINE), "uuid-1") is None
+    # An inline argument: the id is written into the document itself.
+    assert identity.body_key(op, _gql(INLINE), {"input": {"title": "Crash on save"}}) == (None, True)
+    sent = json.loads(identity.with_body_key(op, _gql(INLINE), "uuid-1"))
+    assert gql.mutation_fields(json.dumps(sent).encode())["issueCreate"]["input"] == {
+        "title": "Crash on save", "teamId": "T1", "id": "uuid-1"}
+    # No input at all, or one behind a fragment: no place for an id, the request goes as it is.
+    bare = {"query": "mutation { issueCreate { success } }"}
+    assert identity.body_key(op, _gql(bare), {}) == (None, False)
+    fragment = {"query": "mutation { ...F } fragment F on Mutation { issueCreate(input: {title: \"f\"}) { success } }"}
+    assert identity.with_body_key(op, _gql(fragment), "uuid-1") is None
 
 
 def test_gql_read_is_query():

@@ -293,22 +293,23 @@ def test_a_failed_read_proves_nothing_and_the_retry_is_blocked(linear):
     assert linear.receipt(first).state is State.MANUAL_REVIEW
 
 
-def test_an_inline_mutation_never_claims_absence_without_having_sent_the_key(linear):
+def test_an_inline_mutation_gets_the_proxy_chosen_id_written_into_its_document(linear):
     """
-    An inline `issueCreate(input: {...})` has no variable to carry input.id: if the proxy
-    could not send its id, a read by that id proves nothing and must not allow a resend.
+    An inline `issueCreate(input: {...})` has no variable to carry input.id: the proxy writes
+    its id into the document's literal, so the read by id is exact for it too.
     """
     title = fresh()
-    linear.fake.plan(title, "drop", "ok")
+    linear.fake.plan(title, "commit_drop", "ok")
     first = linear.send("POST", GQL, json=inline_body(title))
     assert first.headers["x-receipt-state"] == "outcome_unknown"
     key = linear.receipt(first).idempotency_key
-    sent_key = key is not None and key.encode() in mutations(linear, title)[0].body
+    assert key is not None and str(uuid.UUID(key, version=4)) == key
+    [sent] = mutations(linear, title)
+    assert "variables" not in sent.json() or not sent.json()["variables"]  # still inline...
+    assert f'id: "{key}"' in sent.json()["query"]                            # ...with the proxy's id in it
+    assert key in linear.fake.issues                                        # the issue Linear made has that id
 
     retry = linear.send("POST", GQL, json=inline_body(title))
-    if sent_key:
-        assert retry.headers["x-receipt-state"] == "succeeded"
-        assert len(mutations(linear, title)) == 2
-    else:
-        assert retry.status_code == 409 and retry.headers["x-receipt-state"] == "manual_review"
-        assert len(mutations(linear, title)) == 1
+    assert (retry.status_code, retry.headers["x-receipt-state"]) == (409, "succeeded")
+    assert len(lookups(linear, key)) == 1 and len(mutations(linear, title)) == 1
+    assert linear.receipt(first).external_id == key
