@@ -177,7 +177,7 @@ def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int,
     now = now or utcnow()
     if spec.absent_when is not None and _fits(spec.absent_when, status, headers or {}, body):
         return _absent(spec, f"{said}: the answer says there is no such object", receipt, now)
-    if not spec.find:
+    if not spec.find and not spec.bounds:
         if 200 <= status < 300 and spec.absent_when is None or 200 <= status < 300 and _has(body, spec.items):
             return Verdict(State.SUCCEEDED, f"{said}: found", external_id_of(body, spec.external_id) or receipt.external_id)
         if status in (404, 410) and spec.absent_when is None:
@@ -196,10 +196,12 @@ def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int,
         return Verdict(State.MANUAL_REVIEW, f"{said}: no list at {spec.items or 'the top level'} of the answer")
     try:
         wanted = [(field, render(value, receipt)) for field, value in spec.find]
+        bounds = [(field, kind, _number(render(value, receipt))) for field, kind, value in spec.bounds]
     except ReconcileError as e:
         return Verdict(State.MANUAL_REVIEW, f"{said}: {e}")
     for item in items:
-        if all(_text(dig(item, field)) == value for field, value in wanted):
+        if all(_text(dig(item, field)) == value for field, value in wanted) and all(
+                _within(dig(item, field), kind, bound) for field, kind, bound in bounds):
             found = _found_id(item, spec.external_id, receipt) if spec.external_id else None
             label = spec.external_id if isinstance(spec.external_id, str) else ":".join(spec.external_id or ())
             return Verdict(State.SUCCEEDED, f"{said}: found among {len(items)} items"
@@ -219,6 +221,32 @@ def _found_id(item: Any, fields: str | tuple[str, ...], receipt: Receipt) -> str
             return None
         parts.append(part)
     return ":".join(parts)
+
+
+def _number(value: Any) -> float | None:
+    """A number, a numeric string, or an ISO 8601 time, as a number (seconds for times); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            return dt.datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _within(value: Any, kind: str, bound: float | None) -> bool:
+    """`find` bounds: an item whose field is missing or not comparable does not fit."""
+    v = _number(value)
+    if v is None or bound is None:
+        return False
+    return v >= bound if kind == "gte" else v <= bound
 
 
 def _text(value: Any) -> str | None:

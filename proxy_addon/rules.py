@@ -149,6 +149,7 @@ class ReconcileSpec:
     settle: int = 0  # seconds after the outcome became unknown before "not found" proves absence
     absent_when: ClassifyRule | None = None  # an answer that says "no such object" (a GraphQL error, a 404)
     headers: tuple[tuple[str, str], ...] = ()  # (name, value template) sent with the read, never credentials
+    bounds: tuple[tuple[str, str, str], ...] = ()  # (field, "gte"|"lte", template): `find` by a range, like created_at
 
 
 @dataclass(frozen=True)
@@ -816,14 +817,23 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
                 body[name] = _read_body(ctx, value, f"{f}.read.body.{name}", allowed)
     elif "body" in read:
         raise ctx.error(read["body"][1], f"{f}.read.body", f"a {method} read has no body; only a POST read does")
-    find = []
+    find: list[tuple[str, str]] = []
+    bounds: list[tuple[str, str, str]] = []
     if "find" in rec:
         fnode = rec["find"][1]
         for name, (knode, vnode) in ctx.entries(fnode, f"{f}.find").items():
+            where = f"{f}.find.{name}"
             if not _DOTTED.match(name):
-                raise ctx.error(knode, f"{f}.find.{name}", f"{name!r} is not a dotted field path")
-            find.append((name, _template(ctx, vnode, f"{f}.find.{name}", allowed)))
-        if not find:
+                raise ctx.error(knode, where, f"{name!r} is not a dotted field path")
+            if isinstance(vnode, yaml.MappingNode):  # {gte: "{submitted_at_unix}"}: a bound, not a value
+                test = ctx.mapping(vnode, where, ("gte", "lte"))
+                if not test:
+                    raise ctx.error(vnode, where, "expected gte or lte")
+                for kind, (_, bnode) in test.items():
+                    bounds.append((name, kind, _template(ctx, bnode, f"{where}.{kind}", allowed)))
+            else:
+                find.append((name, _template(ctx, vnode, where, allowed)))
+        if not find and not bounds:
             raise ctx.error(fnode, f"{f}.find", "must name at least one field; leave find out to let the read's status decide")
         if method == "HEAD":
             raise ctx.error(fnode, f"{f}.find", "a HEAD read has no body to search; use GET or leave find out")
@@ -841,7 +851,7 @@ def _reconcile(ctx: _Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external
                        else external_id)
     return ReconcileSpec(method=method, url=url, find=tuple(find), items=items, absence_provable=provable,
                          retry_when_absent=retry, external_id=rec_external_id, body=body, settle=settle,
-                         absent_when=absent_when, headers=tuple(headers))
+                         absent_when=absent_when, headers=tuple(headers), bounds=tuple(bounds))
 
 
 def _fingerprint(ctx: _Ctx, f: str, node: yaml.Node | None, path: PathTemplate, credential_headers: tuple[str, ...]) -> FingerprintSpec:

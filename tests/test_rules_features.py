@@ -426,3 +426,35 @@ def test_submitted_at_templates_are_whole_seconds_from_the_first_use_of_a_reused
                    "idempotency_key": "receipt-r1", "idempotency_key_at": "2026-11-29T10:00:00.250000Z"})
     first = int(dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).timestamp())
     assert plan_read(op, r).url == f"https://api.demo.test/pay?created[gte]={first}&since=2026-11-29T10%3A00%3A00Z"
+
+
+def test_find_bounds_keep_an_older_identical_object_from_counting():
+    text = HEAD + """\
+operations:
+  files:
+    match: {method: POST, path: /v1/files}
+    fingerprint: {body: [purpose]}
+    reconcile:
+      read: {url: /v1/files}
+      items: data
+      find: {purpose: "{intent.purpose}", created_at: {gte: "{submitted_at_unix}"}}
+      external_id: id
+"""
+    op = op_of(text)
+    assert op.reconcile.bounds == (("created_at", "gte", "{submitted_at_unix}"),)
+    r = Receipt(**{**_unknown(None).__dict__, "intent": {"body": {"purpose": "batch"}}})
+    at = int(dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).timestamp())
+    read = plan_read(op, r)
+
+    def verdict(*items):
+        return judge(op.reconcile, read, r, 200, json.dumps({"data": list(items)}).encode())
+
+    old = {"id": "file-old", "purpose": "batch", "created_at": at - 60}
+    new = {"id": "file-new", "purpose": "batch", "created_at": at + 2}
+    assert (verdict(old).state, verdict(old, new).external_id) == (State.MANUAL_REVIEW, "file-new")
+    iso_item = {"id": "file-iso", "purpose": "batch", "created_at": "2026-11-29T10:00:05Z"}
+    assert verdict(iso_item).external_id == "file-iso"
+    assert verdict({"id": "x", "purpose": "batch"}).state is State.MANUAL_REVIEW  # no created_at: no fit
+    with pytest.raises(RulesError) as info:
+        op_of(text.replace("{gte:", "{after:"))
+    assert info.value.field == "operations.files.reconcile.find.created_at.after" and "unknown key" in info.value.message

@@ -275,6 +275,25 @@ def test_an_unknown_upload_not_in_the_list_goes_to_manual_review(openai):
     assert openai.receipt(first).state is State.MANUAL_REVIEW
 
 
+def test_an_older_identical_upload_is_not_taken_for_an_unknown_one(openai):
+    """A file with the same name, size and purpose that existed before the attempt is not this
+    attempt's file: the read's created_at bound leaves it out, so the outcome stays for a human."""
+    name = f"requests-{tag()}.jsonl"
+    content = jsonl(name)
+    with openai.fake.lock:
+        openai.fake.files.append({"id": "file-older", "object": "file", "bytes": len(content),
+                                  "created_at": int(time.time()) - 3600, "filename": name, "purpose": "batch",
+                                  "status": "processed", "expires_at": None, "status_details": None})
+    openai.fake.plan(name, "drop")
+    first = upload(openai, name, content)
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    retry = upload(openai, name, content)
+    assert retry.status_code == 409 and retry.headers["x-receipt-state"] == "manual_review"
+    receipt = openai.receipt(first)
+    assert receipt.state is State.MANUAL_REVIEW and receipt.external_id is None
+    assert len(seen(openai, "POST", "/v1/files", name)) == 1
+
+
 # --- batches: a receipt key in metadata -----------------------------------------------------------
 
 def batch(input_file_id: str, **metadata: str) -> dict:
