@@ -341,8 +341,7 @@ class Receipts:
             state = d.receipt.state
             return d.kind == "blocked" and (
                 (state is State.SUBMITTED and wait_submitted > 0)
-                or (state is State.OUTCOME_UNKNOWN and (op.reconcile is not None or key_dedupes(op, d.receipt, utcnow()))
-                    and self._may_reconcile(op, d.receipt))
+                or (state is State.OUTCOME_UNKNOWN and _reconcilable_now(op, d.receipt))
             )
 
         attempts: list[Attempt] = []  # fingerprinted once, in the store's thread
@@ -378,7 +377,7 @@ class Receipts:
                 if receipt.state is State.SUBMITTED:
                     await self._wait_for_outcome(receipt.operation_id, wait_submitted)
                     receipt = await loop.run_in_executor(self._executor, store.get, receipt.operation_id)
-                if receipt.state is State.OUTCOME_UNKNOWN and (op.reconcile or key_dedupes(op, receipt, utcnow())):
+                if receipt.state is State.OUTCOME_UNKNOWN and _reconcilable_now(op, receipt):
                     await self._reconcile_inline(op, receipt, credentials_from(op, view.headers))
                 decision = await loop.run_in_executor(self._executor, decide, True)
         except StoreError as e:
@@ -409,16 +408,6 @@ class Receipts:
             self._answer_replay(flow, receipt)
         else:
             self._answer_blocked(flow, receipt, decision.kind, op)
-
-    def _may_reconcile(self, op: Operation, receipt: Receipt) -> bool:
-        """
-        Whether a duplicate should reconcile an outcome_unknown receipt now. An API whose key
-        makes a resend safe always may; a read that cannot prove absence yet (settle) and has
-        already looked once since the outcome became unknown waits until it can.
-        """
-        if key_dedupes(op, receipt, utcnow()) or op.reconcile is None or not op.reconcile.settle:
-            return True
-        return retry_after(op, receipt, utcnow()) is None or receipt.updated_at == receipt.completed_at
 
     async def _await_approval(self, flow: http.HTTPFlow, meta: dict, receipt: Receipt) -> Receipt:
         """
@@ -632,13 +621,11 @@ class Receipts:
             fields["error"] = f"HTTP {resp.status_code} {resp.reason}".strip() + (f": {why}" if why else "")
         reason = f"upstream answered HTTP {resp.status_code}" + (f": {why}" if why else "")
         if exists:
-            reason += (" (the answer says the effect may already exist; " if why else
-                       " (an already-exists answer; ") + "a read decides)"
+            reason += " (evidence that the effect may already exist: a read decides)"
         meta["outcome"] = str(state)
-        await self._record(flow, meta, state, reason, fields)
-        if exists and op is not None and meta.get("state") == str(State.OUTCOME_UNKNOWN):
+        receipt = await self._record(flow, meta, state, reason, fields)
+        if exists and op is not None and receipt is not None:
             # Evidence, not a rejection: look it up now, with this request's own credentials.
-            receipt = await asyncio.get_running_loop().run_in_executor(self._executor, self.store.get, meta["operation_id"])  # type: ignore[union-attr]
             await self._reconcile_inline(op, receipt, credentials_from(op, {k.lower(): v for k, v in flow.request.headers.items()}),
                                          evidence=True)
             receipt = await asyncio.get_running_loop().run_in_executor(self._executor, self.store.get, meta["operation_id"])  # type: ignore[union-attr]
@@ -685,14 +672,15 @@ class Receipts:
     def _operation(self, meta: dict) -> Operation | None:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None
 
-    async def _record(self, flow: http.HTTPFlow, meta: dict, state: State, reason: str, fields: dict) -> None:
+    async def _record(self, flow: http.HTTPFlow, meta: dict, state: State, reason: str, fields: dict) -> Receipt | None:
+        """Record a forwarded request's outcome; the receipt, or None when the store refused it."""
         try:
-            await self._record_outcome(flow, meta, state, reason, fields)
+            return await self._record_outcome(flow, meta, state, reason, fields)
         finally:
             if (event := self._outcomes.pop(meta["operation_id"], None)) is not None:
                 event.set()  # duplicates waiting for this outcome decide again
 
-    async def _record_outcome(self, flow: http.HTTPFlow, meta: dict, state: State, reason: str, fields: dict) -> None:
+    async def _record_outcome(self, flow: http.HTTPFlow, meta: dict, state: State, reason: str, fields: dict) -> Receipt | None:
         store = self.store
         assert store is not None
         try:
@@ -707,12 +695,13 @@ class Receipts:
                 "it stays submitted and becomes outcome_unknown when the proxy restarts"
             )
             flow.comment = f"receipt {meta['operation_id']}: NOT RECORDED as {state}: {e}"
-            return
+            return None
         meta["state"] = str(receipt.state)
         self._mark(flow, receipt.state, receipt)
         level = logging.INFO if receipt.state is State.SUCCEEDED else logging.WARNING
         logger.log(level, f"receipt {receipt.operation_id} {receipt.api} {receipt.operation} "
                           f"{receipt.method} {receipt.target}: {receipt.state} ({reason})")
+        return receipt
 
     def _mark(self, flow: http.HTTPFlow, marker_key: Any, receipt: Receipt, prefix: str = "") -> None:
         flow.marked = answers.MARKERS[marker_key]
@@ -763,6 +752,20 @@ class Receipts:
 
 
 # --- process-level helpers ---------------------------------------------------------------------
+
+
+def _reconcilable_now(op: Operation, receipt: Receipt) -> bool:
+    """
+    Whether a duplicate should reconcile an outcome_unknown receipt now: the API deduplicates
+    by its key, or a read is configured, and a read that cannot prove absence yet (settle)
+    has not looked since the outcome became unknown (then it waits until it can).
+    """
+    now = utcnow()
+    if key_dedupes(op, receipt, now):
+        return True
+    if op.reconcile is None:
+        return False
+    return retry_after(op, receipt, now) is None or receipt.updated_at == receipt.completed_at
 
 
 def _check_deferred_options(loader: Loader) -> None:

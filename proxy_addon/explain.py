@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 from proxy_addon import gql
 from proxy_addon.fingerprint import REDACTED, RequestView, fingerprint, redact_url
 from proxy_addon.rules import ALWAYS_SECRET_HEADERS, SECRET_NAME, Check, ClassifyRule, Operation, RuleSet
-from proxy_addon.store import Receipt
 
 SHOWN = 120  # characters of a value shown
 
@@ -98,22 +97,26 @@ def _duplicates(op: Operation) -> list[str]:
         "after it was rejected or provably not sent: sent again as a retry",
     ]
     spec = op.reconcile
+    when = "after an unknown outcome"
     if op.idempotency_header:
-        lines.append(f"after an unknown outcome: sent again with the same {op.idempotency_header}, "
+        within = f" while the API remembers the key ({op.idempotency_ttl}s from its first use)" if op.idempotency_ttl else ""
+        lines.append(f"{when}: sent again with the same {op.idempotency_header}{within}, "
                      "which the API deduplicates (no read needed)")
-    elif spec is None:
-        lines.append("after an unknown outcome: blocked until someone resolves it (no reconcile read in the rule)")
+        if not op.idempotency_ttl:
+            return lines
+        when = "once the API has forgotten the key"
+    if spec is None:
+        lines.append(f"{when}: blocked until someone resolves it (no reconcile read in the rule)")
     else:
         absence = ("never proves absence: manual_review when not found" if not spec.absence_provable else
                    ("proves absence" + (f" {spec.settle}s after the outcome became unknown" if spec.settle else " at once")
                     + ("; then safe_to_retry" if spec.retry_when_absent else "; then manual_review (no retry_when_absent)")))
-        lines.append(f"after an unknown outcome: the duplicate triggers a read, {spec.method} {spec.url}: "
-                     f"found → succeeded; {absence}")
+        lines.append(f"{when}: the duplicate triggers a read, {spec.method} {spec.url}: found → succeeded; {absence}")
     return lines
 
 
 def explain(rules: RuleSet, method: str, url: str, body: bytes = b"", headers: Mapping[str, str] | None = None,
-            key: bytes = b"", *, receipt: Receipt | None = None) -> dict[str, Any]:
+            key: bytes = b"") -> dict[str, Any]:
     """What the proxy would do with this request, as a JSON-able report (`render` prints it)."""
     headers = {k.lower(): v for k, v in (headers or {}).items()}
     method = method.upper()
@@ -154,9 +157,6 @@ def explain(rules: RuleSet, method: str, url: str, body: bytes = b"", headers: M
     report["duplicates"] = _duplicates(op)
     if op.approve:
         report["duplicates"].insert(0, "each write waits for an operator's approval in mitmweb before it is sent")
-    if receipt is not None:
-        report["existing"] = {"operation_id": receipt.operation_id, "state": str(receipt.state),
-                              "submitted_at": receipt.submitted_at}
     return report
 
 

@@ -13,6 +13,7 @@ SDK sends `createIssue`). Arguments are resolved with the request's variables, s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -43,6 +44,7 @@ def request_of(body: bytes) -> tuple[str, dict[str, Any], str | None] | None:
     return doc["query"], variables, name
 
 
+@functools.lru_cache(maxsize=64)  # one request's body is read by matching, fingerprinting and the id
 def _document(query: str) -> DocumentNode | None:
     try:
         return parse(query, no_location=True)
@@ -56,6 +58,22 @@ def _executed(doc: DocumentNode, name: str | None) -> OperationDefinitionNode | 
     if name:
         return next((o for o in ops if o.name and o.name.value == name), None)
     return ops[0] if len(ops) == 1 else None
+
+
+def _mutation(body: bytes) -> tuple[DocumentNode, OperationDefinitionNode, dict[str, Any]] | None:
+    """The document, the mutation it executes and the variables of a GraphQL POST body, or None."""
+    request = request_of(body)
+    doc = _document(request[0]) if request else None
+    op = _executed(doc, request[2]) if doc and request else None
+    if op is None or op.operation is not OperationType.MUTATION:
+        return None
+    return doc, op, request[1]  # type: ignore[index, return-value]
+
+
+def _fields_of(doc: DocumentNode, op: OperationDefinitionNode) -> list[FieldNode]:
+    """The root fields an operation selects, through its fragments."""
+    fragments = {d.name.value: d for d in doc.definitions if isinstance(d, FragmentDefinitionNode)}
+    return _root_fields(op.selection_set, fragments)
 
 
 def _root_fields(selection: SelectionSetNode, fragments: dict[str, FragmentDefinitionNode], depth: int = 0) -> list[FieldNode]:
@@ -85,17 +103,12 @@ def mutation_fields(body: bytes) -> dict[str, dict[str, Any]] | None:
     The root fields of the mutation a GraphQL POST body executes, each with its arguments
     (variables substituted), or None when the body is not a GraphQL mutation.
     """
-    request = request_of(body)
-    if request is None:
+    mutation = _mutation(body)
+    if mutation is None:
         return None
-    query, variables, name = request
-    doc = _document(query)
-    op = _executed(doc, name) if doc else None
-    if op is None or op.operation is not OperationType.MUTATION:
-        return None
-    fragments = {d.name.value: d for d in doc.definitions if isinstance(d, FragmentDefinitionNode)}  # type: ignore[union-attr]
+    doc, op, variables = mutation
     fields: dict[str, dict[str, Any]] = {}
-    for f in _root_fields(op.selection_set, fragments):
+    for f in _fields_of(doc, op):
         args = {a.name.value: _plain(value_from_ast_untyped(a.value, variables)) for a in f.arguments or ()}
         fields.setdefault(f.name.value, args)
     return fields
@@ -103,13 +116,8 @@ def mutation_fields(body: bytes) -> dict[str, dict[str, Any]] | None:
 
 def argument_variable(body: bytes, field_name: str, argument: str) -> str | None:
     """The name of the variable that carries `argument` of the mutation's root field `field_name`, if one does."""
-    request = request_of(body)
-    doc = _document(request[0]) if request else None
-    op = _executed(doc, request[2]) if doc and request else None
-    if op is None:
-        return None
-    fragments = {d.name.value: d for d in doc.definitions if isinstance(d, FragmentDefinitionNode)}  # type: ignore[union-attr]
-    for f in _root_fields(op.selection_set, fragments):
+    mutation = _mutation(body)
+    for f in _fields_of(*mutation[:2]) if mutation else ():
         if f.name.value == field_name:
             for a in f.arguments or ():
                 if a.name.value == argument and isinstance(a.value, VariableNode):
@@ -152,11 +160,10 @@ def with_inline_value(body: bytes, field_name: str, path: list[str], value: str)
     The document is printed anew (same meaning, other layout). None when there is no such
     inline object argument on a root field written directly in the operation.
     """
-    request = request_of(body)
-    doc = _document(request[0]) if request else None
-    op = _executed(doc, request[2]) if doc and request else None
-    if op is None or op.operation is not OperationType.MUTATION or len(path) < 2:
+    mutation = _mutation(body)
+    if mutation is None or len(path) < 2:
         return None
+    doc, op, _ = mutation
     selections = list(op.selection_set.selections)
     for i, sel in enumerate(selections):
         if not isinstance(sel, FieldNode) or sel.name.value != field_name:
@@ -170,7 +177,7 @@ def with_inline_value(body: bytes, field_name: str, path: list[str], value: str)
                 args[j] = _with(arg, value=obj)
                 selections[i] = _with(sel, arguments=tuple(args))
                 new_op = _with(op, selection_set=_with(op.selection_set, selections=tuple(selections)))
-                definitions = tuple(new_op if d is op else d for d in doc.definitions)  # type: ignore[union-attr]
+                definitions = tuple(new_op if d is op else d for d in doc.definitions)
                 out = json.loads(body)
                 out["query"] = print_ast(_with(doc, definitions=definitions))
                 return json.dumps(out, ensure_ascii=False).encode()

@@ -30,7 +30,7 @@ from proxy_addon import gql
 from proxy_addon.classify import external_id_of, id_in, rule_fits
 from proxy_addon.errors import ReceiptsError
 from proxy_addon.fingerprint import dig, redact_url
-from proxy_addon.rules import _TEMPLATE_VAR, ClassifyRule, Operation, PathTemplate, ReconcileSpec
+from proxy_addon.rules import _TEMPLATE_VAR, Operation, PathTemplate, ReconcileSpec
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, Store, iso, utcnow
 
@@ -80,15 +80,20 @@ def _variables(receipt: Receipt) -> dict[str, Any]:
     return out
 
 
+def _value(values: Mapping[str, Any], name: str, receipt: Receipt) -> Any:
+    value = values.get(name)
+    if value is None:
+        raise ReconcileError(f"{{{name}}} has no value in receipt {receipt.operation_id}")
+    return value
+
+
 def render(template: str, receipt: Receipt, *, url: bool = False) -> str:
     """Fill `{intent.x}`, `{path.x}`, `{query.x}`, `{header.x}`, `{external_id}`, `{idempotency_key}`,
     `{submitted_at}` and `{submitted_at_unix}` from the receipt."""
     values = _variables(receipt)
 
     def one(m) -> str:
-        value = values.get(m.group(1))
-        if value is None:
-            raise ReconcileError(f"{{{m.group(1)}}} has no value in receipt {receipt.operation_id}")
+        value = _value(values, m.group(1), receipt)
         text = value if isinstance(value, str) else json.dumps(value)
         return quote(text, safe="") if url else text
 
@@ -117,12 +122,7 @@ def _render_doc(doc: Any, receipt: Receipt) -> Any:
         return [_render_doc(v, receipt) for v in doc]
     if isinstance(doc, str):
         whole = _TEMPLATE_VAR.fullmatch(doc)
-        if whole:
-            value = _variables(receipt).get(whole.group(1))
-            if value is None:
-                raise ReconcileError(f"{doc} has no value in receipt {receipt.operation_id}")
-            return value
-        return render(doc, receipt)
+        return _value(_variables(receipt), whole.group(1), receipt) if whole else render(doc, receipt)
     return doc
 
 
@@ -175,10 +175,10 @@ def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int,
     """What the read proves."""
     said = f"read {read.method} {read.shown} → HTTP {status}"
     now = now or utcnow()
-    if spec.absent_when is not None and _fits(spec.absent_when, status, headers or {}, body):
+    if spec.absent_when is not None and rule_fits(spec.absent_when, status, headers or {}, body):
         return _absent(spec, f"{said}: the answer says there is no such object", receipt, now)
     if not spec.find and not spec.bounds:
-        if 200 <= status < 300 and spec.absent_when is None or 200 <= status < 300 and _has(body, spec.items):
+        if 200 <= status < 300 and (spec.absent_when is None or _has(body, spec.items)):
             return Verdict(State.SUCCEEDED, f"{said}: found", external_id_of(body, spec.external_id) or receipt.external_id)
         if status in (404, 410) and spec.absent_when is None:
             return _absent(spec, said, receipt, now)
@@ -255,10 +255,6 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _fits(rule: ClassifyRule, status: int, headers: Mapping[str, str], body: bytes) -> bool:
-    return rule_fits(rule, status, headers, body)
-
-
 def _has(body: bytes, items: str | None) -> bool:
     """Whether a 2xx answer holds an object at `items` (absent_when reads: a null there proves nothing)."""
     try:
@@ -270,8 +266,7 @@ def _has(body: bytes, items: str | None) -> bool:
 
 def _absent(spec: ReconcileSpec, said: str, receipt: Receipt | None = None, now: dt.datetime | None = None) -> Verdict:
     if spec.absence_provable and spec.settle and receipt is not None:
-        since = dt.datetime.fromisoformat(receipt.completed_at or receipt.submitted_at)
-        proof_from = since + dt.timedelta(seconds=spec.settle)
+        proof_from = _absence_provable_from(spec, receipt)
         if (now or utcnow()) < proof_from:
             return Verdict(State.OUTCOME_UNKNOWN,
                            f"{said}; this read proves absence only {spec.settle}s after the outcome became unknown: "
@@ -299,8 +294,13 @@ def retry_after(op: Operation | None, receipt: Receipt, now: dt.datetime) -> dt.
     spec = op.reconcile if op is not None else None
     if spec is None or not spec.settle or receipt.state is not State.OUTCOME_UNKNOWN:
         return None
-    at = dt.datetime.fromisoformat(receipt.completed_at or receipt.submitted_at) + dt.timedelta(seconds=spec.settle)
+    at = _absence_provable_from(spec, receipt)
     return at if at > now else None
+
+
+def _absence_provable_from(spec: ReconcileSpec, receipt: Receipt) -> dt.datetime:
+    """`settle` after the outcome became unknown (the attempt's completion)."""
+    return dt.datetime.fromisoformat(receipt.completed_at or receipt.submitted_at) + dt.timedelta(seconds=spec.settle)
 
 
 def finish(store: Store, receipt: Receipt, verdict: Verdict, *, actor: str) -> Receipt:

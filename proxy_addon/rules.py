@@ -178,11 +178,6 @@ class Operation:
     line: int = 0
     description: str | None = None
 
-    @property
-    def idempotent(self) -> bool:
-        """The proxy chooses an identity the API deduplicates by (a header or a body field)."""
-        return self.idempotency_header is not None or self.idempotency_body is not None
-
 
 @dataclass(frozen=True)
 class Match:
@@ -225,18 +220,21 @@ class RuleSet:
     def operations(self) -> tuple[Operation, ...]:
         return tuple(op for f in self.files for op in f.operations)
 
-    def files_for(self, host: str, port: int) -> list[RuleFile]:
-        """The rules files that name this host (exactly, with its port, or by a '*.' pattern)."""
+    def _candidates(self, host: str, port: int) -> tuple[tuple[RuleFile, Operation], ...]:
+        """The operations of the files that name this host (exactly, with its port, or by a '*.' pattern)."""
         host = host.lower().rstrip(".")
-        out = []
-        for f in self.files:
-            for h in f.hosts:
-                name, _, p = h.partition(":")
-                fits = name == host or (name.startswith("*.") and host.endswith(name[1:]))
-                if fits and (not p or int(p) == port):
-                    out.append(f)
-                    break
-        return out
+        candidates = self._exact.get(f"{host}:{port}", ()) + self._exact.get(host, ())
+        if self._wildcard:
+            candidates += tuple(
+                (f, op)
+                for suffix, f, op in self._wildcard
+                if (host.endswith(suffix.split(":")[0]) and (":" not in suffix or suffix.endswith(f":{port}")))
+            )
+        return candidates
+
+    def files_for(self, host: str, port: int) -> list[RuleFile]:
+        """The rules files that name this host."""
+        return list({id(f): f for f, _ in self._candidates(host, port)}.values())
 
     def post_reads(self, api: str) -> tuple[PathTemplate, ...]:
         """The POST paths an API's file declares to be reads (`post_reads:`)."""
@@ -254,14 +252,7 @@ class RuleSet:
         operation (`match.graphql`) also needs the body: without one, the first such candidate
         comes back `pending`; with one, only the mutation with that root field fits.
         """
-        host = host.lower().rstrip(".")
-        candidates = self._exact.get(f"{host}:{port}", ()) + self._exact.get(host, ())
-        if self._wildcard:
-            candidates += tuple(
-                (f, op)
-                for suffix, f, op in self._wildcard
-                if (host.endswith(suffix.split(":")[0]) and (":" not in suffix or suffix.endswith(f":{port}")))
-            )
+        candidates = self._candidates(host, port)
         if not candidates:
             return None
         path = path.split("?", 1)[0]
@@ -666,7 +657,14 @@ def _check(ctx: _Ctx, node: yaml.Node, field_: str) -> Check:
     return Check(kind, text)
 
 
-_WILD_DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*\Z")
+def _checks(ctx: _Ctx, rule: dict, key: str, field_: str, valid: re.Pattern[str], invalid: str) -> list[tuple[str, Check]]:
+    """A rule's `body` or `headers`: name → test, each name checked against `valid`."""
+    out = []
+    for name, (knode, vnode) in ctx.entries(rule[key][1], f"{field_}.{key}").items() if key in rule else ():
+        if not valid.match(name):
+            raise ctx.error(knode, f"{field_}.{key}.{name}", f"{name!r} {invalid}")
+        out.append((name, _check(ctx, vnode, f"{field_}.{key}.{name}")))
+    return out
 
 
 def _classify_rule(ctx: _Ctx, node: yaml.Node, field_: str, *, verdict: bool = True) -> ClassifyRule:
@@ -681,20 +679,9 @@ def _classify_rule(ctx: _Ctx, node: yaml.Node, field_: str, *, verdict: bool = T
             if not isinstance(item, yaml.ScalarNode) or not item.value:
                 raise ctx.error(item, where, f"expected a status code (like 409) or class (like 4xx), got {_kind(item)}")
             statuses.append(_status_key(ctx, item, item.value, where))
-    body = []
-    if "body" in rule:
-        bnode = rule["body"][1]
-        for name, (knode, vnode) in ctx.entries(bnode, f"{field_}.body").items():
-            if not _WILD_DOTTED.match(name):
-                raise ctx.error(knode, f"{field_}.body.{name}", f"{name!r} is not a dotted field path (use * for any item of a list)")
-            body.append((name, _check(ctx, vnode, f"{field_}.body.{name}")))
-    headers = []
-    if "headers" in rule:
-        hnode = rule["headers"][1]
-        for name, (knode, vnode) in ctx.entries(hnode, f"{field_}.headers").items():
-            if not _HEADER.match(name):
-                raise ctx.error(knode, f"{field_}.headers.{name}", f"{name!r} is not a valid header name")
-            headers.append((name.lower(), _check(ctx, vnode, f"{field_}.headers.{name}")))
+    body = _checks(ctx, rule, "body", field_, _DOTTED, "is not a dotted field path (use * for any item of a list)")
+    headers = [(name.lower(), check) for name, check in
+               _checks(ctx, rule, "headers", field_, _HEADER, "is not a valid header name")]
     if not (statuses or body or headers):
         raise ctx.error(node, field_, "a rule that tests nothing fits every answer; give status, body or headers")
     reason = ctx.string(rule["reason"][1], f"{field_}.reason") if "reason" in rule else None
@@ -895,28 +882,18 @@ def _fingerprint(ctx: _Ctx, f: str, node: yaml.Node | None, path: PathTemplate, 
 
 
 def load_rules_path(path: str | Path) -> RuleSet:
-    """Load one rules file, or every `*.yaml`/`*.yml` file in a folder (sorted by name)."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        files = sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file())
-        if not files:
-            raise RulesError("no *.yaml rules files in this folder", source=str(p))
-    elif p.is_file():
-        files = [p]
-    else:
-        raise RulesError("no such rules file or folder", source=str(p))
-    loaded: list[RuleFile] = []
-    for file in files:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise RulesError(f"cannot read: {e}", source=str(file)) from None
-        rf = load_rules(text, str(file))
-        for other in loaded:
-            if other.api == rf.api:
-                raise RulesError(f"api {rf.api!r} is already defined in {other.source}", source=str(file), field="api")
-        loaded.append(rf)
+    """Load one rules file, or every `*.yaml`/`*.yml` file in a folder (sorted by name).
+    Raises the first problem (`check_rules_path` lists them all)."""
+    _, loaded, problems = _load_path(path)
+    if problems:
+        raise problems[0]
     return RuleSet.of(loaded)
+
+
+def check_rules_path(path: str | Path) -> tuple[list[Path], list[RulesError]]:
+    """The files checked and every problem found in them (`receipts rules check`)."""
+    files, _, problems = _load_path(path)
+    return files, problems
 
 
 def rules_files(path: str | Path) -> list[Path]:
@@ -927,35 +904,35 @@ def rules_files(path: str | Path) -> list[Path]:
     return [p] if p.is_file() else []
 
 
-def check_rules_path(path: str | Path) -> tuple[list[Path], list[RulesError]]:
-    """The files checked and every problem found in them (`receipts rules check`)."""
+def _load_path(path: str | Path) -> tuple[list[Path], list[RuleFile], list[RulesError]]:
+    """Every rules file a path names, those that loaded, and every problem, in file order."""
     files = rules_files(path)
     if not files:
-        what = "no *.yaml rules files in this folder" if Path(path).expanduser().is_dir() else "no such rules file or folder"
-        return [], [RulesError(what, source=str(path))]
+        p = Path(path).expanduser()
+        what = "no *.yaml rules files in this folder" if p.is_dir() else "no such rules file or folder"
+        return [], [], [RulesError(what, source=str(p))]
+    loaded: list[RuleFile] = []
     problems: list[RulesError] = []
-    apis: dict[str, str] = {}
     for file in files:
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             problems.append(RulesError(f"cannot read: {e}", source=str(file)))
             continue
-        found = check_rules(text, str(file))
-        problems += found
-        if not found:
-            api = load_rules(text, str(file)).api
-            if api in apis:
-                problems.append(RulesError(f"api {api!r} is already defined in {apis[api]}", source=str(file), field="api"))
-            apis.setdefault(api, str(file))
-    return files, problems
+        rf = _load(text, str(file), problems)
+        if rf is None:
+            continue
+        other = next((o for o in loaded if o.api == rf.api), None)
+        if other is not None:
+            problems.append(RulesError(f"api {rf.api!r} is already defined in {other.source}", source=str(file), field="api"))
+            continue
+        loaded.append(rf)
+    return files, loaded, problems
 
 
 def rules_signature(path: str | Path) -> tuple:
     """What changes when a rules file is edited, added or removed: names, sizes and mtimes."""
-    p = Path(path).expanduser()
     try:
-        entries = [x for x in p.iterdir() if x.suffix in (".yaml", ".yml")] if p.is_dir() else [p]
-        return tuple(sorted((str(x), x.stat().st_mtime_ns, x.stat().st_size) for x in entries))
+        return tuple((str(x), x.stat().st_mtime_ns, x.stat().st_size) for x in rules_files(path))
     except OSError:
         return ()
