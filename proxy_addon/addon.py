@@ -42,18 +42,18 @@ from proxy_addon.reconcile import (
     Verdict, credentials_from, describe, finish, judge, key_dedupes, perform_read_async, plan_read, retry_after,
 )
 from proxy_addon.rules import (
-    ALREADY_EXISTS, DEFAULT_RULES, Match, Operation, RuleSet, host_pattern, load_rules_path, rules_signature,
+    ALREADY_EXISTS, Match, Operation, RuleSet, host_pattern, load_rules_path, rules_signature,
 )
+from proxy_addon.paths import DEFAULT_DB, DEFAULT_RULES, key_path
 from proxy_addon.states import RESOLUTIONS, State
 from proxy_addon.store import Attempt, Decision, Receipt, Store, iso, utcnow
 
 logger = logging.getLogger("receipt_proxy")
 
-DEFAULT_STATE_DIR = "~/.local/state/receipt-proxy"
 META = "receipts"  # flow.metadata key: a plain, serializable dict
 
 OPTIONS: list[tuple[str, type, Any, str]] = [
-    ("receipts_db", str, f"{DEFAULT_STATE_DIR}/receipts.db",
+    ("receipts_db", str, DEFAULT_DB,
      "Path of the SQLite receipts database (created with mode 0600), e.g. --set receipts_db=~/.local/state/receipt-proxy/receipts.db"),
     ("receipts_rules", str, DEFAULT_RULES,
      "A rules file, or a folder whose *.yaml files are loaded, e.g. --set receipts_rules=./rules"),
@@ -159,7 +159,7 @@ class Receipts:
     def _open_store(self) -> None:
         opts = ctx.options
         db = Path(opts.receipts_db).expanduser()
-        secret = Path(opts.receipts_secret).expanduser() if opts.receipts_secret else db.parent / "secret.key"
+        secret = key_path(db, opts.receipts_secret)
         try:
             db.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             key = load_or_create_key(secret)

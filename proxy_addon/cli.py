@@ -35,11 +35,10 @@ from typing import Any
 
 from proxy_addon.errors import IllegalTransition, ReceiptsError, RulesError, StoreError
 from proxy_addon.reconcile import reconcile
-from proxy_addon.rules import DEFAULT_RULES, Operation, check_rules_path, load_rules_path
+from proxy_addon.paths import default_db, default_rules, key_path
+from proxy_addon.rules import Operation, check_rules_path, load_rules_path
 from proxy_addon.states import RESOLUTIONS, State
 from proxy_addon.store import Clock, Event, Receipt, Store, iso, utcnow
-
-DEFAULT_DB = "~/.local/state/receipt-proxy/receipts.db"
 
 EPILOG = """\
 examples:
@@ -72,14 +71,6 @@ class UsageError(Exception):
 
 
 # --- values --------------------------------------------------------------------------------
-
-
-def default_db() -> str:
-    if os.environ.get("RECEIPT_PROXY_DB"):
-        return os.environ["RECEIPT_PROXY_DB"]
-    if os.environ.get("RECEIPT_PROXY_STATE_DIR"):
-        return str(Path(os.environ["RECEIPT_PROXY_STATE_DIR"]) / "receipts.db")
-    return DEFAULT_DB
 
 
 def parse_age(text: str, option: str) -> dt.timedelta:
@@ -337,7 +328,7 @@ def reconcile_run(store: Store, args: argparse.Namespace) -> int:
                              "(only printable ASCII)")
         headers[name.strip().lower()] = value.strip()
     try:
-        rules = load_rules_path(args.rules or os.environ.get("RECEIPT_PROXY_RULES") or DEFAULT_RULES)
+        rules = load_rules_path(args.rules or default_rules())
     except RulesError as e:
         raise UsageError(f"--rules: {e}") from None
     if args.all:
@@ -453,7 +444,7 @@ def rules_args(p: argparse.ArgumentParser) -> None:
 
 def rules_run(store: Store | None, args: argparse.Namespace) -> int:
     if args.rules_command == "check":
-        return _rules_check(args.paths or [os.environ.get("RECEIPT_PROXY_RULES") or DEFAULT_RULES])
+        return _rules_check(args.paths or [default_rules()])
     return _rules_explain(args)
 
 
@@ -477,7 +468,7 @@ def _rules_explain(args: argparse.Namespace) -> int:
     from proxy_addon import explain
 
     try:
-        rules = load_rules_path(args.rules or os.environ.get("RECEIPT_PROXY_RULES") or DEFAULT_RULES)
+        rules = load_rules_path(args.rules or default_rules())
     except RulesError as e:
         raise UsageError(f"--rules: {e}") from None
     headers: dict[str, str] = {}
@@ -516,7 +507,7 @@ def _rules_explain(args: argparse.Namespace) -> int:
 
 def _installation_key() -> tuple[bytes, str | None]:
     """The proxy's HMAC key beside the default database, read-only; else a throwaway one (and a note)."""
-    path = Path(default_db()).expanduser().parent / "secret.key"
+    path = key_path(default_db())
     try:
         key = path.read_bytes().strip()
         if len(key) >= 32:

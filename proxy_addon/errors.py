@@ -3,6 +3,8 @@ The errors receipt-proxy raises. Every one says what went wrong and how to fix i
 
     ReceiptsError
     ├── RulesError            a rules file is malformed (names file, line and field)
+    ├── ReconcileError        a reconcile read could not be planned or was refused
+    │                         (a template without a value, a read that is not a read)
     └── StoreError            the receipts database could not be read or written
         ├── StoreUnavailable  the write did not happen (locked, read-only, disk full):
         │                     the request must not be forwarded
@@ -34,6 +36,10 @@ class RulesError(ReceiptsError, ValueError):
         self.field = field
         where = source if line is None else f"{source}:{line}"
         super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+
+
+class ReconcileError(ReceiptsError):
+    """A reconcile read could not be planned, or was refused because it is not a read."""
 
 
 class StoreError(ReceiptsError):

@@ -17,8 +17,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy_addon import gql
-from proxy_addon.fingerprint import REDACTED, RequestView, fingerprint, redact_url
-from proxy_addon.rules import ALWAYS_SECRET_HEADERS, SECRET_NAME, Check, ClassifyRule, Operation, RuleSet
+from proxy_addon.fingerprint import RequestView, fingerprint
+from proxy_addon.redaction import REDACTED, ALWAYS_SECRET_HEADERS, SECRET_NAME, redact_url
+from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
 
 SHOWN = 120  # characters of a value shown
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote_plus, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from proxy_addon.rules import SECRET_NAME, Match
+from proxy_addon.redaction import REDACTED, credential_names, redact_url
+from proxy_addon.rules import Match
 
-REDACTED = "REDACTED"
 _MISSING = object()
 
 
@@ -60,22 +60,6 @@ class Intent:
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def redact_url(scheme: str, host: str, port: int, path: str) -> str:
-    """The request URL with the value of every secret-looking query parameter replaced."""
-    default = {"http": 80, "https": 443}.get(scheme)
-    host = f"[{host}]" if ":" in host else host
-    netloc = host if port == default else f"{host}:{port}"
-    path, _, query = path.partition("?")
-    parts = []
-    for piece in re.split(r"([&;])", query.partition("#")[0]) if query else ():
-        if piece in ("&", ";"):
-            parts.append(piece)
-            continue
-        name, eq, _ = piece.partition("=")
-        parts.append(f"{name}={REDACTED}" if eq and SECRET_NAME.search(unquote_plus(name)) else piece)
-    return f"{scheme}://{netloc}{path}" + (f"?{''.join(parts)}" if parts else "")
 
 
 def dig(value: Any, dotted: str) -> Any:
@@ -187,7 +171,7 @@ def _one(values: list[str] | None) -> Any:
 
 def principal_of(match: Match, headers: Mapping[str, str], key: bytes) -> str:
     """A keyed hash of the first credential present: the rule's header, Authorization, then Cookie."""
-    for name in (*match.operation.credential_headers, "authorization", "cookie"):
+    for name in credential_names(match.operation.credential_headers):
         value = headers.get(name)
         if value:
             return keyed_hash(key, name, value)

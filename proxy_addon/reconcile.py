@@ -28,17 +28,14 @@ import httpx
 
 from proxy_addon import gql
 from proxy_addon.classify import external_id_of, id_in, rule_fits
-from proxy_addon.errors import ReceiptsError
-from proxy_addon.fingerprint import dig, redact_url
+from proxy_addon.errors import ReconcileError
+from proxy_addon.fingerprint import dig
+from proxy_addon.redaction import credentials_from as _credentials, redact_url
 from proxy_addon.rules import _TEMPLATE_VAR, Operation, PathTemplate, ReconcileSpec
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, Store, iso, utcnow
 
 READ_METHODS = ("GET", "HEAD")
-
-
-class ReconcileError(ReceiptsError):
-    """A reconcile read could not be planned or performed."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +125,7 @@ def _render_doc(doc: Any, receipt: Receipt) -> Any:
 
 def credentials_from(op: Operation, headers: Mapping[str, str]) -> dict[str, str]:
     """The credential headers of a request (lower-case names): the rule's, Authorization, Cookie."""
-    return {h: headers[h] for h in (*op.credential_headers, "authorization", "cookie") if headers.get(h)}
+    return _credentials(op.credential_headers, headers)
 
 
 def _check(read: ReadRequest, post_reads: Sequence[PathTemplate]) -> None:

@@ -26,21 +26,15 @@ from typing import Any, Literal
 import yaml
 
 from proxy_addon.errors import RulesError
+from proxy_addon.paths import DEFAULT_RULES
+from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, SECRET_NAME
 from proxy_addon.states import State
 
-DEFAULT_RULES = str(Path(__file__).resolve().parent.parent / "rules")  # rules/ of this checkout
 AfterSuccess = Literal["replay", "block", "allow"]
 AFTER_SUCCESS: tuple[str, ...] = ("replay", "block", "allow")
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS")
 CLASSIFIABLE = (State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN)
 
-# Names that carry credentials. They may identify the principal (as a keyed hash)
-# but never enter a fingerprint's allowlist, the intent or the target URL.
-SECRET_NAME = re.compile(
-    r"(auth(?!or)|token|secret|passw|pwd|api[-_]?key|apikey|^key$|signature|^sig$|session|cookie|credential|^code$)",
-    re.IGNORECASE,
-)
-ALWAYS_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 
 # The keys each mapping of a rules file may have, in the order errors list them.
 # proxy_addon/rules.schema.json describes the same keys (a test keeps them in step).

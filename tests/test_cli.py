@@ -22,7 +22,8 @@ import pytest
 
 from proxy_addon import cli as cli_module
 from proxy_addon.cli import COMMANDS, EPILOG, main, parser
-from proxy_addon.rules import DEFAULT_RULES, load_rules_path
+from proxy_addon.paths import DEFAULT_RULES
+from proxy_addon.rules import load_rules_path
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, RecordedResponse, Store
 from tests.conftest import T0, FakeClock

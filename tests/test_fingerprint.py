@@ -11,15 +11,14 @@ import stat
 import pytest
 
 from proxy_addon.errors import RulesError
+from proxy_addon.redaction import REDACTED, redact_url
 from proxy_addon.fingerprint import (
-    REDACTED,
     RequestView,
     canonical_json,
     dig,
     fingerprint,
     load_or_create_key,
     principal_of,
-    redact_url,
 )
 from proxy_addon.rules import RuleSet, load_rules
 
