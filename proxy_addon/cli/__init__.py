@@ -1,0 +1,113 @@
+"""
+`receipts`: see and settle the receipts the proxy wrote.
+
+    receipts list --state outcome_unknown     the unresolved ones you care about
+    receipts show 20261129T184210Z-1fd54b31a2 one receipt, its history and the duplicates it stopped
+    receipts blocked --since 1d               what the proxy blocked or replayed lately
+    receipts reconcile --all                  look for the effect of every unknown outcome with a read
+    receipts resolve ID --as succeeded --note "the post is live" --external-id 1234567
+    receipts export --since 2026-11-01 > audit.jsonl
+    receipts prune --older-than 90d --dry-run
+    receipts rules check                      validate the rules files
+    receipts rules explain POST URL --body F  what a request would match and fingerprint; nothing is sent
+
+Each subcommand is one entry in `COMMANDS`: a function adding its arguments, a function
+running it against an open Store, and its help. Errors a user can fix are one line,
+`Error: ...`, on stderr, with exit status 1; argparse's own usage errors exit 2.
+
+The table is in commands.py; the commands in receipts.py (list, show, blocked, export,
+prune), resolve.py, reconcile.py and rules.py; values.py parses what the user types and
+output.py prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+from proxy_addon.cli.commands import COMMANDS, Command
+from proxy_addon.cli.output import event_json, operation_name, print_json, print_table, receipt_json, short_time
+from proxy_addon.cli.values import (
+    HEADER_NAME, SINCE_HELP, UsageError, age, cli_actor, parse_age, parse_since, positive_int, positive_seconds, sendable,
+)
+from proxy_addon.errors import ReceiptsError, StoreError
+from proxy_addon.paths import default_db
+from proxy_addon.store import Clock, Store, utcnow
+
+__all__ = [
+    "COMMANDS", "EPILOG", "HEADER_NAME", "SINCE_HELP", "Command", "UsageError", "age", "cli_actor", "event_json", "main",
+    "operation_name", "parse_age", "parse_since", "parser", "positive_int", "positive_seconds", "print_json",
+    "print_table", "receipt_json", "sendable", "short_time",
+]
+
+EPILOG = """\
+examples:
+  receipts list
+  receipts list --state outcome_unknown --state manual_review
+  receipts list --operation dev.to/articles.create --since 7d --json | jq '.[0]'
+  receipts show 20261129T184210Z-1fd54b31a2
+  receipts blocked --since 2h
+  receipts reconcile --all --header 'api-key: ...'
+  receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" --external-id 1234567
+  receipts export --since 2026-11-01 > receipts.jsonl
+  receipts prune --older-than 90d --dry-run
+  receipts rules check rules/
+  receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json
+  receipts --db ./.state/receipts.db list
+
+Run `receipts COMMAND --help` for a command's options.
+
+The database is --db, else $RECEIPT_PROXY_DB, else $RECEIPT_PROXY_STATE_DIR/receipts.db,
+else ~/.local/state/receipt-proxy/receipts.db (where scripts/run keeps it).
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="receipts", description="See and settle the receipts receipt-proxy wrote.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--db", default=None, help="the receipts database (default: see below)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, c in COMMANDS.items():
+        sp = sub.add_parser(
+            name, help=c.help, description=c.description,
+            epilog="examples:\n" + "".join(f"  {e}\n" for e in c.examples),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        c.add_arguments(sp)
+    return p
+
+
+def main(argv: list[str] | None = None, *, clock: Clock = utcnow) -> int:
+    args = parser().parse_args(argv)
+    if args.command is None:
+        parser().print_help()
+        return 0
+    db = Path(args.db or default_db()).expanduser()
+    store = None
+    try:
+        if not COMMANDS[args.command].uses_store:
+            return COMMANDS[args.command].run(None, args)  # type: ignore[arg-type]
+        try:
+            store = Store.open(db, create=False, clock=clock)
+        except StoreError as e:
+            hint = "" if args.db or db.exists() else " (pass --db, or set $RECEIPT_PROXY_DB or $RECEIPT_PROXY_STATE_DIR)"
+            raise StoreError(f"{e}{hint}") from e
+        return COMMANDS[args.command].run(store, args)
+    except (ReceiptsError, UsageError) as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as e:
+        print(f"Error: {db}: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `receipts export | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    finally:
+        if store is not None:
+            store.close()

@@ -1,0 +1,125 @@
+"""The commands that read receipts (`list`, `show`, `blocked`, `export`) and the one that deletes old ones (`prune`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from proxy_addon.cli.output import event_json, operation_name, print_json, print_table, receipt_json, short_time
+from proxy_addon.cli.values import SINCE_HELP, UsageError, age, parse_age, parse_since, positive_int
+from proxy_addon.states import State
+from proxy_addon.store import Store
+
+
+def list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", action="append", choices=[s.value for s in State], default=[], metavar="STATE",
+                   help=f"only receipts in this state (repeatable): {', '.join(s.value for s in State)}")
+    p.add_argument("--operation", metavar="OP", help="only this operation: articles.create or dev.to/articles.create")
+    p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
+    p.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N receipts (default 50)")
+    p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+
+
+def list_run(store: Store, args: argparse.Namespace) -> int:
+    now = store.clock()
+    since = parse_since(args.since, now)
+    receipts = store.list(states=[State(s) for s in args.state], operation=args.operation, since=since,
+                          limit=args.limit)
+    dups = store.duplicate_counts([r.operation_id for r in receipts])
+    if args.json:
+        print_json([{**receipt_json(r), **dups[r.operation_id]} for r in receipts])
+    elif not receipts:
+        filtered = args.state or args.operation or since
+        print(f"no receipts in {store.path}" + (" match these filters" if filtered else ""))
+    else:
+        print_table(
+            ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"],
+            [[r.operation_id, age(r.submitted_at, now), operation_name(r), r.state, r.http_status, r.external_id,
+              dups[r.operation_id]["blocked"] or None, dups[r.operation_id]["replayed"] or None, r.target]
+             for r in receipts],
+        )
+    return 0
+
+
+def show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("operation_id", metavar="ID", help="the receipt's operation id (first column of `receipts list`)")
+    p.add_argument("--json", action="store_true", help="print JSON: the receipt, its events and its duplicates")
+
+
+def show_run(store: Store, args: argparse.Namespace) -> int:
+    r = store.get(args.operation_id)
+    every = store.events(r.operation_id)
+    events = [e for e in every if e.event not in ("blocked", "replayed")]
+    dups = [e for e in every if e.event in ("blocked", "replayed")]
+    if args.json:
+        print_json({**receipt_json(r), "events": [event_json(e) for e in events],
+                    "duplicates": [event_json(e) for e in dups]})
+        return 0
+    for k, v in receipt_json(r).items():
+        text = "-" if v is None else json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+        print(f"{k:19} {text}")
+    print("events:")
+    for e in events:
+        change = f"{e.from_state or '(new)'} → {e.to_state}" if e.event == "transition" else e.event
+        print(f"  {e.at}  {change:36} {e.actor:10} {e.reason}")
+    if not dups:
+        print("duplicates: none")
+    else:
+        print(f"duplicates ({len(dups)}):")
+        for e in dups:
+            print(f"  {e.at}  {e.event:8} {e.actor:10} {e.flow_id or '-':14} {e.reason}")
+    return 0
+
+
+def blocked_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", metavar="T", help=SINCE_HELP)
+    p.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N duplicates (default 50)")
+    p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+
+
+def blocked_run(store: Store, args: argparse.Namespace) -> int:
+    since = parse_since(args.since, store.clock())
+    rows = store.duplicates(since=since, limit=args.limit)
+    if args.json:
+        print_json([
+            {"at": e.at, "event": e.event, "operation_id": r.operation_id, "api": r.api, "operation": r.operation,
+             "receipt_state": str(r.state), "reason": e.reason, "actor": e.actor, "flow_id": e.flow_id}
+            for e, r in rows
+        ])
+    elif not rows:
+        print(f"no blocked or replayed duplicates in {store.path}" + (f" since {since}" if since else ""))
+    else:
+        print_table(
+            ["TIME", "KIND", "RECEIPT", "OPERATION", "STATE", "REASON"],
+            [[short_time(e.at), e.event, r.operation_id, operation_name(r), r.state, e.reason] for e, r in rows],
+        )
+    return 0
+
+
+def export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
+
+
+def export_run(store: Store, args: argparse.Namespace) -> int:
+    since = parse_since(args.since, store.clock())
+    for r, events in store.export(since=since):
+        print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events]}))
+    return 0
+
+
+def prune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--older-than", required=True, metavar="AGE",
+                   help="delete resolved receipts last changed more than AGE ago: 90m, 12h, 30d, 2w")
+    p.add_argument("--dry-run", action="store_true", help="only say how many would be deleted")
+
+
+def prune_run(store: Store, args: argparse.Namespace) -> int:
+    older_than = parse_age(args.older_than, "--older-than")
+    try:
+        ids = store.prune(older_than, dry_run=args.dry_run)
+    except OverflowError:
+        raise UsageError(f"--older-than: {args.older_than!r} is too long ago") from None
+    noun = "receipt" if len(ids) == 1 else "receipts"
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {len(ids)} resolved {noun} last changed more than {args.older_than.strip()} ago")
+    return 0
