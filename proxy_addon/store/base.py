@@ -1,0 +1,115 @@
+"""
+The contract a receipts backend keeps, and the primitives it implements.
+
+The receipts logic is written once, over these primitives: `ReceiptReads` (reads.py) and
+`ReceiptStore` (receipts.py: decisions, transitions, retention, recovery). A backend
+subclasses ReceiptStore (sqlite.py: `SQLiteStore`) and provides:
+
+    _write()                 a context manager: one serialized write transaction. It
+                             commits when the block ends and rolls back on any exception,
+                             and raises StoreUnavailable when it cannot begin or commit.
+    _rows(sql, params)       the rows of a query, as dicts of column → value.
+    _execute(sql, params)    run a statement; returns its row count.
+    _defer_foreign_keys()    inside `_write`: check foreign keys at commit, not per statement.
+    location                 how messages name the database (a path, a DSN without password).
+    dialect                  the little SQL that differs (the column that orders receipts
+                             as they were inserted: SQLite's `rowid`).
+    close()
+
+No driver error escapes a primitive. Inside `_write`, the driver's unique violation becomes
+UniqueViolation (`begin_attempt` catches it and decides again) and any other driver error
+StoreUnavailable (nothing was written); outside it, a failed read is a StoreError. Each
+message names the database (`location`).
+
+The SQL the base passes is standard, with `?` placeholders and no `?` or `%` inside
+literals: a driver with another paramstyle (psycopg's `%s`) rewrites them. Each backend
+also has its own `open` (SQLiteStore.open takes a path) and its own schema setup.
+
+What a backend must guarantee, because the proxy's promise rests on it:
+
+- The same schema: tables `receipts` and `receipt_events` with the columns, indexes and
+  triggers that migrations.py gives SQLite (m001..m004), `receipt_events.id` growing with
+  each event, and foreign keys enforced.
+- Durable before it returns: when `begin_attempt` returns "forward", the receipt and its
+  first event are committed durably (SQLite: WAL with synchronous=FULL). The request is
+  sent only after that.
+- One serialized decision per attempt: `_write` serializes the read-then-insert of
+  `begin_attempt` with every other writer, even in other processes (SQLite: `BEGIN
+  IMMEDIATE`; PostgreSQL: a lock taken first in the transaction, such as `LOCK TABLE
+  receipts IN SHARE ROW EXCLUSIVE MODE` or a transaction-level advisory lock; only a
+  unique violation is retried, so a serialization failure would surface as StoreUnavailable).
+- A partial unique index on `receipts(intent_fingerprint)` over the states in
+  `UNRESOLVED`, so two identical attempts, even from two processes, yield one forwarded
+  request. A write that loses the race raises UniqueViolation; `begin_attempt` decides again.
+- Guarded transitions: every state change is `UPDATE ... WHERE operation_id = ? AND state
+  IN (the legal sources)` with a row-count check, and its event is appended in the same
+  transaction (`_step`). The legal sources come from `TRANSITIONS` in proxy_addon.states,
+  the one transition table for every backend.
+- `receipt_events` is append-only, enforced in the database (triggers refuse UPDATE, and
+  DELETE while the event's receipt exists; `prune` deletes the receipt first, with foreign
+  keys deferred to the commit).
+- Unknown stored states fail loudly: `Receipt.from_row` and `Event.from_row` raise StoreError.
+- Every failure surfaces as a StoreError subclass (proxy_addon/errors.py), never as a
+  driver's exception: StoreUnavailable for a write that did not happen (the request must
+  not be forwarded), IllegalTransition, UnknownReceipt, StoreError for a failed read.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from proxy_addon.errors import StoreUnavailable
+from proxy_addon.store.records import Clock, Receipt
+
+
+class UniqueViolation(StoreUnavailable):
+    """A write hit a unique index (another writer recorded the same unresolved intent first): nothing was written."""
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The SQL that differs between backends."""
+
+    insertion_order: str  # a column that grows with each receipt inserted (SQLite: "rowid")
+
+
+def marks(n: int) -> str:
+    """`n` placeholders for an IN list: `?, ?, ?`."""
+    return ", ".join("?" * n)
+
+
+class Backend(abc.ABC):
+    """What a backend provides (see the module docstring). Not thread-safe: one store per thread."""
+
+    dialect: ClassVar[Dialect]
+    clock: Clock
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """The database, as error messages name it."""
+
+    @abc.abstractmethod
+    def _write(self) -> contextlib.AbstractContextManager[Any]:
+        """One serialized write transaction (see the module docstring)."""
+
+    @abc.abstractmethod
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+    @abc.abstractmethod
+    def _defer_foreign_keys(self) -> None: ...
+
+    def _receipt(self, sql: str, params: Sequence[Any]) -> Receipt | None:
+        """The first row of a query over `receipts`, as a Receipt, or None."""
+        rows = self._rows(sql, params)
+        return Receipt.from_row(rows[0]) if rows else None

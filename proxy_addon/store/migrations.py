@@ -1,0 +1,108 @@
+"""
+The SQLite schema, as sqlite-utils migrations (recorded by name in `_sqlite_migrations`).
+
+Never edit or rename an applied migration: databases in use have recorded it by name and
+will not run it again. Change the schema with a new `m00N_...` function at the end.
+`SQLiteStore.open` applies what is pending inside `BEGIN IMMEDIATE`, so concurrent
+openers migrate once.
+"""
+
+from __future__ import annotations
+
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+from proxy_addon.states import UNRESOLVED
+
+migrations = Migrations("receipt-proxy")
+
+
+@migrations()
+def m001_receipts(db: Database) -> None:
+    db.execute(
+        """
+        CREATE TABLE receipts (
+            operation_id TEXT PRIMARY KEY,
+            api TEXT NOT NULL,
+            operation TEXT NOT NULL,
+            method TEXT NOT NULL,
+            target TEXT NOT NULL,
+            state TEXT NOT NULL,
+            intent_fingerprint TEXT NOT NULL,
+            intent TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            submitted_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            completed_at TEXT,
+            http_status INTEGER,
+            error TEXT,
+            external_id TEXT,
+            flow_id TEXT,
+            retry_of TEXT REFERENCES receipts(operation_id),
+            instance TEXT,
+            response_status INTEGER,
+            response_headers TEXT,
+            response_body BLOB,
+            response_truncated INTEGER
+        )
+        """
+    )
+    unresolved = ", ".join(f"'{s}'" for s in sorted(UNRESOLVED))
+    db.execute(
+        f"CREATE UNIQUE INDEX receipts_one_unresolved_per_fingerprint "
+        f"ON receipts(intent_fingerprint) WHERE state IN ({unresolved})"
+    )
+    db.execute("CREATE INDEX receipts_by_fingerprint ON receipts(intent_fingerprint)")
+    db.execute("CREATE INDEX receipts_by_state ON receipts(state)")
+    db.execute(
+        """
+        CREATE TABLE receipt_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            operation_id TEXT NOT NULL REFERENCES receipts(operation_id),
+            at TEXT NOT NULL,
+            event TEXT NOT NULL,
+            from_state TEXT,
+            to_state TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            flow_id TEXT
+        )
+        """
+    )
+    db.execute("CREATE INDEX receipt_events_by_receipt ON receipt_events(operation_id, id)")
+    for op in ("UPDATE", "DELETE"):
+        db.execute(
+            f"CREATE TRIGGER receipt_events_no_{op.lower()} BEFORE {op} ON receipt_events "
+            f"BEGIN SELECT RAISE(ABORT, 'receipt_events is append-only'); END"
+        )
+
+
+@migrations()
+def m002_prunable_events_and_idempotency_keys(db: Database) -> None:
+    # Events stay append-only while their receipt exists; `prune` removes the receipt first.
+    db.execute("DROP TRIGGER receipt_events_no_delete")
+    db.execute(
+        "CREATE TRIGGER receipt_events_no_delete BEFORE DELETE ON receipt_events "
+        "WHEN EXISTS (SELECT 1 FROM receipts WHERE operation_id = OLD.operation_id) "
+        "BEGIN SELECT RAISE(ABORT, 'receipt_events is append-only'); END"
+    )
+    db.execute("ALTER TABLE receipts ADD COLUMN idempotency_key TEXT")
+    db.execute("ALTER TABLE receipts ADD COLUMN client_key TEXT")
+    db.execute("CREATE INDEX receipts_by_client_key ON receipts(client_key) WHERE client_key IS NOT NULL")
+    db.execute("CREATE INDEX receipt_events_by_time ON receipt_events(at)")
+
+
+@migrations()
+def m003_awaiting_approval_is_unresolved(db: Database) -> None:
+    db.execute("DROP INDEX receipts_one_unresolved_per_fingerprint")
+    unresolved = ", ".join(f"'{s}'" for s in sorted(UNRESOLVED))
+    db.execute(
+        f"CREATE UNIQUE INDEX receipts_one_unresolved_per_fingerprint "
+        f"ON receipts(intent_fingerprint) WHERE state IN ({unresolved})"
+    )
+
+
+@migrations()
+def m004_when_an_idempotency_key_was_first_sent(db: Database) -> None:
+    # A retry reuses its predecessor's key; an API forgets a key some time after it first saw it.
+    db.execute("ALTER TABLE receipts ADD COLUMN idempotency_key_at TEXT")

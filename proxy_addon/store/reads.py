@@ -1,0 +1,118 @@
+"""
+The reads every backend shares: one receipt, the newest for a fingerprint, lists, changes,
+duplicates, the audit export, events and counts. Only `_rows` (see base.py) runs their SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from proxy_addon.errors import UnknownReceipt
+from proxy_addon.states import State
+from proxy_addon.store.base import Backend, marks
+from proxy_addon.store.records import Event, Receipt
+
+_PAGE = 500  # receipts per export query
+
+
+class ReceiptReads(Backend):
+    """Queries over `receipts` and `receipt_events`; a failed read raises StoreError."""
+
+    def get(self, operation_id: str) -> Receipt:
+        receipt = self._receipt("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
+        if receipt is None:
+            raise UnknownReceipt(f"no receipt {operation_id}")
+        return receipt
+
+    def latest_for(self, fingerprint: str) -> Receipt | None:
+        """The newest receipt with this intent fingerprint, or None."""
+        return self._receipt(
+            f"SELECT * FROM receipts WHERE intent_fingerprint = ? ORDER BY {self.dialect.insertion_order} DESC LIMIT 1",
+            (fingerprint,))
+
+    def list(self, *, states: Sequence[State] = (), operation: str | None = None, since: str | None = None,
+             limit: int | None = 100) -> list[Receipt]:
+        """Receipts, newest first. `operation` is a name (`articles.create`) or `api/name`; `since` an ISO time."""
+        clauses, params = _filters(states, operation, since)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT * FROM receipts{where} ORDER BY {self.dialect.insertion_order} DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [Receipt.from_row(r) for r in self._rows(sql, params)]
+
+    def changed_since(self, at: str, *, limit: int = 500) -> list[Receipt]:
+        """Receipts whose state changed after `at` (an ISO time), oldest change first."""
+        return [Receipt.from_row(r) for r in self._rows(
+            "SELECT * FROM receipts WHERE updated_at > ? ORDER BY updated_at LIMIT ?", (at, limit))]
+
+    def duplicates(self, *, since: str | None = None, limit: int | None = 100) -> list[tuple[Event, Receipt]]:
+        """Blocked and replayed duplicates, newest first, each with the receipt it was checked against."""
+        sql = "SELECT * FROM receipt_events WHERE event IN ('blocked', 'replayed')"
+        params: list[Any] = []
+        if since:
+            sql += " AND at >= ?"
+            params.append(since)
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        events = [Event.from_row(r) for r in self._rows(sql, params)]
+        receipts = {i: self.get(i) for i in {e.operation_id for e in events}}
+        return [(e, receipts[e.operation_id]) for e in events]
+
+    def export(self, *, since: str | None = None) -> Iterator[tuple[Receipt, list[Event]]]:
+        """Every receipt (oldest first) with its events, for audit. Reads a page of receipts at a time."""
+        order = self.dialect.insertion_order
+        after: Any = None
+        while True:
+            clauses, params = _filters((), None, since)
+            if after is not None:
+                clauses.append(f"{order} > ?")
+                params.append(after)
+            where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+            page = self._rows(
+                f"SELECT *, {order} AS export_position FROM receipts{where} ORDER BY {order} LIMIT ?",
+                (*params, _PAGE))
+            for row in page:
+                receipt = Receipt.from_row(row)
+                yield receipt, self.events(receipt.operation_id)
+            if len(page) < _PAGE:
+                return
+            after = page[-1]["export_position"]
+
+    def events(self, operation_id: str) -> list[Event]:
+        return [Event.from_row(r) for r in self._rows(
+            "SELECT * FROM receipt_events WHERE operation_id = ? ORDER BY id", (operation_id,))]
+
+    def duplicate_counts(self, operation_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """How many duplicates of each receipt were blocked or replayed: {id: {"blocked": n, "replayed": m}}."""
+        out: dict[str, dict[str, int]] = {i: {"blocked": 0, "replayed": 0} for i in operation_ids}
+        if operation_ids:
+            rows = self._rows(
+                f"SELECT operation_id, event, count(*) AS n FROM receipt_events WHERE event IN ('blocked', 'replayed') "
+                f"AND operation_id IN ({marks(len(operation_ids))}) GROUP BY operation_id, event",
+                list(operation_ids))
+            for r in rows:
+                out[r["operation_id"]][r["event"]] = r["n"]
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {r["state"]: r["n"] for r in self._rows("SELECT state, count(*) AS n FROM receipts GROUP BY state")}
+
+
+def _filters(states: Sequence[State], operation: str | None, since: str | None) -> tuple[list[str], list[Any]]:
+    """WHERE clauses (to join with AND) and their parameters for `list` and `export`."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if states:
+        clauses.append(f"state IN ({marks(len(states))})")
+        params += [str(s) for s in states]
+    if operation:
+        clauses.append("(operation = ? OR api || '/' || operation = ?)")
+        params += [operation, operation]
+    if since:
+        clauses.append("submitted_at >= ?")
+        params.append(since)
+    return clauses, params

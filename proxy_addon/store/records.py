@@ -1,0 +1,161 @@
+"""
+What the store reads and writes, as plain values: an attempt before it is sent, a receipt,
+its events, the decision `begin_attempt` takes, and the time helpers. No SQL here.
+
+`Receipt.from_row` and `Event.from_row` turn a row (a dict of column → value, as every
+backend's `_rows` returns it) into a value, and refuse a state they do not know.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from proxy_addon.errors import StoreError
+from proxy_addon.states import UNRESOLVED, State
+
+Clock = Callable[[], dt.datetime]
+DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict"]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_operation_id(now: dt.datetime) -> str:
+    """Time-sortable: `20260816T012030Z-1fd54b31a2`."""
+    return f"{now.astimezone(dt.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"
+
+
+def _state(value: Any, what: str) -> State:
+    try:
+        return State(value)
+    except ValueError:
+        raise StoreError(f"{what} has unknown state {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the proxy knows about a matched request before it is sent."""
+
+    api: str
+    operation: str
+    method: str
+    target: str
+    intent_fingerprint: str
+    intent: dict[str, Any]
+    principal: str
+    flow_id: str | None = None
+    instance: str | None = None
+    client_key: str | None = None  # keyed hash of the agent's own Idempotency-Key and principal
+    idempotency: bool = False  # the operation's API deduplicates by an idempotency key we add
+    key_format: str = "receipt"  # our key: receipt-<receipt id>, or uuid4
+    given_key: str | None = None  # the agent's own key in the body (idempotency_key.body): kept as the key
+    approval: bool = False  # held for an operator's approval before it is sent
+
+
+@dataclass(frozen=True)
+class RecordedResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    truncated: bool = False
+
+    def columns(self) -> dict[str, Any]:
+        """The receipt columns that hold this response (what `Receipt.from_row` reads back)."""
+        return {
+            "response_status": self.status, "response_headers": json.dumps(self.headers),
+            "response_body": self.body, "response_truncated": int(self.truncated),
+        }
+
+
+@dataclass(frozen=True)
+class Receipt:
+    operation_id: str
+    api: str
+    operation: str
+    method: str
+    target: str
+    state: State
+    intent_fingerprint: str
+    intent: dict[str, Any]
+    principal: str
+    submitted_at: str
+    updated_at: str
+    completed_at: str | None
+    http_status: int | None
+    error: str | None
+    external_id: str | None
+    flow_id: str | None
+    retry_of: str | None
+    instance: str | None
+    response: RecordedResponse | None = field(default=None, repr=False)
+    idempotency_key: str | None = None
+    client_key: str | None = None
+    idempotency_key_at: str | None = None  # when this key was first sent (by this receipt or one it retries)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Receipt:
+        state = _state(row["state"], f"receipt {row['operation_id']}")
+        response = None
+        if row.get("response_status") is not None:
+            response = RecordedResponse(
+                status=row["response_status"],
+                headers=[tuple(h) for h in json.loads(row["response_headers"] or "[]")],
+                body=bytes(row["response_body"] or b""),  # bytes from SQLite; a memoryview from some drivers
+                truncated=bool(row["response_truncated"]),
+            )
+        return cls(
+            operation_id=row["operation_id"], api=row["api"], operation=row["operation"],
+            method=row["method"], target=row["target"], state=state,
+            intent_fingerprint=row["intent_fingerprint"], intent=json.loads(row["intent"]),
+            principal=row["principal"], submitted_at=row["submitted_at"],
+            updated_at=row["updated_at"], completed_at=row["completed_at"],
+            http_status=row["http_status"], error=row["error"], external_id=row["external_id"],
+            flow_id=row["flow_id"], retry_of=row["retry_of"], instance=row["instance"],
+            response=response, idempotency_key=row.get("idempotency_key"), client_key=row.get("client_key"),
+            idempotency_key_at=row.get("idempotency_key_at"),
+        )
+
+    @property
+    def unresolved(self) -> bool:
+        return self.state in UNRESOLVED
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    operation_id: str
+    at: str
+    event: str  # "transition", "blocked" or "replayed"
+    from_state: State | None
+    to_state: State
+    reason: str
+    actor: str
+    flow_id: str | None
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> Event:
+        what = f"event {r['id']} of receipt {r['operation_id']}"
+        return cls(
+            id=r["id"], operation_id=r["operation_id"], at=r["at"], event=r["event"],
+            from_state=_state(r["from_state"], what) if r["from_state"] else None,
+            to_state=_state(r["to_state"], what), reason=r["reason"], actor=r["actor"], flow_id=r["flow_id"],
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with an attempt: forward it (a new receipt) or answer from an existing one."""
+
+    kind: DecisionKind
+    receipt: Receipt
+    reason: str = ""  # for a duplicate: why it gets this answer (recorded in the receipt's events)

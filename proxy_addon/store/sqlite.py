@@ -1,0 +1,172 @@
+"""
+The SQLite backend: `SQLiteStore` (the `Store` everything uses today).
+
+    store = SQLiteStore.open("receipts.db")    # mode 0600, WAL, synchronous=FULL, migrated
+
+How it keeps base.py's contract: every write is one `BEGIN IMMEDIATE` transaction (serialized
+with every other writer, even in other processes, waiting up to `lock_timeout`); WAL with
+synchronous=FULL makes a commit durable before `begin_attempt` returns; migrations.py holds
+the schema (the partial unique index, the append-only triggers); foreign keys are on.
+Every sqlite3.Error becomes a StoreError that names the database file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database
+
+from proxy_addon.errors import StoreError, StoreUnavailable
+from proxy_addon.store.base import Dialect, UniqueViolation
+from proxy_addon.store.migrations import migrations
+from proxy_addon.store.receipts import ReceiptStore
+from proxy_addon.store.records import Clock, utcnow
+
+_UNIQUE = frozenset({sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY})
+
+
+class SQLiteStore(ReceiptStore):
+    """The receipts database in one SQLite file. Not thread-safe: give each thread its own store."""
+
+    dialect = Dialect(insertion_order="rowid")
+
+    def __init__(self, conn: sqlite3.Connection, *, clock: Clock = utcnow, path: str | None = None):
+        self.db = Database(conn)
+        self.conn = conn
+        self.clock = clock
+        self.path = path
+        self._writing = False
+
+    @classmethod
+    def open(cls, path: str | Path, *, lock_timeout: float = 5.0, clock: Clock = utcnow,
+             create: bool = True) -> SQLiteStore:
+        """Open (and create with mode 0600, and migrate) the receipts database at `path`."""
+        p = Path(path).expanduser()
+        try:
+            if create:
+                _create_private_file(p)
+            elif not p.exists():
+                raise StoreError(f"no receipts database at {p}")
+            conn = sqlite3.connect(p, timeout=lock_timeout, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute(f"PRAGMA busy_timeout={int(lock_timeout * 1000)}")
+            store = cls(conn, clock=clock, path=str(p))
+            if create:
+                # Switching a new file to WAL can fail with "locked" without waiting for the busy
+                # timeout when other connections are opening it too: retry within lock_timeout.
+                _retry_while_locked(store._setup, lock_timeout)
+            elif not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'receipts'").fetchone():
+                conn.close()
+                raise StoreError(f"{p} is not a receipts database")
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"cannot open the receipts database {p}: {e}") from e
+        except OSError as e:
+            raise StoreUnavailable(f"cannot create the receipts database {p}: {e.strerror}") from e
+        return store
+
+    def _setup(self) -> None:
+        """WAL mode (persistent: readers need not set it) and pending migrations, serialized with every other opener."""
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        if migrations.pending(self.db):
+            # apply() re-reads what is pending inside the lock; its transactions nest as savepoints.
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                migrations.apply(self.db)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot close the receipts database {self.location}: {e}") from e
+
+    @property
+    def location(self) -> str:
+        if self.path:
+            return self.path
+        with contextlib.suppress(sqlite3.Error):
+            for _, name, file in self.conn.execute("PRAGMA database_list"):
+                if name == "main" and file:
+                    return file
+        return "(unnamed SQLite database)"
+
+    # --- the primitives (base.py) --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """One `BEGIN IMMEDIATE` transaction: serialized with every other writer, even in other processes."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise self._failure(e, writing=True) from e
+        self._writing = True
+        try:
+            yield
+            self.conn.execute("COMMIT")
+        except BaseException as e:
+            self._rollback(e)
+            if isinstance(e, sqlite3.Error):
+                raise self._failure(e) from e
+            raise
+        finally:
+            self._writing = False
+
+    def _rollback(self, cause: BaseException) -> None:
+        try:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+        except sqlite3.Error as e:
+            raise self._failure(e) from cause
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        try:
+            cursor = self.conn.execute(sql, params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+        except sqlite3.Error as e:
+            raise self._failure(e) from e
+
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        try:
+            return self.conn.execute(sql, params).rowcount
+        except sqlite3.Error as e:
+            raise self._failure(e) from e
+
+    def _defer_foreign_keys(self) -> None:
+        self._execute("PRAGMA defer_foreign_keys = ON")  # reset by SQLite at the end of the transaction
+
+    def _failure(self, e: sqlite3.Error, *, writing: bool | None = None) -> StoreError:
+        """The StoreError for a sqlite3 error: in a write, UniqueViolation or StoreUnavailable; else a failed read."""
+        if not (self._writing if writing is None else writing):
+            return StoreError(f"cannot read the receipts database {self.location}: {e}")
+        if isinstance(e, sqlite3.IntegrityError) and e.sqlite_errorcode in _UNIQUE:
+            return UniqueViolation(f"cannot write the receipts database {self.location}: {e}")
+        return StoreUnavailable(f"cannot write the receipts database {self.location}: {e}")
+
+
+def _create_private_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+
+
+def _retry_while_locked(fn: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
