@@ -1,0 +1,165 @@
+"""
+Loading `reconcile:`: the read that looks for an operation's effect, never another write.
+
+    reconcile:
+      read: {url: "/api/articles/me?per_page=100"}        # GET or HEAD; POST only to a path in post_reads
+      find: {title: "{intent.article.title}"}              # templates name what the fingerprint records
+      absence_provable: true
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from proxy_addon.redaction import is_secret_header
+from proxy_addon.rules.load_classify import load_classify_rule
+from proxy_addon.rules.model import KEYS, TEMPLATE_VAR, FingerprintSpec, ReconcileSpec, template_variables
+from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, node_kind, scalar_value
+
+
+def load_reconcile(ctx: Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external_id: str | tuple[str, ...] | None,
+                   idempotent: bool = False) -> ReconcileSpec:
+    """An operation's `reconcile:` (`f` names the operation); `external_id` is the operation's, the default."""
+    f = f"{f}.reconcile"
+    rec = ctx.mapping(node, f, KEYS["reconcile"], ("read",))
+    allowed = template_variables(fp)
+    if not idempotent:
+        allowed.discard("idempotency_key")
+    read = ctx.mapping(rec["read"][1], f"{f}.read", KEYS["read"], ("url",))
+    method = _read_method(ctx, read, f)
+    url = _read_url(ctx, read, f, allowed)
+    headers = _read_headers(ctx, read, f, allowed)
+    body = _post_body(ctx, rec, read, f, method, url, allowed)
+    find, bounds = _find(ctx, rec, f, method, allowed)
+    items = ctx.string(rec["items"][1], f"{f}.items") if "items" in rec else None
+    absent_when = load_classify_rule(ctx, rec["absent_when"][1], f"{f}.absent_when", verdict=False) if "absent_when" in rec else None
+    provable, settle, retry = _absence(ctx, rec, f)
+    rec_external_id = (ctx.fields(rec["external_id"][1], f"{f}.external_id", allowed) if "external_id" in rec
+                       else external_id)
+    return ReconcileSpec(method=method, url=url, find=tuple(find), items=items, absence_provable=provable,
+                         retry_when_absent=retry, external_id=rec_external_id, body=body, settle=settle,
+                         absent_when=absent_when, headers=tuple(headers), bounds=tuple(bounds))
+
+
+def _read_method(ctx: Ctx, read: dict[str, Entry], f: str) -> str:
+    method = "GET"
+    if "method" in read:
+        method = ctx.string(read["method"][1], f"{f}.read.method").upper()
+        if method not in ("GET", "HEAD", "POST"):
+            raise ctx.error(read["method"][1], f"{f}.read.method",
+                            f"{method!r}: a reconcile read is GET or HEAD (or a POST to a path listed in post_reads), never a write")
+    return method
+
+
+def _read_url(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str]) -> str:
+    url = ctx.template(read["url"][1], f"{f}.read.url", allowed)
+    if not (url.startswith("/") or re.match(r"^https?://[^/{}]+", url)):
+        raise ctx.error(read["url"][1], f"{f}.read.url", f"{url!r} must be a path ('/api/...') or an http(s) URL with a fixed host")
+    return url
+
+
+def _read_headers(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str]) -> list[tuple[str, str]]:
+    """The read's own headers (lower-case name, value template); never ones that carry credentials."""
+    headers = []
+    if "headers" in read:
+        hnode = read["headers"][1]
+        for name, (knode, vnode) in ctx.entries(hnode, f"{f}.read.headers").items():
+            where = f"{f}.read.headers.{name}"
+            if not HEADER.match(name):
+                raise ctx.error(knode, where, f"{name!r} is not a valid header name")
+            low = name.lower()
+            if is_secret_header(low, ctx.credential_headers):
+                raise ctx.error(knode, where, f"{name!r} carries credentials: a read sends the request's own "
+                                              "(credentials.header), never a value written in a rules file")
+            headers.append((low, ctx.template(vnode, where, allowed)))
+    return headers
+
+
+def _post_body(ctx: Ctx, rec: dict[str, Entry], read: dict[str, Entry], f: str, method: str, url: str,
+               allowed: set[str]) -> dict[str, Any] | None:
+    """A POST read's JSON body (only to a path the file lists in post_reads); other reads have none."""
+    if method != "POST":
+        if "body" in read:
+            raise ctx.error(read["body"][1], f"{f}.read.body", f"a {method} read has no body; only a POST read does")
+        return None
+    path = re.sub(r"^https?://[^/]+", "", TEMPLATE_VAR.sub("x", url)).split("?", 1)[0] or "/"
+    if not any(t.match(path) is not None for t in ctx.post_reads):
+        listed = ", ".join(t.template for t in ctx.post_reads) or "none"
+        raise ctx.error(read["method"][1], f"{f}.read.method",
+                        f"a reconcile read is GET or HEAD, never a write; a POST read is allowed only to a path listed in post_reads (listed: {listed}); "
+                        f"{url!r} is not one of them")
+    if "body" not in read:
+        raise ctx.error(rec["read"][1], f"{f}.read.body", "a POST read needs a body (a mapping, sent as JSON)")
+    bnode = read["body"][1]
+    if not isinstance(bnode, yaml.MappingNode):
+        raise ctx.error(bnode, f"{f}.read.body", f"expected a mapping, got {node_kind(bnode)}")
+    body = {}
+    for key, value in bnode.value:
+        name = ctx.string(key, f"{f}.read.body")
+        if name == "query":  # a GraphQL document is sent as written; values go in variables
+            from proxy_addon.gql import read_is_query
+
+            body[name] = ctx.string(value, f"{f}.read.body.query")
+            if (why := read_is_query(body[name])) is not None:
+                raise ctx.error(value, f"{f}.read.body.query", why)
+        else:
+            body[name] = _json_body(ctx, value, f"{f}.read.body.{name}", allowed)
+    return body
+
+
+def _json_body(ctx: Ctx, node: yaml.Node, field_: str, allowed: set[str]) -> Any:
+    """A POST read's JSON body: its strings may be templates."""
+    if isinstance(node, yaml.MappingNode):
+        out = {}
+        for key, value in node.value:
+            name = ctx.string(key, field_)
+            out[name] = _json_body(ctx, value, f"{field_}.{name}", allowed)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_json_body(ctx, item, f"{field_}[{i}]", allowed) for i, item in enumerate(node.value)]
+    if node.tag == "tag:yaml.org,2002:str":
+        return ctx.template(node, field_, allowed)
+    return scalar_value(node)
+
+
+def _find(ctx: Ctx, rec: dict[str, Entry], f: str, method: str,
+          allowed: set[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """`find:`: field → value template, or field → {gte, lte} bounds (like created_at)."""
+    find: list[tuple[str, str]] = []
+    bounds: list[tuple[str, str, str]] = []
+    if "find" not in rec:
+        return find, bounds
+    fnode = rec["find"][1]
+    for name, (knode, vnode) in ctx.entries(fnode, f"{f}.find").items():
+        where = f"{f}.find.{name}"
+        if not DOTTED.match(name):
+            raise ctx.error(knode, where, f"{name!r} is not a dotted field path")
+        if isinstance(vnode, yaml.MappingNode):  # {gte: "{submitted_at_unix}"}: a bound, not a value
+            test = ctx.mapping(vnode, where, ("gte", "lte"))
+            if not test:
+                raise ctx.error(vnode, where, "expected gte or lte")
+            for kind, (_, bnode) in test.items():
+                bounds.append((name, kind, ctx.template(bnode, f"{where}.{kind}", allowed)))
+        else:
+            find.append((name, ctx.template(vnode, where, allowed)))
+    if not find and not bounds:
+        raise ctx.error(fnode, f"{f}.find", "must name at least one field; leave find out to let the read's status decide")
+    if method == "HEAD":
+        raise ctx.error(fnode, f"{f}.find", "a HEAD read has no body to search; use GET or leave find out")
+    return find, bounds
+
+
+def _absence(ctx: Ctx, rec: dict[str, Entry], f: str) -> tuple[bool, int, bool]:
+    """absence_provable, settle and retry_when_absent (the last two need the first)."""
+    provable = ctx.boolean(rec["absence_provable"][1], f"{f}.absence_provable") if "absence_provable" in rec else False
+    settle = ctx.duration(rec["settle"][1], f"{f}.settle") if "settle" in rec else 0
+    if "settle" in rec and not provable:
+        raise ctx.error(rec["settle"][1], f"{f}.settle", "needs absence_provable: true; settle says when absence counts")
+    retry = ctx.boolean(rec["retry_when_absent"][1], f"{f}.retry_when_absent") if "retry_when_absent" in rec else False
+    if retry and not provable:
+        raise ctx.error(rec["retry_when_absent"][1], f"{f}.retry_when_absent",
+                        "needs absence_provable: true; a retry is safe only when absence is proven")
+    return provable, settle, retry

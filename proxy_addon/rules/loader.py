@@ -1,0 +1,207 @@
+"""
+Loading rules files: YAML text → RuleFile, and a file or a folder of them → RuleSet.
+
+`load_rules` raises the first problem; `check_rules` lists them all (the first at the top
+level, else one per bad operation), for `receipts rules check`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from proxy_addon.errors import RulesError
+from proxy_addon.rules.load_operation import load_operation
+from proxy_addon.rules.model import IDENT, KEYS, Operation, PathTemplate, RuleFile, RuleSet, parse_path_template
+from proxy_addon.rules.nodes import HEADER, Ctx, Entry, node_kind
+
+_OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:[0-9]{1,5})?\Z")
+
+Credentials = tuple[tuple[str, ...], str | None, str | None]  # the credential headers, env var and scheme
+
+
+def load_rules(text: str, source: str = "<rules>") -> RuleFile:
+    """Parse one rules file. Raises RulesError naming `source`, the line and the field (the first problem)."""
+    problems: list[RulesError] = []
+    rf = _load(text, source, problems)
+    if problems:
+        raise problems[0]
+    assert rf is not None
+    return rf
+
+
+def check_rules(text: str, source: str = "<rules>") -> list[RulesError]:
+    """Every problem of one rules file: the first at the top level, else one per bad operation."""
+    problems: list[RulesError] = []
+    _load(text, source, problems)
+    return problems
+
+
+def load_rules_path(path: str | Path) -> RuleSet:
+    """Load one rules file, or every `*.yaml`/`*.yml` file in a folder (sorted by name).
+    Raises the first problem (`check_rules_path` lists them all)."""
+    _, loaded, problems = _load_path(path)
+    if problems:
+        raise problems[0]
+    return RuleSet.of(loaded)
+
+
+def check_rules_path(path: str | Path) -> tuple[list[Path], list[RulesError]]:
+    """The files checked and every problem found in them (`receipts rules check`)."""
+    files, _, problems = _load_path(path)
+    return files, problems
+
+
+def rules_files(path: str | Path) -> list[Path]:
+    """The rules files a path names: itself, or every *.yaml/*.yml in a folder, sorted."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file())
+    return [p] if p.is_file() else []
+
+
+def rules_signature(path: str | Path) -> tuple:
+    """What changes when a rules file is edited, added or removed: names, sizes and mtimes."""
+    try:
+        return tuple((str(x), x.stat().st_mtime_ns, x.stat().st_size) for x in rules_files(path))
+    except OSError:
+        return ()
+
+
+def _load_path(path: str | Path) -> tuple[list[Path], list[RuleFile], list[RulesError]]:
+    """Every rules file a path names, those that loaded, and every problem, in file order."""
+    files = rules_files(path)
+    if not files:
+        p = Path(path).expanduser()
+        what = "no *.yaml rules files in this folder" if p.is_dir() else "no such rules file or folder"
+        return [], [], [RulesError(what, source=str(p))]
+    loaded: list[RuleFile] = []
+    problems: list[RulesError] = []
+    for file in files:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            problems.append(RulesError(f"cannot read: {e}", source=str(file)))
+            continue
+        rf = _load(text, str(file), problems)
+        if rf is None:
+            continue
+        other = next((o for o in loaded if o.api == rf.api), None)
+        if other is not None:
+            problems.append(RulesError(f"api {rf.api!r} is already defined in {other.source}", source=str(file), field="api"))
+            continue
+        loaded.append(rf)
+    return files, loaded, problems
+
+
+def _load(text: str, source: str, problems: list[RulesError]) -> RuleFile | None:
+    try:
+        return _load_file(text, source, problems)
+    except RulesError as e:
+        problems.append(e)
+        return None
+
+
+def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile | None:
+    """One file: a problem at the top level raises; each bad operation is added to `problems`."""
+    ctx = Ctx(source)
+    node = _compose(text, source)
+    top = ctx.mapping(node, "", KEYS["file"], ("api", "hosts", "operations"))
+    api = ctx.string(top["api"][1], "api")
+    hosts = _hosts(ctx, top)
+    credentials = _credentials(ctx, top)
+    ctx.post_reads = _post_reads(ctx, top)
+    operations = _operations(ctx, top, api, credentials, problems)
+    if problems:
+        return None
+    return RuleFile(api=api, hosts=tuple(hosts), operations=tuple(operations), source=source,
+                    post_reads=ctx.post_reads)
+
+
+def _compose(text: str, source: str) -> yaml.Node:
+    """The YAML node tree of a file; RulesError for bad YAML or an empty file."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        problem = getattr(e, "problem", None) or str(e).split("\n", 1)[0]
+        line = mark.line + 1 if mark else None
+        if isinstance(e, yaml.reader.ReaderError) and isinstance(e.position, int):
+            line = text.count("\n", 0, e.position) + 1
+        raise RulesError(f"not valid YAML: {problem}", source=source, line=line) from None
+    except RecursionError:
+        raise RulesError("not valid YAML: nested too deeply", source=source) from None
+    if node is None:
+        raise RulesError("the file is empty; expected keys api, hosts and operations", source=source, line=1)
+    return node
+
+
+def _hosts(ctx: Ctx, top: dict[str, Entry]) -> list[str]:
+    hosts = []
+    for item, host in ctx.strings(top["hosts"][1], "hosts", allow_empty=False):
+        if not _HOST.match(host) or (":" in host and not 1 <= int(host.rsplit(":", 1)[1]) <= 65535):
+            raise ctx.error(item, "hosts", f"{host!r} is not a host name (lower case, optional '*.' prefix and ':port')")
+        hosts.append(host)
+    return hosts
+
+
+def _credentials(ctx: Ctx, top: dict[str, Entry]) -> Credentials:
+    """`credentials:`: the headers that carry them (lower case; also set on ctx), the env var and the scheme for CLI reads."""
+    credential_headers: tuple[str, ...] = ()
+    credentials_env = credentials_scheme = None
+    if "credentials" in top:
+        cred = ctx.mapping(top["credentials"][1], "credentials", KEYS["credentials"], ("header",))
+        names = []
+        for item, h in ctx.strings(cred["header"][1], "credentials.header", allow_empty=False):
+            if not HEADER.match(h):
+                raise ctx.error(item, "credentials.header", f"{h!r} is not a valid header name")
+            names.append(h.lower())
+        credential_headers = ctx.credential_headers = tuple(names)
+        if "env" in cred:
+            credentials_env = ctx.string(cred["env"][1], "credentials.env")
+            if not IDENT.match(credentials_env):
+                raise ctx.error(cred["env"][1], "credentials.env", f"{credentials_env!r} is not an environment variable name")
+        if "scheme" in cred:
+            credentials_scheme = ctx.string(cred["scheme"][1], "credentials.scheme")
+            if not HEADER.match(credentials_scheme):
+                raise ctx.error(cred["scheme"][1], "credentials.scheme", f"{credentials_scheme!r} is not an auth scheme like Bearer or Token")
+    return credential_headers, credentials_env, credentials_scheme
+
+
+def _post_reads(ctx: Ctx, top: dict[str, Entry]) -> tuple[PathTemplate, ...]:
+    """`post_reads:`: the POST paths of this API that only read (a search), which a reconcile read may use."""
+    post_reads = []
+    for item, template in ctx.strings(top["post_reads"][1], "post_reads") if "post_reads" in top else ():
+        try:
+            post_reads.append(parse_path_template(template))
+        except ValueError as e:
+            raise ctx.error(item, "post_reads", str(e)) from None
+    return tuple(post_reads)
+
+
+def _operations(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials,
+                problems: list[RulesError]) -> list[Operation]:
+    """The operations that load; each bad one is added to `problems` and the next one read."""
+    credential_headers, credentials_env, credentials_scheme = credentials
+    ops_node = top["operations"][1]
+    if not isinstance(ops_node, yaml.MappingNode):
+        raise ctx.error(ops_node, "operations", f"expected a mapping of operation names, got {node_kind(ops_node)}")
+    ops_map = ctx.entries(ops_node, "operations")
+    if not ops_map:
+        raise ctx.error(ops_node, "operations", "must list at least one operation")
+    operations = []
+    for name, (key, value) in ops_map.items():
+        try:
+            if not _OPERATION_NAME.match(name):
+                raise ctx.error(key, f"operations.{name}", "operation names use letters, digits, '.', '_' and '-'")
+            op = load_operation(ctx, api, name, value, credential_headers, credentials_env)
+        except RulesError as e:
+            problems.append(e)  # go on: `receipts rules check` reports every bad operation
+            continue
+        operations.append(replace(op, credentials_scheme=credentials_scheme, line=key.start_mark.line + 1))
+    return operations
+

@@ -1,0 +1,297 @@
+"""
+The rules model: the frozen values a rules file loads into, and how a request finds its operation.
+
+    rules = RuleSet.of([rule_file, ...])
+    m = rules.match("dev.to", 443, "POST", "/api/articles")   # Match(operation, params) or None
+
+Nothing here reads YAML (see loader.py); graphql-core loads only when a GraphQL rule meets a body.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from proxy_addon.states import State
+
+AfterSuccess = Literal["replay", "block", "allow"]
+AFTER_SUCCESS: tuple[str, ...] = ("replay", "block", "allow")
+METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS")
+CLASSIFIABLE = (State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN)
+ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the effect may already exist; read to decide
+
+
+# The keys each mapping of a rules file may have, in the order errors list them.
+# proxy_addon/rules.schema.json describes the same keys (a test keeps them in step).
+KEYS: dict[str, tuple[str, ...]] = {
+    "file": ("api", "hosts", "credentials", "post_reads", "operations"),
+    "credentials": ("header", "env", "scheme"),
+    "operation": ("description", "match", "fingerprint", "external_id", "after_success", "classify",
+                  "reconcile", "idempotency_key", "approve"),
+    "match": ("method", "path", "graphql"),
+    "fingerprint": ("path", "body", "query", "headers"),
+    "external_id": ("header",),
+    "classify_rule": ("status", "body", "headers", "state", "reason"),
+    "absent_when": ("status", "body", "headers"),
+    "check": ("present", "contains", "matches"),
+    "reconcile": ("read", "find", "items", "absent_when", "absence_provable", "settle", "retry_when_absent",
+                  "external_id"),
+    "read": ("method", "url", "headers", "body"),
+    "idempotency_key": ("header", "body", "format", "ttl"),
+}
+
+TEMPLATE_VAR = re.compile(r"\{([^{}]*)\}")  # a {name} in a path or reconcile template
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class PathTemplate:
+    template: str
+    params: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    def match(self, path: str) -> dict[str, str] | None:
+        m = self.regex.fullmatch(path)
+        return m.groupdict() if m else None
+
+
+@dataclass(frozen=True)
+class FingerprintSpec:
+    path: tuple[str, ...]
+    body: tuple[str, ...] | None  # None: the whole body; (): the body is ignored
+    query: tuple[str, ...] = ()
+    headers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Check:
+    """One test of a classify rule on a field or header: equal, one_of, present, contains or matches."""
+
+    kind: str
+    value: Any = None
+
+    def fits(self, found: list[Any]) -> bool:
+        """Whether any of the values found at a path (None: absent) passes the test."""
+        present = [v for v in found if v is not None]
+        if self.kind == "present":
+            return bool(present) == self.value
+        if self.kind == "equal":
+            return any(_same(v, self.value) for v in found)
+        if self.kind == "one_of":
+            return any(_same(v, x) for v in found for x in self.value)
+        if self.kind == "contains":
+            return any(isinstance(v, str) and self.value in v for v in present)
+        return any(isinstance(v, str) and self.value.search(v) for v in present)  # matches
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality with JSON's types: false is not 0, 1 is 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+@dataclass(frozen=True)
+class ClassifyRule:
+    """`classify:` list entry: when the status, body fields and headers fit, the answer is `state`."""
+
+    state: str  # a State, or ALREADY_EXISTS
+    statuses: tuple[str, ...] = ()  # "409", "4xx"; () → any
+    body: tuple[tuple[str, Check], ...] = ()
+    headers: tuple[tuple[str, Check], ...] = ()
+    reason: str | None = None
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class ReconcileSpec:
+    """How to look for an operation's effect with a read (never another write)."""
+
+    method: str  # GET or HEAD; POST only to a path the file lists in post_reads
+    url: str  # a template: absolute, or a path on the receipt's own origin
+    find: tuple[tuple[str, str], ...] = ()  # (dotted field of an item, value template); () → the status decides
+    items: str | None = None  # dotted path to the list in the JSON answer; None → the answer itself
+    absence_provable: bool = False  # "not found" in this read proves the effect does not exist
+    retry_when_absent: bool = False  # once absence is proven, the operation may be sent again
+    external_id: str | tuple[str, ...] | None = None  # field(s) of the found item naming it
+    body: Any = None  # POST reads: a JSON document whose strings are templates
+    settle: int = 0  # seconds after the outcome became unknown before "not found" proves absence
+    absent_when: ClassifyRule | None = None  # an answer that says "no such object" (a GraphQL error, a 404)
+    headers: tuple[tuple[str, str], ...] = ()  # (name, value template) sent with the read, never credentials
+    bounds: tuple[tuple[str, str, str], ...] = ()  # (field, "gte"|"lte", template): `find` by a range, like created_at
+
+
+@dataclass(frozen=True)
+class Operation:
+    api: str
+    name: str
+    method: str
+    path: PathTemplate
+    fingerprint: FingerprintSpec
+    credential_headers: tuple[str, ...]
+    external_id: str | tuple[str, ...] | None = None  # dotted field(s) of the JSON answer; several → joined with ':'
+    after_success: AfterSuccess = "replay"
+    classify: tuple[tuple[str, str], ...] = ()  # ("404", state) before ("4xx", state); state: a State or ALREADY_EXISTS
+    source: str = ""
+    reconcile: ReconcileSpec | None = None
+    idempotency_header: str | None = None  # the API deduplicates by this header; the proxy adds it
+    approve: bool = False  # an operator approves each request in mitmweb before it is sent
+    credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
+    graphql: str | None = None  # match only GraphQL mutations with this root field
+    classify_rules: tuple[ClassifyRule, ...] = ()  # `classify:` as a list; tried before `classify`
+    external_id_header: str | None = None  # the created object's id is in this response header
+    idempotency_body: str | None = None  # the proxy writes its key at this dotted path of the JSON body
+    idempotency_format: str = "receipt"  # receipt: receipt-<id>; uuid4
+    idempotency_ttl: int = 0  # seconds the API remembers a key (Stripe, Resend: 24h); 0: forever
+    credentials_scheme: str | None = None  # CLI reads send "<scheme> $VAR"
+    line: int = 0
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class Match:
+    operation: Operation
+    params: dict[str, str]
+    pending: bool = False  # a GraphQL operation: the body decides (RuleSet.match with body=...)
+    graphql_args: dict[str, Any] | None = None  # the root field's arguments, variables substituted
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    api: str
+    hosts: tuple[str, ...]
+    operations: tuple[Operation, ...]
+    source: str
+    post_reads: tuple[PathTemplate, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    files: tuple[RuleFile, ...] = ()
+    _exact: Mapping[str, tuple[tuple[RuleFile, Operation], ...]] = field(default_factory=dict, repr=False)
+    _wildcard: tuple[tuple[str, RuleFile, Operation], ...] = field(default=(), repr=False)
+
+    @classmethod
+    def of(cls, files: Iterable[RuleFile]) -> RuleSet:
+        files = tuple(files)
+        exact: dict[str, list] = {}
+        wildcard = []
+        for f in files:
+            for host in f.hosts:
+                for op in f.operations:
+                    if host.startswith("*."):
+                        wildcard.append((host[1:], f, op))
+                    else:
+                        exact.setdefault(host, []).append((f, op))
+        return cls(files, {h: tuple(v) for h, v in exact.items()}, tuple(wildcard))
+
+    @property
+    def operations(self) -> tuple[Operation, ...]:
+        return tuple(op for f in self.files for op in f.operations)
+
+    def _candidates(self, host: str, port: int) -> tuple[tuple[RuleFile, Operation], ...]:
+        """The operations of the files that name this host (exactly, with its port, or by a '*.' pattern)."""
+        host = host.lower().rstrip(".")
+        candidates = self._exact.get(f"{host}:{port}", ()) + self._exact.get(host, ())
+        if self._wildcard:
+            candidates += tuple(
+                (f, op)
+                for suffix, f, op in self._wildcard
+                if (host.endswith(suffix.split(":")[0]) and (":" not in suffix or suffix.endswith(f":{port}")))
+            )
+        return candidates
+
+    def files_for(self, host: str, port: int) -> list[RuleFile]:
+        """The rules files that name this host."""
+        return list({id(f): f for f, _ in self._candidates(host, port)}.values())
+
+    def post_reads(self, api: str) -> tuple[PathTemplate, ...]:
+        """The POST paths an API's file declares to be reads (`post_reads:`)."""
+        return next((f.post_reads for f in self.files if f.api == api), ())
+
+    def operation(self, api: str, name: str) -> Operation | None:
+        for f in self.files:
+            if f.api == api:
+                return next((op for op in f.operations if op.name == name), None)
+        return None
+
+    def match(self, host: str, port: int, method: str, path: str, body: bytes | None = None) -> Match | None:
+        """
+        The first operation whose host, method and path template fit, or None. A GraphQL
+        operation (`match.graphql`) also needs the body: without one, the first such candidate
+        comes back `pending`; with one, only the mutation with that root field fits.
+        """
+        candidates = self._candidates(host, port)
+        if not candidates:
+            return None
+        path = path.split("?", 1)[0]
+        mutation: dict[str, dict[str, Any]] | None = None
+        parsed = False
+        for _, op in candidates:
+            if op.method == method:
+                params = op.path.match(path)
+                if params is None:
+                    continue
+                if op.graphql is None:
+                    return Match(op, params)
+                if body is None:
+                    return Match(op, params, pending=True)
+                if not parsed:
+                    from proxy_addon.gql import mutation_fields  # graphql-core loads only for GraphQL rules
+
+                    mutation, parsed = mutation_fields(body), True
+                if mutation is not None and op.graphql in mutation:
+                    return Match(op, params, graphql_args=mutation[op.graphql])
+        return None
+
+
+def parse_path_template(template: str) -> PathTemplate:
+    """Compile `/api/articles/{id}` into a matcher. Raises ValueError with the reason."""
+    if not template.startswith("/"):
+        raise ValueError(f"path template {template!r} must start with '/'")
+    if "?" in template or "#" in template:
+        raise ValueError(
+            f"path template {template!r} contains a query or fragment; match the path only and list query parameters under fingerprint.query"
+        )
+    params: list[str] = []
+    pattern = ""
+    pos = 0
+    for m in TEMPLATE_VAR.finditer(template):
+        literal = template[pos : m.start()]
+        if "{" in literal or "}" in literal:
+            raise ValueError(f"unbalanced '{{' or '}}' in path template {template!r}")
+        name = m.group(1)
+        if not IDENT.match(name):
+            raise ValueError(f"parameter {{{name}}} in path template {template!r} is not a valid name (letters, digits, _)")
+        if name in params:
+            raise ValueError(f"parameter {{{name}}} appears twice in path template {template!r}")
+        params.append(name)
+        pattern += re.escape(literal) + f"(?P<{name}>[^/]+)"
+        pos = m.end()
+    rest = template[pos:]
+    if "{" in rest or "}" in rest:
+        raise ValueError(f"unbalanced '{{' or '}}' in path template {template!r}")
+    pattern += re.escape(rest.rstrip("/")) + "/?"  # '/api/articles/' is the same route as '/api/articles'
+    return PathTemplate(template, tuple(params), re.compile(pattern))
+
+
+def host_pattern(host: str) -> str:
+    """A rules host as a regex for mitmproxy's `allow_hosts`, which matches `host:port` strings."""
+    name, _, port = host.partition(":")
+    name_rx = r"(?:[^.:]+\.)+" + re.escape(name[2:]) if name.startswith("*.") else re.escape(name)
+    port_rx = re.escape(port) if port else "[0-9]+"
+    return rf"^{name_rx}\.?:{port_rx}$"
+
+
+def template_variables(fp: FingerprintSpec) -> set[str]:
+    """The names a reconcile template may use, given what the operation's fingerprint records."""
+    names = {"external_id", "idempotency_key", "submitted_at", "submitted_at_unix"}
+    names |= {f"path.{p}" for p in fp.path}
+    names |= {f"query.{q}" for q in fp.query}
+    names |= {f"header.{h}" for h in fp.headers}
+    names |= {f"intent.{b}" for b in fp.body or ()}
+    return names
