@@ -1,9 +1,9 @@
 """
-What the agent and mitmweb see: the proxy's own answers, markers and comments.
+What the agent gets when the proxy answers instead of the upstream.
 
-Every answer the proxy makes instead of the upstream is JSON an agent can read, with
-`X-Receipt-Id` and `X-Receipt-State` headers; pure functions of a receipt, so they are
-tested without a proxy.
+Every such answer is JSON an agent can read, with `X-Receipt-Id` and `X-Receipt-State`
+headers. These are pure functions of a receipt, returning an `Answer` (status, headers,
+body) that the mitmproxy layer turns into a response; they are tested without a proxy.
 """
 
 from __future__ import annotations
@@ -11,27 +11,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from typing import Any
-
-from mitmproxy import http
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, RecordedResponse
-
-MARKERS: dict[Any, str] = {  # mitmweb shows `:emoji_name:` markers (mitmproxy.utils.emoji)
-    State.AWAITING_APPROVAL: ":pause_button:",
-    State.SUBMITTED: ":outbox_tray:",
-    State.SUCCEEDED: ":white_check_mark:",
-    State.REJECTED: ":x:",
-    State.NOT_SENT: ":leftwards_arrow_with_hook:",
-    State.OUTCOME_UNKNOWN: ":warning:",
-    State.RECONCILING: ":hourglass:",
-    State.SAFE_TO_RETRY: ":arrows_counterclockwise:",
-    State.MANUAL_REVIEW: ":raised_hand:",
-    "blocked": ":no_entry:",
-    "replayed": ":recycle:",
-    "store_unavailable": ":stop_sign:",
-}
 
 HINTS = {
     State.AWAITING_APPROVAL: "the first attempt is waiting for an operator's approval in mitmweb",
@@ -50,37 +34,40 @@ UNRECORDED_HEADERS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A response the proxy makes itself. Header names and values are str (surrogate-escaped bytes allowed)."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
 def receipt_headers(receipt: Receipt) -> dict[str, str]:
     return {"X-Receipt-Id": receipt.operation_id, "X-Receipt-State": str(receipt.state)}
 
 
-def json_response(status: int, body: dict, headers: dict[str, str]) -> http.Response:
-    return http.Response.make(
-        status, json.dumps(body, indent=2) + "\n",
-        {"Content-Type": "application/json", "Cache-Control": "no-store", **headers},
-    )
+def json_answer(status: int, body: dict, headers: dict[str, str]) -> Answer:
+    content = (json.dumps(body, indent=2) + "\n").encode()
+    fields = {"Content-Type": "application/json", "Cache-Control": "no-store", **headers,
+              "content-length": str(len(content))}
+    return Answer(status, tuple(fields.items()), content)
 
 
-def comment(receipt: Receipt, prefix: str = "") -> str:
-    """The flow comment mitmweb shows: `receipt ID · api operation · state (status)`."""
-    detail = f" ({receipt.http_status})" if receipt.http_status else ""
-    retry = f" · retry of {receipt.retry_of}" if receipt.retry_of and not prefix else ""
-    return f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · {receipt.state}{detail}{retry}"
-
-
-def duplicate(receipt: Receipt, kind: str, *, retry_after: dt.datetime | None = None) -> http.Response:
+def duplicate(receipt: Receipt, kind: str, *, retry_after: dt.datetime | None = None,
+              now: dt.datetime | None = None) -> Answer:
     """
     The answer to a duplicate that is not forwarded: `blocked`, `blocked_succeeded` or
     `key_conflict`. `retry_after`: when a read can next prove the first attempt absent (settle).
     """
     base = {"operation_id": receipt.operation_id, "api": receipt.api, "operation": receipt.operation}
     if kind == "key_conflict":
-        return json_response(422, {
+        return json_answer(422, {
             "error": "idempotency_key_reused", **base,
             "hint": "this Idempotency-Key was already used for a different request; use a new key for a new request",
         }, receipt_headers(receipt))
     if kind == "blocked_succeeded":
-        return json_response(409, {
+        return json_answer(409, {
             "error": "duplicate_succeeded", **base, "state": str(receipt.state),
             "external_id": receipt.external_id, "completed_at": receipt.completed_at,
             "hint": "this operation already succeeded; it was not sent again",
@@ -95,36 +82,31 @@ def duplicate(receipt: Receipt, kind: str, *, retry_after: dt.datetime | None = 
         doc["retry_after"] = retry_after.isoformat().replace("+00:00", "Z")
         doc["hint"] = (f"the first attempt's outcome is unknown and this API's read proves absence only after a delay; "
                        f"send it again after {doc['retry_after']} to have it reconciled")
-        headers["Retry-After"] = str(max(1, math.ceil((retry_after - dt.datetime.now(dt.UTC)).total_seconds())))
-    return json_response(409, doc, headers)
+        wait = (retry_after - (now or dt.datetime.now(dt.UTC))).total_seconds()
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
+    return json_answer(409, doc, headers)
 
 
-def replay(receipt: Receipt) -> http.Response:
+def replay(receipt: Receipt) -> Answer:
     """The recorded response of a succeeded receipt, marked as a replay."""
     rec = receipt.response
     assert rec is not None
-    resp = http.Response.make(rec.status, rec.body)
-    resp.headers = http.Headers(
-        [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in rec.headers]
-    )
-    resp.headers["content-length"] = str(len(rec.body))
-    resp.headers["X-Receipt-Replayed"] = "true"
-    for k, v in receipt_headers(receipt).items():
-        resp.headers[k] = v
-    return resp
+    headers = [(k, v) for k, v in rec.headers if k.lower() not in ("content-length", *(h.lower() for h in receipt_headers(receipt)))]
+    headers += [("content-length", str(len(rec.body))), ("X-Receipt-Replayed", "true"), *receipt_headers(receipt).items()]
+    return Answer(rec.status, tuple(headers), rec.body)
 
 
-def unavailable(api: str, operation: str, why: str) -> http.Response:
-    return json_response(503, {
+def unavailable(api: str, operation: str, why: str) -> Answer:
+    return json_answer(503, {
         "error": "receipt_store_unavailable", "sent": False, "api": api, "operation": operation, "detail": why,
         "hint": "the request was not sent upstream; it is safe to retry once the receipts database is writable",
     }, {"Retry-After": "5"})
 
 
-def exchange_failed(operation_id: str, state: State, detail: str, *, timed_out: bool) -> http.Response:
+def exchange_failed(operation_id: str, state: State, detail: str, *, timed_out: bool) -> Answer:
     """The answer when the upstream exchange broke: `state` is not_sent or outcome_unknown."""
     sent = state is not State.NOT_SENT
-    return json_response(504 if timed_out else 502, {
+    return json_answer(504 if timed_out else 502, {
         "error": "outcome_unknown" if sent else "not_sent",
         "operation_id": operation_id, "state": str(state), "detail": detail,
         "hint": "the request may have taken effect; do not resend it until the receipt is reconciled"
@@ -132,21 +114,20 @@ def exchange_failed(operation_id: str, state: State, detail: str, *, timed_out: 
     }, {"X-Receipt-Id": operation_id, "X-Receipt-State": str(state)})
 
 
-def recorded(resp: http.Response, cap: int) -> tuple[RecordedResponse, bytes]:
-    """What is kept of an upstream response for replay (body up to `cap`), and its whole decoded body."""
-    body = resp.get_content(strict=False) or b""
-    return RecordedResponse(
-        status=resp.status_code,
-        headers=[(k, v) for k, v in resp.headers.items(multi=True) if k.lower() not in UNRECORDED_HEADERS],
-        body=body[:cap],
-        truncated=len(body) > cap,
-    ), body
-
-
-def denied(receipt: Receipt, reason: str) -> http.Response:
+def denied(receipt: Receipt, reason: str) -> Answer:
     """The answer when an operator denies a held request, or nobody decided in time."""
-    return json_response(403, {
+    return json_answer(403, {
         "error": "denied_by_operator", "operation_id": receipt.operation_id, "api": receipt.api,
         "operation": receipt.operation, "state": str(receipt.state), "reason": reason, "sent": False,
         "hint": "the request was not sent; ask the operator before trying it again",
     }, receipt_headers(receipt))
+
+
+def recorded(status: int, headers: Iterable[tuple[str, str]], body: bytes, cap: int) -> RecordedResponse:
+    """What is kept of an upstream answer for replay: its headers but credentials and framing, its decoded body up to `cap`."""
+    return RecordedResponse(
+        status=status,
+        headers=[(k, v) for k, v in headers if k.lower() not in UNRECORDED_HEADERS],
+        body=body[:cap],
+        truncated=len(body) > cap,
+    )

@@ -1,12 +1,23 @@
 """
-What happened to a forwarded request, as a receipt state.
+What happened to a forwarded request, as a receipt state: every mapping from an answer or a
+transport failure to a state lives here.
+
+    outcome = answer_outcome(status, reason, headers, body, op)    # the upstream answered
+    outcome = failure_outcome(exc)                                 # our own exchange failed (httpx)
+    outcome = error_outcome(message, tcp_setup=..., ...)           # mitmproxy's forwarding failed
 
 Responses: 2xx and 3xx → succeeded; 408 → outcome_unknown; other 4xx → rejected;
 5xx → outcome_unknown. An operation's `classify:` overrides this by status, or by
 status, body fields and headers (Slack's 200 `{"ok": false}`, GraphQL's `errors`), and
 may call an answer `already_exists`: evidence that the effect may exist, to be read.
 
-Errors (mitmproxy's `error` hook). What this relies on, read in mitmproxy 12.3's
+Transport failures of the addon's own exchange (httpx's exception types):
+- the connection was never established (ConnectError, which includes TLS handshake
+  failures; ConnectTimeout; PoolTimeout; an unsupported protocol) → not_sent;
+- anything after the request could have been written (WriteError, ReadError, ReadTimeout,
+  RemoteProtocolError, our overall deadline) → outcome_unknown.
+
+Errors of mitmproxy's own forwarding (its `error` hook, `receipts_forward=mitmproxy`). What this relies on, read in mitmproxy 12.3's
 `proxy/layers/http/__init__.py` and checked by the integration tests:
 - The addon runs with `connection_strategy=lazy`, so the server connection opens
   after the `request` hook and every upstream failure reaches the flow's error hook.
@@ -25,13 +36,79 @@ Errors (mitmproxy's `error` hook). What this relies on, read in mitmproxy 12.3's
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from proxy_addon.fingerprint import dig
-from proxy_addon.rules import ClassifyRule, Operation
+import httpx
+
+from proxy_addon.jsonpath import NOT_JSON, dig_all, id_in, parse_json
+from proxy_addon.rules import ALREADY_EXISTS, ClassifyRule, Operation
 from proxy_addon.states import State
+from proxy_addon.store import RecordedResponse
+
+__all__ = [
+    "Outcome", "answer_outcome", "classify_error", "classify_response", "classify_status", "dig_all",
+    "error_outcome", "external_id_of", "failure_outcome", "id_in", "maybe_sent", "never_sent",
+    "response_external_id", "rule_fits", "deadline_outcome",
+]
+
+NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to record of a forwarded write: its state, why, and what the answer told."""
+
+    state: State
+    reason: str
+    error: str | None = None
+    http_status: int | None = None
+    external_id: str | None = None
+    response: RecordedResponse | None = None
+    evidence: bool = False  # the answer says the effect may already exist: a read decides, now
+    timed_out: bool = False  # our own deadline passed
+
+    def fields(self) -> dict[str, Any]:
+        """The receipt fields `Store.transition` records with the state."""
+        out: dict[str, Any] = {"error": self.error} if self.error is not None else {}
+        if self.http_status is not None:
+            out.update(http_status=self.http_status, response=self.response)
+        if self.state is State.SUCCEEDED:
+            out.update(external_id=self.external_id)
+        return out
+
+
+def answer_outcome(status: int, phrase: str, headers: Mapping[str, str], body: bytes, op: Operation | None,
+                   recorded: RecordedResponse | None = None) -> Outcome:
+    """The outcome of an upstream answer (`headers` with lower-case names, `body` decoded)."""
+    verdict, why = classify_response(status, headers, body, op)
+    exists = verdict == ALREADY_EXISTS
+    state = State.OUTCOME_UNKNOWN if exists else State(verdict)
+    reason = f"upstream answered HTTP {status}" + (f": {why}" if why else "")
+    if exists:
+        reason += " (evidence that the effect may already exist: a read decides)"
+    return Outcome(
+        state, reason,
+        error=None if state is State.SUCCEEDED else f"HTTP {status} {phrase}".strip() + (f": {why}" if why else ""),
+        http_status=status, response=recorded, evidence=exists,
+        external_id=response_external_id(op, headers, body) if state is State.SUCCEEDED else None,
+    )
+
+
+def failure_outcome(e: BaseException) -> Outcome:
+    """The outcome when our own exchange raised instead of answering."""
+    detail = str(e) or type(e).__name__
+    if isinstance(e, NOT_SENT_ERRORS):
+        message = never_sent(detail)
+        return Outcome(State.NOT_SENT, message, error=message)
+    message = maybe_sent(f"{type(e).__name__}: {detail}")
+    return Outcome(State.OUTCOME_UNKNOWN, message, error=message)
+
+
+def deadline_outcome(seconds: float) -> Outcome:
+    message = f"outcome unknown: no answer within receipts_upstream_timeout ({seconds:g}s)"
+    return Outcome(State.OUTCOME_UNKNOWN, message, error=message, timed_out=True)
 
 
 def classify_response(status: int, headers: Mapping[str, str], body: bytes, op: Operation | None = None) -> tuple[str, str | None]:
@@ -58,41 +135,15 @@ def rule_fits(rule: ClassifyRule, status: int, headers: Mapping[str, str], body:
     if rule.body:
         parsed = [] if parsed is None else parsed
         if not parsed:
-            parsed.append(_json(body))
+            parsed.append(parse_json(body))
         doc = parsed[0]
-        if doc is _UNPARSED or not all(check.fits(dig_all(doc, path)) for path, check in rule.body):
+        if doc is NOT_JSON or not all(check.fits(dig_all(doc, path)) for path, check in rule.body):
             return False
     return True
 
 
-_UNPARSED = object()
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body) if body else _UNPARSED
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return _UNPARSED
-
-
 def _status_fits(status: int, keys: tuple[str, ...]) -> bool:
     return str(status) in keys or f"{status // 100}xx" in keys
-
-
-def dig_all(value: Any, dotted: str) -> list[Any]:
-    """Every value at a dotted path where `*` is any item of a list; [None] when there is none."""
-    values = [value]
-    for part in dotted.split("."):
-        nxt = []
-        for v in values:
-            if part == "*" and isinstance(v, list):
-                nxt += v
-            elif isinstance(v, dict) and part in v:
-                nxt.append(v[part])
-            elif isinstance(v, list) and part.isdecimal() and int(part) < len(v):
-                nxt.append(v[int(part)])
-        values = nxt
-    return values or [None]
 
 
 def classify_status(status: int, op: Operation | None = None) -> State:
@@ -118,6 +169,15 @@ def maybe_sent(detail: str) -> str:
     return f"outcome unknown: the request may have reached the upstream ({detail})"
 
 
+def error_outcome(message: str, *, tcp_setup: float | None, tls: bool, tls_setup: float | None,
+                  deadline_passed: bool = False) -> Outcome:
+    """The outcome of a failure in mitmproxy's own forwarding (its `error` hook)."""
+    if deadline_passed:
+        message = f"no answer within receipts_upstream_timeout ({message})"
+    state, reason = classify_error(message, tcp_setup=tcp_setup, tls=tls, tls_setup=tls_setup)
+    return Outcome(state, reason, error=message)
+
+
 def classify_error(
     message: str, *, tcp_setup: float | None, tls: bool, tls_setup: float | None
 ) -> tuple[State, str]:
@@ -133,24 +193,10 @@ def classify_error(
 
 def external_id_of(body: bytes, dotted: str | tuple[str, ...] | None) -> str | None:
     """The value at `dotted` in a JSON response body, as a string, or None. Several fields: joined with ':'."""
-    if not dotted or not body:
+    if not dotted:
         return None
-    try:
-        doc: Any = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    return id_in(doc, dotted)
-
-
-def id_in(doc: Any, dotted: str | tuple[str, ...]) -> str | None:
-    """The id at a dotted field (or the fields joined with ':') of parsed JSON, or None if any is missing."""
-    parts = []
-    for path in (dotted,) if isinstance(dotted, str) else dotted:
-        value = dig(doc, path)
-        if value is None or isinstance(value, (dict, list)):
-            return None
-        parts.append(value if isinstance(value, str) else json.dumps(value))
-    return ":".join(parts)
+    doc = parse_json(body)
+    return None if doc is NOT_JSON else id_in(doc, dotted)
 
 
 def response_external_id(op: Operation | None, headers: Mapping[str, str], body: bytes) -> str | None:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
-import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,8 +31,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from proxy_addon import identity
+from proxy_addon.jsonpath import dig, parse_json
 from proxy_addon.redaction import REDACTED, credential_names, redact_url
 from proxy_addon.rules import Match
+from proxy_addon.store import Attempt
+
+logger = logging.getLogger(__name__)
 
 _MISSING = object()
 
@@ -60,18 +65,6 @@ class Intent:
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def dig(value: Any, dotted: str) -> Any:
-    """The value at a dotted path (`article.title`, `items.0.sku`) in parsed JSON, or None."""
-    for part in dotted.split("."):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdecimal() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return None
-    return value
 
 
 def multipart_parts(content_type: str, body: bytes) -> dict[str, Any] | None:
@@ -152,13 +145,9 @@ def _body_view(fields: tuple[str, ...] | None, headers: Mapping[str, str], body:
             else:
                 return {"form": {f: _one(form.get(f)) for f in fields}}
         else:
-            try:
-                doc = json.loads(body)
-            except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse: hashed whole
-                pass
-            else:
-                if isinstance(doc, dict):  # a bare number, string or list has no fields: hashed whole
-                    return {"body": {f: dig(doc, f) for f in fields}}
+            doc = parse_json(body)  # not JSON, or nested too deeply to parse: hashed whole
+            if isinstance(doc, dict):  # a bare number, string or list has no fields: hashed whole
+                return {"body": {f: dig(doc, f) for f in fields}}
     # Not JSON or form, or the rule names no fields: the whole body identifies the intent.
     return {"body_sha256": hashlib.sha256(body).hexdigest()}
 
@@ -210,6 +199,29 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
         intent=intent,
         principal=principal,
         target=redact_url(req.scheme, req.host, req.port, req.path),
+    )
+
+
+def build_attempt(match: Match, req: RequestView, key: bytes, *, flow_id: str | None = None,
+                  instance: str | None = None) -> Attempt:
+    """Everything the store needs to decide about a matched request before it is sent."""
+    op = match.operation
+    intent = fingerprint(match, req, key)
+    agent_key = req.headers.get((op.idempotency_header or "Idempotency-Key").lower())
+    given_key, idempotency = None, op.idempotency_header is not None
+    if op.idempotency_body:
+        # An id the API deduplicates by, in the body: the agent's own, or ours if there is room.
+        given_key, idempotency = identity.body_key(op, req.body, match.graphql_args)
+        if not idempotency:
+            logger.warning("%s %s: no place for %s in this body; sent without a proxy-chosen id",
+                           op.api, op.name, op.idempotency_body)
+    return Attempt(
+        api=op.api, operation=op.name, method=req.method,
+        target=intent.target, intent_fingerprint=intent.fingerprint, intent=intent.intent,
+        principal=intent.principal, flow_id=flow_id, instance=instance,
+        client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
+        idempotency=idempotency, approval=op.approve, key_format=op.idempotency_format,
+        given_key=given_key,
     )
 
 

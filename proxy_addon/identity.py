@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from proxy_addon import gql
-from proxy_addon.fingerprint import dig
+from proxy_addon.jsonpath import NOT_JSON, dig, parse_json
 from proxy_addon.rules import Operation
 
 
@@ -44,10 +44,10 @@ def body_key(op: Operation, body: bytes, graphql_args: dict[str, Any] | None = N
     if op.graphql is not None:
         given = dig(graphql_args or {}, op.idempotency_body)
     else:
-        try:
-            given = dig(json.loads(body), op.idempotency_body)
-        except (UnicodeDecodeError, ValueError, RecursionError):
+        doc = parse_json(body)
+        if doc is NOT_JSON:
             return None, False
+        given = dig(doc, op.idempotency_body)
     if given is not None:
         return (given if isinstance(given, str) else json.dumps(given)), True
     return None, with_body_key(op, body, "probe") is not None
@@ -55,9 +55,8 @@ def body_key(op: Operation, body: bytes, graphql_args: dict[str, Any] | None = N
 
 def with_body_key(op: Operation, body: bytes, key: str) -> bytes | None:
     """The JSON body with `key` at the rule's path, or None when the body has no place for it."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+    doc = parse_json(body)
+    if doc is NOT_JSON:
         return None
     node, path = _target(op, doc, body)
     if node is None and op.graphql is not None:  # an inline argument: write it into the document

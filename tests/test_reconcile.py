@@ -5,6 +5,8 @@ and from the `receipts reconcile` CLI. The upstream counts the reads and the wri
 
 from __future__ import annotations
 
+import asyncio
+
 import datetime as dt
 import json
 import subprocess
@@ -13,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy_addon.reconcile import ReadRequest, ReconcileError, perform_read
+from proxy_addon.errors import ReconcileError
+from proxy_addon.reads import ReadRequest, perform_read
 from proxy_addon.store import Receipt, Store
 from tests.conftest import SECRETS, Clients, Proxy, at_once, wait_for
 
@@ -190,7 +193,7 @@ def test_cli_reconcile_decides_with_a_read_the_upstream_received(clients, proxy,
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
 def test_perform_read_refuses_writes(method, upstream):
     with pytest.raises(ReconcileError, match="never a write"):
-        perform_read(ReadRequest(method, f"{upstream.url}/api/x/things"), {})
+        asyncio.run(perform_read(ReadRequest(method, f"{upstream.url}/api/x/things"), {}))
     assert upstream.seen("/api/x/things") == 0
 
 

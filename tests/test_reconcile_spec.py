@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 
 import pytest
 
 from proxy_addon.errors import RulesError
-from proxy_addon.reconcile import ReadRequest, ReconcileError, judge, perform_read, plan_read, render
+from proxy_addon.errors import ReconcileError
+from proxy_addon.judge import judge
+from proxy_addon.reads import ReadRequest, perform_read, plan_read, render
 from proxy_addon.rules import load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
@@ -168,4 +172,4 @@ def test_secrets_in_the_read_url_are_redacted_in_the_reason():
 @pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
 def test_perform_read_refuses_anything_but_get_and_head(method):
     with pytest.raises(ReconcileError, match="never a write"):
-        perform_read(ReadRequest(method, "http://127.0.0.1:9/never"), {})
+        asyncio.run(perform_read(ReadRequest(method, "http://127.0.0.1:9/never"), {}))

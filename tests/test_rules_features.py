@@ -16,7 +16,10 @@ from proxy_addon import gql, identity
 from proxy_addon.classify import classify_response, dig_all, response_external_id
 from proxy_addon.errors import RulesError
 from proxy_addon.fingerprint import RequestView, fingerprint, multipart_parts
-from proxy_addon.reconcile import ReadRequest, ReconcileError, _check, judge, plan_read
+from proxy_addon.errors import ReconcileError
+from proxy_addon.judge import judge
+from proxy_addon.reads import ReadRequest, plan_read
+from proxy_addon.reads import check_read as _check
 from proxy_addon.rules import ALREADY_EXISTS, Match, RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Receipt

@@ -1,19 +1,34 @@
-"""`receipts reconcile`: resolve unknown outcomes with a read, never another write."""
+"""
+`receipts reconcile`: resolve unknown outcomes with a read, never another write.
+
+The same reconcile the proxy runs (proxy_addon/reconcile.py), under `asyncio.run`. Reads
+verify TLS like the proxy's: `--cacert FILE` (else $SSL_CERT_FILE / $SSL_CERT_DIR, else the
+certifi bundle), or `--insecure`. A read that fails (a transport error, an answer that is not
+2xx or cannot be judged) proves nothing: the command says which receipts and why on stderr,
+and exits 1.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 import os
 import sys
 
 from proxy_addon.cli.values import HEADER_NAME, UsageError, cli_actor, positive_seconds, sendable
 from proxy_addon.errors import IllegalTransition, RulesError
 from proxy_addon.paths import default_rules
-from proxy_addon.reconcile import reconcile
-from proxy_addon.rules import Operation, load_rules_path
+from proxy_addon.reads import ReadSettings
+from proxy_addon.reconcile import Reconciled, reconcile
+from proxy_addon.rules import Operation, RuleSet, load_rules_path
 from proxy_addon.states import State
-from proxy_addon.store import Store
+from proxy_addon.store import Receipt, Store
+from proxy_addon.upstream import Upstream
+
+T = TypeVar("T")
 
 
 def reconcile_args(p: argparse.ArgumentParser) -> None:
@@ -25,21 +40,18 @@ def reconcile_args(p: argparse.ArgumentParser) -> None:
                    help="a credential header for the reads (repeatable); default: the env var the rule names "
                         "in credentials.env")
     p.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds a read may take (default 30)")
+    p.add_argument("--cacert", metavar="FILE",
+                   help="trust this CA bundle for the reads (default: $SSL_CERT_FILE, else the certifi bundle), "
+                        "like the proxy's ssl_verify_upstream_trusted_ca")
+    p.add_argument("--insecure", action="store_true",
+                   help="do not verify the upstream's certificate (like the proxy's ssl_insecure)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def reconcile_run(store: Store, args: argparse.Namespace) -> int:
     if bool(args.operation_ids) == args.all:
         raise UsageError("name the receipts to reconcile, or pass --all")
-    headers = {}
-    for h in args.header:
-        name, sep, value = h.partition(":")
-        if not sep or not HEADER_NAME.match(name.strip()):
-            raise UsageError(f"--header {h.partition(':')[0]!r}...: not 'Name: value' with a header name")
-        if not sendable(value.strip()):
-            raise UsageError(f"--header {name.strip()}: the value has characters a header cannot carry "
-                             "(only printable ASCII)")
-        headers[name.strip().lower()] = value.strip()
+    headers = _header_credentials(args.header)
     try:
         rules = load_rules_path(args.rules or default_rules())
     except RulesError as e:
@@ -48,31 +60,65 @@ def reconcile_run(store: Store, args: argparse.Namespace) -> int:
         ids = [r.operation_id for r in store.list(states=[State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW], limit=None)]
     else:
         ids = [store.get(i).operation_id for i in args.operation_ids]  # unknown ids fail before any read
-    results, failed = [], 0
+    upstream = Upstream.from_env(ca_file=args.cacert, insecure=args.insecure)
+    results, errors = asyncio.run(_reconcile_all(store, rules, ids, headers, upstream, args))
+    if args.json:
+        print(json.dumps(results, indent=2))
+    elif not ids:
+        print("nothing to reconcile: no outcome_unknown or manual_review receipts")
+    failed_reads = [r for r in results if r["read_failed"]]
+    if failed_reads:
+        noun = "read" if len(failed_reads) == 1 else "reads"
+        print(f"Error: {len(failed_reads)} {noun} failed and proved nothing:", file=sys.stderr)
+        for r in failed_reads:
+            print(f"  {r['operation_id']} {r['operation']}: {r['reason']}", file=sys.stderr)
+    return 1 if errors or failed_reads else 0
+
+
+async def _reconcile_all(store: Store, rules: RuleSet, ids: list[str], headers: dict[str, str], upstream: Upstream,
+                         args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
+    async def calls(fn: Callable[[Store], T]) -> T:
+        return fn(store)
+
+    results, errors = [], 0
     for n, operation_id in enumerate(ids, 1):
         before = store.get(operation_id)
         if len(ids) > 1:
             print(f"[{n}/{len(ids)}] {operation_id} {before.api}/{before.operation} ...", file=sys.stderr, flush=True)
         op = rules.operation(before.api, before.operation)
-        credentials = headers or _env_credentials(op)
+        settings = ReadSettings(upstream=upstream, timeout=args.timeout, post_reads=rules.post_reads(before.api))
         try:
-            after = reconcile(store, op, operation_id, credentials, actor=cli_actor(), timeout=args.timeout,
-                              post_reads=rules.post_reads(before.api))
+            done = await reconcile(calls, op, operation_id, headers or _env_credentials(op), settings=settings,
+                                   actor=cli_actor())
         except IllegalTransition as e:
-            failed += 1
+            errors += 1
             print(f"Error: {e}", file=sys.stderr)
             continue
-        reason = store.events(operation_id)[-1].reason
-        results.append({"operation_id": operation_id, "operation": f"{after.api}/{after.operation}",
-                        "from": str(before.state), "state": str(after.state),
-                        "external_id": after.external_id, "reason": reason})
+        results.append(_result(before, done))
         if not args.json:
-            print(f"{operation_id}  {before.state} → {after.state}  {reason}")
-    if args.json:
-        print(json.dumps(results, indent=2))
-    elif not ids:
-        print("nothing to reconcile: no outcome_unknown or manual_review receipts")
-    return 1 if failed else 0
+            print(f"{operation_id}  {before.state} → {done.receipt.state}  {done.verdict.reason}")
+    return results, errors
+
+
+def _result(before: Receipt, done: Reconciled) -> dict[str, Any]:
+    after = done.receipt
+    return {"operation_id": after.operation_id, "operation": f"{after.api}/{after.operation}",
+            "from": str(before.state), "state": str(after.state), "external_id": after.external_id,
+            "reason": done.verdict.reason, "read_failed": done.verdict.failed}
+
+
+def _header_credentials(given: list[str]) -> dict[str, str]:
+    """`--header 'Name: value'` options as credential headers (lower-case names)."""
+    headers = {}
+    for h in given:
+        name, sep, value = h.partition(":")
+        if not sep or not HEADER_NAME.match(name.strip()):
+            raise UsageError(f"--header {h.partition(':')[0]!r}...: not 'Name: value' with a header name")
+        if not sendable(value.strip()):
+            raise UsageError(f"--header {name.strip()}: the value has characters a header cannot carry "
+                             "(only printable ASCII)")
+        headers[name.strip().lower()] = value.strip()
+    return headers
 
 
 def _env_credentials(op: Operation | None) -> dict[str, str]:

@@ -46,7 +46,7 @@ RECONCILE_CASES = [
     pytest.param("things", "x", ["x"], "404", [], None, "manual_review", None,
                  "{read} → HTTP 404: the read failed, nothing is proven", "", id="list-read-answers-404"),
     pytest.param("things", "x", ["x"], "hang", ["--timeout", "0.1"], None, "manual_review", None,
-                 "read failed: timed out", "", id="read-times-out"),
+                 "{read} failed: ReadTimeout", "", id="read-times-out"),
     pytest.param("lookups", "2", ["a", "b"], None, [], None, "succeeded", "2",
                  "{read} → HTTP 200: found", "/2", id="status-decides-found"),
     pytest.param("lookups", "3", ["a", "b"], None, [], None, "safe_to_retry", None,
@@ -74,7 +74,10 @@ def test_reconcile(recon, capsys, start, kind, title, items, fault, argv, rule, 
     before = history(recon.store, rid)
     reason = reason.format(read=f"read GET {recon.up.url}{read_path}")
     code, out, err = recon.run(capsys, rid, *argv)
-    assert (code, err) == (0, "")  # one receipt: no progress lines
+    if "failed" in reason:  # a read that fails proves nothing: said on stderr, and the exit status is 1
+        assert (code, err) == (1, f"Error: 1 read failed and proved nothing:\n  {rid} {api}/{operation}: {reason}\n")
+    else:
+        assert (code, err) == (0, "")  # one receipt: no progress lines
     assert out == f"{rid}  {start} → {state}  {reason}\n"
     r = recon.store.get(rid)
     assert (r.state, r.external_id) == (state, external_id)
@@ -106,10 +109,10 @@ def test_reconcile_json(recon, capsys):
     results = json.loads(out)
     assert results == [
         {"operation_id": found, "operation": "test-api/things.create", "from": "outcome_unknown",
-         "state": "succeeded", "external_id": "2",
+         "state": "succeeded", "external_id": "2", "read_failed": False,
          "reason": f"{recon.read_of('things')} → HTTP 200: found among 2 items (id=2)"},
         {"operation_id": unproven, "operation": "test-api/notes.create", "from": "manual_review",
-         "state": "manual_review", "external_id": None,
+         "state": "manual_review", "external_id": None, "read_failed": False,
          "reason": f"{recon.read_of('notes')} → HTTP 200: not found among 0 items; "
                    "the rule does not say this read proves absence"},
     ]

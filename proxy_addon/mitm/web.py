@@ -1,13 +1,11 @@
 """
-The receipts story in mitmweb: a "Receipt" content view and `receipts.*` commands.
+The receipts story in mitmweb: a "Receipt" content view (commands are in commands.py).
 
 - The Receipt view shows a flow's receipt: state, fingerprint, sanitized intent and event
   history. For a blocked or replayed duplicate it shows the original receipt. mitmproxy
   picks it by itself for the proxy's own answers (blocked, replayed, denied); for other
   matched flows choose "Receipt" in the body's view menu.
-- Commands (mitmproxy's command prompt, `:` in mitmproxy; mitmweb 12 has no command bar,
-  but its flows API and the console run them): `receipts.show @focus`,
-  `receipts.reconcile @focus`, `receipts.resolve @focus succeeded "the post is live"`.
+- `ReceiptWeb` is the small addon that registers the view when mitmproxy loads it.
 """
 
 from __future__ import annotations
@@ -15,12 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from mitmproxy import contentviews, flow
+from mitmproxy import contentviews
+from mitmproxy.addonmanager import Loader
 from mitmproxy.contentviews import Metadata
 
+from proxy_addon.mitm.flows import meta_of
 from proxy_addon.store import Receipt, Store
 
-META = "receipts"
 ANSWERED = ("blocked", "replay", "blocked_succeeded", "key_conflict", "denied")  # the proxy answered
 
 
@@ -65,19 +64,25 @@ class ReceiptView(contentviews.Contentview):
         self.reader = reader
 
     def prettify(self, data: bytes, metadata: Metadata) -> str:
-        meta = _meta(metadata.flow)
+        meta = meta_of(metadata.flow)
         store = self.reader()
         if not meta or store is None:
             raise ValueError("this flow has no receipt")
         return describe(store, meta["operation_id"], answer=meta.get("answer"))
 
     def render_priority(self, data: bytes, metadata: Metadata) -> float:
-        meta = _meta(metadata.flow)
+        meta = meta_of(metadata.flow)
         if not meta:
             return -1
         return 2 if meta.get("answer") in ANSWERED else 0.05  # ours for the proxy's own answers; else by choice
 
 
-def _meta(f: flow.Flow | None) -> dict | None:
-    meta = f.metadata.get(META) if f is not None else None
-    return meta if meta and "operation_id" in meta else None
+class ReceiptWeb:
+    """Registers the Receipt content view. mitmproxy 12 cannot unregister a view (contentviews.remove
+    is a no-op); a reloaded script registers its view again under the same name, which replaces this one."""
+
+    def __init__(self, reader: Callable[[], Store | None]):
+        self.view = ReceiptView(reader)
+
+    def load(self, loader: Loader) -> None:
+        contentviews.add(self.view)

@@ -1,0 +1,202 @@
+"""
+The gate: what happens to a matched write between "it arrived" and "its outcome is recorded".
+
+    gate = Gate(StoreThread(store), GateSettings(replay_window=86400, wait_submitted=30))
+    admitted = await gate.admit(build_attempt, op, credentials)   # forward, or the answer for a duplicate
+    ...send it once...
+    receipt = await gate.record(operation_id, outcome, flow_id=flow.id, op=op, credentials=credentials)
+
+`admit` owns the sequence admit → wait for an in-flight original → reconcile → decide again:
+1. the store decides in one committed transaction: a new receipt to forward, or a duplicate
+   of an existing one;
+2. a duplicate of a receipt still `submitted` waits for its outcome (up to `wait_submitted`),
+   on this process's own event or by polling the store when another process sent it;
+3. a duplicate of an `outcome_unknown` receipt that can be settled now is reconciled with a
+   read, with the duplicate's own credentials; concurrent duplicates share one read;
+4. the store decides again, and only this final answer is recorded in the receipt's events.
+
+`record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait
+for it, and reconciles at once when the answer says the effect may already exist.
+Nothing here imports mitmproxy: the tests drive the gate directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from proxy_addon.classify import Outcome
+from proxy_addon.errors import IllegalTransition, StoreError
+from proxy_addon.reads import ReadSettings
+from proxy_addon.reconcile import reconcilable_now, reconcile
+from proxy_addon.rules import Operation, PathTemplate
+from proxy_addon.states import State
+from proxy_addon.store import Attempt, Decision, Receipt, Store
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StoreThread:
+    """One store on a thread of its own: calls run there one at a time, and the event loop never waits on SQLite."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="receipts-store")
+
+    async def __call__(self, fn: Callable[[Store], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self.store)
+
+    def wait(self, fn: Callable[[Store], T], timeout: float | None = None) -> T:
+        """Run a call from outside the event loop (or before it runs) and wait for its result."""
+        return self._executor.submit(fn, self.store).result(timeout=timeout)
+
+    def close(self, *, wait: bool = True) -> None:
+        self._executor.submit(self.store.close)
+        self._executor.shutdown(wait=wait)
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    replay_window: float = 86400.0  # seconds after success during which a duplicate gets the recorded answer
+    wait_submitted: float = 30.0  # seconds a duplicate of an in-flight request waits for its outcome
+    reads: ReadSettings = field(default_factory=ReadSettings)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    decision: Decision
+    attempt: Attempt
+
+
+class Gate:
+    def __init__(self, calls: StoreThread, settings: GateSettings | None = None, *,
+                 post_reads: Callable[[str], tuple[PathTemplate, ...]] = lambda api: (),
+                 on_change: Callable[[Receipt], None] = lambda receipt: None):
+        self.calls = calls
+        self.settings = settings or GateSettings()
+        self.post_reads = post_reads
+        self.on_change = on_change  # a receipt changed here outside a flow's own hooks (a reconcile)
+        self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
+        self._reconciles: dict[str, asyncio.Task[Receipt | None]] = {}  # receipt id → the read in progress
+
+    def _now(self) -> Any:
+        return self.calls.store.clock()
+
+    def _follows_up(self, op: Operation, d: Decision) -> bool:
+        """A duplicate that first waits for the original's outcome, or reconciles it."""
+        state = d.receipt.state
+        return d.kind == "blocked" and (
+            (state is State.SUBMITTED and self.settings.wait_submitted > 0)
+            or (state is State.OUTCOME_UNKNOWN and reconcilable_now(op, d.receipt, self._now()))
+        )
+
+    async def admit(self, attempt: Attempt | Callable[[], Attempt], op: Operation,
+                    credentials: Mapping[str, str]) -> Admitted:
+        """Decide what to do with a matched write; StoreError when the store cannot decide (do not forward)."""
+        built: list[Attempt] = []
+
+        def decide(final: bool) -> Callable[[Store], Decision]:
+            def run(store: Store) -> Decision:
+                if not built:  # built once, on the store's thread (fingerprinting a large body)
+                    built.append(attempt() if callable(attempt) else attempt)
+                # Only the answer a duplicate finally gets is recorded.
+                return store.begin_attempt(built[0], after_success=op.after_success,
+                                           replay_window=self.settings.replay_window,
+                                           record_duplicate=True if final else (lambda d: not self._follows_up(op, d)))
+            return run
+
+        decision = await self.calls(decide(False))
+        if self._follows_up(op, decision):
+            receipt = decision.receipt
+            if receipt.state is State.SUBMITTED:
+                await self.wait_for_outcome(receipt.operation_id, self.settings.wait_submitted)
+                receipt = await self.calls(lambda s: s.get(receipt.operation_id))
+            if receipt.state is State.OUTCOME_UNKNOWN and reconcilable_now(op, receipt, self._now()):
+                await self.reconcile(op, receipt, credentials, reason="a duplicate arrived: reconciling with a read")
+            decision = await self.calls(decide(True))
+        if decision.kind == "forward":
+            self._outcomes[decision.receipt.operation_id] = asyncio.Event()
+        return Admitted(decision, built[0])
+
+    async def record(self, operation_id: str, outcome: Outcome, *, flow_id: str | None = None,
+                     op: Operation | None = None, credentials: Mapping[str, str] | None = None) -> Receipt | None:
+        """
+        Record a forwarded write's outcome; the receipt, or None when the store refused (it stays
+        submitted, and becomes outcome_unknown when the proxy restarts). An `evidence` outcome
+        (the answer says the effect may exist) is reconciled at once with the request's credentials.
+        """
+        try:
+            receipt = await self.calls(lambda s: s.transition(
+                operation_id, outcome.state, reason=outcome.reason, expect=[State.SUBMITTED], flow_id=flow_id,
+                **outcome.fields()))
+        except StoreError as e:
+            logger.error("receipt %s: could not record %s (%s): %s; it stays submitted and becomes "
+                         "outcome_unknown when the proxy restarts", operation_id, outcome.state, outcome.reason, e)
+            return None
+        finally:
+            if (event := self._outcomes.pop(operation_id, None)) is not None:
+                event.set()  # duplicates waiting for this outcome decide again
+        level = logging.INFO if receipt.state is State.SUCCEEDED else logging.WARNING
+        logger.log(level, "receipt %s %s %s %s %s: %s (%s)", receipt.operation_id, receipt.api, receipt.operation,
+                   receipt.method, receipt.target, receipt.state, outcome.reason)
+        if outcome.evidence and op is not None:
+            settled = await self.reconcile(op, receipt, credentials or {}, evidence=True,
+                                           reason="the answer says it may already exist: reconciling with a read")
+            receipt = settled or await self.calls(lambda s: s.get(operation_id))
+        return receipt
+
+    async def wait_for_outcome(self, operation_id: str, timeout: float) -> None:
+        """
+        Wait, without holding a thread, until a submitted receipt has an outcome or `timeout`
+        passes: on this process's own event, or by polling the store when another proxy
+        process sent the original.
+        """
+        event = self._outcomes.get(operation_id)
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
+            receipt = await self.calls(lambda s: s.get(operation_id))
+            if receipt.state is not State.SUBMITTED:
+                return
+
+    def reconcile(self, op: Operation, receipt: Receipt, credentials: Mapping[str, str], *,
+                  reason: str, actor: str = "proxy (inline reconcile)", evidence: bool = False) -> asyncio.Future[Receipt | None]:
+        """
+        Resolve an outcome_unknown receipt with a read, with the given (a duplicate's own)
+        credentials; nothing is stored of them. Concurrent callers in this process share one
+        read; in other processes, the store's guarded claim lets only one of them read. The
+        receipt after the read, or None when another process claimed it first.
+        """
+        task = self._reconciles.get(receipt.operation_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._reconcile(op, receipt, dict(credentials), reason, actor, evidence))
+            self._reconciles[receipt.operation_id] = task
+            task.add_done_callback(lambda _: self._reconciles.pop(receipt.operation_id, None))
+        return asyncio.shield(task)
+
+    async def _reconcile(self, op: Operation, receipt: Receipt, credentials: dict[str, str], reason: str,
+                         actor: str, evidence: bool) -> Receipt | None:
+        settings = dataclasses.replace(self.settings.reads, post_reads=self.post_reads(op.api))
+        try:
+            result = await reconcile(self.calls, op, receipt, credentials, settings=settings, actor=actor,
+                                     reason=reason, evidence=evidence)
+        except IllegalTransition:
+            return None  # another proxy process claimed it first
+        done = result.receipt
+        logger.warning("receipt %s %s %s: %s (%s)", done.operation_id, done.api, done.operation, done.state,
+                       result.verdict.reason)
+        self.on_change(done)
+        return done

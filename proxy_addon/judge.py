@@ -1,0 +1,151 @@
+"""
+What a reconcile read proves: found, absent (and whether that is proof), or nothing.
+
+    verdict = judge(op.reconcile, read, receipt, status, body, headers=headers, now=now)
+
+- the effect was found → succeeded (with the found item's external id);
+- absence is proven and the rule allows a retry → safe_to_retry;
+- absent, but the read proves absence only after `settle` → outcome_unknown until then;
+- anything else (absent but not provable, a read that failed, an answer that cannot be
+  judged) → manual_review, with the reason. It is never guessed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy_addon.classify import external_id_of, rule_fits
+from proxy_addon.errors import ReconcileError
+from proxy_addon.jsonpath import NOT_JSON, dig, id_in, parse_json, text_of
+from proxy_addon.reads import ReadRequest, render
+from proxy_addon.rules import TEMPLATE_VAR, ReconcileSpec
+from proxy_addon.states import State
+from proxy_addon.store import Receipt, iso, utcnow
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: State
+    reason: str
+    external_id: str | None = None
+    retry_after: dt.datetime | None = None  # outcome_unknown until then: absence is not provable yet
+    failed: bool = False  # the read failed or its answer could not be judged: nothing was learned
+
+
+def failed(reason: str) -> Verdict:
+    """A read that proves nothing: the receipt goes to a human."""
+    return Verdict(State.MANUAL_REVIEW, reason, failed=True)
+
+
+def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int, body: bytes, *,
+          headers: Mapping[str, str] | None = None, now: dt.datetime | None = None) -> Verdict:
+    """What the read proves."""
+    said = f"read {read.method} {read.shown} → HTTP {status}"
+    now = now or utcnow()
+    if spec.absent_when is not None and rule_fits(spec.absent_when, status, headers or {}, body):
+        return absent(spec, f"{said}: the answer says there is no such object", receipt, now)
+    if not spec.find and not spec.bounds:
+        return _by_status(spec, said, receipt, status, body, now)
+    if not 200 <= status < 300:
+        return failed(f"{said}: the read failed, nothing is proven")
+    doc = parse_json(body)
+    if doc is NOT_JSON:
+        return failed(f"{said}: the answer is not JSON")
+    items = dig(doc, spec.items) if spec.items else doc
+    if isinstance(items, dict):  # a read of one object (GraphQL `issue(id:)`): a list of one
+        items = [items]
+    if not isinstance(items, list):
+        return failed(f"{said}: no list at {spec.items or 'the top level'} of the answer")
+    try:
+        wanted = [(f, render(value, receipt)) for f, value in spec.find]
+        bounds = [(f, kind, _number(render(value, receipt))) for f, kind, value in spec.bounds]
+    except ReconcileError as e:
+        return failed(f"{said}: {e}")
+    for item in items:
+        if all(text_of(dig(item, f)) == value for f, value in wanted) and all(
+                _within(dig(item, f), kind, bound) for f, kind, bound in bounds):
+            found = _found_id(item, spec.external_id, receipt) if spec.external_id else None
+            label = spec.external_id if isinstance(spec.external_id, str) else ":".join(spec.external_id or ())
+            return Verdict(State.SUCCEEDED, f"{said}: found among {len(items)} items"
+                           + (f" ({label}={found})" if found else ""), found)
+    return absent(spec, f"{said}: not found among {len(items)} items", receipt, now)
+
+
+def _by_status(spec: ReconcileSpec, said: str, receipt: Receipt, status: int, body: bytes,
+               now: dt.datetime) -> Verdict:
+    """A read without `find`: 2xx → found, 404/410 → absent (unless `absent_when` says how absence looks)."""
+    if 200 <= status < 300 and (spec.absent_when is None or _has(body, spec.items)):
+        return Verdict(State.SUCCEEDED, f"{said}: found", external_id_of(body, spec.external_id) or receipt.external_id)
+    if status in (404, 410) and spec.absent_when is None:
+        return absent(spec, said, receipt, now)
+    return failed(f"{said}: the read failed, nothing is proven")
+
+
+def _found_id(item: Any, fields: str | tuple[str, ...], receipt: Receipt) -> str | None:
+    """The found item's id: its fields, with any `{template}` part taken from the receipt
+    (Slack's history items carry `ts` but not the channel: `["{intent.channel}", ts]`)."""
+    if isinstance(fields, str):
+        return id_in(item, fields)
+    parts = []
+    for f in fields:
+        part = render(f, receipt) if TEMPLATE_VAR.fullmatch(f) else id_in(item, f)
+        if part is None:
+            return None
+        parts.append(part)
+    return ":".join(parts)
+
+
+def _number(value: Any) -> float | None:
+    """A number, a numeric string, or an ISO 8601 time, as a number (seconds for times); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            return dt.datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _within(value: Any, kind: str, bound: float | None) -> bool:
+    """`find` bounds: an item whose field is missing or not comparable does not fit."""
+    v = _number(value)
+    if v is None or bound is None:
+        return False
+    return v >= bound if kind == "gte" else v <= bound
+
+
+def _has(body: bytes, items: str | None) -> bool:
+    """Whether a 2xx answer holds an object at `items` (absent_when reads: a null there proves nothing)."""
+    doc = parse_json(body)
+    if doc is NOT_JSON:
+        return False
+    return (dig(doc, items) if items else doc) not in (None, [], {})
+
+
+def absent(spec: ReconcileSpec, said: str, receipt: Receipt | None = None, now: dt.datetime | None = None) -> Verdict:
+    """The verdict when the read did not find the effect: proof, proof later (settle), or nothing."""
+    if spec.absence_provable and spec.settle and receipt is not None:
+        proof_from = absence_provable_from(spec, receipt)
+        if (now or utcnow()) < proof_from:
+            return Verdict(State.OUTCOME_UNKNOWN,
+                           f"{said}; this read proves absence only {spec.settle}s after the outcome became unknown: "
+                           f"try again after {iso(proof_from)}", retry_after=proof_from)
+    if spec.absence_provable and spec.retry_when_absent:
+        return Verdict(State.SAFE_TO_RETRY, f"{said}; absence is proven and the rule allows a retry")
+    why = "the rule does not say this read proves absence" if not spec.absence_provable else "the rule does not allow a retry"
+    return Verdict(State.MANUAL_REVIEW, f"{said}; {why}")
+
+
+def absence_provable_from(spec: ReconcileSpec, receipt: Receipt) -> dt.datetime:
+    """`settle` after the outcome became unknown (the attempt's completion)."""
+    return dt.datetime.fromisoformat(receipt.completed_at or receipt.submitted_at) + dt.timedelta(seconds=spec.settle)

@@ -1,0 +1,25 @@
+"""
+The mitmproxy layer: the only part of receipt-proxy that imports mitmproxy.
+
+    addons = [Receipts(), ReceiptCommands(...), ReceiptWeb(...), Watch(...)]
+
+composed the way mitmproxy composes its own addons (`mitmproxy/addons/__init__.py`), each
+with one job: the hooks (addon.py), the `receipts.*` commands (commands.py), the Receipt
+content view (web.py), and the once-a-second watch over receipts and rules (watch.py).
+Options are declared and parsed in options.py; the exchange that sends matched requests is
+exchange.py; approvals are approval.py; mitmproxy internals are internals.py.
+"""
+
+from __future__ import annotations
+
+from proxy_addon.mitm.addon import Receipts
+from proxy_addon.mitm.commands import ReceiptCommands
+from proxy_addon.mitm.watch import Watch
+from proxy_addon.mitm.web import ReceiptWeb
+
+__all__ = ["ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"]
+
+
+def make_addons() -> list[object]:
+    receipts = Receipts()
+    return [receipts, ReceiptCommands(receipts), ReceiptWeb(receipts.reader), Watch(receipts)]

@@ -1,0 +1,367 @@
+"""
+The receipts addon's hooks: receipt committed → forward once → classify → block duplicates.
+
+Hooks, one job each:
+- `load` / `configure` / `running` / `done`: declare and check the options, load the rules,
+  open the store (crash recovery included), build the upstream client.
+- `requestheaders`: match a rule; a matched request is never streamed (the receipt must be
+  committed before any byte leaves). Unmatched requests touch neither the database nor the
+  fingerprint code.
+- `request`: hand a matched request to the gate (gate.py), then send it once ourselves
+  (exchange.py) and record what happened, or answer from an existing receipt (409 blocked,
+  recorded replay, 503 when the store cannot be written).
+- `response` / `error`: record outcomes when mitmproxy forwards (`receipts_forward=mitmproxy`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import httpx
+from mitmproxy import ctx, exceptions, hooks, http
+from mitmproxy.addonmanager import Loader
+
+from proxy_addon import answers, identity
+from proxy_addon.classify import Outcome, answer_outcome, error_outcome
+from proxy_addon.errors import ReceiptsError, RulesError, StoreError
+from proxy_addon.fingerprint import build_attempt
+from proxy_addon.gate import Gate, StoreThread
+from proxy_addon.installation import Installation
+from proxy_addon.mitm import exchange, internals, options
+from proxy_addon.mitm.approval import await_approval
+from proxy_addon.mitm.flows import MARKERS, META, headers_of, mark, request_view, response_of
+from proxy_addon.redaction import credentials_from
+from proxy_addon.reconcile import retry_after
+from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.states import State
+from proxy_addon.store import Receipt, Store, utcnow
+
+logger = logging.getLogger(__name__)
+
+
+class Receipts:
+    """Writes a durable receipt before forwarding a matched request, and blocks unresolved duplicates."""
+
+    def __init__(self) -> None:
+        self.rules: RuleSet | None = None
+        self.rules_sig: tuple = ()
+        self.installation: Installation | None = None
+        self.calls: StoreThread | None = None
+        self.gate: Gate | None = None
+        self.config_error: str | None = "receipt-proxy is not configured yet"
+        self._store_config: tuple | None = None
+        self._client: httpx.AsyncClient | None = None  # sends matched requests (receipts_forward=addon)
+        self._client_config: tuple | None = None
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self._read_store: Store | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def reader(self) -> Store | None:
+        """A connection for reads on the event loop's thread (the content view, commands)."""
+        if self._read_store is None and self.installation is not None:
+            self._read_store = Store.open(self.installation.db, create=False)
+        return self._read_store
+
+    def load(self, loader: Loader) -> None:
+        # httpx logs every request URL at INFO, query tokens included; our own lines redact them.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        options.declare(loader)
+        options.check_deferred(loader)
+        # With eager connections, upstream failures happen at CONNECT time, outside any flow,
+        # and a receipt would never learn of them.
+        if "connection_strategy" in loader.master.options:  # absent only without the proxyserver addon
+            loader.master.options.update(connection_strategy="lazy")
+
+    def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        options.check(opts)
+        if "receipts_rules" in updated or self.rules is None:
+            try:
+                sig = rules_signature(opts.receipts_rules)
+                rules = load_rules_path(opts.receipts_rules)
+            except RulesError as e:
+                raise exceptions.OptionsError(f"receipts_rules: {e}") from None
+            self.rules, self.rules_sig = rules, sig
+            logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
+        if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._store_config:
+            self._open_store()
+        self._configure_client()
+        assert self.gate is not None
+        self.gate.settings = options.gate_settings(opts)
+        self.config_error = None
+
+    def _open_store(self) -> None:
+        opts = ctx.options
+        try:
+            inst = Installation.open(opts.receipts_db, secret=opts.receipts_secret or None,
+                                     lock_timeout=opts.receipts_lock_timeout)
+        except (ReceiptsError, OSError, ValueError) as e:
+            raise exceptions.OptionsError(f"receipts_db: {e}") from None
+        old_inst, old_calls = self.installation, self.calls
+        if self._read_store is not None:
+            self._read_store.close()
+            self._read_store = None
+        self.installation, self.calls = inst, StoreThread(inst.store)
+        self.gate = Gate(self.calls, options.gate_settings(opts), post_reads=self._post_reads,
+                         on_change=self.refresh_flow)
+        self._store_config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
+        for operation_id, state in self.calls.wait(inst.recover):
+            logger.warning(f"receipt {operation_id}: left behind by a stopped proxy; now {state}")
+        if old_calls is not None:
+            old_calls.close(wait=False)
+        if old_inst is not None:
+            old_inst.release()
+        logger.info(f"receipt-proxy: receipts in {inst.db} (instance {inst.instance})")
+
+    def _post_reads(self, api: str) -> tuple:
+        return self.rules.post_reads(api) if self.rules else ()
+
+    def _configure_client(self) -> None:
+        opts = ctx.options
+        upstream = options.upstream_of(opts)
+        config = (opts.receipts_forward, upstream)
+        if config == self._client_config:
+            return
+        old, self._client_config = self._client, config
+        self._client = exchange.make_client(upstream) if opts.receipts_forward == "addon" else None
+        if old is not None:
+            asyncio.get_running_loop().create_task(old.aclose())
+
+    def running(self) -> None:
+        logger.info(f"receipt-proxy: ready ({'NOT configured: ' + self.config_error if self.config_error else 'recording'})")
+
+    async def done(self) -> None:
+        if self._read_store is not None:
+            self._read_store.close()
+        if self._client is not None:
+            await self._client.aclose()
+        for handle in self._deadlines.values():
+            handle.cancel()
+        if self.calls is not None:
+            self.calls.close(wait=True)
+        if self.installation is not None:
+            self.installation.release()
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        internals.ack_now(flow)
+        if self.rules is None or self.config_error:
+            # Not configured (yet): we cannot tell writes from reads, so nothing passes.
+            flow.metadata[META] = {"api": "*", "operation": "*", "params": {}}
+            return
+        req = flow.request
+        m = self.rules.match(req.host, req.port, req.method, req.path)
+        if m is None:
+            return
+        req.stream = False  # the receipt must be committed before any byte leaves
+        flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
+        if m.pending:
+            flow.metadata[META]["pending"] = True  # a GraphQL rule: the body decides (request hook)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.get(META)
+        if meta is None or flow.response or flow.error or not flow.live:
+            return
+        if meta.pop("pending", False) and self.rules is not None and not self.config_error:
+            req = flow.request
+            m = self.rules.match(req.host, req.port, req.method, req.path, body=req.raw_content or b"")
+            if m is None:  # a GraphQL query, or a mutation no rule names: passed through untouched
+                del flow.metadata[META]
+                return
+            meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
+        try:
+            await self._begin(flow, meta)
+        except Exception as e:  # fail closed: whatever broke, the request is not forwarded
+            logger.exception("receipt-proxy: internal error before forwarding")
+            await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
+
+    async def _begin(self, flow: http.HTTPFlow, meta: dict) -> None:
+        if self.config_error or self.gate is None or self.rules is None or self.installation is None:
+            self._answer_unavailable(flow, meta, self.config_error or "receipt-proxy is not configured")
+            return
+        m = self._rematch(flow, meta)
+        if m is None:
+            return
+        op, view, inst = m.operation, request_view(flow.request), self.installation
+        credentials = credentials_from(op.credential_headers, view.headers)
+        try:
+            admitted = await self.gate.admit(
+                lambda: build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance), op, credentials)
+        except StoreError as e:
+            self._answer_unavailable(flow, meta, str(e))
+            return
+        decision, receipt = admitted.decision, admitted.decision.receipt
+        meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
+        if decision.kind == "replay":
+            self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED from ")
+            logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
+        elif decision.kind != "forward":
+            blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
+            prefix = "BLOCKED reused Idempotency-Key of " if decision.kind == "key_conflict" else "BLOCKED duplicate of "
+            self._answer(flow, blocked, "blocked", receipt, prefix)
+            logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
+        else:
+            await self._forward(flow, meta, op, receipt, given_key=admitted.attempt.given_key)
+
+    async def _forward(self, flow: http.HTTPFlow, meta: dict, op: Operation, receipt: Receipt,
+                       given_key: str | None) -> None:
+        """Send a new receipt's request once: after an approval if the rule wants one, with the proxy's key if any."""
+        assert self.calls is not None
+        meta["retry_of"] = receipt.retry_of
+        if receipt.state is State.AWAITING_APPROVAL:
+            receipt = await await_approval(flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout)
+            if receipt.state is not State.SUBMITTED:
+                return
+        self._add_key(flow, op, receipt, given_key)
+        mark(flow, receipt.state, receipt)
+        await self._debug_pause("after_commit", receipt.operation_id)
+        if self._client is not None:
+            await self._exchange(flow, meta, op)
+        else:
+            self._arm_deadline(flow)
+
+    @staticmethod
+    def _add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str | None) -> None:
+        """Put the receipt's idempotency key where the API reads it, unless the agent sent its own."""
+        if not receipt.idempotency_key:
+            return
+        header = op.idempotency_header
+        if header and header.lower() not in headers_of(flow.request):
+            flow.request.headers[header] = receipt.idempotency_key
+        if op.idempotency_body and given_key is None:
+            body = identity.with_body_key(op, flow.request.raw_content or b"", receipt.idempotency_key)
+            if body is not None:
+                flow.request.content = body
+
+    async def _exchange(self, flow: http.HTTPFlow, meta: dict, op: Operation) -> None:
+        """Send the request ourselves: the exchange outlives an agent that hangs up (see exchange.py)."""
+        assert self._client is not None
+        result = await exchange.send(self._client, flow.request, deadline=ctx.options.receipts_upstream_timeout)
+        if isinstance(result, Outcome):
+            await self._record(flow, meta, result)
+            flow.response = response_of(answers.exchange_failed(meta["operation_id"], result.state, result.reason,
+                                                                timed_out=result.timed_out))
+            return
+        flow.response = result
+        await self._debug_pause("after_answer", meta["operation_id"])
+        await self._record_response(flow, meta)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        meta = self._awaiting_outcome(flow)
+        if meta is not None:
+            await self._record_response(flow, meta)
+
+    async def _record_response(self, flow: http.HTTPFlow, meta: dict) -> None:
+        resp = flow.response
+        assert resp is not None
+        op = self._operation(meta)
+        body = resp.get_content(strict=False) or b""
+        recorded = answers.recorded(resp.status_code, resp.headers.items(multi=True), body,
+                                    ctx.options.receipts_response_cap)
+        outcome = answer_outcome(resp.status_code, resp.reason, headers_of(resp), body, op, recorded)
+        receipt = await self._record(flow, meta, outcome, op)
+        if receipt is not None and outcome.evidence and receipt.external_id:
+            resp.headers["X-Receipt-External-Id"] = receipt.external_id
+        resp.headers["X-Receipt-Id"] = meta["operation_id"]
+        resp.headers["X-Receipt-State"] = meta["state"]
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        meta = self._awaiting_outcome(flow)
+        if meta is None:
+            return
+        sc = flow.server_conn
+        outcome = error_outcome(flow.error.msg if flow.error else "unknown error", tcp_setup=sc.timestamp_tcp_setup,
+                                tls=flow.request.scheme == "https", tls_setup=sc.timestamp_tls_setup,
+                                deadline_passed=bool(meta.get("deadline_passed")))
+        await self._record(flow, meta, outcome)
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _awaiting_outcome(self, flow: http.HTTPFlow) -> dict | None:
+        """The flow's receipt metadata if we forwarded it and have not recorded its outcome yet."""
+        meta = flow.metadata.get(META)
+        if meta is None or meta.get("answer") != "forward" or "outcome" in meta:
+            return None
+        self._disarm_deadline(flow)
+        return meta
+
+    def _rematch(self, flow: http.HTTPFlow, meta: dict) -> Match | None:
+        """The match found in requestheaders, against the rules in force now."""
+        op = self._operation(meta)
+        if op is None:  # the rules were reloaded in between and the operation is gone
+            flow.metadata.pop(META, None)
+            return None
+        return Match(op, dict(meta["params"]), graphql_args=meta.get("graphql_args"))
+
+    def _operation(self, meta: dict) -> Operation | None:
+        return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None
+
+    async def _record(self, flow: http.HTTPFlow, meta: dict, outcome: Outcome,
+                      op: Operation | None = None) -> Receipt | None:
+        """Record a forwarded request's outcome through the gate, and show it on the flow."""
+        assert self.gate is not None
+        meta["outcome"] = str(outcome.state)
+        receipt = await self.gate.record(meta["operation_id"], outcome, flow_id=flow.id, op=op,
+                                         credentials=credentials_from(op.credential_headers, headers_of(flow.request))
+                                         if op is not None else None)
+        if receipt is None:
+            flow.comment = f"receipt {meta['operation_id']}: NOT RECORDED as {outcome.state}: the store refused it"
+            return None
+        meta["state"] = str(receipt.state)
+        mark(flow, receipt.state, receipt)
+        return receipt
+
+    def _answer(self, flow: http.HTTPFlow, answer: answers.Answer, marker: str, receipt: Receipt, prefix: str) -> None:
+        flow.response = response_of(answer)
+        mark(flow, marker, receipt, prefix=prefix)
+
+    def _arm_deadline(self, flow: http.HTTPFlow) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadlines[flow.id] = loop.call_later(ctx.options.receipts_upstream_timeout, self._deadline_passed, flow)
+
+    def _disarm_deadline(self, flow: http.HTTPFlow) -> None:
+        handle = self._deadlines.pop(flow.id, None)
+        if handle:
+            handle.cancel()
+
+    def _deadline_passed(self, flow: http.HTTPFlow) -> None:
+        self._deadlines.pop(flow.id, None)
+        if flow.response or flow.error:
+            return
+        flow.metadata[META]["deadline_passed"] = True
+        logger.warning(f"receipt {flow.metadata[META].get('operation_id')}: no answer within "
+                       f"{ctx.options.receipts_upstream_timeout}s; ending the upstream exchange")
+        internals.close_server_connection(flow)
+
+    async def _not_forwarded(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
+        """Answer 503 and, if a receipt was already committed, record that it was not sent."""
+        if meta.get("answer") == "forward" and "outcome" not in meta:
+            await self._record(flow, meta, Outcome(State.NOT_SENT, f"not sent: {why}", error=why))
+        self._answer_unavailable(flow, meta, why)
+
+    def _answer_unavailable(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
+        logger.error(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded, no receipt could be written: {why}")
+        flow.response = response_of(answers.unavailable(meta["api"], meta["operation"], why))
+        meta["answer"] = "store_unavailable"
+        flow.marked = MARKERS["store_unavailable"]
+        flow.comment = f"NOT SENT: no receipt could be written ({why})"
+
+    async def _debug_pause(self, point: str, operation_id: str) -> None:
+        pause = options.parse_debug_pause(ctx.options.receipts_debug_pause)
+        if pause is not None and pause[0] == point:
+            logger.warning(f"receipt {operation_id}: pausing at {point} for {pause[1]:g}s (receipts_debug_pause)")
+            await asyncio.sleep(pause[1])
+
+    def refresh_flow(self, receipt: Receipt) -> None:
+        """Keep the original flow's comment and marker in step with its receipt while mitmweb shows it."""
+        view = ctx.master.addons.get("view")
+        f = view.get_by_id(receipt.flow_id) if view is not None and receipt.flow_id else None
+        if f is None:
+            return
+        if META in f.metadata:
+            f.metadata[META]["state"] = str(receipt.state)
+        mark(f, receipt.state, receipt)
+        ctx.master.addons.trigger(hooks.UpdateHook([f]))

@@ -1,0 +1,72 @@
+"""
+A flow and its receipt: what a flow carries (`flow.metadata["receipts"]`), how mitmweb shows
+it (a marker and a comment per state), and turning the proxy's own answers into responses.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mitmproxy import flow as mflow
+from mitmproxy import http
+
+from proxy_addon.answers import Answer
+from proxy_addon.fingerprint import RequestView
+from proxy_addon.states import State
+from proxy_addon.store import Receipt
+
+META = "receipts"  # flow.metadata key: a plain, serializable dict
+
+MARKERS: dict[Any, str] = {  # mitmweb shows `:emoji_name:` markers (mitmproxy.utils.emoji)
+    State.AWAITING_APPROVAL: ":pause_button:",
+    State.SUBMITTED: ":outbox_tray:",
+    State.SUCCEEDED: ":white_check_mark:",
+    State.REJECTED: ":x:",
+    State.NOT_SENT: ":leftwards_arrow_with_hook:",
+    State.OUTCOME_UNKNOWN: ":warning:",
+    State.RECONCILING: ":hourglass:",
+    State.SAFE_TO_RETRY: ":arrows_counterclockwise:",
+    State.MANUAL_REVIEW: ":raised_hand:",
+    "blocked": ":no_entry:",
+    "replayed": ":recycle:",
+    "store_unavailable": ":stop_sign:",
+}
+
+
+def comment(receipt: Receipt, prefix: str = "") -> str:
+    """The flow comment mitmweb shows: `receipt ID · api operation · state (status)`."""
+    detail = f" ({receipt.http_status})" if receipt.http_status else ""
+    retry = f" · retry of {receipt.retry_of}" if receipt.retry_of and not prefix else ""
+    return f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · {receipt.state}{detail}{retry}"
+
+
+def mark(f: mflow.Flow, marker_key: Any, receipt: Receipt, prefix: str = "") -> None:
+    f.marked = MARKERS[marker_key]
+    f.comment = comment(receipt, prefix)
+
+
+def meta_of(f: mflow.Flow | None) -> dict | None:
+    """A flow's receipt metadata, when it has a receipt."""
+    meta = f.metadata.get(META) if f is not None else None
+    return meta if meta and "operation_id" in meta else None
+
+
+def headers_of(message: http.Message) -> dict[str, str]:
+    """A message's headers with lower-case names (the last value of a repeated one)."""
+    return {k.lower(): v for k, v in message.headers.items()}
+
+
+def request_view(req: http.Request) -> RequestView:
+    return RequestView(method=req.method, scheme=req.scheme, host=req.host, port=req.port, path=req.path,
+                       headers=headers_of(req), body=req.raw_content or b"")
+
+
+def response_of(answer: Answer) -> http.Response:
+    """The proxy's own answer as a mitmproxy response; the body is sent as it is."""
+    fields = [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in answer.headers]
+    resp = http.Response.make(answer.status)
+    resp.headers = http.Headers(fields)  # content-length included: the answer's framing as built
+    resp.raw_content = answer.body
+    resp.timestamp_end = time.time()
+    return resp

@@ -1,0 +1,93 @@
+"""
+Once a second, while the proxy runs: follow receipts changed elsewhere, and reload changed rules.
+
+- Flows shown in mitmweb keep their marker and comment in step with receipts that another
+  process (the CLI, a second proxy) changed.
+- A rules file that changed is loaded again; a bad edit keeps the last good rules and logs
+  the error. mitmproxy's `allow_hosts` follows the rules: only the hosts they name are
+  TLS-intercepted, unless receipts_intercept_all is on or the user set allow_hosts or
+  ignore_hosts themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mitmproxy import ctx
+
+from proxy_addon.errors import ReceiptsError, RulesError
+from proxy_addon.mitm.addon import Receipts
+from proxy_addon.rules import host_pattern, load_rules_path, rules_signature
+from proxy_addon.store import iso, utcnow
+
+logger = logging.getLogger(__name__)
+
+
+class Watch:
+    def __init__(self, receipts: Receipts):
+        self.receipts = receipts
+        self._task: asyncio.Task | None = None
+        self._allow_hosts: list[str] = []  # the allow_hosts we derived from the rules
+
+    def configure(self, updated: set[str]) -> None:
+        self.sync_allow_hosts()
+
+    def running(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    def done(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    async def _watch(self) -> None:
+        since = iso(utcnow())
+        while True:
+            await asyncio.sleep(1)
+            since = self.follow_receipts(since)
+            if ctx.options.receipts_watch_rules:
+                self.reload_rules()
+
+    def follow_receipts(self, since: str) -> str:
+        """Refresh the flows of receipts changed since `since`; the time to follow from next."""
+        reader = self.receipts.reader()
+        if ctx.master.addons.get("view") is None or reader is None:
+            return since
+        try:
+            changed = reader.changed_since(since)
+        except ReceiptsError as e:
+            logger.debug(f"receipt-proxy: could not follow receipts: {e}")
+            return since
+        for receipt in changed:
+            self.receipts.refresh_flow(receipt)
+        return changed[-1].updated_at if changed else since
+
+    def reload_rules(self) -> None:
+        path = ctx.options.receipts_rules
+        sig = rules_signature(path)
+        if sig == self.receipts.rules_sig:
+            return
+        self.receipts.rules_sig = sig
+        try:
+            rules = load_rules_path(path)
+        except RulesError as e:
+            logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
+        except Exception as e:  # the watcher must outlive any surprise
+            logger.exception(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {type(e).__name__}: {e}")
+        else:
+            self.receipts.rules = rules
+            logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")
+            self.sync_allow_hosts()
+
+    def sync_allow_hosts(self) -> None:
+        opts, rules = ctx.options, self.receipts.rules
+        if rules is None or "allow_hosts" not in opts:
+            return
+        wanted = [] if opts.receipts_intercept_all else sorted({host_pattern(h) for f in rules.files for h in f.hosts})
+        current = list(opts.allow_hosts)
+        if opts.ignore_hosts or (current and current != self._allow_hosts):
+            return  # the user's choice
+        if current != wanted:
+            self._allow_hosts = wanted
+            opts.update(allow_hosts=wanted)

@@ -1,0 +1,155 @@
+"""
+Reconcile reads: plan one from a rule and a receipt, refuse anything that is not a read, send it.
+
+    read = plan_read(op, receipt)            # GET/HEAD (or a POST query to a post_reads path)
+    status, headers, body = await perform_read(read, credentials, settings)
+
+Templates (`{intent.title}`, `{path.id}`, `{query.q}`, `{header.x}`, `{external_id}`,
+`{idempotency_key}`, `{submitted_at}`, `{submitted_at_unix}`) are filled from the receipt,
+never from anything it does not record. Reads verify TLS and use an upstream proxy exactly
+as forwarding does (`Upstream`), and carry the credentials they are given, which are never stored.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urljoin
+
+import httpx
+
+from proxy_addon import gql
+from proxy_addon.errors import ReconcileError
+from proxy_addon.redaction import redact_url
+from proxy_addon.rules import TEMPLATE_VAR, Operation, PathTemplate
+from proxy_addon.store import Receipt
+from proxy_addon.upstream import Upstream
+
+READ_METHODS = ("GET", "HEAD")
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    method: str
+    url: str
+    body: bytes | None = None  # a POST read's JSON body (only to a path the rules list in post_reads)
+    headers: tuple[tuple[str, str], ...] = ()  # the rule's own headers (Notion-Version), never credentials
+
+    @property
+    def shown(self) -> str:
+        """The URL as it may be stored and logged: secret-looking query values redacted."""
+        u = httpx.URL(self.url)
+        return redact_url(u.scheme, u.host, u.port or {"http": 80, "https": 443}[u.scheme], u.raw_path.decode())
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """How reads are sent: the same TLS and upstream proxy as forwarding, a timeout, and the POST paths that read."""
+
+    upstream: Upstream = field(default_factory=Upstream)
+    timeout: float = 30.0
+    post_reads: tuple[PathTemplate, ...] = ()
+
+
+def _variables(receipt: Receipt) -> dict[str, Any]:
+    intent = receipt.intent
+    out: dict[str, Any] = {"external_id": receipt.external_id, "idempotency_key": receipt.idempotency_key}
+    if receipt.submitted_at:
+        # When the first attempt that may have made this effect was sent: a retry that reuses
+        # an idempotency key continues its first attempt. Whole seconds, rounded down, so
+        # that a `created >= ` filter never misses an object made in the same second.
+        submitted = dt.datetime.fromisoformat(receipt.idempotency_key_at or receipt.submitted_at)
+        out.update(submitted_at=submitted.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                   submitted_at_unix=int(submitted.timestamp()))
+    out.update({f"path.{k}": v for k, v in intent.get("path", {}).items()})
+    out.update({f"query.{k}": v for k, v in intent.get("query", {}).items()})
+    out.update({f"header.{k}": v for k, v in intent.get("headers", {}).items()})
+    body = intent.get("body") or intent.get("form") or intent.get("multipart") or {}
+    out.update({f"intent.{k}": v for k, v in body.items()})
+    return out
+
+
+def value_of(name: str, receipt: Receipt, values: Mapping[str, Any] | None = None) -> Any:
+    """A template variable's value in a receipt; ReconcileError when it has none."""
+    value = (values if values is not None else _variables(receipt)).get(name)
+    if value is None:
+        raise ReconcileError(f"{{{name}}} has no value in receipt {receipt.operation_id}")
+    return value
+
+
+def render(template: str, receipt: Receipt, *, url: bool = False) -> str:
+    """Fill a template's variables from the receipt (percent-encoded with `url`)."""
+    values = _variables(receipt)
+
+    def one(m: Any) -> str:
+        value = value_of(m.group(1), receipt, values)
+        text = value if isinstance(value, str) else json.dumps(value)
+        return quote(text, safe="") if url else text
+
+    return TEMPLATE_VAR.sub(one, template)
+
+
+def plan_read(op: Operation, receipt: Receipt) -> ReadRequest:
+    spec = op.reconcile
+    if spec is None:
+        raise ReconcileError(f"operation {op.api} {op.name} has no reconcile spec")
+    url = urljoin(receipt.target, render(spec.url, receipt, url=True))
+    body = None
+    if spec.body is not None:
+        doc = {k: v if k == "query" else _render_doc(v, receipt) for k, v in spec.body.items()}
+        body = json.dumps(doc).encode()
+    headers = tuple((name, render(value, receipt)) for name, value in spec.headers)
+    return ReadRequest(spec.method, url, body, headers)
+
+
+def _render_doc(doc: Any, receipt: Receipt) -> Any:
+    """A POST read's body with its string templates filled (a GraphQL `query` is sent as written).
+    A string that is one whole template (`"{submitted_at_unix}"`) takes the value's own JSON type."""
+    if isinstance(doc, dict):
+        return {k: _render_doc(v, receipt) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_render_doc(v, receipt) for v in doc]
+    if isinstance(doc, str):
+        whole = TEMPLATE_VAR.fullmatch(doc)
+        return value_of(whole.group(1), receipt) if whole else render(doc, receipt)
+    return doc
+
+
+def check_read(read: ReadRequest, post_reads: Sequence[PathTemplate]) -> None:
+    """Refuse anything but a read: GET or HEAD, or a POST of a query to a path the rules list in post_reads."""
+    if read.method in READ_METHODS and read.body is None:
+        return
+    path = httpx.URL(read.url).path
+    if read.method == "POST" and read.body is not None and any(t.match(path) is not None for t in post_reads):
+        request = gql.request_of(read.body)
+        why = gql.read_is_query(request[0]) if request else None
+        if why is None:
+            return
+        raise ReconcileError(f"refusing POST {read.shown}: {why}")
+    raise ReconcileError(f"refusing {read.method} {read.shown}: a reconcile read is GET or HEAD "
+                         "(or a POST to a path the rules list in post_reads), never a write")
+
+
+async def perform_read(read: ReadRequest, credentials: Mapping[str, str],
+                       settings: ReadSettings | None = None) -> tuple[int, dict[str, str], bytes]:
+    """Send a read once; its status, headers (lower-case names) and body. httpx errors are the caller's."""
+    settings = settings or ReadSettings()
+    check_read(read, settings.post_reads)
+    headers = {**dict(read.headers), **credentials}
+    if read.body is not None:
+        headers["content-type"] = "application/json"
+    async with settings.upstream.client(timeout=settings.timeout, follow_redirects=True) as client:
+        r = await client.request(read.method, read.url, headers=headers, content=read.body)
+        return r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content
+
+
+def describe(e: BaseException) -> str:
+    """An error for the receipt's history. A local protocol error can quote our own headers
+    (credentials included), so only its type is kept."""
+    if isinstance(e, httpx.LocalProtocolError):
+        return f"{type(e).__name__}: the request could not be sent as built"
+    detail = str(e)
+    return f"{type(e).__name__}: {detail}" if detail else type(e).__name__

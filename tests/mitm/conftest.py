@@ -1,0 +1,77 @@
+"""The mitmproxy layer driven with mitmproxy's own test helpers (taddons, tflow): no sockets."""
+
+from __future__ import annotations
+
+import pytest
+from mitmproxy import http
+from mitmproxy.flow import Error
+from mitmproxy.test import taddons, tflow
+
+from proxy_addon.mitm import make_addons
+from proxy_addon.mitm.addon import Receipts
+
+RULES = """\
+api: shop
+hosts: [api.shop.test]
+operations:
+  orders.create:
+    match: {method: POST, path: /v1/orders}
+    fingerprint: {body: [sku]}
+    external_id: order.id
+  refunds.create:
+    match: {method: POST, path: /v1/refunds}
+    fingerprint: {body: [sku]}
+    approve: true
+"""
+
+
+@pytest.fixture
+async def setup(tmp_path):
+    rules = tmp_path / "shop.yaml"
+    rules.write_text(RULES)
+    addons = make_addons()
+    addon = addons[0]
+    with taddons.context() as tctx:
+        tctx.options.add_option("connection_strategy", str, "eager", "as the proxyserver addon declares it")
+        tctx.master.addons.add(*addons)  # load() switches it to lazy
+        tctx.configure(addon, receipts_db=str(tmp_path / "r.db"), receipts_rules=str(rules),
+                       receipts_watch_rules=False, receipts_forward="mitmproxy")
+        tctx.commands = addons[1]  # the receipts.* commands addon
+        yield addon, tctx, tmp_path
+        await addon.done()
+
+
+def order(sku: str = "A-1", path: str = "/v1/orders") -> http.HTTPFlow:
+    f = tflow.tflow()
+    f.request = http.Request.make("POST", f"https://api.shop.test{path}", f'{{"sku": "{sku}"}}',
+                                  {"content-type": "application/json", "authorization": "Bearer t0k3n"})
+    f.response = None
+    return f
+
+
+async def send(addon: Receipts, f: http.HTTPFlow) -> None:
+    addon.requestheaders(f)
+    await addon.request(f)
+
+
+async def held(addon: Receipts, f: http.HTTPFlow):
+    """Send `f` and return the request hook's task once the approval gate holds the flow."""
+    import asyncio
+
+    addon.requestheaders(f)
+    task = asyncio.create_task(addon.request(f))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if f.intercepted:
+            break
+    assert f.intercepted, "the flow was not held for approval"
+    return task
+
+
+async def unknown(addon, sku: str) -> http.HTTPFlow:
+    f = order(sku)
+    await send(addon, f)
+    f.error = Error("server closed connection")
+    f.server_conn.timestamp_tcp_setup = f.server_conn.timestamp_tls_setup = 1.0
+    await addon.error(f)
+    return f

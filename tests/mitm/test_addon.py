@@ -1,0 +1,173 @@
+"""The addon's hooks: markers, comments, answers, fail-closed paths, options and approvals."""
+
+from __future__ import annotations
+
+import pytest
+from mitmproxy import exceptions, http
+from mitmproxy.flow import Error
+from mitmproxy.test import taddons
+
+from proxy_addon.mitm.addon import Receipts
+from proxy_addon.mitm.flows import MARKERS
+from proxy_addon.store import Store
+from tests.mitm.conftest import held, order, send, unknown
+
+
+async def test_forwarded_then_succeeded_marks_and_comments(setup):
+    addon, _, tmp = setup
+    f = order()
+    await send(addon, f)
+    assert f.response is None  # forwarded
+    assert f.marked == MARKERS["submitted"]
+    f.response = http.Response.make(201, b'{"order": {"id": "ord_9"}}', {"content-type": "application/json"})
+    await addon.response(f)
+    assert f.marked == MARKERS["succeeded"]
+    assert "shop orders.create · succeeded (201)" in f.comment
+    r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
+    assert (r.state, r.external_id) == ("succeeded", "ord_9")
+    assert f.response.headers["X-Receipt-State"] == "succeeded"
+
+
+async def test_duplicate_of_unknown_is_blocked_with_marker(setup):
+    addon, _, _ = setup
+    first = order("B-2")
+    await send(addon, first)
+    first.error = Error("server closed connection")
+    first.server_conn.timestamp_tcp_setup = 1.0
+    first.server_conn.timestamp_tls_setup = 1.0
+    await addon.error(first)
+    assert first.marked == MARKERS["outcome_unknown"]
+
+    dup = order("B-2")
+    await send(addon, dup)
+    assert dup.response.status_code == 409
+    body = dup.response.json()
+    assert (body["error"], body["state"]) == ("duplicate_unresolved", "outcome_unknown")
+    assert dup.marked == MARKERS["blocked"]
+    assert dup.comment.startswith(f"BLOCKED duplicate of receipt {body['operation_id']}")
+
+
+async def test_error_before_connecting_is_not_sent(setup):
+    addon, _, _ = setup
+    f = order("C-3")
+    await send(addon, f)
+    f.error = Error("Connection refused")  # tflow's server_conn: never set up
+    f.server_conn.timestamp_tcp_setup = None
+    await addon.error(f)
+    assert f.metadata["receipts"]["state"] == "not_sent"
+    retry = order("C-3")
+    await send(addon, retry)
+    assert retry.response is None  # forwarded as a new attempt
+
+
+async def test_unmatched_flow_is_untouched(setup):
+    addon, _, _ = setup
+    f = order(path="/v1/health")
+    await send(addon, f)
+    assert "receipts" not in f.metadata
+    assert f.response is None and not f.marked and not f.comment
+
+
+async def test_unconfigured_addon_refuses_everything():
+    addon = Receipts()
+    with taddons.context(addon):
+        f = order()
+        await send(addon, f)
+        assert f.response.status_code == 503
+        assert f.response.json()["sent"] is False
+
+
+async def test_internal_error_after_commit_fails_closed(setup, monkeypatch):
+    addon, _, tmp = setup
+
+    def broken(*a, **kw):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(addon, "_arm_deadline", broken)
+    f = order("D-4")
+    await send(addon, f)
+    assert f.response.status_code == 503
+    assert "boom" in f.response.json()["detail"]
+    r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
+    assert r.state == "not_sent"  # committed, then provably not sent
+
+
+async def test_store_failure_answers_503(setup, monkeypatch):
+    addon, _, _ = setup
+    from proxy_addon.errors import StoreUnavailable
+
+    def locked(*a, **kw):
+        raise StoreUnavailable("cannot write the receipts database: database is locked")
+
+    monkeypatch.setattr(addon.installation.store, "begin_attempt", locked)
+    f = order("E-5")
+    await send(addon, f)
+    assert f.response.status_code == 503
+    assert f.response.json()["error"] == "receipt_store_unavailable"
+    assert f.marked == MARKERS["store_unavailable"]
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("receipts_upstream_timeout", 0, "must be a positive number"),
+        ("receipts_replay_window", -1, "must be a positive number"),
+        ("connection_strategy", "eager", "connection_strategy=lazy"),
+        ("receipts_rules", "/nonexistent/rules", "no such rules file or folder"),
+    ],
+    ids=["zero-timeout", "negative-window", "eager", "missing-rules"],
+)
+def test_bad_options_are_refused(setup, option, value, message):
+    addon, tctx, _ = setup
+    with pytest.raises(exceptions.OptionsError, match=message):
+        tctx.configure(addon, **{option: value})
+
+
+async def test_approval_gate_approve(setup):
+    import asyncio
+
+    addon, _, tmp = setup
+    f = order("R-1", path="/v1/refunds")
+    task = await held(addon, f)
+    assert f.marked == MARKERS["awaiting_approval"]
+    assert f.comment.startswith("AWAITING APPROVAL")
+    operation_id = f.metadata["receipts"]["operation_id"]
+    assert Store.open(tmp / "r.db", create=False).get(operation_id).state == "awaiting_approval"
+    dup = order("R-1", path="/v1/refunds")  # a duplicate while it waits is blocked
+    await send(addon, dup)
+    assert (dup.response.status_code, dup.response.json()["state"]) == (409, "awaiting_approval")
+    f.resume()
+    await asyncio.wait_for(task, 5)
+    assert f.response is None  # approved: forwarded
+    r = Store.open(tmp / "r.db", create=False)
+    assert r.get(operation_id).state == "submitted"
+    assert [e.reason for e in r.events(operation_id)][-1] == "approved by operator"
+
+
+async def test_approval_gate_deny_by_kill(setup):
+    import asyncio
+
+    addon, _, tmp = setup
+    f = order("R-2", path="/v1/refunds")
+    task = await held(addon, f)
+    f.kill()
+    await asyncio.wait_for(task, 5)
+    assert f.error is None and f.live  # un-killed, so the agent gets an answer
+    assert f.response.status_code == 403
+    assert (f.response.json()["error"], f.response.json()["reason"]) == ("denied_by_operator", "denied by operator")
+    r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
+    assert (r.state, r.error) == ("rejected", "denied by operator")
+    retry = order("R-2", path="/v1/refunds")  # a rejected receipt lets a new attempt through, held again
+    retry_task = await held(addon, retry)
+    retry.kill()
+    await asyncio.wait_for(retry_task, 5)
+
+
+async def test_approval_gate_times_out(setup):
+    addon, tctx, tmp = setup
+    tctx.configure(addon, receipts_approval_timeout=1)
+    f = order("R-3", path="/v1/refunds")
+    await send(addon, f)
+    assert f.response.status_code == 403
+    assert "no decision within receipts_approval_timeout (1s)" in f.response.json()["reason"]
+    assert Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"]).state == "rejected"
