@@ -26,15 +26,14 @@ from graphql.language import (
 from graphql.pyutils import Undefined
 from graphql.utilities import value_from_ast_untyped
 
+from proxy_addon.jsonpath import parse_json
+
 MAX_QUERY = 256 * 1024  # a larger document is not read as GraphQL (it is fingerprinted by its hash)
 
 
 def request_of(body: bytes) -> tuple[str, dict[str, Any], str | None] | None:
     """(query, variables, operationName) of a GraphQL-over-HTTP POST body, or None."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
+    doc = parse_json(body)  # NOT_JSON is no dict either
     if not isinstance(doc, dict) or not isinstance(doc.get("query"), str) or len(doc["query"]) > MAX_QUERY:
         return None
     variables = doc.get("variables") or {}

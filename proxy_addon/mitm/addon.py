@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import httpx
-from mitmproxy import ctx, exceptions, hooks, http
+from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
 from proxy_addon import answers, identity
@@ -27,7 +27,7 @@ from proxy_addon.errors import ReceiptsError, RulesError, StoreError
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
-from proxy_addon.mitm import exchange, internals, options
+from proxy_addon.mitm import exchange, flows, internals, options
 from proxy_addon.mitm.approval import await_approval
 from proxy_addon.mitm.flows import MARKERS, META, headers_of, mark, request_view, response_of
 from proxy_addon.redaction import credentials_from
@@ -52,7 +52,7 @@ class Receipts:
         self._store_config: tuple | None = None
         self._client: httpx.AsyncClient | None = None  # sends matched requests (receipts_forward=addon)
         self._client_config: tuple | None = None
-        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
         self._read_store: Store | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -137,8 +137,7 @@ class Receipts:
             self._read_store.close()
         if self._client is not None:
             await self._client.aclose()
-        for handle in self._deadlines.values():
-            handle.cancel()
+        self._deadlines.cancel_all()
         if self.calls is not None:
             self.calls.close(wait=True)
         if self.installation is not None:
@@ -221,7 +220,7 @@ class Receipts:
         if self._client is not None:
             await self._exchange(flow, meta, op)
         else:
-            self._arm_deadline(flow)
+            self._deadlines.arm(flow, ctx.options.receipts_upstream_timeout)
 
     @staticmethod
     def _add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str | None) -> None:
@@ -285,7 +284,7 @@ class Receipts:
         meta = flow.metadata.get(META)
         if meta is None or meta.get("answer") != "forward" or "outcome" in meta:
             return None
-        self._disarm_deadline(flow)
+        self._deadlines.disarm(flow)
         return meta
 
     def _rematch(self, flow: http.HTTPFlow, meta: dict) -> Match | None:
@@ -318,24 +317,6 @@ class Receipts:
         flow.response = response_of(answer)
         mark(flow, marker, receipt, prefix=prefix)
 
-    def _arm_deadline(self, flow: http.HTTPFlow) -> None:
-        loop = asyncio.get_running_loop()
-        self._deadlines[flow.id] = loop.call_later(ctx.options.receipts_upstream_timeout, self._deadline_passed, flow)
-
-    def _disarm_deadline(self, flow: http.HTTPFlow) -> None:
-        handle = self._deadlines.pop(flow.id, None)
-        if handle:
-            handle.cancel()
-
-    def _deadline_passed(self, flow: http.HTTPFlow) -> None:
-        self._deadlines.pop(flow.id, None)
-        if flow.response or flow.error:
-            return
-        flow.metadata[META]["deadline_passed"] = True
-        logger.warning(f"receipt {flow.metadata[META].get('operation_id')}: no answer within "
-                       f"{ctx.options.receipts_upstream_timeout}s; ending the upstream exchange")
-        internals.close_server_connection(flow)
-
     async def _not_forwarded(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
         """Answer 503 and, if a receipt was already committed, record that it was not sent."""
         if meta.get("answer") == "forward" and "outcome" not in meta:
@@ -356,12 +337,4 @@ class Receipts:
             await asyncio.sleep(pause[1])
 
     def refresh_flow(self, receipt: Receipt) -> None:
-        """Keep the original flow's comment and marker in step with its receipt while mitmweb shows it."""
-        view = ctx.master.addons.get("view")
-        f = view.get_by_id(receipt.flow_id) if view is not None and receipt.flow_id else None
-        if f is None:
-            return
-        if META in f.metadata:
-            f.metadata[META]["state"] = str(receipt.state)
-        mark(f, receipt.state, receipt)
-        ctx.master.addons.trigger(hooks.UpdateHook([f]))
+        flows.refresh(receipt)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mitmproxy import ctx, hooks, http
 from mitmproxy import flow as mflow
-from mitmproxy import http
 
 from proxy_addon.answers import Answer
 from proxy_addon.fingerprint import RequestView
@@ -70,3 +70,15 @@ def response_of(answer: Answer) -> http.Response:
     resp.raw_content = answer.body
     resp.timestamp_end = time.time()
     return resp
+
+
+def refresh(receipt: Receipt) -> None:
+    """Keep the original flow's comment and marker in step with its receipt while mitmweb shows it."""
+    view = ctx.master.addons.get("view")
+    f = view.get_by_id(receipt.flow_id) if view is not None and receipt.flow_id else None
+    if f is None:
+        return
+    if META in f.metadata:
+        f.metadata[META]["state"] = str(receipt.state)
+    mark(f, receipt.state, receipt)
+    ctx.master.addons.trigger(hooks.UpdateHook([f]))

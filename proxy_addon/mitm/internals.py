@@ -3,13 +3,14 @@ What the addon needs from mitmproxy that no public API offers: a flow's transpor
 
 - `ack_now`: ACK a request's headers at once (TCP_QUICKACK), so a client with Nagle's
   algorithm on sends the body now.
-- `close_server_connection`: end a flow's upstream exchange (our deadline), which
-  `flow.kill()` cannot do to a flow in transit.
+- `close_server_connection` (and `Deadlines`, which calls it): end a flow's upstream
+  exchange when our deadline passes, which `flow.kill()` cannot do to a flow in transit.
 Both read mitmproxy 12's proxyserver internals and do nothing when those are not there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -56,3 +57,32 @@ def close_server_connection(flow: http.HTTPFlow) -> None:
         logger.error(f"receipt-proxy: could not end the upstream exchange of flow {flow.id}")
         return
     transport.handler.cancel("receipt-proxy: upstream deadline passed")
+
+
+class Deadlines:
+    """Per-flow upstream deadlines when mitmproxy forwards (receipts_forward=mitmproxy)."""
+
+    def __init__(self) -> None:
+        self._handles: dict[str, asyncio.TimerHandle] = {}
+
+    def arm(self, flow: http.HTTPFlow, seconds: float) -> None:
+        self._handles[flow.id] = asyncio.get_running_loop().call_later(seconds, self._passed, flow, seconds)
+
+    def disarm(self, flow: http.HTTPFlow) -> None:
+        handle = self._handles.pop(flow.id, None)
+        if handle:
+            handle.cancel()
+
+    def cancel_all(self) -> None:
+        for handle in self._handles.values():
+            handle.cancel()
+        self._handles.clear()
+
+    def _passed(self, flow: http.HTTPFlow, seconds: float) -> None:
+        self._handles.pop(flow.id, None)
+        if flow.response or flow.error:
+            return
+        flow.metadata["receipts"]["deadline_passed"] = True
+        logger.warning(f"receipt {flow.metadata['receipts'].get('operation_id')}: no answer within "
+                       f"{seconds:g}s; ending the upstream exchange")
+        close_server_connection(flow)

@@ -83,7 +83,7 @@ async def test_internal_error_after_commit_fails_closed(setup, monkeypatch):
     def broken(*a, **kw):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(addon, "_arm_deadline", broken)
+    monkeypatch.setattr(addon._deadlines, "arm", broken)
     f = order("D-4")
     await send(addon, f)
     assert f.response.status_code == 503
