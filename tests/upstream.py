@@ -18,7 +18,8 @@ Faults, one per request, in the order planned (then "ok"):
     400 / 404 / 409 / 429   refuse without committing
     500 / 502 / 503         commit, then answer with that status
 Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`);
-GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read.
+GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read;
+"deepjson", "badutf8" and "notjson" answer 200 with a body that cannot be judged.
 The upstream counts commits itself, per path: tests never guess.
 """
 
@@ -108,6 +109,8 @@ class Upstream:
                     self._close()
                 elif fault.isdigit():
                     self._answer(int(fault), {"error": f"status {fault}"})
+                elif fault in UNJUDGEABLE:
+                    self._raw(200, UNJUDGEABLE[fault])
                 elif items or path in up.items:
                     self._answer(200, items)
                 elif item is not None:
@@ -172,6 +175,13 @@ class Upstream:
                     out += self.rfile.read(size)
                     self.rfile.readline()
 
+            def _raw(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def _answer(self, status: int, doc: dict, headers: dict | None = None) -> None:
                 data = json.dumps(doc).encode()
                 self.send_response(status)
@@ -208,6 +218,14 @@ class Upstream:
         if self.server:
             self.server.shutdown()
             self.server.server_close()
+
+
+# Read answers that are 200 but cannot be judged (plan_read(path, "deepjson"), ...).
+UNJUDGEABLE = {
+    "deepjson": b"[" * 100_000 + b"]" * 100_000,  # json.loads raises RecursionError
+    "badutf8": b'[{"title": "\xff\xfe"}]',
+    "notjson": b"<html>not json</html>",
+}
 
 
 def _query_fault(path: str) -> str:
@@ -248,10 +266,33 @@ def make_self_signed_cert(directory: Path) -> tuple[Path, Path]:
 
 
 def free_port() -> int:
-    """A loopback port with nothing listening on it (for 'connection refused')."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """
+    A loopback port nothing listens on, that no other process will be handed for a minute.
+
+    Servers should not use this: Upstream and the test proxies bind port 0 and report the port
+    they got (tests/conftest.py: Proxy, ScriptsRun). It is for the few ports that must be known
+    before anything listens: a port that refuses connections ("connection refused" faults, then
+    possibly an Upstream(port=...) there), mitmweb's web port (which cannot be 0; ScriptsRun
+    retries on another if mitmweb fails to bind it), and a next-hop mitmdump started by hand.
+
+    Why that is safe: binding port 0, closing it and binding it again later is a race, since the
+    kernel may hand the port to any other process's bind(("...", 0)) in between. So the port is
+    not just closed: a connection to it is accepted and the accepted side closed first, which
+    leaves the port in TIME_WAIT (60 s on Linux). Linux does not hand a port in TIME_WAIT to a
+    bind to port 0 (18,000 such binds in a row never got it, where a plainly closed port came
+    back within 7,000), while a server that binds it by number with SO_REUSEADDR gets it
+    (ThreadingHTTPServer, asyncio and so mitmproxy, and tornado so mitmweb, all set it); and
+    with no listener there, a connection to it is refused.
+    """
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            accepted, _ = listener.accept()
+            accepted.close()  # the side that closes first keeps the TIME_WAIT: this port's side
+    return port
 
 
 if __name__ == "__main__":  # a test API to try the proxy by hand: python tests/upstream.py [PORT]
