@@ -1,4 +1,4 @@
-# Shared by scripts/run, scripts/test and scripts/bench: find Python >= 3.12 and keep .venv current.
+# Shared by scripts/run, scripts/test, scripts/check and scripts/bench: find Python >= 3.12 and keep .venv current.
 # shellcheck shell=bash
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,9 +36,28 @@ find_python() {
   return 1
 }
 
+# stamp_covers STAMP HASH EXTRAS: STAMP records an install, for this pyproject.toml HASH, whose extras include
+# every one in the comma-separated EXTRAS (an install of .[test,check] satisfies "test" and "", .[test] satisfies "").
+stamp_covers() {
+  local stamp="$1" hash="$2" extras="$3" h spec have e ok
+  [ -f "$stamp" ] || return 1
+  while read -r h spec; do
+    [ "$h" = "$hash" ] || continue
+    have="${spec#.}"; have="${have#[}"; have="${have%]}"
+    ok=1
+    for e in ${extras//,/ }; do
+      case ",$have," in *",$e,"*) ;; *) ok=0; break ;; esac
+    done
+    [ "$ok" = 1 ] && return 0
+  done < "$stamp"
+  return 1
+}
+
 # ensure_venv [EXTRAS]: create .venv if needed and (re)install the project when pyproject.toml changed.
+# EXTRAS is a comma-separated list of optional-dependency groups, e.g. "test" or "test,check".
 ensure_venv() {
-  local extras="${1:-}" spec="." stamp want hash py
+  local extras="${1:-}" spec="." stamp hash py
+  extras="${extras// /}"
   [ -n "$extras" ] && spec=".[$extras]"
   if [ ! -x "$VENV/bin/python" ] || ! python_ok "$VENV/bin/python"; then
     py="$(find_python)" || exit 1
@@ -48,12 +67,10 @@ ensure_venv() {
   fi
   stamp="$VENV/.receipt-proxy-installed"
   hash="$(sha256sum < "$ROOT/pyproject.toml" | cut -c1-16)"
-  want="$hash $spec"
-  # An install with extras also satisfies a request for none (scripts/run after scripts/test).
-  if ! grep -qxF "$want" "$stamp" 2>/dev/null && ! { [ -z "$extras" ] && grep -q "^$hash " "$stamp" 2>/dev/null; }; then
+  if ! stamp_covers "$stamp" "$hash" "$extras"; then
     echo "installing receipt-proxy$([ -n "$extras" ] && echo " with [$extras]") into $VENV ..." >&2
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT$([ -n "$extras" ] && echo "[$extras]")" >&2 \
       || { echo "error: pip install failed (see above)" >&2; exit 1; }
-    echo "$want" >> "$stamp"
+    echo "$hash $spec" >> "$stamp"
   fi
 }
