@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,10 +16,30 @@ BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
 
 
+# mitmproxy's line once a proxy mode has bound its socket (proxy/mode_servers.py): with `-p 0`
+# the kernel picks the port at bind time, and this line says which.
+LISTENING = re.compile(r"proxy[^\n]* listening at 127\.0\.0\.1:(\d+)\.")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """
+    A loopback port nothing listens on, that no other process will be handed for a minute: only
+    for the bench upstream, whose port bench/__main__.py takes before it starts (mitmdump
+    binds port 0 instead). Not closed plainly, which would let any other process's bind to
+    port 0 take it before the upstream binds it: a connection is accepted and the accepted side
+    closed first, leaving the port in TIME_WAIT (60 s on Linux). Linux does not hand a port in
+    TIME_WAIT to a bind to port 0, while the upstream (asyncio: SO_REUSEADDR) binds it by number.
+    The same as tests/upstream.py's free_port.
+    """
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((HOST, 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        with socket.create_connection((HOST, port), timeout=5):
+            accepted, _ = listener.accept()
+            accepted.close()  # the side that closes first keeps the TIME_WAIT: this port's side
+    return port
 
 
 def port_open(port: int) -> bool:
@@ -28,11 +49,16 @@ def port_open(port: int) -> bool:
 
 
 class Process:
-    """A child process whose output goes to a log file; `ready` is a line it must print."""
+    """
+    A child process whose output goes to a log file; `ready` is a line it must print. `port`:
+    the port it listens on, if known before it starts; with `listening`, the port is read
+    from mitmproxy's "listening at" line instead (a mitmdump started with `-p 0`).
+    """
 
     def __init__(self, name: str, args: list[str], log: Path, ready: str, port: int | None = None,
-                 cwd: Path = ROOT):
+                 cwd: Path = ROOT, listening: bool = False):
         self.name, self.args, self.log_path, self.ready, self.port, self.cwd = name, args, log, ready, port, cwd
+        self.listening = listening
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Process:
@@ -53,7 +79,10 @@ class Process:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            if self.ready in self.log() and (self.port is None or port_open(self.port)):
+            text = self.log()
+            if self.listening and (m := LISTENING.search(text)):
+                self.port = int(m.group(1))
+            if self.ready in text and (not self.listening or self.port) and (self.port is None or port_open(self.port)):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"{self.name} not ready after {timeout:g}s (log: {self.log_path}):\n{self.log()[-3000:]}")
@@ -80,10 +109,10 @@ def upstream(workdir: Path) -> tuple[Process, int]:
 
 
 def mitmdump(name: str, workdir: Path, script: Path, ready: str, extra: list[str] = ()) -> Process:
-    """mitmdump on 127.0.0.1 with defaults, one script, and its own confdir (its own CA)."""
-    port = free_port()
+    """mitmdump on 127.0.0.1 with defaults, one script, and its own confdir (its own CA); its
+    port (`.port`) is the kernel's pick, known once wait_ready() returns."""
     confdir = workdir / f"conf-{name}"
     confdir.mkdir(exist_ok=True)
-    args = [str(BIN / "mitmdump"), "--listen-host", HOST, "-p", str(port), "--set", f"confdir={confdir}",
+    args = [str(BIN / "mitmdump"), "--listen-host", HOST, "-p", "0", "--set", f"confdir={confdir}",
             "-s", str(script), *extra]
-    return Process(name, args, workdir / f"{name}.log", ready, port)
+    return Process(name, args, workdir / f"{name}.log", ready, listening=True)

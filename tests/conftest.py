@@ -5,14 +5,17 @@ real upstream (tests/upstream.py) on 127.0.0.1, driven by real clients.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +69,15 @@ def at_once(*calls):
     return results
 
 
+# What mitmproxy logs once a proxy mode has bound its socket (proxy/mode_servers.py:
+# "<mode description> listening at <address>."). With `-p 0` the kernel picks the port at bind
+# time and this line is the only place that says which: there is no window in which another
+# process could take it, as there is between probing a free port and binding it.
+LISTENING = re.compile(r"(?:HTTP\(S\) proxy|SOCKS v5 proxy|reverse proxy)[^\n]* listening at 127\.0\.0\.1:(\d+)\.")
+
+
 class Proxy:
-    """A mitmdump process with the receipts addon; stopped by PID."""
+    """A mitmdump process with the receipts addon, on a port the kernel picks; stopped by PID."""
 
     def __init__(self, workdir: Path, confdir: Path, *, db: Path | None = None, rules: Path = TEST_RULES,
                  upstream_ca: Path | None = None, extra: tuple[str, ...] = ()):
@@ -77,12 +87,13 @@ class Proxy:
         self.rules = rules
         self.upstream_ca = upstream_ca
         self.extra = extra
-        self.port = 0
+        self.port = 0  # known once started: read from mitmproxy's "listening at" line
         self.proc: subprocess.Popen | None = None
         self.log_path = workdir / f"proxy-{uuid.uuid4().hex[:6]}.log"
+        self._log_from = 0  # where this start's lines begin in the log (a restart appends to it)
 
     def args(self) -> list[str]:
-        args = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", str(self.port),
+        args = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", "0",
                 "--set", f"confdir={self.confdir}", "-s", str(ADDON),
                 "--set", f"receipts_db={self.db}", "--set", f"receipts_rules={self.rules}",
                 "--set", "flow_detail=0"]  # as scripts/run --headless: mitmdump would print raw URLs
@@ -91,19 +102,31 @@ class Proxy:
         return args + list(self.extra)
 
     def start(self, wait: bool = True) -> Proxy:
-        self.port = self.port or free_port()
+        """Start mitmdump; with `wait`, return once it listens and the addon is ready (else call ready())."""
+        self.port = 0
         self._log = open(self.log_path, "ab")
+        self._log_from = self._log.tell()
         self.proc = subprocess.Popen(self.args(), stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        STARTED.append(self)
         if wait:
-            wait_for(self._ready, timeout=20, what=f"mitmdump on port {self.port} (log: {self.log_path})")
+            self.ready()
+        return self
+
+    def ready(self) -> Proxy:
+        wait_for(self._ready, timeout=20, what=f"mitmdump to listen and the addon to be ready (log: {self.log_path})")
         return self
 
     def _ready(self) -> bool:
         if self.proc and self.proc.poll() is not None:
             raise AssertionError(f"mitmdump exited with {self.proc.returncode}:\n{self.log()}")
-        # mitmproxy may bind its port before the addon is configured: wait for the addon's word.
-        return "receipt-proxy: ready" in self.log()
+        text = self.log_path.read_bytes()[self._log_from:].decode(errors="replace")
+        listening = LISTENING.search(text)
+        # mitmproxy may bind its port before the addon is configured: wait for the addon's word too.
+        if not (listening and "receipt-proxy: ready" in text):
+            return False
+        self.port = int(listening.group(1))
+        return True
 
     def stop(self, sig: int = signal.SIGTERM) -> int | None:
         if self.proc and self.proc.poll() is None:
@@ -122,11 +145,96 @@ class Proxy:
 
     @property
     def url(self) -> str:
+        assert self.port, "the proxy's port is known once it is ready (Proxy.start or Proxy.ready)"
         return f"http://127.0.0.1:{self.port}"
 
     @property
     def ca(self) -> Path:
         return self.confdir / "mitmproxy-ca-cert.pem"
+
+
+WEB_URL = re.compile(r"Web server listening at (http://127\.0\.0\.1:\d+/\?token=[0-9a-f]+)")
+
+
+class ScriptsRun:
+    """
+    `scripts/run` (mitmweb; mitmdump with --headless) with its own state dir (`workdir/state`);
+    stopped by PID (scripts/run execs mitmproxy, so this PID is mitmproxy's).
+
+    The proxy port is 0 (RECEIPT_PROXY_PORT=0) and read from mitmproxy's log. mitmweb's web
+    port cannot be 0 (mitmweb would bind a random port but announce its URL with port 0), so it
+    is a free_port(): should mitmweb still fail to bind it, scripts/run is started again on
+    another port, at most `attempts` times.
+    """
+
+    def __init__(self, workdir: Path, confdir: Path, args: tuple[str, ...] = (), *, log: Path | None = None,
+                 env: dict[str, str] | None = None, attempts: int = 5):
+        self.workdir, self.confdir, self.args, self.attempts = workdir, confdir, tuple(args), attempts
+        self.headless = "--headless" in self.args
+        self.log_path = log or workdir / "run.log"
+        self.env = {"RECEIPT_PROXY_STATE_DIR": str(workdir / "state"), "RECEIPT_PROXY_RULES": str(TEST_RULES),
+                    **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.proxy_url = self.web_url = ""
+        self.tries = 0
+
+    def start(self) -> ScriptsRun:
+        for attempt in range(1, self.attempts + 1):
+            self.tries = attempt
+            env = {**os.environ, **self.env, "RECEIPT_PROXY_PORT": "0",
+                   "RECEIPT_PROXY_WEB_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
+            with open(self.log_path, "ab") as out:
+                start = out.tell()
+                self.proc = subprocess.Popen([str(ROOT / "scripts" / "run"), *self.args, "--",
+                                              "--set", f"confdir={self.confdir}"],
+                                             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+            try:
+                outcome = wait_for(lambda start=start: self._ready(start), timeout=120,
+                                   what=f"scripts/run to be ready (log: {self.log_path})")
+            except BaseException:
+                self.stop()
+                raise
+            if outcome is not True:
+                return self
+            # mitmweb could not bind its web port after all (taken since free_port()): try another.
+        raise AssertionError(f"scripts/run found no free web port in {self.attempts} attempts:\n{self.log()}")
+
+    def _ready(self, start: int) -> str | bool | None:
+        """The proxy URL once ready; True if mitmweb exited for want of its web port; None meanwhile."""
+        assert self.proc is not None
+        text = self.log_path.read_bytes()[start:].decode(errors="replace")
+        if self.proc.poll() is not None:
+            if "Web server failed to listen" in text and "Address already in use" in text:
+                return True
+            raise AssertionError(f"scripts/run exited with {self.proc.returncode}:\n{text}")
+        listening, web = LISTENING.search(text), WEB_URL.search(text)
+        if "receipt-proxy: ready" not in text or not listening or not (self.headless or web):
+            return None
+        self.proxy_url = f"http://127.0.0.1:{listening.group(1)}"
+        self.web_url = web.group(1) if web else ""
+        return self.proxy_url
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def mitmweb(tmp_path: Path, confdir: Path) -> Iterator[tuple[str, str]]:
+    """`scripts/run` with its own state dir and ports; yields (proxy URL, mitmweb URL with token); stops it by PID."""
+    run = ScriptsRun(tmp_path, confdir, log=tmp_path / "mitmweb.log").start()
+    try:
+        yield run.proxy_url, run.web_url
+    finally:
+        run.stop()
 
 
 @dataclass
@@ -154,7 +262,10 @@ class Clients:
         headers = {"Content-Type": "application/json", **SECRETS_HEADERS, **(headers or {})}
         sep = "&" if "?" in url else "?"
         url = f"{url}{sep}token={SECRETS['token']}"
-        return getattr(self, f"_{client}")(method, url, data, headers, timeout)
+        answer = getattr(self, f"_{client}")(method, url, data, headers, timeout)
+        if "x-receipt-id" in answer.headers and self.proxy not in RECORDED_TOKEN:
+            RECORDED_TOKEN.append(self.proxy)  # this proxy wrote a receipt for a URL with ?token=
+        return answer
 
     def _requests(self, method, url, data, headers, timeout) -> Answer:
         import requests
@@ -253,3 +364,79 @@ def clients(proxy) -> Clients:
 def bucket() -> str:
     """A path segment of this test's own, so upstream commit counts and receipts never mix."""
     return f"b{uuid.uuid4().hex[:12]}"
+
+
+# --- no marker secret in any receipts DB, WAL or proxy log: checked once, after the last test ---
+
+STARTED: list[Proxy] = []         # every Proxy this run started (Proxy.start)
+RECORDED_TOKEN: list[Proxy] = []  # proxies that answered a Clients.send (a URL with ?token=) with a receipt
+SWEEP: dict[str, object] = {}     # what the sweep checked, for the end-of-run summary line
+
+
+def receipts_files(base: Path) -> tuple[set[Path], set[Path]]:
+    """Every receipts DB file (the DB, its -wal, -shm, -journal) and every log under `base`."""
+    dbs = {p for p in base.rglob("*.db*") if p.is_file() and not p.name.endswith(".lock")}
+    logs = {p for p in base.rglob("*.log") if p.is_file()}
+    return dbs, logs
+
+
+def read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:  # a WAL removed as its last connection closed: its pages are in the DB
+        return b""
+
+
+def marker_secrets_in(paths: Iterable[Path]) -> list[str]:
+    """One line per marker secret found in one of `paths`."""
+    found = []
+    for path in sorted(set(paths)):
+        data = read(path)
+        found += [f"the {name} secret ({secret}) is in {path}"
+                  for name, secret in SECRETS.items() if secret.encode() in data]
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_marker_secret_anywhere(tmp_path_factory):
+    """
+    After the last test of the run, whichever tests ran: every request sent with Clients
+    carried the marker SECRETS in Authorization, Cookie, an api-key header and a ?token=
+    query, and none of them may be in any receipts DB, its WAL, or any log the run wrote:
+    all of them under the run's base temp directory, plus the DB and log of every Proxy
+    started (wherever they are). If a proxy recorded a receipt for such a request, the
+    ?token= value must show as token=REDACTED in the DBs and in that proxy's log: redacted,
+    not dropped silently. A failure here is reported as an error at the teardown of the
+    run's last test, and fails the run.
+
+    Session-scoped and autouse, so it is set up before any other fixture and torn down
+    after all of them: every proxy has stopped when it looks.
+    """
+    yield
+    dbs, logs = receipts_files(tmp_path_factory.getbasetemp())
+    for proxy in STARTED:  # the run's proxies, even one with its DB outside the base temp directory
+        dbs |= {f for f in (proxy.db, *(Path(f"{proxy.db}{x}") for x in ("-wal", "-shm", "-journal"))) if f.is_file()}
+        logs.add(proxy.log_path)
+    problems = marker_secrets_in(dbs | logs)
+    if RECORDED_TOKEN:
+        if b"token=REDACTED" not in b"".join(read(p) for p in dbs):
+            problems.append(f"no token=REDACTED in any of {len(dbs)} DB files, though receipts were recorded "
+                            f"for URLs with ?token=")
+        if not any("token=REDACTED" in p.log() for p in RECORDED_TOKEN):
+            problems.append("no token=REDACTED in the log of any proxy that recorded a URL with ?token=: "
+                            + ", ".join(str(p.log_path) for p in RECORDED_TOKEN))
+    SWEEP.update(dbs=len(dbs), logs=len(logs), redacted=bool(RECORDED_TOKEN), problems=problems)
+    if problems:
+        pytest.fail("MARKER SECRETS SWEEP FAILED:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not SWEEP:
+        return
+    if SWEEP["problems"]:
+        terminalreporter.write_line(f"marker secrets sweep: FAILED ({len(SWEEP['problems'])} problems, see the "
+                                    "error at teardown)", red=True, bold=True)
+    else:
+        terminalreporter.write_line(
+            f"marker secrets sweep: no marker secret in {SWEEP['dbs']} DB/WAL files or {SWEEP['logs']} logs"
+            + (", token=REDACTED found" if SWEEP["redacted"] else ""))

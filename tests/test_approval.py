@@ -11,8 +11,7 @@ from urllib.parse import urlsplit
 import requests
 
 from proxy_addon.store import Store
-from tests.conftest import wait_for
-from tests.test_browser import mitmweb
+from tests.conftest import mitmweb, wait_for
 
 
 def held_flow(web: requests.Session, base: str, bucket: str) -> dict:

@@ -13,20 +13,15 @@ assertions read the DOM and do not depend on fonts.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import ROOT, TEST_RULES, wait_for
-from tests.upstream import free_port
+from tests.conftest import ROOT, mitmweb
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
@@ -45,37 +40,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 BLOCKED = "⛔"  # :no_entry:, as mitmweb draws the marker
 UNKNOWN = "⚠"   # :warning: (mitmproxy's emoji table has no variation selector here)
-WEB_URL = re.compile(r"Web server listening at (http://127\.0\.0\.1:\d+/\?token=[0-9a-f]+)")
-
-
-@contextlib.contextmanager
-def mitmweb(tmp_path: Path, confdir: Path) -> Iterator[tuple[str, str]]:
-    """`scripts/run` with its own state dir and ports; yields (proxy URL, mitmweb URL with token); stops it by PID."""
-    port, web_port = free_port(), free_port()
-    env = {**os.environ, "RECEIPT_PROXY_STATE_DIR": str(tmp_path / "state"), "RECEIPT_PROXY_RULES": str(TEST_RULES),
-           "RECEIPT_PROXY_PORT": str(port), "RECEIPT_PROXY_WEB_PORT": str(web_port), "PYTHONUNBUFFERED": "1"}
-    log = tmp_path / "mitmweb.log"
-    with open(log, "wb") as out:  # scripts/run execs mitmweb: this PID is mitmweb's
-        proc = subprocess.Popen([str(ROOT / "scripts" / "run"), "--", "--set", f"confdir={confdir}"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-
-    def ready() -> re.Match | None:
-        text = log.read_text(errors="replace")
-        if proc.poll() is not None:
-            raise AssertionError(f"scripts/run exited with {proc.returncode}:\n{text}")
-        return WEB_URL.search(text) if "receipt-proxy: ready" in text else None
-
-    try:
-        web_url = wait_for(ready, timeout=60, what=f"scripts/run to be ready (log: {log})").group(1)
-        yield f"http://127.0.0.1:{port}", web_url
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
 
 
 def test_mitmweb_shows_a_blocked_duplicate_and_its_receipt(tmp_path, confdir, upstream, bucket):

@@ -1,21 +1,18 @@
 """
 Security: owner-only files, loopback by default, TLS interception only for ruled hosts.
-(No credential reaching the DB or the logs is checked last, in test_zz_secrets.py.)
+(No credential reaching the DB or the logs: test_secrets.py, and after every run the sweep
+in conftest.py, no_marker_secret_anywhere.)
 """
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import stat
-import subprocess
 from pathlib import Path
 
 import requests
 
-from tests.conftest import ROOT, Clients, Proxy, wait_for
-from tests.upstream import free_port
+from tests.conftest import Clients, Proxy, ScriptsRun
 
 
 def mode(path: Path) -> int:
@@ -70,30 +67,23 @@ def test_intercept_all_intercepts_unruled_hosts_too(tmp_path, confdir, tls_upstr
         proxy.stop()
 
 
-def run_script(args: list[str], tmp_path: Path, confdir: Path, marker: str) -> str:
-    """Start scripts/run, wait for `marker` in its output, stop it by PID, return the output."""
-    log = tmp_path / f"run-{len(args)}.log"
-    env = {**os.environ, "RECEIPT_PROXY_STATE_DIR": str(tmp_path / "state"), "RECEIPT_PROXY_PORT": str(free_port()),
-           "RECEIPT_PROXY_WEB_PORT": str(free_port()), "RECEIPT_PROXY_RULES": str(ROOT / "tests" / "rules_it")}
-    with open(log, "wb") as out:
-        p = subprocess.Popen([str(ROOT / "scripts" / "run"), *args, "--", "--set", f"confdir={confdir}"],
-                             stdout=out, stderr=subprocess.STDOUT, env=env)
+def run_script(args: list[str], tmp_path: Path, confdir: Path) -> str:
+    """Start scripts/run, wait until it is ready, stop it by PID, return its output."""
+    run = ScriptsRun(tmp_path, confdir, tuple(args), log=tmp_path / f"run-{len(args)}.log")
     try:
-        wait_for(lambda: marker in log.read_text() or p.poll() is not None, timeout=120, what=marker)
-        return log.read_text()
+        run.start()
     finally:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGTERM)
-        p.wait(timeout=20)
+        run.stop()
+    return run.log()
 
 
 def test_scripts_run_binds_the_proxy_to_loopback(tmp_path, confdir):
-    out = run_script(["--headless"], tmp_path, confdir, "receipt-proxy: ready")
+    out = run_script(["--headless"], tmp_path, confdir)
     assert re.search(r"HTTP\(S\) proxy listening at 127\.0\.0\.1:\d+\.", out), out
     assert "export HTTPS_PROXY=http://127.0.0.1:" in out
 
 
 def test_scripts_run_mitmweb_binds_to_loopback_and_keeps_its_token(tmp_path, confdir):
-    out = run_script([], tmp_path, confdir, "receipt-proxy: ready")
+    out = run_script([], tmp_path, confdir)
     assert re.search(r"HTTP\(S\) proxy listening at 127\.0\.0\.1:\d+\.", out), out
     assert re.search(r"Web server listening at http://127\.0\.0\.1:\d+/\?token=[0-9a-f]{16,}", out), out

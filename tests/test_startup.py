@@ -23,8 +23,7 @@ operations:
 
 
 def run_until_exit(proxy: Proxy) -> tuple[int, str]:
-    """Start mitmdump with the proxy's arguments; it must exit by itself."""
-    proxy.port = free_port()
+    """Start mitmdump with the proxy's arguments (port 0: the kernel picks one); it must exit by itself."""
     p = subprocess.run(proxy.args(), capture_output=True, text=True, timeout=30, cwd=proxy.workdir)
     return p.returncode, p.stdout + p.stderr
 
