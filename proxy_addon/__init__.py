@@ -13,6 +13,8 @@ from proxy_addon.states import TRANSITIONS, UNRESOLVED, State
 from proxy_addon.store import Attempt, Decision, Event, Receipt, Store
 
 __all__ = [
+    "TRANSITIONS",
+    "UNRESOLVED",
     "Attempt",
     "Decision",
     "Event",
@@ -25,8 +27,6 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
-    "TRANSITIONS",
-    "UNRESOLVED",
     "UnknownReceipt",
     "load_rules",
     "load_rules_path",

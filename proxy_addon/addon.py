@@ -10,6 +10,6 @@ from pathlib import Path
 if __package__ != "proxy_addon":  # loaded with `mitmdump -s path/to/addon.py` from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy_addon.mitm import make_addons  # noqa: E402  (the path above comes first)
+from proxy_addon.mitm import make_addons  # after the sys.path change above
 
 addons = make_addons()

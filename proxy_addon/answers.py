@@ -64,7 +64,8 @@ def duplicate(receipt: Receipt, kind: str, *, retry_after: dt.datetime | None = 
     if kind == "key_conflict":
         return json_answer(422, {
             "error": "idempotency_key_reused", **base,
-            "hint": "this Idempotency-Key was already used for a different request; use a new key for a new request",
+            "hint": "this Idempotency-Key was already used for a different request; "
+                    "use a new key for a new request",
         }, receipt_headers(receipt))
     if kind == "blocked_succeeded":
         return json_answer(409, {
@@ -124,7 +125,10 @@ def denied(receipt: Receipt, reason: str) -> Answer:
 
 
 def recorded(status: int, headers: Iterable[tuple[str, str]], body: bytes, cap: int) -> RecordedResponse:
-    """What is kept of an upstream answer for replay: its headers but credentials and framing, its decoded body up to `cap`."""
+    """
+    What is kept of an upstream answer for replay: its headers but credentials and framing,
+    its decoded body up to `cap`.
+    """
     return RecordedResponse(
         status=status,
         headers=[(k, v) for k, v in headers if k.lower() not in UNRECORDED_HEADERS],

@@ -17,8 +17,9 @@ Transport failures of the addon's own exchange (httpx's exception types):
 - anything after the request could have been written (WriteError, ReadError, ReadTimeout,
   RemoteProtocolError, our overall deadline) → outcome_unknown.
 
-Errors of mitmproxy's own forwarding (its `error` hook, `receipts_forward=mitmproxy`). What this relies on, read in mitmproxy 12.3's
-`proxy/layers/http/__init__.py` and checked by the integration tests:
+Errors of mitmproxy's own forwarding (its `error` hook, `receipts_forward=mitmproxy`). What this
+relies on, read in mitmproxy 12.3's `proxy/layers/http/__init__.py` and checked by the
+integration tests:
 - The addon runs with `connection_strategy=lazy`, so the server connection opens
   after the `request` hook and every upstream failure reaches the flow's error hook.
 - `make_server_connection()` assigns `flow.server_conn` only once the connection
@@ -48,9 +49,21 @@ from proxy_addon.states import State
 from proxy_addon.store import RecordedResponse
 
 __all__ = [
-    "Outcome", "answer_outcome", "classify_error", "classify_response", "classify_status", "dig_all",
-    "error_outcome", "external_id_of", "failure_outcome", "id_in", "maybe_sent", "never_sent",
-    "response_external_id", "rule_fits", "deadline_outcome",
+    "Outcome",
+    "answer_outcome",
+    "classify_error",
+    "classify_response",
+    "classify_status",
+    "deadline_outcome",
+    "dig_all",
+    "error_outcome",
+    "external_id_of",
+    "failure_outcome",
+    "id_in",
+    "maybe_sent",
+    "never_sent",
+    "response_external_id",
+    "rule_fits",
 ]
 
 NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
@@ -150,7 +163,7 @@ def classify_status(status: int, op: Operation | None = None) -> State:
     if op is not None:
         code, klass = str(status), f"{status // 100}xx"
         for key, state in op.classify:
-            if key == code or key == klass:
+            if key in (code, klass):
                 return state  # type: ignore[return-value]  # ALREADY_EXISTS is handled by the caller
     if status < 400:
         return State.SUCCEEDED

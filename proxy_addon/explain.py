@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from proxy_addon import gql
 from proxy_addon.fingerprint import RequestView, fingerprint
-from proxy_addon.redaction import REDACTED, ALWAYS_SECRET_HEADERS, SECRET_NAME, redact_url
+from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
 from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
 
 SHOWN = 120  # characters of a value shown
@@ -177,7 +177,8 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "fingerprint fields (nothing else of the request enters it):"]
     lines += [f"  {k} = {_short(v)}" for k, v in fp["fields"].items()] or ["  (none: the body is ignored)"]
     principal = fp["principal"]
-    lines.append(f"  principal = {'anonymous (no credential)' if principal == 'anonymous' else principal + ' (a keyed hash of the credential)'}")
+    shown = "anonymous (no credential)" if principal == "anonymous" else f"{principal} (a keyed hash of the credential)"
+    lines.append(f"  principal = {shown}")
     lines += [f"fingerprint: {fp['value']}"]
     if "key_note" in report:
         lines.append(f"  ({report['key_note']})")

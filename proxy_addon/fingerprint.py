@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from proxy_addon import identity
 from proxy_addon.jsonpath import dig, parse_json
-from proxy_addon.redaction import REDACTED, credential_names, redact_url
+from proxy_addon.redaction import credential_names, redact_url
 from proxy_addon.rules import Match
 from proxy_addon.store import Attempt
 

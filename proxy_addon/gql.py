@@ -19,8 +19,18 @@ from typing import Any
 
 from graphql import GraphQLError, parse, print_ast
 from graphql.language import (
-    DocumentNode, FieldNode, FragmentDefinitionNode, FragmentSpreadNode, InlineFragmentNode, NameNode,
-    ObjectFieldNode, ObjectValueNode, OperationDefinitionNode, OperationType, SelectionSetNode, StringValueNode,
+    DocumentNode,
+    FieldNode,
+    FragmentDefinitionNode,
+    FragmentSpreadNode,
+    InlineFragmentNode,
+    NameNode,
+    ObjectFieldNode,
+    ObjectValueNode,
+    OperationDefinitionNode,
+    OperationType,
+    SelectionSetNode,
+    StringValueNode,
     VariableNode,
 )
 from graphql.pyutils import Undefined

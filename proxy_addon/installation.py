@@ -32,7 +32,10 @@ class Installation:
 
     @classmethod
     def open(cls, db: str | Path, *, secret: str | None = None, lock_timeout: float = 5.0) -> Installation:
-        """Open (creating where needed) the database and key, and claim an instance id. Raises ReceiptsError, OSError, ValueError."""
+        """
+        Open (creating where needed) the database and key, and claim an instance id.
+        Raises ReceiptsError, OSError, ValueError.
+        """
         path = Path(db).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = load_or_create_key(key_path(path, secret))

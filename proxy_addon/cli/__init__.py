@@ -31,7 +31,16 @@ from pathlib import Path
 from proxy_addon.cli.commands import COMMANDS, Command
 from proxy_addon.cli.output import event_json, operation_name, print_json, print_table, receipt_json, short_time
 from proxy_addon.cli.values import (
-    HEADER_NAME, SINCE_HELP, UsageError, age, cli_actor, parse_age, parse_since, positive_int, positive_seconds, sendable,
+    HEADER_NAME,
+    SINCE_HELP,
+    UsageError,
+    age,
+    cli_actor,
+    parse_age,
+    parse_since,
+    positive_int,
+    positive_seconds,
+    sendable,
 )
 from proxy_addon.errors import ReceiptsError, StoreError
 from proxy_addon.paths import default_db

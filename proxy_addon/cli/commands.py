@@ -7,7 +7,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy_addon.cli.receipts import (
-    blocked_args, blocked_run, export_args, export_run, list_args, list_run, prune_args, prune_run, show_args, show_run,
+    blocked_args,
+    blocked_run,
+    export_args,
+    export_run,
+    list_args,
+    list_run,
+    prune_args,
+    prune_run,
+    show_args,
+    show_run,
 )
 from proxy_addon.cli.reconcile import reconcile_args, reconcile_run
 from proxy_addon.cli.resolve import resolve_args, resolve_run
@@ -54,7 +63,8 @@ COMMANDS: dict[str, Command] = {
         "Until it is resolved, the proxy blocks identical requests; after safe_to_retry or\n"
         "rejected it forwards the next one as a retry. The change is recorded with your\n"
         "login name (actor cli:NAME) and the note.",
-        ['receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" --external-id 1234567',
+        ['receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" '
+         '--external-id 1234567',
          'receipts resolve 20261129T184210Z-1fd54b31a2 --as safe_to_retry --note "not on the dashboard after 1h"',
          'receipts resolve 20261129T184210Z-1fd54b31a2 --as rejected --note "support says it was refused"'],
         resolve_args, resolve_run,

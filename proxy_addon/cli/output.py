@@ -33,7 +33,7 @@ def print_table(headers: list[str], rows: list[list[Any]]) -> None:
     cells = [[("-" if v is None or v == "" else str(v)) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in [headers, *cells]) for i in range(len(headers) - 1)]
     for row in [headers, *cells]:
-        print("  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]).rstrip())
+        print("  ".join([c.ljust(w) for c, w in zip(row, widths, strict=False)] + [row[-1]]).rstrip())
 
 
 def operation_name(r: Receipt) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
 import os
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from proxy_addon.cli.values import HEADER_NAME, UsageError, cli_actor, positive_seconds, sendable
 from proxy_addon.errors import IllegalTransition, RulesError

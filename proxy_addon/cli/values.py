@@ -43,7 +43,8 @@ def parse_since(text: str | None, now: dt.datetime, option: str = "--since") -> 
         t = dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise UsageError(
-            f"{option}: {text!r} is neither an ISO date or time (2026-11-01, 2026-11-01T12:00:00Z) nor an age (90m, 2h, 7d)"
+            f"{option}: {text!r} is neither an ISO date or time (2026-11-01, 2026-11-01T12:00:00Z) "
+            "nor an age (90m, 2h, 7d)"
         ) from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=dt.UTC)

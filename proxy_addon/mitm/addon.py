@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
 import httpx
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
@@ -30,8 +31,8 @@ from proxy_addon.installation import Installation
 from proxy_addon.mitm import exchange, flows, internals, options
 from proxy_addon.mitm.approval import await_approval
 from proxy_addon.mitm.flows import MARKERS, META, headers_of, mark, request_view, response_of
-from proxy_addon.redaction import credentials_from
 from proxy_addon.reconcile import retry_after
+from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, Store, utcnow

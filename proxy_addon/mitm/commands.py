@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from mitmproxy import command, ctx, exceptions
 from mitmproxy import flow as mflow
 
@@ -43,7 +41,7 @@ class ReceiptCommands:
 
     @command.command("receipts.reconcile")
     def reconcile_flow(self, f: mflow.Flow) -> str:
-        """Look for the effect of a flow's unknown outcome with a read, using that flow's credentials: receipts.reconcile @focus"""
+        """Look for a flow's unknown outcome with a read, using the flow's credentials: receipts.reconcile @focus"""
         meta, receipt = self._flow_receipt(f)
         rules, gate = self.receipts.rules, self.receipts.gate
         op = rules.operation(meta["api"], meta["operation"]) if rules else None
@@ -53,9 +51,9 @@ class ReceiptCommands:
         if op is None or gate is None:
             raise exceptions.CommandError(f"the rules no longer have {receipt.api} {receipt.operation}")
         credentials = credentials_from(op.credential_headers, headers_of(f.request))  # type: ignore[attr-defined]  # an HTTP flow
-        task = gate.reconcile(op, receipt, credentials, reason="an operator asked for a read",
-                              actor="mitmweb operator (receipts.reconcile)")
-        asyncio.ensure_future(task)
+        # The gate runs the read as a task of its own and holds it until it ends; the flow's comment shows the result.
+        gate.reconcile(op, receipt, credentials, reason="an operator asked for a read",
+                       actor="mitmweb operator (receipts.reconcile)")
         return f"reconciling receipt {receipt.operation_id}; its flow's comment shows the result"
 
     @command.command("receipts.resolve")

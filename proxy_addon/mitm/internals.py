@@ -51,7 +51,10 @@ def _transport(flow: http.HTTPFlow, conn: Any) -> Any:
 
 
 def close_server_connection(flow: http.HTTPFlow) -> None:
-    """End a flow's upstream exchange. mitmproxy 12 has no public call for this (flow.kill() cannot stop a flow in transit)."""
+    """
+    End a flow's upstream exchange. mitmproxy 12 has no public call for this
+    (flow.kill() cannot stop a flow in transit).
+    """
     transport = _transport(flow, flow.server_conn)
     if transport is None or transport.handler is None:
         logger.error(f"receipt-proxy: could not end the upstream exchange of flow {flow.id}")

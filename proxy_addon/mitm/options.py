@@ -36,15 +36,19 @@ class Option(NamedTuple):
 
 OPTIONS: list[Option] = [
     Option("receipts_db", str, DEFAULT_DB,
-           "Path of the SQLite receipts database (created with mode 0600), e.g. --set receipts_db=~/.local/state/receipt-proxy/receipts.db"),
+           "Path of the SQLite receipts database (created with mode 0600), "
+           "e.g. --set receipts_db=~/.local/state/receipt-proxy/receipts.db"),
     Option("receipts_rules", str, DEFAULT_RULES,
            "A rules file, or a folder whose *.yaml files are loaded, e.g. --set receipts_rules=./rules"),
     Option("receipts_secret", str, "",
-           "Path of the per-installation HMAC key that hashes credentials into the principal; created on first run with mode 0600. Default: secret.key beside receipts_db"),
+           "Path of the per-installation HMAC key that hashes credentials into the principal; "
+           "created on first run with mode 0600. Default: secret.key beside receipts_db"),
     Option("receipts_replay_window", int, 86400,
-           "Seconds after success during which a duplicate gets the recorded response (after_success: replay), e.g. --set receipts_replay_window=3600"),
+           "Seconds after success during which a duplicate gets the recorded response (after_success: replay), "
+           "e.g. --set receipts_replay_window=3600"),
     Option("receipts_upstream_timeout", int, 300,
-           "Seconds to wait for the upstream's answer to a matched request; past that the exchange is ended and the receipt is outcome_unknown"),
+           "Seconds to wait for the upstream's answer to a matched request; "
+           "past that the exchange is ended and the receipt is outcome_unknown"),
     Option("receipts_lock_timeout", int, 5,
            "Seconds to wait for a locked receipts database before answering 503 (not sent)"),
     Option("receipts_response_cap", int, 1048576,
@@ -52,10 +56,12 @@ OPTIONS: list[Option] = [
     Option("receipts_read_timeout", int, 30,
            "Seconds a reconcile read (GET/HEAD) may take before the receipt goes to manual_review"),
     Option("receipts_wait_submitted", int, 30,
-           "Seconds a duplicate of a request still in flight waits for its outcome (then gets the replay, or the 409); 0: answer 409 at once"),
+           "Seconds a duplicate of a request still in flight waits for its outcome "
+           "(then gets the replay, or the 409); 0: answer 409 at once"),
     Option("receipts_forward", str, "addon",
-           "Who sends matched requests upstream: 'addon' (the exchange survives an agent that hangs up, so the real "
-           "outcome is recorded) or 'mitmproxy' (mitmproxy's own forwarding; an agent that hangs up leaves outcome_unknown)",
+           "Who sends matched requests upstream: 'addon' (the exchange survives an agent that hangs up, "
+           "so the real outcome is recorded) or 'mitmproxy' (mitmproxy's own forwarding; "
+           "an agent that hangs up leaves outcome_unknown)",
            FORWARD_CHOICES),
     Option("receipts_debug_pause", str, "",
            "For crash tests only: pause a matched request at a point, e.g. after_commit:10 (the receipt is committed, "

@@ -19,12 +19,33 @@ with nodes.py (strict YAML values), load_operation.py, load_classify.py and load
 """
 
 from proxy_addon.rules.loader import (
-    check_rules, check_rules_path, load_rules, load_rules_path, rules_files, rules_signature,
+    check_rules,
+    check_rules_path,
+    load_rules,
+    load_rules_path,
+    rules_files,
+    rules_signature,
 )
 from proxy_addon.rules.model import (
-    AFTER_SUCCESS, ALREADY_EXISTS, CLASSIFIABLE, KEYS, METHODS, TEMPLATE_VAR, AfterSuccess, Check, ClassifyRule,
-    FingerprintSpec, Match, Operation, PathTemplate, ReconcileSpec, RuleFile, RuleSet, host_pattern,
-    parse_path_template, template_variables,
+    AFTER_SUCCESS,
+    ALREADY_EXISTS,
+    CLASSIFIABLE,
+    KEYS,
+    METHODS,
+    TEMPLATE_VAR,
+    AfterSuccess,
+    Check,
+    ClassifyRule,
+    FingerprintSpec,
+    Match,
+    Operation,
+    PathTemplate,
+    ReconcileSpec,
+    RuleFile,
+    RuleSet,
+    host_pattern,
+    parse_path_template,
+    template_variables,
 )
 
 __all__ = [

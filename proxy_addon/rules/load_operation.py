@@ -18,7 +18,15 @@ from proxy_addon.redaction import is_secret_header, is_secret_name
 from proxy_addon.rules.load_classify import load_classify
 from proxy_addon.rules.load_reconcile import load_reconcile
 from proxy_addon.rules.model import (
-    AFTER_SUCCESS, ALREADY_EXISTS, IDENT, KEYS, METHODS, AfterSuccess, FingerprintSpec, Operation, PathTemplate,
+    AFTER_SUCCESS,
+    ALREADY_EXISTS,
+    IDENT,
+    KEYS,
+    METHODS,
+    AfterSuccess,
+    FingerprintSpec,
+    Operation,
+    PathTemplate,
     parse_path_template,
 )
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry

@@ -50,7 +50,8 @@ def _read_method(ctx: Ctx, read: dict[str, Entry], f: str) -> str:
         method = ctx.string(read["method"][1], f"{f}.read.method").upper()
         if method not in ("GET", "HEAD", "POST"):
             raise ctx.error(read["method"][1], f"{f}.read.method",
-                            f"{method!r}: a reconcile read is GET or HEAD (or a POST to a path listed in post_reads), never a write")
+                            f"{method!r}: a reconcile read is GET or HEAD "
+                            "(or a POST to a path listed in post_reads), never a write")
     return method
 
 
@@ -89,7 +90,8 @@ def _post_body(ctx: Ctx, rec: dict[str, Entry], read: dict[str, Entry], f: str, 
     if not any(t.match(path) is not None for t in ctx.post_reads):
         listed = ", ".join(t.template for t in ctx.post_reads) or "none"
         raise ctx.error(read["method"][1], f"{f}.read.method",
-                        f"a reconcile read is GET or HEAD, never a write; a POST read is allowed only to a path listed in post_reads (listed: {listed}); "
+                        "a reconcile read is GET or HEAD, never a write; "
+                        f"a POST read is allowed only to a path listed in post_reads (listed: {listed}); "
                         f"{url!r} is not one of them")
     if "body" not in read:
         raise ctx.error(rec["read"][1], f"{f}.read.body", "a POST read needs a body (a mapping, sent as JSON)")

@@ -150,7 +150,10 @@ def _hosts(ctx: Ctx, top: dict[str, Entry]) -> list[str]:
 
 
 def _credentials(ctx: Ctx, top: dict[str, Entry]) -> Credentials:
-    """`credentials:`: the headers that carry them (lower case; also set on ctx), the env var and the scheme for CLI reads."""
+    """
+    `credentials:`: the headers that carry them (lower case; also set on ctx), the env var and
+    the scheme for CLI reads.
+    """
     credential_headers: tuple[str, ...] = ()
     credentials_env = credentials_scheme = None
     if "credentials" in top:

@@ -255,7 +255,8 @@ def parse_path_template(template: str) -> PathTemplate:
         raise ValueError(f"path template {template!r} must start with '/'")
     if "?" in template or "#" in template:
         raise ValueError(
-            f"path template {template!r} contains a query or fragment; match the path only and list query parameters under fingerprint.query"
+            f"path template {template!r} contains a query or fragment; "
+            "match the path only and list query parameters under fingerprint.query"
         )
     params: list[str] = []
     pattern = ""

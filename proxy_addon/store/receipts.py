@@ -93,7 +93,8 @@ class ReceiptStore(ReceiptReads):
             (a.intent_fingerprint,))
         if a.client_key:
             other = self._receipt(
-                f"SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint != ? ORDER BY {order} DESC LIMIT 1",
+                "SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint != ? "
+                f"ORDER BY {order} DESC LIMIT 1",
                 (a.client_key, a.intent_fingerprint))
             if other is not None:  # draft-ietf-httpapi-idempotency-key-header: a reused key, another request
                 return Decision("key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request")
@@ -242,13 +243,17 @@ class ReceiptStore(ReceiptReads):
                 current = State.MANUAL_REVIEW
             if current is not State.MANUAL_REVIEW:
                 raise IllegalTransition(
-                    f"receipt {operation_id} is {current}; only outcome_unknown and manual_review receipts are resolved by hand"
+                    f"receipt {operation_id} is {current}; "
+                    "only outcome_unknown and manual_review receipts are resolved by hand"
                 )
             self._step(operation_id, to, frozenset({State.MANUAL_REVIEW}), fields, f"resolved by hand: {note}", actor, None)
         return self.get(operation_id)
 
     def claim_for_reconcile(self, operation_id: str, *, actor: str, reason: str = "reconciling with a read") -> Receipt:
-        """`outcome_unknown`/`manual_review` → `reconciling`. Only one claimant wins; the others get IllegalTransition."""
+        """
+        `outcome_unknown`/`manual_review` → `reconciling`. Only one claimant wins;
+        the others get IllegalTransition.
+        """
         with self._write():
             self._step(operation_id, State.RECONCILING, frozenset({State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW}),
                        {}, reason, actor, None)

@@ -133,7 +133,7 @@ class SQLiteStore(ReceiptStore):
         try:
             cursor = self.conn.execute(sql, params)
             names = [d[0] for d in cursor.description]
-            return [dict(zip(names, row)) for row in cursor.fetchall()]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
         except sqlite3.Error as e:
             raise self._failure(e) from e
 
