@@ -1,0 +1,188 @@
+"""
+The addon's own upstream exchange (proxy_addon/mitm/exchange.py) against the real upstream of
+tests/upstream.py: an answer comes back as a mitmproxy Response, a failure as an Outcome
+(not_sent when the connection never carried the request, else outcome_unknown), and the
+request is sent exactly once whatever happens. The upstream counts what it saw.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from mitmproxy import http
+
+from proxy_addon.classify import Outcome
+from proxy_addon.mitm.exchange import make_client, send
+from proxy_addon.states import State
+from proxy_addon.upstream import Upstream
+
+BODY = b'{"title": "hello"}'
+
+
+def path() -> str:
+    return f"/api/x{uuid.uuid4().hex[:12]}/things"
+
+
+def request(url: str, headers: dict[str, str] | None = None, content: bytes = BODY) -> http.Request:
+    return http.Request.make("POST", url, content, {"Content-Type": "application/json", **(headers or {})})
+
+
+def received(up, p: str) -> dict:
+    """The one write the upstream saw at `p` (fails if it saw another number)."""
+    writes = [r for r in up.requests if r["method"] == "POST" and r["path"] == p]
+    assert len(writes) == 1, f"the upstream saw {len(writes)} writes at {p}"
+    return writes[0]
+
+
+@pytest.fixture
+def refusing_port() -> Iterator[int]:
+    """A port bound but not listening: connections to it are refused, and no other process can take it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    try:
+        yield s.getsockname()[1]
+    finally:
+        s.close()
+
+
+# --- answers ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("fault", "status"), [("ok", 201), ("slow", 201), ("409", 409), ("500", 500), ("503", 503)])
+async def test_an_answer_comes_back_as_a_response(upstream, fault, status):
+    p = path()
+    upstream.plan(p, fault)
+    async with make_client(Upstream()) as client:
+        result = await send(client, request(f"{upstream.url}{p}"), deadline=5)
+    assert isinstance(result, http.Response), result
+    assert result.status_code == status
+    assert result.headers.get_all("content-length") == [str(len(result.raw_content))]
+    if status == 201:
+        assert result.json() == {"id": 1, "path": p, "received": len(BODY)}
+    else:
+        assert result.json() == {"error": f"status {fault}"}
+    assert received(upstream, p)["body"] == BODY
+    assert upstream.seen(p) == 1
+
+
+async def test_a_stale_content_length_is_not_forwarded(upstream):
+    p = path()
+    req = request(f"{upstream.url}{p}")
+    req.headers["Content-Length"] = "999"  # the agent's framing; the new exchange frames the body itself
+    async with make_client(Upstream()) as client:
+        result = await send(client, req, deadline=5)
+    assert isinstance(result, http.Response) and result.status_code == 201
+    got = received(upstream, p)
+    assert (got["body"], got["headers"]["Content-Length"]) == (BODY, str(len(BODY)))
+
+
+# Each hop-by-hop request header (RFC 9110 §7.6.1) with an end-to-end header beside it that must arrive.
+HOP_BY_HOP = [
+    pytest.param({"Keep-Alive": "timeout=5"}, ["Keep-Alive"], id="keep-alive"),
+    pytest.param({"Proxy-Connection": "keep-alive"}, ["Proxy-Connection"], id="proxy-connection"),
+    pytest.param({"Proxy-Authorization": "Basic dXNlcjpwYXNz"}, ["Proxy-Authorization"], id="proxy-authorization"),
+    pytest.param({"TE": "trailers"}, ["TE"], id="te"),
+    pytest.param({"Trailer": "X-Checksum"}, ["Trailer"], id="trailer"),
+    pytest.param({"Upgrade": "h2c", "Connection": "Upgrade"}, ["Upgrade"], id="upgrade"),
+    pytest.param({"Connection": "close"}, [], id="connection-close"),
+    # A header the Connection header names is hop-by-hop too (RFC 9110 §7.6.1: "a proxy MUST ...
+    # remove any header field(s) with the same name as the connection-option").
+    pytest.param({"Connection": "X-Hop", "X-Hop": "1"}, ["X-Hop"], id="named-in-connection"),
+]
+
+
+@pytest.mark.parametrize(("hop", "absent"), HOP_BY_HOP)
+async def test_hop_by_hop_request_headers_are_not_forwarded(upstream, hop, absent):
+    p = path()
+    async with make_client(Upstream()) as client:
+        result = await send(client, request(f"{upstream.url}{p}", {**hop, "X-End-To-End": "kept"}), deadline=5)
+    assert isinstance(result, http.Response) and result.status_code == 201
+    got = {k.lower(): v for k, v in received(upstream, p)["headers"].items()}
+    assert got["x-end-to-end"] == "kept"
+    for name in absent:
+        assert name.lower() not in got, f"{name} reached the upstream: {got}"
+    # The new connection says what it wants itself: never the agent's "close" or "Upgrade".
+    assert got.get("connection", "keep-alive").lower() == "keep-alive"
+
+
+async def test_the_exchange_adds_no_request_headers_of_its_own(upstream):
+    """
+    The upstream gets the agent's end-to-end headers, not httpx's defaults: an agent that sent no
+    Accept-Encoding (curl, without --compressed) must not be answered with a gzip body it did not ask for.
+    """
+    p = path()
+    sent = {"Content-Type": "application/json", "X-Agent": "a1"}
+    async with make_client(Upstream()) as client:
+        result = await send(client, request(f"{upstream.url}{p}", sent), deadline=5)
+    assert isinstance(result, http.Response) and result.status_code == 201
+    got = {k.lower() for k in received(upstream, p)["headers"]}
+    # Host and Content-Length frame the new exchange; Connection is its own hop-by-hop header.
+    added = got - {k.lower() for k in sent} - {"host", "content-length", "connection"}
+    assert added == set(), f"headers the agent never sent reached the upstream: {sorted(added)}"
+
+
+# --- failures --------------------------------------------------------------------------------
+
+async def test_a_refused_connection_is_not_sent(refusing_port):
+    async with make_client(Upstream()) as client:
+        result = await send(client, request(f"http://127.0.0.1:{refusing_port}/api/things"), deadline=5)
+    assert isinstance(result, Outcome)
+    assert result.state is State.NOT_SENT
+    assert result.timed_out is False
+    assert result.reason.startswith("not sent: the connection to the upstream was never established")
+    assert result.http_status is None
+
+
+@pytest.mark.parametrize("fault", ["drop", "lost", "reset", "half"])
+async def test_a_broken_exchange_after_the_request_is_outcome_unknown(upstream, fault):
+    p = path()
+    upstream.plan(p, fault)
+    async with make_client(Upstream()) as client:
+        result = await send(client, request(f"{upstream.url}{p}"), deadline=5)
+    assert isinstance(result, Outcome), result
+    assert result.state is State.OUTCOME_UNKNOWN
+    assert result.timed_out is False
+    assert result.reason.startswith("outcome unknown: the request may have reached the upstream")
+    assert upstream.seen(p) == 1  # sent once, never retried
+    assert received(upstream, p)["fault"] == fault
+
+
+async def test_a_hang_past_the_deadline_is_outcome_unknown_and_timed_out(upstream):
+    p = path()
+    upstream.plan(p, "hang")  # holds the connection for 8 s
+    started = time.monotonic()
+    async with make_client(Upstream()) as client:
+        result = await send(client, request(f"{upstream.url}{p}"), deadline=0.5)
+    elapsed = time.monotonic() - started
+    assert isinstance(result, Outcome), result
+    assert (result.state, result.timed_out) == (State.OUTCOME_UNKNOWN, True)
+    assert "0.5s" in result.reason
+    assert 0.5 <= elapsed < 3
+    assert upstream.seen(p) == 1
+    assert upstream.commits(p) == 1  # it did take effect: exactly why the state is outcome_unknown
+
+
+# --- TLS -------------------------------------------------------------------------------------
+
+async def test_an_untrusted_tls_upstream_is_not_sent(tls_upstream):
+    p = path()
+    async with make_client(Upstream()) as client:  # certifi's bundle: the test CA is not in it
+        result = await send(client, request(f"{tls_upstream.url}{p}"), deadline=5)
+    assert isinstance(result, Outcome), result
+    assert result.state is State.NOT_SENT
+    assert "certificate verify failed" in result.reason.lower()
+    assert tls_upstream.seen(p) == 0  # the connection never carried the request
+
+
+async def test_a_tls_upstream_with_its_ca_answers(tls_upstream):
+    p = path()
+    async with make_client(Upstream(ca_file=str(tls_upstream.cert_path))) as client:
+        result = await send(client, request(f"{tls_upstream.url}{p}"), deadline=5)
+    assert isinstance(result, http.Response), result
+    assert result.status_code == 201
+    assert result.json()["path"] == p
+    assert result.headers["content-length"] == str(len(result.raw_content))
+    assert tls_upstream.seen(p) == 1

@@ -1,0 +1,393 @@
+"""
+The gate (proxy_addon/gate.py) driven directly, without mitmproxy: a real store on its own
+thread, attempts built from a rules file, and the real upstream of tests/upstream.py, which
+counts the writes it saw and the reads a reconcile sent. Writes the gate forwards are sent
+here with httpx, once, as the exchange would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from proxy_addon import answers
+from proxy_addon.classify import Outcome, answer_outcome, failure_outcome
+from proxy_addon.errors import StoreError
+from proxy_addon.fingerprint import RequestView, build_attempt
+from proxy_addon.gate import Admitted, Gate, GateSettings, StoreThread
+from proxy_addon.reads import ReadSettings
+from proxy_addon.rules import Operation, RuleSet, load_rules
+from proxy_addon.states import State
+from proxy_addon.store import Attempt, Event, Receipt, Store
+from tests.conftest import FakeClock
+
+RULES = """
+api: gate-test
+hosts: [127.0.0.1]
+credentials: {header: api-key}
+operations:
+  things.create:
+    description: a read can settle an unknown outcome; a 409 says it may already exist
+    match: {method: POST, path: "/api/{bucket}/things"}
+    fingerprint: {body: [title]}
+    external_id: id
+    classify: [{status: 409, state: already_exists, reason: the thing may already exist}]
+    reconcile:
+      read: {method: GET, url: "/api/{path.bucket}/things"}
+      find: {title: "{intent.title}"}
+      absence_provable: true
+      retry_when_absent: true
+      external_id: id
+  plain.create:
+    description: no read; an unknown outcome stays blocked
+    match: {method: POST, path: "/api/{bucket}/plain"}
+    fingerprint: {body: [title]}
+    external_id: id
+"""
+KEY = b"k" * 32
+CREDENTIAL = "gate-test-credential"
+CREDENTIALS = {"api-key": CREDENTIAL}
+
+
+@dataclass
+class World:
+    """The rules, the store file and the gates of one test, over the shared upstream and the test's bucket."""
+
+    upstream: object
+    bucket: str
+    tmp_path: object
+    rules: RuleSet = field(default_factory=lambda: RuleSet.of([load_rules(RULES, "gate-test.yaml")]))
+    clock: FakeClock = field(default_factory=FakeClock)
+    threads: list[StoreThread] = field(default_factory=list)
+
+    @property
+    def db(self):
+        return self.tmp_path / "r.db"
+
+    def gate(self, **settings) -> Gate:
+        """A gate over its own store connection (two gates: two proxy processes on one database)."""
+        calls = StoreThread(Store.open(self.db, clock=self.clock))
+        self.threads.append(calls)
+        return Gate(calls, GateSettings(reads=ReadSettings(timeout=5), **settings))
+
+    def path(self, kind: str = "things") -> str:
+        return f"/api/{self.bucket}/{kind}"
+
+    def url(self, kind: str = "things") -> str:
+        return f"{self.upstream.url}{self.path(kind)}"
+
+    def attempt(self, kind: str = "things", title: str = "hello") -> tuple[Attempt, Operation]:
+        p = self.path(kind)
+        match = self.rules.match("127.0.0.1", self.upstream.port, "POST", p)
+        assert match is not None
+        view = RequestView("POST", "http", "127.0.0.1", self.upstream.port, p,
+                           {"content-type": "application/json", "api-key": CREDENTIAL},
+                           json.dumps({"title": title}).encode())
+        return build_attempt(match, view, KEY), match.operation
+
+    async def send(self, op: Operation, kind: str = "things", title: str = "hello") -> Outcome:
+        """Send a forwarded write once and classify what happened, as the exchange does."""
+        async with httpx.AsyncClient(timeout=5) as client:
+            try:
+                r = await client.post(self.url(kind), json={"title": title}, headers=CREDENTIALS)
+            except httpx.HTTPError as e:
+                return failure_outcome(e)
+        headers = {k.lower(): v for k, v in r.headers.items()}
+        recorded = answers.recorded(r.status_code, r.headers.multi_items(), r.content, 65536)
+        return answer_outcome(r.status_code, r.reason_phrase, headers, r.content, op, recorded)
+
+    def store(self) -> Store:
+        """Another connection to the database, to look at what the gate committed."""
+        return Store.open(self.db, clock=self.clock, create=False)
+
+    def events(self, operation_id: str) -> list[Event]:
+        s = self.store()
+        try:
+            return s.events(operation_id)
+        finally:
+            s.close()
+
+    def receipts(self) -> list[Receipt]:
+        s = self.store()
+        try:
+            return s.list(limit=None)
+        finally:
+            s.close()
+
+
+def transitions(events: list[Event]) -> list[tuple[str | None, str]]:
+    return [(e.from_state and str(e.from_state), str(e.to_state)) for e in events if e.event == "transition"]
+
+
+def duplicates(events: list[Event]) -> list[tuple[str, str]]:
+    """The answers duplicates got, as recorded: (event, the receipt's state when it was answered)."""
+    return [(e.event, str(e.to_state)) for e in events if e.event != "transition"]
+
+
+@pytest.fixture
+def world(tmp_path, upstream, bucket) -> Iterator[World]:
+    w = World(upstream, bucket, tmp_path)
+    yield w
+    for calls in w.threads:
+        calls.close()
+
+
+async def forward_through(gate: Gate, w: World, attempt: Attempt, op: Operation, kind: str = "things",
+                          title: str = "hello") -> tuple[Admitted, Receipt | None]:
+    """What the proxy does with a matched write: admit; if forwarded, send once and record."""
+    admitted = await gate.admit(attempt, op, CREDENTIALS)
+    if admitted.decision.kind != "forward":
+        return admitted, None
+    outcome = await w.send(op, kind, title)
+    return admitted, await gate.record(admitted.decision.receipt.operation_id, outcome, op=op, credentials=CREDENTIALS)
+
+
+async def unknown_receipt(w: World, gate: Gate, fault: str, kind: str = "things") -> Receipt:
+    """A write the upstream breaks with `fault` after reading it: its outcome_unknown receipt."""
+    w.upstream.plan(w.path(kind), fault)
+    attempt, op = w.attempt(kind)
+    admitted, receipt = await forward_through(gate, w, attempt, op, kind)
+    assert admitted.decision.kind == "forward"
+    assert receipt is not None and receipt.state is State.OUTCOME_UNKNOWN
+    assert w.upstream.seen(w.path(kind)) == 1
+    return receipt
+
+
+# --- a new attempt -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("fault", "state", "http_status", "external_id"), [
+    ("ok", State.SUCCEEDED, 201, "1"),
+    ("400", State.REJECTED, 400, None),
+    ("500", State.OUTCOME_UNKNOWN, 500, None),
+    ("drop", State.OUTCOME_UNKNOWN, None, None),
+])
+async def test_a_new_attempt_is_forwarded_and_its_outcome_recorded(world, fault, state, http_status, external_id):
+    gate = world.gate()
+    world.upstream.plan(world.path(), fault)
+    attempt, op = world.attempt()
+    admitted = await gate.admit(attempt, op, CREDENTIALS)
+    assert admitted.decision.kind == "forward"
+    assert admitted.attempt == attempt
+    first = admitted.decision.receipt
+    (stored,) = world.receipts()  # committed before admit returned
+    assert (stored.operation_id, stored.state) == (first.operation_id, State.SUBMITTED)
+    assert world.upstream.seen(world.path()) == 0
+
+    outcome = await world.send(op)
+    assert outcome.state is state
+    receipt = await gate.record(first.operation_id, outcome, flow_id="flow-1")
+    assert receipt is not None
+    assert (receipt.state, receipt.http_status, receipt.external_id) == (state, http_status, external_id)
+    assert receipt.completed_at is not None
+    assert world.upstream.seen(world.path()) == 1
+    events = world.events(first.operation_id)
+    assert transitions(events) == [(None, "submitted"), ("submitted", str(state))]
+    assert events[-1].flow_id == "flow-1"
+    assert duplicates(events) == []
+
+
+async def test_record_only_moves_a_submitted_receipt(world, caplog):
+    """A second outcome for the same receipt is refused: the first one stays."""
+    gate = world.gate()
+    attempt, op = world.attempt()
+    _, receipt = await forward_through(gate, world, attempt, op)
+    assert receipt is not None and receipt.state is State.SUCCEEDED
+    again = await gate.record(receipt.operation_id, Outcome(State.OUTCOME_UNKNOWN, "late reset"))
+    assert again is None
+    assert "could not record" in caplog.text
+    (stored,) = world.receipts()
+    assert stored.state is State.SUCCEEDED
+    assert transitions(world.events(receipt.operation_id)) == [(None, "submitted"), ("submitted", "succeeded")]
+
+
+# --- a duplicate of a request in flight ---------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["this process", "another process"])
+async def test_a_duplicate_waits_for_the_original_and_gets_the_replay(world, where):
+    gate = world.gate(wait_submitted=5)
+    other = gate if where == "this process" else world.gate(wait_submitted=5)  # polls the store
+    attempt, op = world.attempt()
+    admitted = await gate.admit(attempt, op, CREDENTIALS)
+    original = admitted.decision.receipt
+
+    started = time.monotonic()
+    duplicate = asyncio.create_task(other.admit(world.attempt()[0], op, CREDENTIALS))
+    await asyncio.sleep(0.5)
+    assert not duplicate.done(), "the duplicate did not wait for the original's outcome"
+
+    receipt = await gate.record(original.operation_id, await world.send(op))
+    recorded_at = time.monotonic()
+    assert receipt is not None and receipt.state is State.SUCCEEDED
+    dup = await asyncio.wait_for(duplicate, 5)
+    finished = time.monotonic()
+
+    assert dup.decision.kind == "replay"
+    assert dup.decision.receipt.operation_id == original.operation_id
+    assert answers.replay(dup.decision.receipt).status == 201
+    assert finished - started >= 0.5
+    assert finished - recorded_at < 1.5, "the duplicate was not woken by the outcome"
+    assert world.upstream.seen(world.path()) == 1
+    events = world.events(original.operation_id)
+    assert duplicates(events) == [("replayed", "succeeded")]  # the final answer only: no "blocked" first
+    assert len(world.receipts()) == 1
+
+
+async def test_a_duplicate_still_in_flight_after_the_wait_is_blocked(world):
+    gate = world.gate(wait_submitted=0.5)
+    attempt, op = world.attempt()
+    original = (await gate.admit(attempt, op, CREDENTIALS)).decision.receipt
+    started = time.monotonic()
+    dup = await gate.admit(world.attempt()[0], op, CREDENTIALS)
+    waited = time.monotonic() - started
+    assert dup.decision.kind == "blocked"
+    assert (dup.decision.receipt.operation_id, dup.decision.receipt.state) == (original.operation_id, State.SUBMITTED)
+    assert 0.5 <= waited < 3
+    assert world.upstream.seen(world.path()) == 0
+    assert duplicates(world.events(original.operation_id)) == [("blocked", "submitted")]
+    assert len(world.receipts()) == 1
+
+
+# --- a duplicate of an unknown outcome ------------------------------------------------------------
+
+@pytest.mark.parametrize(("fault", "kind", "settled", "external_id"), [
+    ("drop", "blocked_succeeded", State.SUCCEEDED, "1"),   # committed, then dropped: the read finds it
+    ("lost", "forward", State.SAFE_TO_RETRY, None),        # never committed: absence is proven
+])
+async def test_a_duplicate_of_an_unknown_outcome_reconciles_it(world, fault, kind, settled, external_id):
+    gate = world.gate()
+    first = await unknown_receipt(world, gate, fault)
+    attempt, op = world.attempt()
+    dup = await gate.admit(attempt, op, CREDENTIALS)
+
+    assert dup.decision.kind == kind
+    assert world.upstream.reads(world.path()) == 1
+    assert world.upstream.seen(world.path()) == 1  # no extra write
+    (read,) = [r for r in world.upstream.requests if r["method"] == "GET" and r["path"] == world.path()]
+    assert read["headers"]["api-key"] == CREDENTIAL  # the duplicate's own credentials
+    after = {r.operation_id: r for r in world.receipts()}
+    assert (after[first.operation_id].state, after[first.operation_id].external_id) == (settled, external_id)
+    events = world.events(first.operation_id)
+    assert transitions(events) == [(None, "submitted"), ("submitted", "outcome_unknown"),
+                                   ("outcome_unknown", "reconciling"), ("reconciling", str(settled))]
+    if kind == "forward":
+        retry = dup.decision.receipt
+        assert (retry.state, retry.retry_of) == (State.SUBMITTED, first.operation_id)
+        assert set(after) == {first.operation_id, retry.operation_id}
+        assert duplicates(events) == []  # a forwarded retry is a new receipt, not a duplicate's answer
+    else:
+        assert dup.decision.receipt.operation_id == first.operation_id
+        assert len(after) == 1
+        assert duplicates(events) == [("blocked", "succeeded")]  # one event: the answer after the read
+
+
+async def test_a_duplicate_of_an_unknown_outcome_without_a_read_is_blocked_at_once(world):
+    gate = world.gate()
+    first = await unknown_receipt(world, gate, "drop", kind="plain")
+    attempt, op = world.attempt("plain")
+    dup = await gate.admit(attempt, op, CREDENTIALS)
+    assert dup.decision.kind == "blocked"
+    assert dup.decision.receipt.state is State.OUTCOME_UNKNOWN
+    assert world.upstream.reads(world.path("plain")) == 0
+    assert world.upstream.seen(world.path("plain")) == 1
+    assert duplicates(world.events(first.operation_id)) == [("blocked", "outcome_unknown")]
+
+
+async def test_concurrent_duplicates_share_one_read(world):
+    gate = world.gate()
+    first = await unknown_receipt(world, gate, "drop")
+    _, op = world.attempt()
+    results = await asyncio.gather(*[gate.admit(world.attempt()[0], op, CREDENTIALS) for _ in range(5)])
+    assert world.upstream.reads(world.path()) == 1
+    assert world.upstream.seen(world.path()) == 1
+    assert [r.decision.kind for r in results] == ["blocked_succeeded"] * 5
+    (after,) = world.receipts()
+    assert (after.operation_id, after.state, after.external_id) == (first.operation_id, State.SUCCEEDED, "1")
+    events = world.events(first.operation_id)
+    assert transitions(events).count(("outcome_unknown", "reconciling")) == 1
+    assert duplicates(events) == [("blocked", "succeeded")] * 5  # one per duplicate
+
+
+# --- an answer that says it may already exist ------------------------------------------------------
+
+@pytest.mark.parametrize(("exists", "settled", "external_id"), [
+    (True, State.SUCCEEDED, "1"),
+    (False, State.SAFE_TO_RETRY, None),
+])
+async def test_evidence_is_reconciled_at_once(world, exists, settled, external_id):
+    gate = world.gate()
+    if exists:  # made earlier, by another client: the API answers 409 to this one
+        httpx.post(world.url(), json={"title": "hello"}, headers=CREDENTIALS, timeout=5).raise_for_status()
+    world.upstream.plan(world.path(), "409")
+    attempt, op = world.attempt()
+    admitted = await gate.admit(attempt, op, CREDENTIALS)
+    assert admitted.decision.kind == "forward"
+    outcome = await world.send(op)
+    assert (outcome.state, outcome.evidence, outcome.http_status) == (State.OUTCOME_UNKNOWN, True, 409)
+
+    receipt = await gate.record(admitted.decision.receipt.operation_id, outcome, op=op, credentials=CREDENTIALS)
+    assert receipt is not None
+    assert (receipt.state, receipt.external_id) == (settled, external_id)
+    assert world.upstream.reads(world.path()) == 1  # read before record returned
+    assert world.upstream.seen(world.path()) == (2 if exists else 1)
+    (stored,) = world.receipts()
+    assert stored.state is settled
+    assert transitions(world.events(receipt.operation_id)) == [
+        (None, "submitted"), ("submitted", "outcome_unknown"), ("outcome_unknown", "reconciling"),
+        ("reconciling", str(settled))]
+
+
+async def test_evidence_without_the_operation_is_left_unknown(world):
+    """Without `op`, record cannot read: the receipt stays outcome_unknown for a duplicate or the CLI."""
+    gate = world.gate()
+    world.upstream.plan(world.path(), "409")
+    attempt, op = world.attempt()
+    admitted = await gate.admit(attempt, op, CREDENTIALS)
+    receipt = await gate.record(admitted.decision.receipt.operation_id, await world.send(op))
+    assert receipt is not None and receipt.state is State.OUTCOME_UNKNOWN
+    assert world.upstream.reads(world.path()) == 0
+
+
+# --- the store refusing --------------------------------------------------------------------------
+
+def refuse(calls: StoreThread, how: str) -> None:
+    """Make the store refuse every write, on its own thread."""
+    if how == "closed":
+        calls.wait(lambda s: s.conn.close())
+    else:
+        calls.wait(lambda s: s.conn.execute("PRAGMA query_only = ON"))
+
+
+@pytest.mark.parametrize("how", ["closed", "read-only"])
+async def test_admit_raises_when_the_store_refuses_and_nothing_is_forwarded(world, how):
+    gate = world.gate()
+    refuse(gate.calls, how)
+    attempt, op = world.attempt()
+    with pytest.raises(StoreError):
+        await forward_through(gate, world, attempt, op)
+    assert world.upstream.seen(world.path()) == 0
+    assert world.receipts() == []
+
+
+@pytest.mark.parametrize("how", ["closed", "read-only"])
+async def test_record_returns_none_and_logs_when_the_store_refuses(world, how, caplog):
+    gate = world.gate()
+    attempt, op = world.attempt()
+    admitted = await gate.admit(attempt, op, CREDENTIALS)
+    operation_id = admitted.decision.receipt.operation_id
+    outcome = await world.send(op)
+    refuse(gate.calls, how)
+    with caplog.at_level(logging.ERROR, logger="proxy_addon.gate"):
+        assert await gate.record(operation_id, outcome) is None
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "proxy_addon.gate"]
+    assert len(errors) == 1
+    assert operation_id in errors[0].getMessage() and "could not record" in errors[0].getMessage()
+    (stored,) = world.receipts()
+    assert (stored.operation_id, stored.state) == (operation_id, State.SUBMITTED)  # recovered at restart
+    assert world.upstream.seen(world.path()) == 1

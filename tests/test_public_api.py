@@ -1,0 +1,265 @@
+"""
+The public surface, pinned as httpx pins its own (tests/test_exports.py there): each package's
+`__all__` is an explicit sorted list, every name in it is importable and is the object its home
+module defines, and nothing else public leaks. And the layers: only proxy_addon/mitm/ imports
+mitmproxy, and only proxy_addon/store/ talks SQL.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "proxy_addon"
+
+# name → (the module that defines it, its name there)
+PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
+    "proxy_addon": {
+        "Attempt": ("proxy_addon.store.records", "Attempt"),
+        "Decision": ("proxy_addon.store.records", "Decision"),
+        "Event": ("proxy_addon.store.records", "Event"),
+        "IllegalTransition": ("proxy_addon.errors", "IllegalTransition"),
+        "Receipt": ("proxy_addon.store.records", "Receipt"),
+        "ReceiptsError": ("proxy_addon.errors", "ReceiptsError"),
+        "RuleSet": ("proxy_addon.rules.model", "RuleSet"),
+        "RulesError": ("proxy_addon.errors", "RulesError"),
+        "State": ("proxy_addon.states", "State"),
+        "Store": ("proxy_addon.store.sqlite", "SQLiteStore"),
+        "StoreError": ("proxy_addon.errors", "StoreError"),
+        "StoreUnavailable": ("proxy_addon.errors", "StoreUnavailable"),
+        "TRANSITIONS": ("proxy_addon.states", "TRANSITIONS"),
+        "UNRESOLVED": ("proxy_addon.states", "UNRESOLVED"),
+        "UnknownReceipt": ("proxy_addon.errors", "UnknownReceipt"),
+        "load_rules": ("proxy_addon.rules.loader", "load_rules"),
+        "load_rules_path": ("proxy_addon.rules.loader", "load_rules_path"),
+    },
+    "proxy_addon.store": {
+        "Attempt": ("proxy_addon.store.records", "Attempt"),
+        "Backend": ("proxy_addon.store.base", "Backend"),
+        "Clock": ("proxy_addon.store.records", "Clock"),
+        "Decision": ("proxy_addon.store.records", "Decision"),
+        "DecisionKind": ("proxy_addon.store.records", "DecisionKind"),
+        "Dialect": ("proxy_addon.store.base", "Dialect"),
+        "Event": ("proxy_addon.store.records", "Event"),
+        "Receipt": ("proxy_addon.store.records", "Receipt"),
+        "ReceiptStore": ("proxy_addon.store.receipts", "ReceiptStore"),
+        "RecordedResponse": ("proxy_addon.store.records", "RecordedResponse"),
+        "SQLiteStore": ("proxy_addon.store.sqlite", "SQLiteStore"),
+        "Store": ("proxy_addon.store.sqlite", "SQLiteStore"),
+        "UniqueViolation": ("proxy_addon.store.base", "UniqueViolation"),
+        "iso": ("proxy_addon.store.records", "iso"),
+        "new_operation_id": ("proxy_addon.store.records", "new_operation_id"),
+        "utcnow": ("proxy_addon.store.records", "utcnow"),
+    },
+    "proxy_addon.rules": {
+        "AFTER_SUCCESS": ("proxy_addon.rules.model", "AFTER_SUCCESS"),
+        "ALREADY_EXISTS": ("proxy_addon.rules.model", "ALREADY_EXISTS"),
+        "CLASSIFIABLE": ("proxy_addon.rules.model", "CLASSIFIABLE"),
+        "KEYS": ("proxy_addon.rules.model", "KEYS"),
+        "METHODS": ("proxy_addon.rules.model", "METHODS"),
+        "TEMPLATE_VAR": ("proxy_addon.rules.model", "TEMPLATE_VAR"),
+        "AfterSuccess": ("proxy_addon.rules.model", "AfterSuccess"),
+        "Check": ("proxy_addon.rules.model", "Check"),
+        "ClassifyRule": ("proxy_addon.rules.model", "ClassifyRule"),
+        "FingerprintSpec": ("proxy_addon.rules.model", "FingerprintSpec"),
+        "Match": ("proxy_addon.rules.model", "Match"),
+        "Operation": ("proxy_addon.rules.model", "Operation"),
+        "PathTemplate": ("proxy_addon.rules.model", "PathTemplate"),
+        "ReconcileSpec": ("proxy_addon.rules.model", "ReconcileSpec"),
+        "RuleFile": ("proxy_addon.rules.model", "RuleFile"),
+        "RuleSet": ("proxy_addon.rules.model", "RuleSet"),
+        "check_rules": ("proxy_addon.rules.loader", "check_rules"),
+        "check_rules_path": ("proxy_addon.rules.loader", "check_rules_path"),
+        "host_pattern": ("proxy_addon.rules.model", "host_pattern"),
+        "load_rules": ("proxy_addon.rules.loader", "load_rules"),
+        "load_rules_path": ("proxy_addon.rules.loader", "load_rules_path"),
+        "parse_path_template": ("proxy_addon.rules.model", "parse_path_template"),
+        "rules_files": ("proxy_addon.rules.loader", "rules_files"),
+        "rules_signature": ("proxy_addon.rules.loader", "rules_signature"),
+        "template_variables": ("proxy_addon.rules.model", "template_variables"),
+    },
+    "proxy_addon.mitm": {
+        "ReceiptCommands": ("proxy_addon.mitm.commands", "ReceiptCommands"),
+        "ReceiptWeb": ("proxy_addon.mitm.web", "ReceiptWeb"),
+        "Receipts": ("proxy_addon.mitm.addon", "Receipts"),
+        "Watch": ("proxy_addon.mitm.watch", "Watch"),
+        "make_addons": ("proxy_addon.mitm", "make_addons"),
+    },
+}
+
+# The lists, written out: a name added to or dropped from a package's surface fails here.
+ALL = {
+    "proxy_addon": [
+        "TRANSITIONS", "UNRESOLVED", "Attempt", "Decision", "Event", "IllegalTransition", "Receipt", "ReceiptsError",
+        "RuleSet", "RulesError", "State", "Store", "StoreError", "StoreUnavailable", "UnknownReceipt",
+        "load_rules", "load_rules_path",
+    ],
+    "proxy_addon.store": [
+        "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "Receipt", "ReceiptStore",
+        "RecordedResponse", "SQLiteStore", "Store", "UniqueViolation", "iso", "new_operation_id", "utcnow",
+    ],
+    "proxy_addon.rules": [
+        "AFTER_SUCCESS", "ALREADY_EXISTS", "CLASSIFIABLE", "KEYS", "METHODS", "TEMPLATE_VAR", "AfterSuccess", "Check",
+        "ClassifyRule", "FingerprintSpec", "Match", "Operation", "PathTemplate", "ReconcileSpec", "RuleFile",
+        "RuleSet", "check_rules", "check_rules_path", "host_pattern", "load_rules", "load_rules_path",
+        "parse_path_template", "rules_files", "rules_signature", "template_variables",
+    ],
+    "proxy_addon.mitm": ["ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"],
+}
+
+PACKAGES = list(ALL)
+FUTURE_FEATURE = type(importlib.import_module("__future__").annotations)  # `from __future__ import annotations`
+
+
+def isort_style(name: str) -> tuple[int, str]:
+    """The order ruff's RUF022 keeps `__all__` in: SCREAMING_CASE, then CamelCase, then the rest, each sorted."""
+    if name.isupper():
+        return 0, name
+    return (1 if name[:1].isupper() else 2), name
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_all_is_the_explicit_sorted_list(package):
+    assert ALL[package] == sorted(ALL[package], key=isort_style)
+    assert sorted(PUBLIC[package], key=isort_style) == ALL[package]
+    assert importlib.import_module(package).__all__ == ALL[package]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_star_import_gives_exactly_all(package):
+    namespace: dict = {}
+    exec(f"from {package} import *", namespace)
+    assert sorted((k for k in namespace if k != "__builtins__"), key=isort_style) == ALL[package]
+
+
+@pytest.mark.parametrize(("package", "name"), [(p, n) for p in PACKAGES for n in ALL[p]])
+def test_each_name_is_what_its_home_module_defines(package, name):
+    obj = getattr(importlib.import_module(package), name)
+    home, defined_as = PUBLIC[package][name]
+    assert obj is getattr(importlib.import_module(home), defined_as)
+    if inspect.isclass(obj) or inspect.isfunction(obj):  # defined there, not merely imported there
+        assert (obj.__module__, obj.__qualname__) == (home, defined_as)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_nothing_else_public_leaks(package):
+    """Every public, non-module name of the package is in `__all__` (as httpx checks its own)."""
+    module = importlib.import_module(package)
+    public = {k for k, v in vars(module).items()
+              if not k.startswith("_") and not isinstance(v, types.ModuleType | FUTURE_FEATURE)}
+    assert sorted(public, key=isort_style) == ALL[package]
+
+
+# --- the layers ----------------------------------------------------------------------------------
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(source: str, module: str, *, is_package: bool = False) -> list[tuple[int, str]]:
+    """Every module an import statement names (`from a import b` names a and a.b), with its line; relative resolved."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names if alias.name != "*"]
+    return found
+
+
+def under(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def sources(exclude: tuple[str, ...] = ()) -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if not any(p.is_relative_to(PACKAGE / e) for e in exclude)]
+
+
+MITM_ALLOWED = ("mitm", "addon.py")  # the layer itself, and the script mitmproxy loads
+
+
+@pytest.mark.parametrize(("source", "module", "flagged"), [
+    ("import mitmproxy", "proxy_addon.gate", True),
+    ("import mitmproxy.http as h", "proxy_addon.gate", True),
+    ("from mitmproxy import http", "proxy_addon.gate", True),
+    ("from proxy_addon import mitm", "proxy_addon.gate", True),
+    ("from proxy_addon.mitm.exchange import send", "proxy_addon.gate", True),
+    ("from .mitm import exchange", "proxy_addon.gate", True),
+    ("from ..mitm import exchange", "proxy_addon.cli.commands", True),
+    ("def f():\n    import mitmproxy.ctx\n", "proxy_addon.gate", True),  # a lazy import counts too
+    ("import mitmproxy_like", "proxy_addon.gate", False),
+    ("from proxy_addon import store", "proxy_addon.gate", False),
+    ("from . import mitm_notes", "proxy_addon.gate", False),
+])
+def test_the_import_check_sees_what_it_must(source, module, flagged):
+    names = [n for _, n in imports_of(source, module)]
+    assert any(under(n, "mitmproxy", "proxy_addon.mitm") for n in names) is flagged
+
+
+def test_only_the_mitm_layer_imports_mitmproxy():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sources(exclude=MITM_ALLOWED)
+        for line, name in imports_of(path.read_text(), module_name(path), is_package=path.name == "__init__.py")
+        if under(name, "mitmproxy", "proxy_addon.mitm")
+    ]
+    assert offenders == []
+    # The check is not vacuous: the layer itself does import mitmproxy.
+    exchange = PACKAGE / "mitm" / "exchange.py"
+    assert any(under(n, "mitmproxy") for _, n in imports_of(exchange.read_text(), "proxy_addon.mitm.exchange"))
+
+
+def test_importing_every_core_module_loads_no_mitmproxy():
+    """Transitively too: every module outside the layer imports without mitmproxy being loaded."""
+    modules = [module_name(p) for p in sources(exclude=MITM_ALLOWED) if p.name != "__main__.py"]
+    assert "proxy_addon.gate" in modules and "proxy_addon.cli" in modules
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m == 'mitmproxy' or m.startswith('mitmproxy.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+SQL_CALLS = {"execute", "executemany", "executescript"}
+SQL_DRIVERS = ("sqlite3", "sqlite_utils")
+
+
+def sql_calls(source: str) -> list[int]:
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SQL_CALLS]
+
+
+def test_only_the_store_executes_sql():
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in sources(exclude=("store",))
+                 for line in sql_calls(path.read_text())]
+    assert offenders == []
+    assert sql_calls((PACKAGE / "store" / "sqlite.py").read_text())  # the check finds the store's own
+
+
+def test_only_the_store_imports_the_database_driver():
+    """The CLI and the proxy know the store's errors (StoreError), never the driver's."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sources(exclude=("store",))
+        for line, name in imports_of(path.read_text(), module_name(path), is_package=path.name == "__init__.py")
+        if under(name, *SQL_DRIVERS)
+    ]
+    assert offenders == []
+    store = PACKAGE / "store" / "sqlite.py"
+    assert any(under(n, "sqlite3") for _, n in imports_of(store.read_text(), "proxy_addon.store.sqlite"))
