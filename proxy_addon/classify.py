@@ -159,12 +159,13 @@ def _status_fits(status: int, keys: tuple[str, ...]) -> bool:
     return str(status) in keys or f"{status // 100}xx" in keys
 
 
-def classify_status(status: int, op: Operation | None = None) -> State:
+def classify_status(status: int, op: Operation | None = None) -> State | str:
+    """The verdict by status: the operation's status map (a State, or ALREADY_EXISTS), else the defaults."""
     if op is not None:
         code, klass = str(status), f"{status // 100}xx"
-        for key, state in op.classify:
+        for key, verdict in op.classify:
             if key in (code, klass):
-                return state  # type: ignore[return-value]  # ALREADY_EXISTS is handled by the caller
+                return verdict
     if status < 400:
         return State.SUCCEEDED
     if status == 408:

@@ -152,9 +152,10 @@ def explain(rules: RuleSet, method: str, url: str, body: bytes = b"", headers: M
         report["identity"] = f"the proxy adds {op.idempotency_header}: <its key> (an agent's own key is kept)"
     elif op.idempotency_body:
         report["identity"] = f"the proxy writes a {op.idempotency_format} id at {op.idempotency_body} (an agent's own value is kept)"
-    if op.external_id_header or op.external_id:
-        report["external_id"] = (f"header {op.external_id_header}" if op.external_id_header else
-                                 op.external_id if isinstance(op.external_id, str) else " + ".join(op.external_id))
+    if op.external_id_header:
+        report["external_id"] = f"header {op.external_id_header}"
+    elif op.external_id:
+        report["external_id"] = op.external_id if isinstance(op.external_id, str) else " + ".join(op.external_id)
     report["duplicates"] = _duplicates(op)
     if op.approve:
         report["duplicates"].insert(0, "each write waits for an operator's approval in mitmweb before it is sent")

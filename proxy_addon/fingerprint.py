@@ -90,10 +90,10 @@ def multipart_parts(content_type: str, body: bytes) -> dict[str, Any] | None:
             return None
         headers = Message()
         for line in head.decode("latin-1").split("\r\n"):
-            name, colon, value = line.partition(":")
+            header, colon, header_value = line.partition(":")
             if not colon:
                 return None
-            headers[name.strip()] = value.strip()
+            headers[header.strip()] = header_value.strip()
         disposition = headers.get("content-disposition", "")
         if not disposition.lower().startswith("form-data"):
             return None

@@ -149,7 +149,7 @@ class Gate:
         if outcome.evidence and op is not None:
             settled = await self.reconcile(op, receipt, credentials or {}, evidence=True,
                                            reason="the answer says it may already exist: reconciling with a read")
-            receipt = settled or await self.calls(lambda s: s.get(operation_id))
+            receipt = settled if settled is not None else await self.calls(lambda s: s.get(operation_id))
         return receipt
 
     async def wait_for_outcome(self, operation_id: str, timeout: float) -> None:

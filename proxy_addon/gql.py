@@ -72,11 +72,14 @@ def _executed(doc: DocumentNode, name: str | None) -> OperationDefinitionNode | 
 def _mutation(body: bytes) -> tuple[DocumentNode, OperationDefinitionNode, dict[str, Any]] | None:
     """The document, the mutation it executes and the variables of a GraphQL POST body, or None."""
     request = request_of(body)
-    doc = _document(request[0]) if request else None
-    op = _executed(doc, request[2]) if doc and request else None
-    if op is None or op.operation is not OperationType.MUTATION:
+    if request is None:
         return None
-    return doc, op, request[1]  # type: ignore[index, return-value]
+    query, variables, name = request
+    doc = _document(query)
+    op = _executed(doc, name) if doc is not None else None
+    if doc is None or op is None or op.operation is not OperationType.MUTATION:
+        return None
+    return doc, op, variables
 
 
 def _fields_of(doc: DocumentNode, op: OperationDefinitionNode) -> list[FieldNode]:

@@ -49,8 +49,11 @@ class Upstream:
     def proxy_spec(self) -> httpx.Proxy | None:
         if not self.proxy:
             return None
-        auth = tuple(self.proxy_auth.split(":", 1)) if self.proxy_auth else None
-        return httpx.Proxy(self.proxy, auth=auth)  # type: ignore[arg-type]  # a (user, password) pair
+        auth = None
+        if self.proxy_auth:
+            user, _, password = self.proxy_auth.partition(":")
+            auth = (user, password)
+        return httpx.Proxy(self.proxy, auth=auth)
 
     def client(self, *, timeout: Any = None, **kwargs: Any) -> httpx.AsyncClient:
         """An httpx client that verifies and proxies as configured. It never reads the environment itself."""

@@ -28,7 +28,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from proxy_addon.cli.commands import COMMANDS, Command
+from proxy_addon.cli.commands import COMMANDS, Command, StorelessCommand
 from proxy_addon.cli.output import event_json, operation_name, print_json, print_table, receipt_json, short_time
 from proxy_addon.cli.values import (
     HEADER_NAME,
@@ -47,7 +47,7 @@ from proxy_addon.paths import default_db
 from proxy_addon.store import Clock, Store, utcnow
 
 __all__ = [
-    "COMMANDS", "EPILOG", "HEADER_NAME", "SINCE_HELP", "Command", "UsageError", "age", "cli_actor", "event_json", "main",
+    "COMMANDS", "EPILOG", "HEADER_NAME", "SINCE_HELP", "Command", "StorelessCommand", "UsageError", "age", "cli_actor", "event_json", "main",
     "operation_name", "parse_age", "parse_since", "parser", "positive_int", "positive_seconds", "print_json",
     "print_table", "receipt_json", "sendable", "short_time",
 ]
@@ -99,14 +99,15 @@ def main(argv: list[str] | None = None, *, clock: Clock = utcnow) -> int:
     db = Path(args.db or default_db()).expanduser()
     store = None
     try:
-        if not COMMANDS[args.command].uses_store:
-            return COMMANDS[args.command].run(None, args)  # type: ignore[arg-type]
+        command = COMMANDS[args.command]
+        if isinstance(command, StorelessCommand):
+            return command.run(args)
         try:
             store = Store.open(db, create=False, clock=clock)
         except StoreError as e:
             hint = "" if args.db or db.exists() else " (pass --db, or set $RECEIPT_PROXY_DB or $RECEIPT_PROXY_STATE_DIR)"
             raise StoreError(f"{e}{hint}") from e
-        return COMMANDS[args.command].run(store, args)
+        return command.run(store, args)
     except (ReceiptsError, UsageError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1

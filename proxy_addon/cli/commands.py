@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from proxy_addon.cli.receipts import (
     blocked_args,
@@ -25,16 +26,30 @@ from proxy_addon.store import Store
 
 
 @dataclass(frozen=True)
-class Command:
+class _Described:
     help: str
     description: str
     examples: list[str]
     add_arguments: Callable[[argparse.ArgumentParser], None]
+
+
+@dataclass(frozen=True)
+class Command(_Described):
+    """A subcommand on the receipts database: `run` gets the open store."""
+
     run: Callable[[Store, argparse.Namespace], int]
-    uses_store: bool = True  # False: runs without a receipts database (`rules`)
+    uses_store: ClassVar[bool] = True
 
 
-COMMANDS: dict[str, Command] = {
+@dataclass(frozen=True)
+class StorelessCommand(_Described):
+    """A subcommand that runs without a receipts database (`rules`)."""
+
+    run: Callable[[argparse.Namespace], int]
+    uses_store: ClassVar[bool] = False
+
+
+COMMANDS: dict[str, Command | StorelessCommand] = {
     "list": Command(
         "list receipts, newest first",
         "List receipts, newest first, with how many duplicates each blocked or replayed.\n"
@@ -88,13 +103,13 @@ COMMANDS: dict[str, Command] = {
         ["receipts export > receipts.jsonl", "receipts export --since 30d | jq -c 'select(.state == \"succeeded\")'"],
         export_args, export_run,
     ),
-    "rules": Command(
+    "rules": StorelessCommand(
         "check rules files, or explain what a request would match",
         "Rules tools: `check` validates files and prints every problem with file:line;\n"
         "`explain` shows what the proxy would do with a request, without sending it.",
         ["receipts rules check", "receipts rules check rules/github.yaml my-rules/",
          "receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json"],
-        rules_args, rules_run, uses_store=False,
+        rules_args, rules_run,
     ),
     "prune": Command(
         "delete old resolved receipts",

@@ -45,7 +45,7 @@ def rules_args(p: argparse.ArgumentParser) -> None:
         sp.set_defaults(uses_store=False)
 
 
-def rules_run(store: Store | None, args: argparse.Namespace) -> int:
+def rules_run(args: argparse.Namespace) -> int:
     if args.rules_command == "check":
         return _rules_check(args.paths or [default_rules()])
     return _rules_explain(args)

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from mitmproxy import command, ctx, exceptions
+from mitmproxy import command, ctx, exceptions, http
 from mitmproxy import flow as mflow
 
 from proxy_addon.errors import ReceiptsError
@@ -50,7 +50,9 @@ class ReceiptCommands:
                                           "only outcome_unknown and manual_review receipts are reconciled")
         if op is None or gate is None:
             raise exceptions.CommandError(f"the rules no longer have {receipt.api} {receipt.operation}")
-        credentials = credentials_from(op.credential_headers, headers_of(f.request))  # type: ignore[attr-defined]  # an HTTP flow
+        if not isinstance(f, http.HTTPFlow):  # receipts are made for HTTP flows only
+            raise exceptions.CommandError("this flow has no receipt")
+        credentials = credentials_from(op.credential_headers, headers_of(f.request))
         # The gate runs the read as a task of its own and holds it until it ends; the flow's comment shows the result.
         gate.reconcile(op, receipt, credentials, reason="an operator asked for a read",
                        actor="mitmweb operator (receipts.reconcile)")

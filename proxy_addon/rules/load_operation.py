@@ -10,7 +10,7 @@ answers are classified and how an unknown outcome is resolved.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -107,7 +107,7 @@ def _after_success(ctx: Ctx, f: str, op: dict[str, Entry]) -> AfterSuccess:
         v = ctx.string(op["after_success"][1], f"{f}.after_success")
         if v not in AFTER_SUCCESS:
             raise ctx.error(op["after_success"][1], f"{f}.after_success", f"{v!r} is not one of {', '.join(AFTER_SUCCESS)}")
-        after_success = v  # type: ignore[assignment]
+        after_success = cast(AfterSuccess, v)  # checked against AFTER_SUCCESS just above
     return after_success
 
 
@@ -149,7 +149,7 @@ def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplat
     if node is None:
         return FingerprintSpec(path=path.params, body=None)
     fp = ctx.mapping(node, f"{f}.fingerprint", KEYS["fingerprint"])
-    path_params = path.params
+    path_params = list(path.params)
     if "path" in fp:
         path_params = []
         for item, p in ctx.strings(fp["path"][1], f"{f}.fingerprint.path"):

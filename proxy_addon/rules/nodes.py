@@ -69,6 +69,7 @@ class Ctx:
         return node.value
 
     def strings(self, node: yaml.Node, field_: str, *, allow_empty: bool = True) -> list[tuple[yaml.Node, str]]:
+        items: list[yaml.Node]
         if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:str":
             items = [node]
         elif isinstance(node, yaml.SequenceNode):
@@ -77,7 +78,7 @@ class Ctx:
             raise self.error(node, field_, f"expected a list of strings, got {node_kind(node)}")
         if not items and not allow_empty:
             raise self.error(node, field_, "must not be empty")
-        out = []
+        out: list[tuple[yaml.Node, str]] = []
         seen = set()
         for i, item in enumerate(items):
             value = self.string(item, f"{field_}[{i}]")

@@ -5,6 +5,7 @@ duplicates, the audit export, events and counts. Only `_rows` (see base.py) runs
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,12 +43,13 @@ class ReceiptReads(Backend):
             params.append(limit)
         return [Receipt.from_row(r) for r in self._rows(sql, params)]
 
-    def changed_since(self, at: str, *, limit: int = 500) -> list[Receipt]:
+    # Below, `list` is the method above: the builtin is `builtins.list`.
+    def changed_since(self, at: str, *, limit: int = 500) -> builtins.list[Receipt]:
         """Receipts whose state changed after `at` (an ISO time), oldest change first."""
         return [Receipt.from_row(r) for r in self._rows(
             "SELECT * FROM receipts WHERE updated_at > ? ORDER BY updated_at LIMIT ?", (at, limit))]
 
-    def duplicates(self, *, since: str | None = None, limit: int | None = 100) -> list[tuple[Event, Receipt]]:
+    def duplicates(self, *, since: str | None = None, limit: int | None = 100) -> builtins.list[tuple[Event, Receipt]]:
         """Blocked and replayed duplicates, newest first, each with the receipt it was checked against."""
         sql = "SELECT * FROM receipt_events WHERE event IN ('blocked', 'replayed')"
         params: list[Any] = []
@@ -62,7 +64,7 @@ class ReceiptReads(Backend):
         receipts = {i: self.get(i) for i in {e.operation_id for e in events}}
         return [(e, receipts[e.operation_id]) for e in events]
 
-    def export(self, *, since: str | None = None) -> Iterator[tuple[Receipt, list[Event]]]:
+    def export(self, *, since: str | None = None) -> Iterator[tuple[Receipt, builtins.list[Event]]]:
         """Every receipt (oldest first) with its events, for audit. Reads a page of receipts at a time."""
         order = self.dialect.insertion_order
         after: Any = None
@@ -82,7 +84,7 @@ class ReceiptReads(Backend):
                 return
             after = page[-1]["export_position"]
 
-    def events(self, operation_id: str) -> list[Event]:
+    def events(self, operation_id: str) -> builtins.list[Event]:
         return [Event.from_row(r) for r in self._rows(
             "SELECT * FROM receipt_events WHERE operation_id = ? ORDER BY id", (operation_id,))]
 

@@ -147,11 +147,13 @@ class ReceiptStore(ReceiptReads):
         if a.idempotency:
             # A retry of an attempt that provably did not happen reuses its key, so the server can
             # still deduplicate; after a success (after_success: allow) or a rejection, a new key.
-            reuse = latest is not None and latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY)
+            reuse = latest if latest is not None and latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY) else None
             fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
-            idempotency_key = a.given_key or (latest.idempotency_key if reuse else None) or fresh
-            reused = latest is not None and idempotency_key == latest.idempotency_key
-            idempotency_key_at = (latest.idempotency_key_at or latest.submitted_at) if reused else at
+            idempotency_key = a.given_key or (reuse.idempotency_key if reuse is not None else None) or fresh
+            if latest is not None and idempotency_key == latest.idempotency_key:  # the same key: it keeps its time
+                idempotency_key_at = latest.idempotency_key_at or latest.submitted_at
+            else:
+                idempotency_key_at = at
         values = (
             operation_id, a.api, a.operation, a.method, a.target, first_state,
             a.intent_fingerprint, json.dumps(a.intent, sort_keys=True), a.principal, at, at,
