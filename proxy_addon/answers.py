@@ -28,9 +28,23 @@ HINTS = {
 # Response headers never recorded for replay: credentials, per-connection framing, and
 # content-encoding (the body is recorded decoded).
 UNRECORDED_HEADERS = frozenset(
-    {"set-cookie", "set-cookie2", "authorization", "proxy-authenticate", "www-authenticate",
-     "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
-     "upgrade", "proxy-connection", "trailer", "te", "alt-svc"}
+    {
+        "set-cookie",
+        "set-cookie2",
+        "authorization",
+        "proxy-authenticate",
+        "www-authenticate",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "content-encoding",
+        "upgrade",
+        "proxy-connection",
+        "trailer",
+        "te",
+        "alt-svc",
+    }
 )
 
 
@@ -49,40 +63,61 @@ def receipt_headers(receipt: Receipt) -> dict[str, str]:
 
 def json_answer(status: int, body: dict, headers: dict[str, str]) -> Answer:
     content = (json.dumps(body, indent=2) + "\n").encode()
-    fields = {"Content-Type": "application/json", "Cache-Control": "no-store", **headers,
-              "content-length": str(len(content))}
+    fields = {
+        "Content-Type": "application/json",
+        "Cache-Control": "no-store",
+        **headers,
+        "content-length": str(len(content)),
+    }
     return Answer(status, tuple(fields.items()), content)
 
 
-def duplicate(receipt: Receipt, kind: str, *, retry_after: dt.datetime | None = None,
-              now: dt.datetime | None = None) -> Answer:
+def duplicate(
+    receipt: Receipt, kind: str, *, retry_after: dt.datetime | None = None, now: dt.datetime | None = None
+) -> Answer:
     """
     The answer to a duplicate that is not forwarded: `blocked`, `blocked_succeeded` or
     `key_conflict`. `retry_after`: when a read can next prove the first attempt absent (settle).
     """
     base = {"operation_id": receipt.operation_id, "api": receipt.api, "operation": receipt.operation}
     if kind == "key_conflict":
-        return json_answer(422, {
-            "error": "idempotency_key_reused", **base,
-            "hint": "this Idempotency-Key was already used for a different request; "
-                    "use a new key for a new request",
-        }, receipt_headers(receipt))
+        return json_answer(
+            422,
+            {
+                "error": "idempotency_key_reused",
+                **base,
+                "hint": "this Idempotency-Key was already used for a different request; "
+                "use a new key for a new request",
+            },
+            receipt_headers(receipt),
+        )
     if kind == "blocked_succeeded":
-        return json_answer(409, {
-            "error": "duplicate_succeeded", **base, "state": str(receipt.state),
-            "external_id": receipt.external_id, "completed_at": receipt.completed_at,
-            "hint": "this operation already succeeded; it was not sent again",
-        }, receipt_headers(receipt))
+        return json_answer(
+            409,
+            {
+                "error": "duplicate_succeeded",
+                **base,
+                "state": str(receipt.state),
+                "external_id": receipt.external_id,
+                "completed_at": receipt.completed_at,
+                "hint": "this operation already succeeded; it was not sent again",
+            },
+            receipt_headers(receipt),
+        )
     doc = {
-        "error": "duplicate_unresolved", **base, "state": str(receipt.state),
+        "error": "duplicate_unresolved",
+        **base,
+        "state": str(receipt.state),
         "submitted_at": receipt.submitted_at,
         "hint": HINTS.get(receipt.state, "the first attempt is unresolved"),
     }
     headers = receipt_headers(receipt)
     if retry_after is not None:
         doc["retry_after"] = retry_after.isoformat().replace("+00:00", "Z")
-        doc["hint"] = (f"the first attempt's outcome is unknown and this API's read proves absence only after a delay; "
-                       f"send it again after {doc['retry_after']} to have it reconciled")
+        doc["hint"] = (
+            f"the first attempt's outcome is unknown and this API's read proves absence only after a delay; "
+            f"send it again after {doc['retry_after']} to have it reconciled"
+        )
         wait = (retry_after - (now or dt.datetime.now(dt.UTC))).total_seconds()
         headers["Retry-After"] = str(max(1, math.ceil(wait)))
     return json_answer(409, doc, headers)
@@ -92,36 +127,68 @@ def replay(receipt: Receipt) -> Answer:
     """The recorded response of a succeeded receipt, marked as a replay."""
     rec = receipt.response
     assert rec is not None
-    headers = [(k, v) for k, v in rec.headers if k.lower() not in ("content-length", *(h.lower() for h in receipt_headers(receipt)))]
-    headers += [("content-length", str(len(rec.body))), ("X-Receipt-Replayed", "true"), *receipt_headers(receipt).items()]
+    headers = [
+        (k, v)
+        for k, v in rec.headers
+        if k.lower() not in ("content-length", *(h.lower() for h in receipt_headers(receipt)))
+    ]
+    headers += [
+        ("content-length", str(len(rec.body))),
+        ("X-Receipt-Replayed", "true"),
+        *receipt_headers(receipt).items(),
+    ]
     return Answer(rec.status, tuple(headers), rec.body)
 
 
 def unavailable(api: str, operation: str, why: str) -> Answer:
-    return json_answer(503, {
-        "error": "receipt_store_unavailable", "sent": False, "api": api, "operation": operation, "detail": why,
-        "hint": "the request was not sent upstream; it is safe to retry once the receipts database is writable",
-    }, {"Retry-After": "5"})
+    return json_answer(
+        503,
+        {
+            "error": "receipt_store_unavailable",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "detail": why,
+            "hint": "the request was not sent upstream; it is safe to retry once the receipts database is writable",
+        },
+        {"Retry-After": "5"},
+    )
 
 
 def exchange_failed(operation_id: str, state: State, detail: str, *, timed_out: bool) -> Answer:
     """The answer when the upstream exchange broke: `state` is not_sent or outcome_unknown."""
     sent = state is not State.NOT_SENT
-    return json_answer(504 if timed_out else 502, {
-        "error": "outcome_unknown" if sent else "not_sent",
-        "operation_id": operation_id, "state": str(state), "detail": detail,
-        "hint": "the request may have taken effect; do not resend it until the receipt is reconciled"
-        if sent else "the request never reached the upstream; it is safe to send again",
-    }, {"X-Receipt-Id": operation_id, "X-Receipt-State": str(state)})
+    return json_answer(
+        504 if timed_out else 502,
+        {
+            "error": "outcome_unknown" if sent else "not_sent",
+            "operation_id": operation_id,
+            "state": str(state),
+            "detail": detail,
+            "hint": "the request may have taken effect; do not resend it until the receipt is reconciled"
+            if sent
+            else "the request never reached the upstream; it is safe to send again",
+        },
+        {"X-Receipt-Id": operation_id, "X-Receipt-State": str(state)},
+    )
 
 
 def denied(receipt: Receipt, reason: str) -> Answer:
     """The answer when an operator denies a held request, or nobody decided in time."""
-    return json_answer(403, {
-        "error": "denied_by_operator", "operation_id": receipt.operation_id, "api": receipt.api,
-        "operation": receipt.operation, "state": str(receipt.state), "reason": reason, "sent": False,
-        "hint": "the request was not sent; ask the operator before trying it again",
-    }, receipt_headers(receipt))
+    return json_answer(
+        403,
+        {
+            "error": "denied_by_operator",
+            "operation_id": receipt.operation_id,
+            "api": receipt.api,
+            "operation": receipt.operation,
+            "state": str(receipt.state),
+            "reason": reason,
+            "sent": False,
+            "hint": "the request was not sent; ask the operator before trying it again",
+        },
+        receipt_headers(receipt),
+    )
 
 
 def recorded(status: int, headers: Iterable[tuple[str, str]], body: bytes, cap: int) -> RecordedResponse:

@@ -92,8 +92,14 @@ class Outcome:
         return out
 
 
-def answer_outcome(status: int, phrase: str, headers: Mapping[str, str], body: bytes, op: Operation | None,
-                   recorded: RecordedResponse | None = None) -> Outcome:
+def answer_outcome(
+    status: int,
+    phrase: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    op: Operation | None,
+    recorded: RecordedResponse | None = None,
+) -> Outcome:
     """The outcome of an upstream answer (`headers` with lower-case names, `body` decoded)."""
     verdict, why = classify_response(status, headers, body, op)
     exists = verdict == ALREADY_EXISTS
@@ -102,9 +108,12 @@ def answer_outcome(status: int, phrase: str, headers: Mapping[str, str], body: b
     if exists:
         reason += " (evidence that the effect may already exist: a read decides)"
     return Outcome(
-        state, reason,
+        state,
+        reason,
         error=None if state is State.SUCCEEDED else f"HTTP {status} {phrase}".strip() + (f": {why}" if why else ""),
-        http_status=status, response=recorded, evidence=exists,
+        http_status=status,
+        response=recorded,
+        evidence=exists,
         external_id=response_external_id(op, headers, body) if state is State.SUCCEEDED else None,
     )
 
@@ -124,7 +133,9 @@ def deadline_outcome(seconds: float) -> Outcome:
     return Outcome(State.OUTCOME_UNKNOWN, message, error=message, timed_out=True)
 
 
-def classify_response(status: int, headers: Mapping[str, str], body: bytes, op: Operation | None = None) -> tuple[str, str | None]:
+def classify_response(
+    status: int, headers: Mapping[str, str], body: bytes, op: Operation | None = None
+) -> tuple[str, str | None]:
     """
     The verdict on an answer: a State, or ALREADY_EXISTS (the API says the effect may exist
     already: read to decide), and the reason a `classify:` rule gives, if any. The operation's
@@ -138,8 +149,9 @@ def classify_response(status: int, headers: Mapping[str, str], body: bytes, op: 
     return classify_status(status, op), None
 
 
-def rule_fits(rule: ClassifyRule, status: int, headers: Mapping[str, str], body: bytes,
-              parsed: list[Any] | None = None) -> bool:
+def rule_fits(
+    rule: ClassifyRule, status: int, headers: Mapping[str, str], body: bytes, parsed: list[Any] | None = None
+) -> bool:
     """Whether an answer passes every test of a rule (`classify:` entries, `absent_when`)."""
     if rule.statuses and not _status_fits(status, rule.statuses):
         return False
@@ -183,8 +195,9 @@ def maybe_sent(detail: str) -> str:
     return f"outcome unknown: the request may have reached the upstream ({detail})"
 
 
-def error_outcome(message: str, *, tcp_setup: float | None, tls: bool, tls_setup: float | None,
-                  deadline_passed: bool = False) -> Outcome:
+def error_outcome(
+    message: str, *, tcp_setup: float | None, tls: bool, tls_setup: float | None, deadline_passed: bool = False
+) -> Outcome:
     """The outcome of a failure in mitmproxy's own forwarding (its `error` hook)."""
     if deadline_passed:
         message = f"no answer within receipts_upstream_timeout ({message})"
@@ -192,9 +205,7 @@ def error_outcome(message: str, *, tcp_setup: float | None, tls: bool, tls_setup
     return Outcome(state, reason, error=message)
 
 
-def classify_error(
-    message: str, *, tcp_setup: float | None, tls: bool, tls_setup: float | None
-) -> tuple[State, str]:
+def classify_error(message: str, *, tcp_setup: float | None, tls: bool, tls_setup: float | None) -> tuple[State, str]:
     """The state an upstream failure leaves a receipt in, and why."""
     if tcp_setup is None:
         return State.NOT_SENT, never_sent(message)

@@ -34,8 +34,10 @@ def _no_match(rules: RuleSet, host: str, port: int, method: str, path: str, body
     files = rules.files_for(host, port)
     if not files:
         hosts = sorted({h for f in rules.files for h in f.hosts})
-        return [f"no rules file names the host {host} (the rules name: {', '.join(hosts) or 'none'})",
-                "the proxy passes this request through untouched"]
+        return [
+            f"no rules file names the host {host} (the rules name: {', '.join(hosts) or 'none'})",
+            "the proxy passes this request through untouched",
+        ]
     lines = []
     bare = path.split("?")[0]
     for f in files:
@@ -48,10 +50,16 @@ def _no_match(rules: RuleSet, host: str, port: int, method: str, path: str, body
             elif op.path.match(bare) is None:
                 why = "path differs"
             elif op.graphql:
-                why = ("the body is not a GraphQL mutation" if mutation is None else
-                       f"the mutation's root fields are {', '.join(mutation) or 'none'}, not {op.graphql}")
-            lines.append(f"  {op.name}: {op.method} {op.path.template}"
-                         + (f" (mutation {op.graphql})" if op.graphql else "") + (f": {why}" if why else ""))
+                why = (
+                    "the body is not a GraphQL mutation"
+                    if mutation is None
+                    else f"the mutation's root fields are {', '.join(mutation) or 'none'}, not {op.graphql}"
+                )
+            lines.append(
+                f"  {op.name}: {op.method} {op.path.template}"
+                + (f" (mutation {op.graphql})" if op.graphql else "")
+                + (f": {why}" if why else "")
+            )
     lines.append("the proxy passes this request through untouched")
     return lines
 
@@ -100,24 +108,35 @@ def _duplicates(op: Operation) -> list[str]:
     spec = op.reconcile
     when = "after an unknown outcome"
     if op.idempotency_header:
-        within = f" while the API remembers the key ({op.idempotency_ttl}s from its first use)" if op.idempotency_ttl else ""
-        lines.append(f"{when}: sent again with the same {op.idempotency_header}{within}, "
-                     "which the API deduplicates (no read needed)")
+        within = (
+            f" while the API remembers the key ({op.idempotency_ttl}s from its first use)" if op.idempotency_ttl else ""
+        )
+        lines.append(
+            f"{when}: sent again with the same {op.idempotency_header}{within}, "
+            "which the API deduplicates (no read needed)"
+        )
         if not op.idempotency_ttl:
             return lines
         when = "once the API has forgotten the key"
     if spec is None:
         lines.append(f"{when}: blocked until someone resolves it (no reconcile read in the rule)")
     else:
-        absence = ("never proves absence: manual_review when not found" if not spec.absence_provable else
-                   ("proves absence" + (f" {spec.settle}s after the outcome became unknown" if spec.settle else " at once")
-                    + ("; then safe_to_retry" if spec.retry_when_absent else "; then manual_review (no retry_when_absent)")))
+        absence = (
+            "never proves absence: manual_review when not found"
+            if not spec.absence_provable
+            else (
+                "proves absence"
+                + (f" {spec.settle}s after the outcome became unknown" if spec.settle else " at once")
+                + ("; then safe_to_retry" if spec.retry_when_absent else "; then manual_review (no retry_when_absent)")
+            )
+        )
         lines.append(f"{when}: the duplicate triggers a read, {spec.method} {spec.url}: found → succeeded; {absence}")
     return lines
 
 
-def explain(rules: RuleSet, method: str, url: str, body: bytes = b"", headers: Mapping[str, str] | None = None,
-            key: bytes = b"") -> dict[str, Any]:
+def explain(
+    rules: RuleSet, method: str, url: str, body: bytes = b"", headers: Mapping[str, str] | None = None, key: bytes = b""
+) -> dict[str, Any]:
     """What the proxy would do with this request, as a JSON-able report (`render` prints it)."""
     headers = {k.lower(): v for k, v in (headers or {}).items()}
     method = method.upper()
@@ -126,9 +145,14 @@ def explain(rules: RuleSet, method: str, url: str, body: bytes = b"", headers: M
         raise ValueError(f"{url!r} is not an http(s) URL")
     port = u.port or {"http": 80, "https": 443}[u.scheme]
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-    shown_headers = {k: REDACTED if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) else v for k, v in headers.items()}
-    report: dict[str, Any] = {"request": f"{method} {redact_url(u.scheme, u.hostname, port, path)}",
-                              "headers": shown_headers, "sent": False}
+    shown_headers = {
+        k: REDACTED if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) else v for k, v in headers.items()
+    }
+    report: dict[str, Any] = {
+        "request": f"{method} {redact_url(u.scheme, u.hostname, port, path)}",
+        "headers": shown_headers,
+        "sent": False,
+    }
     m = rules.match(u.hostname, port, method, path, body=body)
     if m is None:
         report["match"] = None
@@ -139,19 +163,29 @@ def explain(rules: RuleSet, method: str, url: str, body: bytes = b"", headers: M
         if headers.get(name):
             shown_headers[name] = REDACTED
     intent = fingerprint(m, RequestView(method, u.scheme, u.hostname, port, path, headers, body), key)
-    report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}",
-                       "description": op.description, "graphql": op.graphql}
+    report["match"] = {
+        "api": op.api,
+        "operation": op.name,
+        "source": f"{op.source}:{op.line}",
+        "description": op.description,
+        "graphql": op.graphql,
+    }
     report["fingerprint"] = {
         "fields": dict(kv for part, value in intent.intent.items() for kv in _flatten(part, value)),
         "principal": intent.principal,
         "value": intent.fingerprint,
     }
-    report["classify"] = [_rule_text(r) for r in op.classify_rules] + [f"HTTP {k} → {v}" for k, v in op.classify] + [
-        "otherwise: 2xx/3xx → succeeded, 408 → outcome_unknown, other 4xx → rejected, 5xx → outcome_unknown"]
+    report["classify"] = (
+        [_rule_text(r) for r in op.classify_rules]
+        + [f"HTTP {k} → {v}" for k, v in op.classify]
+        + ["otherwise: 2xx/3xx → succeeded, 408 → outcome_unknown, other 4xx → rejected, 5xx → outcome_unknown"]
+    )
     if op.idempotency_header:
         report["identity"] = f"the proxy adds {op.idempotency_header}: <its key> (an agent's own key is kept)"
     elif op.idempotency_body:
-        report["identity"] = f"the proxy writes a {op.idempotency_format} id at {op.idempotency_body} (an agent's own value is kept)"
+        report["identity"] = (
+            f"the proxy writes a {op.idempotency_format} id at {op.idempotency_body} (an agent's own value is kept)"
+        )
     if op.external_id_header:
         report["external_id"] = f"header {op.external_id_header}"
     elif op.external_id:
@@ -185,8 +219,10 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  ({report['key_note']})")
     if "existing" in report:
         e = report["existing"]
-        lines.append(f"  the receipts database has {e['operation_id']} with this fingerprint: {e['state']} "
-                     f"(submitted {e['submitted_at']})")
+        lines.append(
+            f"  the receipts database has {e['operation_id']} with this fingerprint: {e['state']} "
+            f"(submitted {e['submitted_at']})"
+        )
     lines += ["", "answers:"] + [f"  {c}" for c in report["classify"]]
     if "external_id" in report:
         lines.append(f"  the created object's id: {report['external_id']}")

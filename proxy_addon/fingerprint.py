@@ -121,8 +121,12 @@ def multipart_parts(content_type: str, body: bytes) -> dict[str, Any] | None:
     return parts
 
 
-def _body_view(fields: tuple[str, ...] | None, headers: Mapping[str, str], body: bytes,
-               graphql: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def _body_view(
+    fields: tuple[str, ...] | None,
+    headers: Mapping[str, str],
+    body: bytes,
+    graphql: tuple[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     if fields == ():
         return {}
     if graphql is not None and fields is not None:
@@ -190,8 +194,12 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
     bare = req.host.lower().rstrip(".")
     host = bare if req.port == default_port else f"{bare}:{req.port}"
     material = {
-        "api": op.api, "operation": op.name, "method": req.method, "host": host,
-        "intent": intent, "principal": principal,
+        "api": op.api,
+        "operation": op.name,
+        "method": req.method,
+        "host": host,
+        "intent": intent,
+        "principal": principal,
     }
     digest = hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
     return Intent(
@@ -202,8 +210,9 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
     )
 
 
-def build_attempt(match: Match, req: RequestView, key: bytes, *, flow_id: str | None = None,
-                  instance: str | None = None) -> Attempt:
+def build_attempt(
+    match: Match, req: RequestView, key: bytes, *, flow_id: str | None = None, instance: str | None = None
+) -> Attempt:
     """Everything the store needs to decide about a matched request before it is sent."""
     op = match.operation
     intent = fingerprint(match, req, key)
@@ -213,14 +222,26 @@ def build_attempt(match: Match, req: RequestView, key: bytes, *, flow_id: str | 
         # An id the API deduplicates by, in the body: the agent's own, or ours if there is room.
         given_key, idempotency = identity.body_key(op, req.body, match.graphql_args)
         if not idempotency:
-            logger.warning("%s %s: no place for %s in this body; sent without a proxy-chosen id",
-                           op.api, op.name, op.idempotency_body)
+            logger.warning(
+                "%s %s: no place for %s in this body; sent without a proxy-chosen id",
+                op.api,
+                op.name,
+                op.idempotency_body,
+            )
     return Attempt(
-        api=op.api, operation=op.name, method=req.method,
-        target=intent.target, intent_fingerprint=intent.fingerprint, intent=intent.intent,
-        principal=intent.principal, flow_id=flow_id, instance=instance,
+        api=op.api,
+        operation=op.name,
+        method=req.method,
+        target=intent.target,
+        intent_fingerprint=intent.fingerprint,
+        intent=intent.intent,
+        principal=intent.principal,
+        flow_id=flow_id,
+        instance=instance,
         client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
-        idempotency=idempotency, approval=op.approve, key_format=op.idempotency_format,
+        idempotency=idempotency,
+        approval=op.approve,
+        key_format=op.idempotency_format,
         given_key=given_key,
     )
 

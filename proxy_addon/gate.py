@@ -76,9 +76,14 @@ class Admitted:
 
 
 class Gate:
-    def __init__(self, calls: StoreThread, settings: GateSettings | None = None, *,
-                 post_reads: Callable[[str], tuple[PathTemplate, ...]] = lambda api: (),
-                 on_change: Callable[[Receipt], None] = lambda receipt: None):
+    def __init__(
+        self,
+        calls: StoreThread,
+        settings: GateSettings | None = None,
+        *,
+        post_reads: Callable[[str], tuple[PathTemplate, ...]] = lambda api: (),
+        on_change: Callable[[Receipt], None] = lambda receipt: None,
+    ):
         self.calls = calls
         self.settings = settings or GateSettings()
         self.post_reads = post_reads
@@ -97,8 +102,9 @@ class Gate:
             or (state is State.OUTCOME_UNKNOWN and reconcilable_now(op, d.receipt, self._now()))
         )
 
-    async def admit(self, attempt: Attempt | Callable[[], Attempt], op: Operation,
-                    credentials: Mapping[str, str]) -> Admitted:
+    async def admit(
+        self, attempt: Attempt | Callable[[], Attempt], op: Operation, credentials: Mapping[str, str]
+    ) -> Admitted:
         """Decide what to do with a matched write; StoreError when the store cannot decide (do not forward)."""
         built: list[Attempt] = []
 
@@ -107,9 +113,13 @@ class Gate:
                 if not built:  # built once, on the store's thread (fingerprinting a large body)
                     built.append(attempt() if callable(attempt) else attempt)
                 # Only the answer a duplicate finally gets is recorded.
-                return store.begin_attempt(built[0], after_success=op.after_success,
-                                           replay_window=self.settings.replay_window,
-                                           record_duplicate=True if final else (lambda d: not self._follows_up(op, d)))
+                return store.begin_attempt(
+                    built[0],
+                    after_success=op.after_success,
+                    replay_window=self.settings.replay_window,
+                    record_duplicate=True if final else (lambda d: not self._follows_up(op, d)),
+                )
+
             return run
 
         decision = await self.calls(decide(False))
@@ -125,30 +135,64 @@ class Gate:
             self._outcomes[decision.receipt.operation_id] = asyncio.Event()
         return Admitted(decision, built[0])
 
-    async def record(self, operation_id: str, outcome: Outcome, *, flow_id: str | None = None,
-                     op: Operation | None = None, credentials: Mapping[str, str] | None = None) -> Receipt | None:
+    async def record(
+        self,
+        operation_id: str,
+        outcome: Outcome,
+        *,
+        flow_id: str | None = None,
+        op: Operation | None = None,
+        credentials: Mapping[str, str] | None = None,
+    ) -> Receipt | None:
         """
         Record a forwarded write's outcome; the receipt, or None when the store refused (it stays
         submitted, and becomes outcome_unknown when the proxy restarts). An `evidence` outcome
         (the answer says the effect may exist) is reconciled at once with the request's credentials.
         """
         try:
-            receipt = await self.calls(lambda s: s.transition(
-                operation_id, outcome.state, reason=outcome.reason, expect=[State.SUBMITTED], flow_id=flow_id,
-                **outcome.fields()))
+            receipt = await self.calls(
+                lambda s: s.transition(
+                    operation_id,
+                    outcome.state,
+                    reason=outcome.reason,
+                    expect=[State.SUBMITTED],
+                    flow_id=flow_id,
+                    **outcome.fields(),
+                )
+            )
         except StoreError as e:
-            logger.error("receipt %s: could not record %s (%s): %s; it stays submitted and becomes "
-                         "outcome_unknown when the proxy restarts", operation_id, outcome.state, outcome.reason, e)
+            logger.error(
+                "receipt %s: could not record %s (%s): %s; it stays submitted and becomes "
+                "outcome_unknown when the proxy restarts",
+                operation_id,
+                outcome.state,
+                outcome.reason,
+                e,
+            )
             return None
         finally:
             if (event := self._outcomes.pop(operation_id, None)) is not None:
                 event.set()  # duplicates waiting for this outcome decide again
         level = logging.INFO if receipt.state is State.SUCCEEDED else logging.WARNING
-        logger.log(level, "receipt %s %s %s %s %s: %s (%s)", receipt.operation_id, receipt.api, receipt.operation,
-                   receipt.method, receipt.target, receipt.state, outcome.reason)
+        logger.log(
+            level,
+            "receipt %s %s %s %s %s: %s (%s)",
+            receipt.operation_id,
+            receipt.api,
+            receipt.operation,
+            receipt.method,
+            receipt.target,
+            receipt.state,
+            outcome.reason,
+        )
         if outcome.evidence and op is not None:
-            settled = await self.reconcile(op, receipt, credentials or {}, evidence=True,
-                                           reason="the answer says it may already exist: reconciling with a read")
+            settled = await self.reconcile(
+                op,
+                receipt,
+                credentials or {},
+                evidence=True,
+                reason="the answer says it may already exist: reconciling with a read",
+            )
             receipt = settled if settled is not None else await self.calls(lambda s: s.get(operation_id))
         return receipt
 
@@ -171,8 +215,16 @@ class Gate:
             if receipt.state is not State.SUBMITTED:
                 return
 
-    def reconcile(self, op: Operation, receipt: Receipt, credentials: Mapping[str, str], *,
-                  reason: str, actor: str = "proxy (inline reconcile)", evidence: bool = False) -> asyncio.Future[Receipt | None]:
+    def reconcile(
+        self,
+        op: Operation,
+        receipt: Receipt,
+        credentials: Mapping[str, str],
+        *,
+        reason: str,
+        actor: str = "proxy (inline reconcile)",
+        evidence: bool = False,
+    ) -> asyncio.Future[Receipt | None]:
         """
         Resolve an outcome_unknown receipt with a read, with the given (a duplicate's own)
         credentials; nothing is stored of them. Concurrent callers in this process share one
@@ -182,21 +234,25 @@ class Gate:
         task = self._reconciles.get(receipt.operation_id)
         if task is None:
             task = asyncio.get_running_loop().create_task(
-                self._reconcile(op, receipt, dict(credentials), reason, actor, evidence))
+                self._reconcile(op, receipt, dict(credentials), reason, actor, evidence)
+            )
             self._reconciles[receipt.operation_id] = task
             task.add_done_callback(lambda _: self._reconciles.pop(receipt.operation_id, None))
         return asyncio.shield(task)
 
-    async def _reconcile(self, op: Operation, receipt: Receipt, credentials: dict[str, str], reason: str,
-                         actor: str, evidence: bool) -> Receipt | None:
+    async def _reconcile(
+        self, op: Operation, receipt: Receipt, credentials: dict[str, str], reason: str, actor: str, evidence: bool
+    ) -> Receipt | None:
         settings = dataclasses.replace(self.settings.reads, post_reads=self.post_reads(op.api))
         try:
-            result = await reconcile(self.calls, op, receipt, credentials, settings=settings, actor=actor,
-                                     reason=reason, evidence=evidence)
+            result = await reconcile(
+                self.calls, op, receipt, credentials, settings=settings, actor=actor, reason=reason, evidence=evidence
+            )
         except IllegalTransition:
             return None  # another proxy process claimed it first
         done = result.receipt
-        logger.warning("receipt %s %s %s: %s (%s)", done.operation_id, done.api, done.operation, done.state,
-                       result.verdict.reason)
+        logger.warning(
+            "receipt %s %s %s: %s (%s)", done.operation_id, done.api, done.operation, done.state, result.verdict.reason
+        )
         self.on_change(done)
         return done

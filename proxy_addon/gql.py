@@ -88,7 +88,9 @@ def _fields_of(doc: DocumentNode, op: OperationDefinitionNode) -> list[FieldNode
     return _root_fields(op.selection_set, fragments)
 
 
-def _root_fields(selection: SelectionSetNode, fragments: dict[str, FragmentDefinitionNode], depth: int = 0) -> list[FieldNode]:
+def _root_fields(
+    selection: SelectionSetNode, fragments: dict[str, FragmentDefinitionNode], depth: int = 0
+) -> list[FieldNode]:
     out: list[FieldNode] = []
     for sel in selection.selections:
         if isinstance(sel, FieldNode):

@@ -40,8 +40,16 @@ def failed(reason: str) -> Verdict:
     return Verdict(State.MANUAL_REVIEW, reason, failed=True)
 
 
-def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int, body: bytes, *,
-          headers: Mapping[str, str] | None = None, now: dt.datetime | None = None) -> Verdict:
+def judge(
+    spec: ReconcileSpec,
+    read: ReadRequest,
+    receipt: Receipt,
+    status: int,
+    body: bytes,
+    *,
+    headers: Mapping[str, str] | None = None,
+    now: dt.datetime | None = None,
+) -> Verdict:
     """What the read proves."""
     said = f"read {read.method} {read.shown} → HTTP {status}"
     now = now or utcnow()
@@ -66,16 +74,19 @@ def judge(spec: ReconcileSpec, read: ReadRequest, receipt: Receipt, status: int,
         return failed(f"{said}: {e}")
     for item in items:
         if all(text_of(dig(item, f)) == value for f, value in wanted) and all(
-                _within(dig(item, f), kind, bound) for f, kind, bound in bounds):
+            _within(dig(item, f), kind, bound) for f, kind, bound in bounds
+        ):
             found = _found_id(item, spec.external_id, receipt) if spec.external_id else None
             label = spec.external_id if isinstance(spec.external_id, str) else ":".join(spec.external_id or ())
-            return Verdict(State.SUCCEEDED, f"{said}: found among {len(items)} items"
-                           + (f" ({label}={found})" if found else ""), found)
+            return Verdict(
+                State.SUCCEEDED,
+                f"{said}: found among {len(items)} items" + (f" ({label}={found})" if found else ""),
+                found,
+            )
     return absent(spec, f"{said}: not found among {len(items)} items", receipt, now)
 
 
-def _by_status(spec: ReconcileSpec, said: str, receipt: Receipt, status: int, body: bytes,
-               now: dt.datetime) -> Verdict:
+def _by_status(spec: ReconcileSpec, said: str, receipt: Receipt, status: int, body: bytes, now: dt.datetime) -> Verdict:
     """A read without `find`: 2xx → found, 404/410 → absent (unless `absent_when` says how absence looks)."""
     if 200 <= status < 300 and (spec.absent_when is None or _has(body, spec.items)):
         return Verdict(State.SUCCEEDED, f"{said}: found", external_id_of(body, spec.external_id) or receipt.external_id)
@@ -137,12 +148,19 @@ def absent(spec: ReconcileSpec, said: str, receipt: Receipt | None = None, now: 
     if spec.absence_provable and spec.settle and receipt is not None:
         proof_from = absence_provable_from(spec, receipt)
         if (now or utcnow()) < proof_from:
-            return Verdict(State.OUTCOME_UNKNOWN,
-                           f"{said}; this read proves absence only {spec.settle}s after the outcome became unknown: "
-                           f"try again after {iso(proof_from)}", retry_after=proof_from)
+            return Verdict(
+                State.OUTCOME_UNKNOWN,
+                f"{said}; this read proves absence only {spec.settle}s after the outcome became unknown: "
+                f"try again after {iso(proof_from)}",
+                retry_after=proof_from,
+            )
     if spec.absence_provable and spec.retry_when_absent:
         return Verdict(State.SAFE_TO_RETRY, f"{said}; absence is proven and the rule allows a retry")
-    why = "the rule does not say this read proves absence" if not spec.absence_provable else "the rule does not allow a retry"
+    why = (
+        "the rule does not say this read proves absence"
+        if not spec.absence_provable
+        else "the rule does not allow a retry"
+    )
     return Verdict(State.MANUAL_REVIEW, f"{said}; {why}")
 
 

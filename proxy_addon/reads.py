@@ -62,8 +62,10 @@ def _variables(receipt: Receipt) -> dict[str, Any]:
         # an idempotency key continues its first attempt. Whole seconds, rounded down, so
         # that a `created >= ` filter never misses an object made in the same second.
         submitted = dt.datetime.fromisoformat(receipt.idempotency_key_at or receipt.submitted_at)
-        out.update(submitted_at=submitted.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                   submitted_at_unix=int(submitted.timestamp()))
+        out.update(
+            submitted_at=submitted.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            submitted_at_unix=int(submitted.timestamp()),
+        )
     out.update({f"path.{k}": v for k, v in intent.get("path", {}).items()})
     out.update({f"query.{k}": v for k, v in intent.get("query", {}).items()})
     out.update({f"header.{k}": v for k, v in intent.get("headers", {}).items()})
@@ -129,12 +131,15 @@ def check_read(read: ReadRequest, post_reads: Sequence[PathTemplate]) -> None:
         if why is None:
             return
         raise ReconcileError(f"refusing POST {read.shown}: {why}")
-    raise ReconcileError(f"refusing {read.method} {read.shown}: a reconcile read is GET or HEAD "
-                         "(or a POST to a path the rules list in post_reads), never a write")
+    raise ReconcileError(
+        f"refusing {read.method} {read.shown}: a reconcile read is GET or HEAD "
+        "(or a POST to a path the rules list in post_reads), never a write"
+    )
 
 
-async def perform_read(read: ReadRequest, credentials: Mapping[str, str],
-                       settings: ReadSettings | None = None) -> tuple[int, dict[str, str], bytes]:
+async def perform_read(
+    read: ReadRequest, credentials: Mapping[str, str], settings: ReadSettings | None = None
+) -> tuple[int, dict[str, str], bytes]:
     """Send a read once; its status, headers (lower-case names) and body. httpx errors are the caller's."""
     settings = settings or ReadSettings()
     check_read(read, settings.post_reads)

@@ -82,9 +82,17 @@ def reconcilable_now(op: Operation, receipt: Receipt, now: dt.datetime) -> bool:
     return retry_after(op, receipt, now) is None or receipt.updated_at == receipt.completed_at
 
 
-async def reconcile(calls: StoreCalls, op: Operation | None, receipt: Receipt | str,
-                    credentials: Mapping[str, str], *, settings: ReadSettings, actor: str,
-                    reason: str = "reconciling with a read", evidence: bool = False) -> Reconciled:
+async def reconcile(
+    calls: StoreCalls,
+    op: Operation | None,
+    receipt: Receipt | str,
+    credentials: Mapping[str, str],
+    *,
+    settings: ReadSettings,
+    actor: str,
+    reason: str = "reconciling with a read",
+    evidence: bool = False,
+) -> Reconciled:
     """
     Claim, decide (with a read where one is needed), record. `evidence`: the API answered that
     the effect may already exist, so only a read decides, even where resending with the same
@@ -105,18 +113,29 @@ async def reconcile(calls: StoreCalls, op: Operation | None, receipt: Receipt | 
     return Reconciled(done, verdict)
 
 
-async def _decide(op: Operation | None, receipt: Receipt, credentials: Mapping[str, str],
-                  settings: ReadSettings, evidence: bool, calls: StoreCalls) -> Verdict:
+async def _decide(
+    op: Operation | None,
+    receipt: Receipt,
+    credentials: Mapping[str, str],
+    settings: ReadSettings,
+    evidence: bool,
+    calls: StoreCalls,
+) -> Verdict:
     now = await calls(lambda s: s.clock())
     if op is None:
         return Verdict(State.MANUAL_REVIEW, "no read can decide: its rule is gone")
     if key_dedupes(op, receipt, now) and not evidence:
-        return Verdict(State.SAFE_TO_RETRY, f"the API deduplicates by {op.idempotency_header}; "
-                                            f"sending again with the same key {receipt.idempotency_key} is safe")
+        return Verdict(
+            State.SAFE_TO_RETRY,
+            f"the API deduplicates by {op.idempotency_header}; "
+            f"sending again with the same key {receipt.idempotency_key} is safe",
+        )
     if op.reconcile is None:
         if op.idempotency_header and receipt.idempotency_key and not evidence:
-            return Verdict(State.MANUAL_REVIEW, f"the API forgets {op.idempotency_header} keys after "
-                                                f"{op.idempotency_ttl}s and no read is configured")
+            return Verdict(
+                State.MANUAL_REVIEW,
+                f"the API forgets {op.idempotency_header} keys after {op.idempotency_ttl}s and no read is configured",
+            )
         return Verdict(State.MANUAL_REVIEW, f"no read can decide: {op.api} {op.name} has no reconcile spec")
     try:
         read = plan_read(op, receipt)
@@ -131,5 +150,13 @@ async def _decide(op: Operation | None, receipt: Receipt, credentials: Mapping[s
 
 async def _finish(calls: StoreCalls, receipt: Receipt, verdict: Verdict, actor: str) -> Receipt:
     fields: dict[str, Any] = {"external_id": verdict.external_id} if verdict.external_id else {}
-    return await calls(lambda s: s.transition(receipt.operation_id, verdict.state, reason=verdict.reason,
-                                              actor=actor, expect=[State.RECONCILING], **fields))
+    return await calls(
+        lambda s: s.transition(
+            receipt.operation_id,
+            verdict.state,
+            reason=verdict.reason,
+            actor=actor,
+            expect=[State.RECONCILING],
+            **fields,
+        )
+    )

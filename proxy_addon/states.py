@@ -51,13 +51,9 @@ RESOLUTIONS: tuple[State, ...] = (State.SUCCEEDED, State.SAFE_TO_RETRY, State.RE
 TRANSITIONS: dict[State, frozenset[State]] = {
     # approved → sent; denied by the operator or timed out → rejected; the proxy stopped → not sent
     State.AWAITING_APPROVAL: frozenset({State.SUBMITTED, State.REJECTED, State.NOT_SENT}),
-    State.SUBMITTED: frozenset(
-        {State.SUCCEEDED, State.REJECTED, State.NOT_SENT, State.OUTCOME_UNKNOWN}
-    ),
+    State.SUBMITTED: frozenset({State.SUCCEEDED, State.REJECTED, State.NOT_SENT, State.OUTCOME_UNKNOWN}),
     State.OUTCOME_UNKNOWN: frozenset({State.RECONCILING, State.MANUAL_REVIEW}),
-    State.RECONCILING: frozenset(
-        {State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN}
-    ),
+    State.RECONCILING: frozenset({State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN}),
     State.MANUAL_REVIEW: frozenset({State.RECONCILING, State.SUCCEEDED, State.SAFE_TO_RETRY, State.REJECTED}),
     State.SUCCEEDED: frozenset(),
     State.REJECTED: frozenset(),

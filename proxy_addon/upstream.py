@@ -36,15 +36,19 @@ class Upstream:
     @classmethod
     def from_env(cls, *, ca_file: str | None = None, insecure: bool = False) -> Upstream:
         """For the CLI: an explicit CA file, else $SSL_CERT_FILE / $SSL_CERT_DIR, as OpenSSL's clients honour them."""
-        return cls(insecure=insecure, ca_file=ca_file or os.environ.get("SSL_CERT_FILE") or None,
-                   ca_dir=None if ca_file else os.environ.get("SSL_CERT_DIR") or None)
+        return cls(
+            insecure=insecure,
+            ca_file=ca_file or os.environ.get("SSL_CERT_FILE") or None,
+            ca_dir=None if ca_file else os.environ.get("SSL_CERT_DIR") or None,
+        )
 
     def verify(self) -> ssl.SSLContext | bool:
         """The TLS verification httpx should apply."""
         if self.insecure:
             return False
-        return ssl.create_default_context(cafile=self.ca_file or (None if self.ca_dir else certifi.where()),
-                                          capath=self.ca_dir or None)
+        return ssl.create_default_context(
+            cafile=self.ca_file or (None if self.ca_dir else certifi.where()), capath=self.ca_dir or None
+        )
 
     def proxy_spec(self) -> httpx.Proxy | None:
         if not self.proxy:
@@ -57,5 +61,6 @@ class Upstream:
 
     def client(self, *, timeout: Any = None, **kwargs: Any) -> httpx.AsyncClient:
         """An httpx client that verifies and proxies as configured. It never reads the environment itself."""
-        return httpx.AsyncClient(verify=self.verify(), proxy=self.proxy_spec(), http2=self.http2,
-                                 trust_env=False, timeout=timeout, **kwargs)
+        return httpx.AsyncClient(
+            verify=self.verify(), proxy=self.proxy_spec(), http2=self.http2, trust_env=False, timeout=timeout, **kwargs
+        )

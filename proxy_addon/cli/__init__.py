@@ -47,9 +47,28 @@ from proxy_addon.paths import default_db
 from proxy_addon.store import Clock, Store, utcnow
 
 __all__ = [
-    "COMMANDS", "EPILOG", "HEADER_NAME", "SINCE_HELP", "Command", "StorelessCommand", "UsageError", "age", "cli_actor", "event_json", "main",
-    "operation_name", "parse_age", "parse_since", "parser", "positive_int", "positive_seconds", "print_json",
-    "print_table", "receipt_json", "sendable", "short_time",
+    "COMMANDS",
+    "EPILOG",
+    "HEADER_NAME",
+    "SINCE_HELP",
+    "Command",
+    "StorelessCommand",
+    "UsageError",
+    "age",
+    "cli_actor",
+    "event_json",
+    "main",
+    "operation_name",
+    "parse_age",
+    "parse_since",
+    "parser",
+    "positive_int",
+    "positive_seconds",
+    "print_json",
+    "print_table",
+    "receipt_json",
+    "sendable",
+    "short_time",
 ]
 
 EPILOG = """\
@@ -76,14 +95,18 @@ else ~/.local/state/receipt-proxy/receipts.db (where scripts/run keeps it).
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="receipts", description="See and settle the receipts receipt-proxy wrote.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="receipts",
+        description="See and settle the receipts receipt-proxy wrote.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--db", default=None, help="the receipts database (default: see below)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, c in COMMANDS.items():
         sp = sub.add_parser(
-            name, help=c.help, description=c.description,
+            name,
+            help=c.help,
+            description=c.description,
             epilog="examples:\n" + "".join(f"  {e}\n" for e in c.examples),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
@@ -105,7 +128,9 @@ def main(argv: list[str] | None = None, *, clock: Clock = utcnow) -> int:
         try:
             store = Store.open(db, create=False, clock=clock)
         except StoreError as e:
-            hint = "" if args.db or db.exists() else " (pass --db, or set $RECEIPT_PROXY_DB or $RECEIPT_PROXY_STATE_DIR)"
+            hint = (
+                "" if args.db or db.exists() else " (pass --db, or set $RECEIPT_PROXY_DB or $RECEIPT_PROXY_STATE_DIR)"
+            )
             raise StoreError(f"{e}{hint}") from e
         return command.run(store, args)
     except (ReceiptsError, UsageError) as e:

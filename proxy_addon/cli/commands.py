@@ -54,23 +54,29 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         "list receipts, newest first",
         "List receipts, newest first, with how many duplicates each blocked or replayed.\n"
         "AGE is the time since the request was submitted.",
-        ["receipts list", "receipts list --state outcome_unknown --state manual_review",
-         "receipts list --operation dev.to/articles.create --since 7d",
-         "receipts list --since 2026-11-01T12:00:00Z --limit 10 --json"],
-        list_args, list_run,
+        [
+            "receipts list",
+            "receipts list --state outcome_unknown --state manual_review",
+            "receipts list --operation dev.to/articles.create --since 7d",
+            "receipts list --since 2026-11-01T12:00:00Z --limit 10 --json",
+        ],
+        list_args,
+        list_run,
     ),
     "show": Command(
         "one receipt, its history and its duplicates",
         "One receipt: its fields, its state changes, and the blocked or replayed duplicates of it.",
         ["receipts show 20261129T184210Z-1fd54b31a2", "receipts show 20261129T184210Z-1fd54b31a2 --json"],
-        show_args, show_run,
+        show_args,
+        show_run,
     ),
     "blocked": Command(
         "duplicates the proxy blocked or replayed, newest first",
         "Duplicates the proxy blocked or answered with a recorded response (replayed), newest first,\n"
         "each with the receipt it was checked against and that receipt's current state.",
         ["receipts blocked", "receipts blocked --since 2h", "receipts blocked --since 2026-11-01 --json"],
-        blocked_args, blocked_run,
+        blocked_args,
+        blocked_run,
     ),
     "resolve": Command(
         "settle an outcome_unknown or manual_review receipt by hand",
@@ -78,11 +84,14 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         "Until it is resolved, the proxy blocks identical requests; after safe_to_retry or\n"
         "rejected it forwards the next one as a retry. The change is recorded with your\n"
         "login name (actor cli:NAME) and the note.",
-        ['receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" '
-         '--external-id 1234567',
-         'receipts resolve 20261129T184210Z-1fd54b31a2 --as safe_to_retry --note "not on the dashboard after 1h"',
-         'receipts resolve 20261129T184210Z-1fd54b31a2 --as rejected --note "support says it was refused"'],
-        resolve_args, resolve_run,
+        [
+            'receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" '
+            "--external-id 1234567",
+            'receipts resolve 20261129T184210Z-1fd54b31a2 --as safe_to_retry --note "not on the dashboard after 1h"',
+            'receipts resolve 20261129T184210Z-1fd54b31a2 --as rejected --note "support says it was refused"',
+        ],
+        resolve_args,
+        resolve_run,
     ),
     "reconcile": Command(
         "resolve unknown outcomes with a read, never another write",
@@ -90,26 +99,34 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         "HEAD only): found → succeeded; absence proven and a retry allowed → safe_to_retry;\n"
         "anything else → manual_review. What was read is recorded in the receipt's history;\n"
         "credentials are used for the read and never stored.",
-        ["receipts reconcile 20261129T184210Z-1fd54b31a2",
-         "receipts reconcile --all --timeout 10",
-         "receipts reconcile --all --header 'api-key: ...' --json",
-         "receipts reconcile 20261129T184210Z-1fd54b31a2 --rules ./rules/dev.to.yaml"],
-        reconcile_args, reconcile_run,
+        [
+            "receipts reconcile 20261129T184210Z-1fd54b31a2",
+            "receipts reconcile --all --timeout 10",
+            "receipts reconcile --all --header 'api-key: ...' --json",
+            "receipts reconcile 20261129T184210Z-1fd54b31a2 --rules ./rules/dev.to.yaml",
+        ],
+        reconcile_args,
+        reconcile_run,
     ),
     "export": Command(
         "every receipt with its events, as JSON Lines",
         "Every receipt (oldest first) as one JSON object a line, with its events.\n"
         "A recorded response appears as its status only (response_status), never its body.",
         ["receipts export > receipts.jsonl", "receipts export --since 30d | jq -c 'select(.state == \"succeeded\")'"],
-        export_args, export_run,
+        export_args,
+        export_run,
     ),
     "rules": StorelessCommand(
         "check rules files, or explain what a request would match",
         "Rules tools: `check` validates files and prints every problem with file:line;\n"
         "`explain` shows what the proxy would do with a request, without sending it.",
-        ["receipts rules check", "receipts rules check rules/github.yaml my-rules/",
-         "receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json"],
-        rules_args, rules_run,
+        [
+            "receipts rules check",
+            "receipts rules check rules/github.yaml my-rules/",
+            "receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json",
+        ],
+        rules_args,
+        rules_run,
     ),
     "prune": Command(
         "delete old resolved receipts",
@@ -117,6 +134,7 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         "than AGE ago, with their events. Unresolved receipts are never deleted, nor a receipt\n"
         "that a kept receipt is a retry of.",
         ["receipts prune --older-than 90d --dry-run", "receipts prune --older-than 30d"],
-        prune_args, prune_run,
+        prune_args,
+        prune_run,
     ),
 }

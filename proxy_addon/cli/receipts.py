@@ -12,8 +12,14 @@ from proxy_addon.store import Store
 
 
 def list_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state", action="append", choices=[s.value for s in State], default=[], metavar="STATE",
-                   help=f"only receipts in this state (repeatable): {', '.join(s.value for s in State)}")
+    p.add_argument(
+        "--state",
+        action="append",
+        choices=[s.value for s in State],
+        default=[],
+        metavar="STATE",
+        help=f"only receipts in this state (repeatable): {', '.join(s.value for s in State)}",
+    )
     p.add_argument("--operation", metavar="OP", help="only this operation: articles.create or dev.to/articles.create")
     p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
     p.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N receipts (default 50)")
@@ -23,8 +29,9 @@ def list_args(p: argparse.ArgumentParser) -> None:
 def list_run(store: Store, args: argparse.Namespace) -> int:
     now = store.clock()
     since = parse_since(args.since, now)
-    receipts = store.list(states=[State(s) for s in args.state], operation=args.operation, since=since,
-                          limit=args.limit)
+    receipts = store.list(
+        states=[State(s) for s in args.state], operation=args.operation, since=since, limit=args.limit
+    )
     dups = store.duplicate_counts([r.operation_id for r in receipts])
     if args.json:
         print_json([{**receipt_json(r), **dups[r.operation_id]} for r in receipts])
@@ -34,9 +41,20 @@ def list_run(store: Store, args: argparse.Namespace) -> int:
     else:
         print_table(
             ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"],
-            [[r.operation_id, age(r.submitted_at, now), operation_name(r), r.state, r.http_status, r.external_id,
-              dups[r.operation_id]["blocked"] or None, dups[r.operation_id]["replayed"] or None, r.target]
-             for r in receipts],
+            [
+                [
+                    r.operation_id,
+                    age(r.submitted_at, now),
+                    operation_name(r),
+                    r.state,
+                    r.http_status,
+                    r.external_id,
+                    dups[r.operation_id]["blocked"] or None,
+                    dups[r.operation_id]["replayed"] or None,
+                    r.target,
+                ]
+                for r in receipts
+            ],
         )
     return 0
 
@@ -52,8 +70,9 @@ def show_run(store: Store, args: argparse.Namespace) -> int:
     events = [e for e in every if e.event not in ("blocked", "replayed")]
     dups = [e for e in every if e.event in ("blocked", "replayed")]
     if args.json:
-        print_json({**receipt_json(r), "events": [event_json(e) for e in events],
-                    "duplicates": [event_json(e) for e in dups]})
+        print_json(
+            {**receipt_json(r), "events": [event_json(e) for e in events], "duplicates": [event_json(e) for e in dups]}
+        )
         return 0
     for k, v in receipt_json(r).items():
         text = "-" if v is None else json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
@@ -81,11 +100,22 @@ def blocked_run(store: Store, args: argparse.Namespace) -> int:
     since = parse_since(args.since, store.clock())
     rows = store.duplicates(since=since, limit=args.limit)
     if args.json:
-        print_json([
-            {"at": e.at, "event": e.event, "operation_id": r.operation_id, "api": r.api, "operation": r.operation,
-             "receipt_state": str(r.state), "reason": e.reason, "actor": e.actor, "flow_id": e.flow_id}
-            for e, r in rows
-        ])
+        print_json(
+            [
+                {
+                    "at": e.at,
+                    "event": e.event,
+                    "operation_id": r.operation_id,
+                    "api": r.api,
+                    "operation": r.operation,
+                    "receipt_state": str(r.state),
+                    "reason": e.reason,
+                    "actor": e.actor,
+                    "flow_id": e.flow_id,
+                }
+                for e, r in rows
+            ]
+        )
     elif not rows:
         print(f"no blocked or replayed duplicates in {store.path}" + (f" since {since}" if since else ""))
     else:
@@ -108,8 +138,12 @@ def export_run(store: Store, args: argparse.Namespace) -> int:
 
 
 def prune_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--older-than", required=True, metavar="AGE",
-                   help="delete resolved receipts last changed more than AGE ago: 90m, 12h, 30d, 2w")
+    p.add_argument(
+        "--older-than",
+        required=True,
+        metavar="AGE",
+        help="delete resolved receipts last changed more than AGE ago: 90m, 12h, 30d, 2w",
+    )
     p.add_argument("--dry-run", action="store_true", help="only say how many would be deleted")
 
 

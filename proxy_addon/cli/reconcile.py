@@ -34,17 +34,30 @@ T = TypeVar("T")
 def reconcile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("operation_ids", metavar="ID", nargs="*", help="receipts to reconcile")
     p.add_argument("--all", action="store_true", help="every outcome_unknown and manual_review receipt")
-    p.add_argument("--rules", default=None,
-                   help="the rules file or folder with the reconcile specs (default: $RECEIPT_PROXY_RULES, else rules/)")
-    p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
-                   help="a credential header for the reads (repeatable); default: the env var the rule names "
-                        "in credentials.env")
+    p.add_argument(
+        "--rules",
+        default=None,
+        help="the rules file or folder with the reconcile specs (default: $RECEIPT_PROXY_RULES, else rules/)",
+    )
+    p.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a credential header for the reads (repeatable); default: the env var the rule names in credentials.env",
+    )
     p.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds a read may take (default 30)")
-    p.add_argument("--cacert", metavar="FILE",
-                   help="trust this CA bundle for the reads (default: $SSL_CERT_FILE, else the certifi bundle), "
-                        "like the proxy's ssl_verify_upstream_trusted_ca")
-    p.add_argument("--insecure", action="store_true",
-                   help="do not verify the upstream's certificate (like the proxy's ssl_insecure)")
+    p.add_argument(
+        "--cacert",
+        metavar="FILE",
+        help="trust this CA bundle for the reads (default: $SSL_CERT_FILE, else the certifi bundle), "
+        "like the proxy's ssl_verify_upstream_trusted_ca",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not verify the upstream's certificate (like the proxy's ssl_insecure)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -75,8 +88,9 @@ def reconcile_run(store: Store, args: argparse.Namespace) -> int:
     return 1 if errors or failed_reads else 0
 
 
-async def _reconcile_all(store: Store, rules: RuleSet, ids: list[str], headers: dict[str, str], upstream: Upstream,
-                         args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
+async def _reconcile_all(
+    store: Store, rules: RuleSet, ids: list[str], headers: dict[str, str], upstream: Upstream, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], int]:
     async def calls(fn: Callable[[Store], T]) -> T:
         return fn(store)
 
@@ -88,8 +102,9 @@ async def _reconcile_all(store: Store, rules: RuleSet, ids: list[str], headers: 
         op = rules.operation(before.api, before.operation)
         settings = ReadSettings(upstream=upstream, timeout=args.timeout, post_reads=rules.post_reads(before.api))
         try:
-            done = await reconcile(calls, op, operation_id, headers or _env_credentials(op), settings=settings,
-                                   actor=cli_actor())
+            done = await reconcile(
+                calls, op, operation_id, headers or _env_credentials(op), settings=settings, actor=cli_actor()
+            )
         except IllegalTransition as e:
             errors += 1
             print(f"Error: {e}", file=sys.stderr)
@@ -102,9 +117,15 @@ async def _reconcile_all(store: Store, rules: RuleSet, ids: list[str], headers: 
 
 def _result(before: Receipt, done: Reconciled) -> dict[str, Any]:
     after = done.receipt
-    return {"operation_id": after.operation_id, "operation": f"{after.api}/{after.operation}",
-            "from": str(before.state), "state": str(after.state), "external_id": after.external_id,
-            "reason": done.verdict.reason, "read_failed": done.verdict.failed}
+    return {
+        "operation_id": after.operation_id,
+        "operation": f"{after.api}/{after.operation}",
+        "from": str(before.state),
+        "state": str(after.state),
+        "external_id": after.external_id,
+        "reason": done.verdict.reason,
+        "read_failed": done.verdict.failed,
+    }
 
 
 def _header_credentials(given: list[str]) -> dict[str, str]:
@@ -115,8 +136,9 @@ def _header_credentials(given: list[str]) -> dict[str, str]:
         if not sep or not HEADER_NAME.match(name.strip()):
             raise UsageError(f"--header {h.partition(':')[0]!r}...: not 'Name: value' with a header name")
         if not sendable(value.strip()):
-            raise UsageError(f"--header {name.strip()}: the value has characters a header cannot carry "
-                             "(only printable ASCII)")
+            raise UsageError(
+                f"--header {name.strip()}: the value has characters a header cannot carry (only printable ASCII)"
+            )
         headers[name.strip().lower()] = value.strip()
     return headers
 
@@ -126,8 +148,10 @@ def _env_credentials(op: Operation | None) -> dict[str, str]:
         return {}
     value = os.environ.get(op.credentials_env)
     if value and not sendable(value):
-        raise UsageError(f"${op.credentials_env} has characters a header cannot carry (only printable ASCII; "
-                         "a trailing newline or CR?)")
+        raise UsageError(
+            f"${op.credentials_env} has characters a header cannot carry (only printable ASCII; "
+            "a trailing newline or CR?)"
+        )
     if value and op.credentials_scheme:
         value = f"{op.credentials_scheme} {value}"
     return {op.credential_headers[0]: value} if value else {}

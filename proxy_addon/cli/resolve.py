@@ -11,9 +11,14 @@ from proxy_addon.store import Store
 
 def resolve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("operation_id", metavar="ID", help="an outcome_unknown or manual_review receipt")
-    p.add_argument("--as", dest="resolution", required=True, choices=[s.value for s in RESOLUTIONS],
-                   help="what happened: succeeded (it took effect), safe_to_retry (it provably did not), "
-                        "rejected (the API refused it)")
+    p.add_argument(
+        "--as",
+        dest="resolution",
+        required=True,
+        choices=[s.value for s in RESOLUTIONS],
+        help="what happened: succeeded (it took effect), safe_to_retry (it provably did not), "
+        "rejected (the API refused it)",
+    )
     p.add_argument("--note", required=True, help="why you know: recorded in the receipt's history")
     p.add_argument("--external-id", metavar="X", help="the id the API gave the created object (with --as succeeded)")
 
@@ -24,7 +29,12 @@ def resolve_run(store: Store, args: argparse.Namespace) -> int:
     if args.external_id is not None and args.resolution != State.SUCCEEDED:
         raise UsageError(f"--external-id goes with --as succeeded, not --as {args.resolution}")
     before = store.get(args.operation_id).state
-    r = store.resolve(args.operation_id, State(args.resolution), note=args.note.strip(), actor=cli_actor(),
-                      external_id=args.external_id)
+    r = store.resolve(
+        args.operation_id,
+        State(args.resolution),
+        note=args.note.strip(),
+        actor=cli_actor(),
+        external_id=args.external_id,
+    )
     print(f"{r.operation_id} is now {r.state} (was {before})")
     return 0

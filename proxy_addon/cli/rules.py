@@ -18,28 +18,40 @@ from proxy_addon.store import Receipt, Store
 
 def rules_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="rules_command", metavar="check|explain", required=True)
-    check = sub.add_parser("check", help="validate rules files; print every problem as file:line: field: what",
-                           description="Validate rules files and print every problem as file:line: field: what is wrong.")
-    check.add_argument("paths", nargs="*", metavar="PATH",
-                       help="rules files or folders (default: $RECEIPT_PROXY_RULES, else rules/)")
+    check = sub.add_parser(
+        "check",
+        help="validate rules files; print every problem as file:line: field: what",
+        description="Validate rules files and print every problem as file:line: field: what is wrong.",
+    )
+    check.add_argument(
+        "paths", nargs="*", metavar="PATH", help="rules files or folders (default: $RECEIPT_PROXY_RULES, else rules/)"
+    )
     ex = sub.add_parser(
-        "explain", help="what the proxy would do with a request; nothing is sent",
+        "explain",
+        help="what the proxy would do with a request; nothing is sent",
         description="Show which operation a request matches (or why none does), what enters its fingerprint\n"
-                    "(credentials are shown as REDACTED), how answers are classified and what a duplicate\n"
-                    "would get. Nothing is sent.",
+        "(credentials are shown as REDACTED), how answers are classified and what a duplicate\n"
+        "would get. Nothing is sent.",
         epilog="examples:\n  receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json\n"
-               "  receipts rules explain POST https://api.stripe.com/v1/refunds --form 'payment_intent=pi_1&amount=500'\n"
-               "  receipts rules explain POST https://api.linear.app/graphql --body create-issue.json "
-               "--header 'Authorization: lin_api_...'\n",
+        "  receipts rules explain POST https://api.stripe.com/v1/refunds --form 'payment_intent=pi_1&amount=500'\n"
+        "  receipts rules explain POST https://api.linear.app/graphql --body create-issue.json "
+        "--header 'Authorization: lin_api_...'\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ex.add_argument("method", metavar="METHOD")
     ex.add_argument("url", metavar="URL")
     ex.add_argument("--body", metavar="FILE", help="the request body, from a file ('-': standard input)")
     ex.add_argument("--form", metavar="FIELDS", help="a form-encoded body given inline, like 'amount=500&currency=usd'")
-    ex.add_argument("--header", action="append", default=[], metavar="'K: V'",
-                    help="a request header (repeatable); Content-Type defaults to JSON with --body")
-    ex.add_argument("--rules", metavar="PATH", help="a rules file or folder (default: $RECEIPT_PROXY_RULES, else rules/)")
+    ex.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="'K: V'",
+        help="a request header (repeatable); Content-Type defaults to JSON with --body",
+    )
+    ex.add_argument(
+        "--rules", metavar="PATH", help="a rules file or folder (default: $RECEIPT_PROXY_RULES, else rules/)"
+    )
     ex.add_argument("--json", action="store_true", help="print the report as JSON")
     for sp in (check, ex):
         sp.set_defaults(uses_store=False)
@@ -102,8 +114,11 @@ def _rules_explain(args: argparse.Namespace) -> int:
     if report.get("fingerprint"):
         existing = _existing_receipt(report["fingerprint"]["value"])
         if existing is not None:
-            report["existing"] = {"operation_id": existing.operation_id, "state": str(existing.state),
-                                  "submitted_at": existing.submitted_at}
+            report["existing"] = {
+                "operation_id": existing.operation_id,
+                "state": str(existing.state),
+                "submitted_at": existing.submitted_at,
+            }
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else explain.render(report))
     return 0
 
@@ -117,8 +132,10 @@ def _installation_key() -> tuple[bytes, str | None]:
             return key, None
     except OSError:
         pass
-    return os.urandom(32), (f"no key at {path}: the principal and fingerprint were computed with a throwaway key, "
-                            "so they differ from the proxy's; the fields above are what counts")
+    return os.urandom(32), (
+        f"no key at {path}: the principal and fingerprint were computed with a throwaway key, "
+        "so they differ from the proxy's; the fields above are what counts"
+    )
 
 
 def _existing_receipt(fingerprint: str) -> Receipt | None:

@@ -10,8 +10,10 @@ import re
 
 from proxy_addon.store import iso
 
-SINCE_HELP = ("only since T: an ISO date or time (2026-11-01, 2026-11-01T12:00:00Z; UTC unless it says otherwise) "
-              "or an age (90m, 2h, 7d)")
+SINCE_HELP = (
+    "only since T: an ISO date or time (2026-11-01, 2026-11-01T12:00:00Z; UTC unless it says otherwise) "
+    "or an age (90m, 2h, 7d)"
+)
 AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -23,7 +25,9 @@ def parse_age(text: str, option: str) -> dt.timedelta:
     """`90m`, `12h`, `30d`, `2w` (also `45s`) as a timedelta."""
     m = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
     if not m:
-        raise UsageError(f"{option}: {text!r} is not an age; use a number and a unit s, m, h, d or w, like 90m, 12h, 30d")
+        raise UsageError(
+            f"{option}: {text!r} is not an age; use a number and a unit s, m, h, d or w, like 90m, 12h, 30d"
+        )
     try:
         return dt.timedelta(seconds=int(m[1]) * AGE_UNITS[m[2]])
     except OverflowError:

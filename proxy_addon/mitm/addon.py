@@ -96,8 +96,9 @@ class Receipts:
     def _open_store(self) -> None:
         opts = ctx.options
         try:
-            inst = Installation.open(opts.receipts_db, secret=opts.receipts_secret or None,
-                                     lock_timeout=opts.receipts_lock_timeout)
+            inst = Installation.open(
+                opts.receipts_db, secret=opts.receipts_secret or None, lock_timeout=opts.receipts_lock_timeout
+            )
         except (ReceiptsError, OSError, ValueError) as e:
             raise exceptions.OptionsError(f"receipts_db: {e}") from None
         old_inst, old_calls = self.installation, self.calls
@@ -105,8 +106,9 @@ class Receipts:
             self._read_store.close()
             self._read_store = None
         self.installation, self.calls = inst, StoreThread(inst.store)
-        self.gate = Gate(self.calls, options.gate_settings(opts), post_reads=self._post_reads,
-                         on_change=self.refresh_flow)
+        self.gate = Gate(
+            self.calls, options.gate_settings(opts), post_reads=self._post_reads, on_change=self.refresh_flow
+        )
         self._store_config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
         for operation_id, state in self.calls.wait(inst.recover):
             logger.warning(f"receipt {operation_id}: left behind by a stopped proxy; now {state}")
@@ -131,7 +133,9 @@ class Receipts:
             asyncio.get_running_loop().create_task(old.aclose())
 
     def running(self) -> None:
-        logger.info(f"receipt-proxy: ready ({'NOT configured: ' + self.config_error if self.config_error else 'recording'})")
+        logger.info(
+            f"receipt-proxy: ready ({'NOT configured: ' + self.config_error if self.config_error else 'recording'})"
+        )
 
     async def done(self) -> None:
         if self._read_store is not None:
@@ -189,7 +193,8 @@ class Receipts:
         credentials = credentials_from(op.credential_headers, view.headers)
         try:
             admitted = await self.gate.admit(
-                lambda: build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance), op, credentials)
+                lambda: build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance), op, credentials
+            )
         except StoreError as e:
             self._answer_unavailable(flow, meta, str(e))
             return
@@ -200,14 +205,17 @@ class Receipts:
             logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
         elif decision.kind != "forward":
             blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
-            prefix = "BLOCKED reused Idempotency-Key of " if decision.kind == "key_conflict" else "BLOCKED duplicate of "
+            prefix = (
+                "BLOCKED reused Idempotency-Key of " if decision.kind == "key_conflict" else "BLOCKED duplicate of "
+            )
             self._answer(flow, blocked, "blocked", receipt, prefix)
             logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
         else:
             await self._forward(flow, meta, op, receipt, given_key=admitted.attempt.given_key)
 
-    async def _forward(self, flow: http.HTTPFlow, meta: dict, op: Operation, receipt: Receipt,
-                       given_key: str | None) -> None:
+    async def _forward(
+        self, flow: http.HTTPFlow, meta: dict, op: Operation, receipt: Receipt, given_key: str | None
+    ) -> None:
         """Send a new receipt's request once: after an approval if the rule wants one, with the proxy's key if any."""
         assert self.calls is not None
         meta["retry_of"] = receipt.retry_of
@@ -242,8 +250,9 @@ class Receipts:
         result = await exchange.send(self._client, flow.request, deadline=ctx.options.receipts_upstream_timeout)
         if isinstance(result, Outcome):
             await self._record(flow, meta, result)
-            flow.response = response_of(answers.exchange_failed(meta["operation_id"], result.state, result.reason,
-                                                                timed_out=result.timed_out))
+            flow.response = response_of(
+                answers.exchange_failed(meta["operation_id"], result.state, result.reason, timed_out=result.timed_out)
+            )
             return
         flow.response = result
         await self._debug_pause("after_answer", meta["operation_id"])
@@ -259,8 +268,9 @@ class Receipts:
         assert resp is not None
         op = self._operation(meta)
         body = resp.get_content(strict=False) or b""
-        recorded = answers.recorded(resp.status_code, resp.headers.items(multi=True), body,
-                                    ctx.options.receipts_response_cap)
+        recorded = answers.recorded(
+            resp.status_code, resp.headers.items(multi=True), body, ctx.options.receipts_response_cap
+        )
         outcome = answer_outcome(resp.status_code, resp.reason, headers_of(resp), body, op, recorded)
         receipt = await self._record(flow, meta, outcome, op)
         if receipt is not None and outcome.evidence and receipt.external_id:
@@ -273,9 +283,13 @@ class Receipts:
         if meta is None:
             return
         sc = flow.server_conn
-        outcome = error_outcome(flow.error.msg if flow.error else "unknown error", tcp_setup=sc.timestamp_tcp_setup,
-                                tls=flow.request.scheme == "https", tls_setup=sc.timestamp_tls_setup,
-                                deadline_passed=bool(meta.get("deadline_passed")))
+        outcome = error_outcome(
+            flow.error.msg if flow.error else "unknown error",
+            tcp_setup=sc.timestamp_tcp_setup,
+            tls=flow.request.scheme == "https",
+            tls_setup=sc.timestamp_tls_setup,
+            deadline_passed=bool(meta.get("deadline_passed")),
+        )
         await self._record(flow, meta, outcome)
 
     # --- helpers ---------------------------------------------------------------------------
@@ -299,14 +313,19 @@ class Receipts:
     def _operation(self, meta: dict) -> Operation | None:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None
 
-    async def _record(self, flow: http.HTTPFlow, meta: dict, outcome: Outcome,
-                      op: Operation | None = None) -> Receipt | None:
+    async def _record(
+        self, flow: http.HTTPFlow, meta: dict, outcome: Outcome, op: Operation | None = None
+    ) -> Receipt | None:
         """Record a forwarded request's outcome through the gate, and show it on the flow."""
         assert self.gate is not None
         meta["outcome"] = str(outcome.state)
-        receipt = await self.gate.record(meta["operation_id"], outcome, flow_id=flow.id, op=op,
-                                         credentials=credentials_from(op.credential_headers, headers_of(flow.request))
-                                         if op is not None else None)
+        receipt = await self.gate.record(
+            meta["operation_id"],
+            outcome,
+            flow_id=flow.id,
+            op=op,
+            credentials=credentials_from(op.credential_headers, headers_of(flow.request)) if op is not None else None,
+        )
         if receipt is None:
             flow.comment = f"receipt {meta['operation_id']}: NOT RECORDED as {outcome.state}: the store refused it"
             return None
@@ -325,7 +344,9 @@ class Receipts:
         self._answer_unavailable(flow, meta, why)
 
     def _answer_unavailable(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
-        logger.error(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded, no receipt could be written: {why}")
+        logger.error(
+            f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded, no receipt could be written: {why}"
+        )
         flow.response = response_of(answers.unavailable(meta["api"], meta["operation"], why))
         meta["answer"] = "store_unavailable"
         flow.marked = MARKERS["store_unavailable"]

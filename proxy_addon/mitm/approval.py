@@ -44,8 +44,9 @@ async def _decision(flow: http.HTTPFlow, timeout: float) -> tuple[State, str]:
     return State.REJECTED, f"denied: no decision within receipts_approval_timeout ({timeout:g}s)"
 
 
-async def await_approval(flow: http.HTTPFlow, meta: dict, receipt: Receipt, calls: StoreThread,
-                         timeout: float) -> Receipt:
+async def await_approval(
+    flow: http.HTTPFlow, meta: dict, receipt: Receipt, calls: StoreThread, timeout: float
+) -> Receipt:
     """Hold the flow until an operator decides; the receipt after the decision (submitted: send it)."""
     flow.intercept()
     mark(flow, State.AWAITING_APPROVAL, receipt, prefix=HELD)
@@ -54,8 +55,17 @@ async def await_approval(flow: http.HTTPFlow, meta: dict, receipt: Receipt, call
     to, reason = await _decision(flow, timeout)
     actor = "mitmweb operator" if "operator" in reason else "proxy"
     fields = {} if to is State.SUBMITTED else {"error": reason}
-    receipt = await calls(lambda s: s.transition(receipt.operation_id, to, reason=reason, actor=actor,
-                                                 expect=[State.AWAITING_APPROVAL], flow_id=flow.id, **fields))
+    receipt = await calls(
+        lambda s: s.transition(
+            receipt.operation_id,
+            to,
+            reason=reason,
+            actor=actor,
+            expect=[State.AWAITING_APPROVAL],
+            flow_id=flow.id,
+            **fields,
+        )
+    )
     meta["state"] = str(receipt.state)
     mark(flow, receipt.state, receipt)
     if to is not State.SUBMITTED:

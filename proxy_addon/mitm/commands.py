@@ -46,16 +46,23 @@ class ReceiptCommands:
         rules, gate = self.receipts.rules, self.receipts.gate
         op = rules.operation(meta["api"], meta["operation"]) if rules else None
         if receipt.state not in (State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW):
-            raise exceptions.CommandError(f"receipt {receipt.operation_id} is {receipt.state}; "
-                                          "only outcome_unknown and manual_review receipts are reconciled")
+            raise exceptions.CommandError(
+                f"receipt {receipt.operation_id} is {receipt.state}; "
+                "only outcome_unknown and manual_review receipts are reconciled"
+            )
         if op is None or gate is None:
             raise exceptions.CommandError(f"the rules no longer have {receipt.api} {receipt.operation}")
         if not isinstance(f, http.HTTPFlow):  # receipts are made for HTTP flows only
             raise exceptions.CommandError("this flow has no receipt")
         credentials = credentials_from(op.credential_headers, headers_of(f.request))
         # The gate runs the read as a task of its own and holds it until it ends; the flow's comment shows the result.
-        gate.reconcile(op, receipt, credentials, reason="an operator asked for a read",
-                       actor="mitmweb operator (receipts.reconcile)")
+        gate.reconcile(
+            op,
+            receipt,
+            credentials,
+            reason="an operator asked for a read",
+            actor="mitmweb operator (receipts.reconcile)",
+        )
         return f"reconciling receipt {receipt.operation_id}; its flow's comment shows the result"
 
     @command.command("receipts.resolve")
@@ -67,8 +74,10 @@ class ReceiptCommands:
         calls = self.receipts.calls
         assert calls is not None
         try:
-            done = calls.wait(lambda s: s.resolve(receipt.operation_id, State(state), note=note, actor="mitmweb operator"),
-                              timeout=ctx.options.receipts_lock_timeout + 1)
+            done = calls.wait(
+                lambda s: s.resolve(receipt.operation_id, State(state), note=note, actor="mitmweb operator"),
+                timeout=ctx.options.receipts_lock_timeout + 1,
+            )
         except (ReceiptsError, ValueError) as e:
             raise exceptions.CommandError(str(e)) from None
         self.receipts.refresh_flow(done)

@@ -29,10 +29,20 @@ from proxy_addon.classify import Outcome, deadline_outcome, failure_outcome
 from proxy_addon.upstream import Upstream
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and framing that the new exchange sets itself.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
-    "te", "trailer", "transfer-encoding", "upgrade", "content-length",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+    }
+)
 
 
 def make_client(upstream: Upstream) -> httpx.AsyncClient:
@@ -43,12 +53,16 @@ def make_client(upstream: Upstream) -> httpx.AsyncClient:
     )
 
 
-async def send(client: httpx.AsyncClient, request: http.Request, *, deadline: float,
-               connect_timeout: float = 10.0) -> http.Response | Outcome:
+async def send(
+    client: httpx.AsyncClient, request: http.Request, *, deadline: float, connect_timeout: float = 10.0
+) -> http.Response | Outcome:
     """Send `request` once (never retried) and return the upstream's response, or the outcome of its failure."""
     headers = [(k, v) for k, v in request.headers.fields if k.decode("latin-1").lower() not in HOP_BY_HOP]
     outgoing = client.build_request(
-        request.method, request.url, headers=headers, content=request.raw_content or b"",
+        request.method,
+        request.url,
+        headers=headers,
+        content=request.raw_content or b"",
         timeout=httpx.Timeout(deadline, connect=min(connect_timeout, deadline)),
     )
     try:

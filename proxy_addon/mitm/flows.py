@@ -38,7 +38,9 @@ def comment(receipt: Receipt, prefix: str = "") -> str:
     """The flow comment mitmweb shows: `receipt ID · api operation · state (status)`."""
     detail = f" ({receipt.http_status})" if receipt.http_status else ""
     retry = f" · retry of {receipt.retry_of}" if receipt.retry_of and not prefix else ""
-    return f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · {receipt.state}{detail}{retry}"
+    return (
+        f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · {receipt.state}{detail}{retry}"
+    )
 
 
 def mark(f: mflow.Flow, marker_key: Any, receipt: Receipt, prefix: str = "") -> None:
@@ -58,8 +60,15 @@ def headers_of(message: http.Message) -> dict[str, str]:
 
 
 def request_view(req: http.Request) -> RequestView:
-    return RequestView(method=req.method, scheme=req.scheme, host=req.host, port=req.port, path=req.path,
-                       headers=headers_of(req), body=req.raw_content or b"")
+    return RequestView(
+        method=req.method,
+        scheme=req.scheme,
+        host=req.host,
+        port=req.port,
+        path=req.path,
+        headers=headers_of(req),
+        body=req.raw_content or b"",
+    )
 
 
 def response_of(answer: Answer) -> http.Response:

@@ -34,7 +34,9 @@ def ack_now(flow: http.HTTPFlow) -> None:
     proxy has nothing to send back until it has the body. See docs/benchmarks.md.
     """
     headers = flow.request.headers
-    if _QUICKACK is None or (headers.get("content-length", "0").strip() in ("", "0") and "transfer-encoding" not in headers):
+    if _QUICKACK is None or (
+        headers.get("content-length", "0").strip() in ("", "0") and "transfer-encoding" not in headers
+    ):
         return
     io = _transport(flow, flow.client_conn)
     get_extra_info = getattr(getattr(io, "writer", None), "get_extra_info", None)  # mitmproxy_rs streams have no socket
@@ -86,6 +88,8 @@ class Deadlines:
         if flow.response or flow.error:
             return
         flow.metadata["receipts"]["deadline_passed"] = True
-        logger.warning(f"receipt {flow.metadata['receipts'].get('operation_id')}: no answer within "
-                       f"{seconds:g}s; ending the upstream exchange")
+        logger.warning(
+            f"receipt {flow.metadata['receipts'].get('operation_id')}: no answer within "
+            f"{seconds:g}s; ending the upstream exchange"
+        )
         close_server_connection(flow)

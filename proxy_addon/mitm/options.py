@@ -35,48 +35,110 @@ class Option(NamedTuple):
 
 
 OPTIONS: list[Option] = [
-    Option("receipts_db", str, DEFAULT_DB,
-           "Path of the SQLite receipts database (created with mode 0600), "
-           "e.g. --set receipts_db=~/.local/state/receipt-proxy/receipts.db"),
-    Option("receipts_rules", str, DEFAULT_RULES,
-           "A rules file, or a folder whose *.yaml files are loaded, e.g. --set receipts_rules=./rules"),
-    Option("receipts_secret", str, "",
-           "Path of the per-installation HMAC key that hashes credentials into the principal; "
-           "created on first run with mode 0600. Default: secret.key beside receipts_db"),
-    Option("receipts_replay_window", int, 86400,
-           "Seconds after success during which a duplicate gets the recorded response (after_success: replay), "
-           "e.g. --set receipts_replay_window=3600"),
-    Option("receipts_upstream_timeout", int, 300,
-           "Seconds to wait for the upstream's answer to a matched request; "
-           "past that the exchange is ended and the receipt is outcome_unknown"),
-    Option("receipts_lock_timeout", int, 5,
-           "Seconds to wait for a locked receipts database before answering 503 (not sent)"),
-    Option("receipts_response_cap", int, 1048576,
-           "Largest response body (bytes) recorded for replay; a larger success is blocked instead of replayed"),
-    Option("receipts_read_timeout", int, 30,
-           "Seconds a reconcile read (GET/HEAD) may take before the receipt goes to manual_review"),
-    Option("receipts_wait_submitted", int, 30,
-           "Seconds a duplicate of a request still in flight waits for its outcome "
-           "(then gets the replay, or the 409); 0: answer 409 at once"),
-    Option("receipts_forward", str, "addon",
-           "Who sends matched requests upstream: 'addon' (the exchange survives an agent that hangs up, "
-           "so the real outcome is recorded) or 'mitmproxy' (mitmproxy's own forwarding; "
-           "an agent that hangs up leaves outcome_unknown)",
-           FORWARD_CHOICES),
-    Option("receipts_debug_pause", str, "",
-           "For crash tests only: pause a matched request at a point, e.g. after_commit:10 (the receipt is committed, "
-           "nothing sent) or after_answer:10 (the upstream answered, the receipt not yet updated)"),
-    Option("receipts_intercept_all", bool, False,
-           "Intercept TLS to every host; by default only the hosts named in the rules are intercepted and every other "
-           "host is tunnelled untouched (mitmproxy's allow_hosts, derived from the rules)"),
-    Option("receipts_approval_timeout", int, 300,
-           "Seconds a write of an operation with approve: true waits in mitmweb for an operator to resume (approve) "
-           "or kill (deny) it; past that it is denied"),
-    Option("receipts_watch_rules", bool, True,
-           "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error"),
+    Option(
+        "receipts_db",
+        str,
+        DEFAULT_DB,
+        "Path of the SQLite receipts database (created with mode 0600), "
+        "e.g. --set receipts_db=~/.local/state/receipt-proxy/receipts.db",
+    ),
+    Option(
+        "receipts_rules",
+        str,
+        DEFAULT_RULES,
+        "A rules file, or a folder whose *.yaml files are loaded, e.g. --set receipts_rules=./rules",
+    ),
+    Option(
+        "receipts_secret",
+        str,
+        "",
+        "Path of the per-installation HMAC key that hashes credentials into the principal; "
+        "created on first run with mode 0600. Default: secret.key beside receipts_db",
+    ),
+    Option(
+        "receipts_replay_window",
+        int,
+        86400,
+        "Seconds after success during which a duplicate gets the recorded response (after_success: replay), "
+        "e.g. --set receipts_replay_window=3600",
+    ),
+    Option(
+        "receipts_upstream_timeout",
+        int,
+        300,
+        "Seconds to wait for the upstream's answer to a matched request; "
+        "past that the exchange is ended and the receipt is outcome_unknown",
+    ),
+    Option(
+        "receipts_lock_timeout",
+        int,
+        5,
+        "Seconds to wait for a locked receipts database before answering 503 (not sent)",
+    ),
+    Option(
+        "receipts_response_cap",
+        int,
+        1048576,
+        "Largest response body (bytes) recorded for replay; a larger success is blocked instead of replayed",
+    ),
+    Option(
+        "receipts_read_timeout",
+        int,
+        30,
+        "Seconds a reconcile read (GET/HEAD) may take before the receipt goes to manual_review",
+    ),
+    Option(
+        "receipts_wait_submitted",
+        int,
+        30,
+        "Seconds a duplicate of a request still in flight waits for its outcome "
+        "(then gets the replay, or the 409); 0: answer 409 at once",
+    ),
+    Option(
+        "receipts_forward",
+        str,
+        "addon",
+        "Who sends matched requests upstream: 'addon' (the exchange survives an agent that hangs up, "
+        "so the real outcome is recorded) or 'mitmproxy' (mitmproxy's own forwarding; "
+        "an agent that hangs up leaves outcome_unknown)",
+        FORWARD_CHOICES,
+    ),
+    Option(
+        "receipts_debug_pause",
+        str,
+        "",
+        "For crash tests only: pause a matched request at a point, e.g. after_commit:10 (the receipt is committed, "
+        "nothing sent) or after_answer:10 (the upstream answered, the receipt not yet updated)",
+    ),
+    Option(
+        "receipts_intercept_all",
+        bool,
+        False,
+        "Intercept TLS to every host; by default only the hosts named in the rules are intercepted and every other "
+        "host is tunnelled untouched (mitmproxy's allow_hosts, derived from the rules)",
+    ),
+    Option(
+        "receipts_approval_timeout",
+        int,
+        300,
+        "Seconds a write of an operation with approve: true waits in mitmweb for an operator to resume (approve) "
+        "or kill (deny) it; past that it is denied",
+    ),
+    Option(
+        "receipts_watch_rules",
+        bool,
+        True,
+        "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error",
+    ),
 ]
-POSITIVE = ("receipts_replay_window", "receipts_upstream_timeout", "receipts_response_cap",
-            "receipts_lock_timeout", "receipts_read_timeout", "receipts_approval_timeout")
+POSITIVE = (
+    "receipts_replay_window",
+    "receipts_upstream_timeout",
+    "receipts_response_cap",
+    "receipts_lock_timeout",
+    "receipts_read_timeout",
+    "receipts_approval_timeout",
+)
 
 
 def declare(loader: Loader) -> None:
@@ -98,7 +160,8 @@ def check(opts: Any) -> None:
     """Refuse values the addon cannot work with: OptionsError naming the option."""
     if getattr(opts, "connection_strategy", "lazy") != "lazy":
         raise exceptions.OptionsError(
-            "receipt-proxy needs connection_strategy=lazy, so that every upstream failure reaches a flow")
+            "receipt-proxy needs connection_strategy=lazy, so that every upstream failure reaches a flow"
+        )
     for name in POSITIVE:
         if getattr(opts, name) <= 0:
             raise exceptions.OptionsError(f"{name} must be a positive number, not {getattr(opts, name)}")
@@ -107,8 +170,10 @@ def check(opts: Any) -> None:
     except ValueError as e:
         raise exceptions.OptionsError(f"receipts_debug_pause: {e}") from None
     if opts.receipts_forward == "addon" and getattr(opts, "client_certs", None):
-        raise exceptions.OptionsError("client_certs is set; use --set receipts_forward=mitmproxy to send matched "
-                                      "requests with client certificates")
+        raise exceptions.OptionsError(
+            "client_certs is set; use --set receipts_forward=mitmproxy to send matched "
+            "requests with client certificates"
+        )
 
 
 def upstream_of(opts: Any) -> Upstream:
@@ -118,15 +183,22 @@ def upstream_of(opts: Any) -> Upstream:
         if mode.startswith("upstream:"):
             proxy = mode.split(":", 1)[1].split("@")[0]
             auth = getattr(opts, "upstream_auth", None) or None
-    return Upstream(insecure=bool(getattr(opts, "ssl_insecure", False)),
-                    ca_file=getattr(opts, "ssl_verify_upstream_trusted_ca", None) or None,
-                    ca_dir=getattr(opts, "ssl_verify_upstream_trusted_confdir", None) or None,
-                    proxy=proxy, proxy_auth=auth, http2=bool(getattr(opts, "http2", False)))
+    return Upstream(
+        insecure=bool(getattr(opts, "ssl_insecure", False)),
+        ca_file=getattr(opts, "ssl_verify_upstream_trusted_ca", None) or None,
+        ca_dir=getattr(opts, "ssl_verify_upstream_trusted_confdir", None) or None,
+        proxy=proxy,
+        proxy_auth=auth,
+        http2=bool(getattr(opts, "http2", False)),
+    )
 
 
 def gate_settings(opts: Any) -> GateSettings:
-    return GateSettings(replay_window=opts.receipts_replay_window, wait_submitted=opts.receipts_wait_submitted,
-                        reads=ReadSettings(upstream=upstream_of(opts), timeout=opts.receipts_read_timeout))
+    return GateSettings(
+        replay_window=opts.receipts_replay_window,
+        wait_submitted=opts.receipts_wait_submitted,
+        reads=ReadSettings(upstream=upstream_of(opts), timeout=opts.receipts_read_timeout),
+    )
 
 
 def check_deferred(loader: Loader) -> None:

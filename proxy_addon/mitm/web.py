@@ -45,10 +45,17 @@ def describe(store: Store, operation_id: str, *, answer: str | None = None) -> s
 
 def _fields(r: Receipt) -> list[str]:
     rows = [
-        ("receipt", r.operation_id), ("operation", f"{r.api} {r.operation}"), ("state", r.state),
-        ("target", f"{r.method} {r.target}"), ("fingerprint", r.intent_fingerprint),
-        ("submitted", r.submitted_at), ("completed", r.completed_at), ("http status", r.http_status),
-        ("external id", r.external_id), ("error", r.error), ("retry of", r.retry_of),
+        ("receipt", r.operation_id),
+        ("operation", f"{r.api} {r.operation}"),
+        ("state", r.state),
+        ("target", f"{r.method} {r.target}"),
+        ("fingerprint", r.intent_fingerprint),
+        ("submitted", r.submitted_at),
+        ("completed", r.completed_at),
+        ("http status", r.http_status),
+        ("external id", r.external_id),
+        ("error", r.error),
+        ("retry of", r.retry_of),
         ("idempotency key", r.idempotency_key),
     ]
     return [f"{k:16} {v}" for k, v in rows if v not in (None, "")]

@@ -20,7 +20,9 @@ from proxy_addon.states import State
 _STATUS_KEY = re.compile(r"^([1-5])([0-9][0-9]|xx)\Z")
 
 
-def load_classify(ctx: Ctx, node: yaml.Node, field_: str) -> tuple[tuple[tuple[str, str], ...], tuple[ClassifyRule, ...]]:
+def load_classify(
+    ctx: Ctx, node: yaml.Node, field_: str
+) -> tuple[tuple[tuple[str, str], ...], tuple[ClassifyRule, ...]]:
     """An operation's `classify:`: a map of status → state (exact codes first), or a list of rules."""
     if isinstance(node, yaml.SequenceNode):
         rules = tuple(load_classify_rule(ctx, item, f"{field_}[{i}]") for i, item in enumerate(node.value))
@@ -46,17 +48,27 @@ def load_classify_rule(ctx: Ctx, node: yaml.Node, field_: str, *, verdict: bool 
         for i, item in enumerate(items):
             where = f"{field_}.status" + (f"[{i}]" if isinstance(snode, yaml.SequenceNode) else "")
             if not isinstance(item, yaml.ScalarNode) or not item.value:
-                raise ctx.error(item, where, f"expected a status code (like 409) or class (like 4xx), got {node_kind(item)}")
+                raise ctx.error(
+                    item, where, f"expected a status code (like 409) or class (like 4xx), got {node_kind(item)}"
+                )
             statuses.append(_status_key(ctx, item, item.value, where))
     body = _checks(ctx, rule, "body", field_, DOTTED, "is not a dotted field path (use * for any item of a list)")
-    headers = [(name.lower(), check) for name, check in
-               _checks(ctx, rule, "headers", field_, HEADER, "is not a valid header name")]
+    headers = [
+        (name.lower(), check)
+        for name, check in _checks(ctx, rule, "headers", field_, HEADER, "is not a valid header name")
+    ]
     if not (statuses or body or headers):
         raise ctx.error(node, field_, "a rule that tests nothing fits every answer; give status, body or headers")
     reason = ctx.string(rule["reason"][1], f"{field_}.reason") if "reason" in rule else None
     state = _verdict(ctx, rule["state"][1], f"{field_}.state") if verdict else ""
-    return ClassifyRule(state=state, statuses=tuple(statuses),
-                        body=tuple(body), headers=tuple(headers), reason=reason, line=node.start_mark.line + 1)
+    return ClassifyRule(
+        state=state,
+        statuses=tuple(statuses),
+        body=tuple(body),
+        headers=tuple(headers),
+        reason=reason,
+        line=node.start_mark.line + 1,
+    )
 
 
 def _status_key(ctx: Ctx, node: yaml.Node, status: str, field_: str) -> str:
@@ -88,7 +100,7 @@ def _check(ctx: Ctx, node: yaml.Node, field_: str) -> Check:
     test = ctx.mapping(node, field_, KEYS["check"])
     if len(test) != 1:
         raise ctx.error(node, field_, f"expected one test: {', '.join(KEYS['check'])}")
-    (kind, (_, vnode)), = test.items()
+    ((kind, (_, vnode)),) = test.items()
     where = f"{field_}.{kind}"
     if kind == "present":
         return Check(kind, ctx.boolean(vnode, where))
@@ -101,7 +113,9 @@ def _check(ctx: Ctx, node: yaml.Node, field_: str) -> Check:
     return Check(kind, text)
 
 
-def _checks(ctx: Ctx, rule: dict, key: str, field_: str, valid: re.Pattern[str], invalid: str) -> list[tuple[str, Check]]:
+def _checks(
+    ctx: Ctx, rule: dict, key: str, field_: str, valid: re.Pattern[str], invalid: str
+) -> list[tuple[str, Check]]:
     """A rule's `body` or `headers`: name → test, each name checked against `valid`."""
     out = []
     for name, (knode, vnode) in ctx.entries(rule[key][1], f"{field_}.{key}").items() if key in rule else ():

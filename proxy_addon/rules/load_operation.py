@@ -32,8 +32,14 @@ from proxy_addon.rules.model import (
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry
 
 
-def load_operation(ctx: Ctx, api: str, name: str, node: yaml.Node, credential_headers: tuple[str, ...],
-                   credentials_env: str | None = None) -> Operation:
+def load_operation(
+    ctx: Ctx,
+    api: str,
+    name: str,
+    node: yaml.Node,
+    credential_headers: tuple[str, ...],
+    credentials_env: str | None = None,
+) -> Operation:
     """One entry of `operations:`, its parts in the order their problems are reported."""
     f = f"operations.{name}"
     op = ctx.mapping(node, f, KEYS["operation"], ("match",))
@@ -45,20 +51,35 @@ def load_operation(ctx: Ctx, api: str, name: str, node: yaml.Node, credential_he
     classify, classify_rules = load_classify(ctx, op["classify"][1], f"{f}.classify") if "classify" in op else ((), ())
     idempotency = _idempotency_key(ctx, f, op, graphql)
     idempotent = bool(idempotency["idempotency_header"] or idempotency["idempotency_body"])
-    reconcile = (load_reconcile(ctx, f, op["reconcile"][1], fp, external_id, idempotent=idempotent)
-                 if "reconcile" in op else None)
+    reconcile = (
+        load_reconcile(ctx, f, op["reconcile"][1], fp, external_id, idempotent=idempotent)
+        if "reconcile" in op
+        else None
+    )
     for state in (*(r.state for r in classify_rules), *(v for _, v in classify)):
         if state == ALREADY_EXISTS and reconcile is None:
             problem = "an already_exists answer needs a reconcile read to decide; add reconcile: to this operation"
             raise ctx.error(op["classify"][1], f"{f}.classify", problem)
     approve = ctx.boolean(op["approve"][1], f"{f}.approve") if "approve" in op else False
     return Operation(
-        api=api, name=name, method=method, path=path, fingerprint=fp,
-        credential_headers=credential_headers, external_id=external_id,
-        after_success=after_success, classify=classify, source=ctx.source,
-        reconcile=reconcile, credentials_env=credentials_env,
-        approve=approve, graphql=graphql, classify_rules=classify_rules,
-        external_id_header=external_id_header, description=description, **idempotency,
+        api=api,
+        name=name,
+        method=method,
+        path=path,
+        fingerprint=fp,
+        credential_headers=credential_headers,
+        external_id=external_id,
+        after_success=after_success,
+        classify=classify,
+        source=ctx.source,
+        reconcile=reconcile,
+        credentials_env=credentials_env,
+        approve=approve,
+        graphql=graphql,
+        classify_rules=classify_rules,
+        external_id_header=external_id_header,
+        description=description,
+        **idempotency,
     )
 
 
@@ -79,7 +100,9 @@ def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str, PathTemplate, str | 
     if "graphql" in m:
         graphql = ctx.string(m["graphql"][1], f"{f}.match.graphql")
         if not IDENT.match(graphql):
-            raise ctx.error(m["graphql"][1], f"{f}.match.graphql", f"{graphql!r} is not a GraphQL field name like issueCreate")
+            raise ctx.error(
+                m["graphql"][1], f"{f}.match.graphql", f"{graphql!r} is not a GraphQL field name like issueCreate"
+            )
         if method != "POST":
             raise ctx.error(m["graphql"][1], f"{f}.match.graphql", "GraphQL mutations are POSTs; use method: POST")
     return method, path, graphql
@@ -94,7 +117,9 @@ def _external_id(ctx: Ctx, f: str, op: dict[str, Entry]) -> tuple[str | tuple[st
             e = ctx.mapping(enode, f"{f}.external_id", KEYS["external_id"], ("header",))
             external_id_header = ctx.string(e["header"][1], f"{f}.external_id.header")
             if not HEADER.match(external_id_header):
-                raise ctx.error(e["header"][1], f"{f}.external_id.header", f"{external_id_header!r} is not a valid header name")
+                raise ctx.error(
+                    e["header"][1], f"{f}.external_id.header", f"{external_id_header!r} is not a valid header name"
+                )
             external_id_header = external_id_header.lower()
         else:
             external_id = ctx.fields(enode, f"{f}.external_id")
@@ -106,22 +131,30 @@ def _after_success(ctx: Ctx, f: str, op: dict[str, Entry]) -> AfterSuccess:
     if "after_success" in op:
         v = ctx.string(op["after_success"][1], f"{f}.after_success")
         if v not in AFTER_SUCCESS:
-            raise ctx.error(op["after_success"][1], f"{f}.after_success", f"{v!r} is not one of {', '.join(AFTER_SUCCESS)}")
+            raise ctx.error(
+                op["after_success"][1], f"{f}.after_success", f"{v!r} is not one of {', '.join(AFTER_SUCCESS)}"
+            )
         after_success = cast(AfterSuccess, v)  # checked against AFTER_SUCCESS just above
     return after_success
 
 
 def _idempotency_key(ctx: Ctx, f: str, op: dict[str, Entry], graphql: str | None) -> dict[str, Any]:
     """`idempotency_key:` as the Operation's idempotency_* fields: a header or a body field, its format and ttl."""
-    out: dict[str, Any] = {"idempotency_header": None, "idempotency_body": None,
-                           "idempotency_format": "receipt", "idempotency_ttl": 0}
+    out: dict[str, Any] = {
+        "idempotency_header": None,
+        "idempotency_body": None,
+        "idempotency_format": "receipt",
+        "idempotency_ttl": 0,
+    }
     if "idempotency_key" not in op:
         return out
     knode = op["idempotency_key"][1]
     where = f"{f}.idempotency_key"
     key = ctx.mapping(knode, where, KEYS["idempotency_key"])
     if ("header" in key) == ("body" in key):
-        raise ctx.error(knode, where, "name exactly one place for the key: header (Idempotency-Key) or body (a dotted field)")
+        raise ctx.error(
+            knode, where, "name exactly one place for the key: header (Idempotency-Key) or body (a dotted field)"
+        )
     if "header" in key:
         out["idempotency_header"] = header = ctx.string(key["header"][1], f"{where}.header")
         if not HEADER.match(header):
@@ -131,7 +164,11 @@ def _idempotency_key(ctx: Ctx, f: str, op: dict[str, Entry], graphql: str | None
         if not DOTTED.match(body) or any(p.isdecimal() for p in body.split(".")):
             raise ctx.error(key["body"][1], f"{where}.body", f"{body!r} is not a dotted field path like 'input.id'")
         if graphql and "." not in body:
-            raise ctx.error(key["body"][1], f"{where}.body", "for a GraphQL operation, name a field inside an argument, like 'input.id'")
+            raise ctx.error(
+                key["body"][1],
+                f"{where}.body",
+                "for a GraphQL operation, name a field inside an argument, like 'input.id'",
+            )
     if "ttl" in key:
         out["idempotency_ttl"] = ttl = ctx.duration(key["ttl"][1], f"{where}.ttl")
         if ttl <= 0:
@@ -143,8 +180,9 @@ def _idempotency_key(ctx: Ctx, f: str, op: dict[str, Entry], graphql: str | None
     return out
 
 
-def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplate,
-                     credential_headers: tuple[str, ...]) -> FingerprintSpec:
+def load_fingerprint(
+    ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplate, credential_headers: tuple[str, ...]
+) -> FingerprintSpec:
     """`fingerprint:`: the allowlist of path parameters, body fields, query parameters and headers; never secrets."""
     if node is None:
         return FingerprintSpec(path=path.params, body=None)
@@ -155,7 +193,9 @@ def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplat
         for item, p in ctx.strings(fp["path"][1], f"{f}.fingerprint.path"):
             if p not in path.params:
                 known = ", ".join(path.params) or "none"
-                raise ctx.error(item, f"{f}.fingerprint.path", f"{p!r} is not a parameter of {path.template!r} (it has: {known})")
+                raise ctx.error(
+                    item, f"{f}.fingerprint.path", f"{p!r} is not a parameter of {path.template!r} (it has: {known})"
+                )
             path_params.append(p)
     body = None
     if "body" in fp:
@@ -164,12 +204,16 @@ def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplat
             if not DOTTED.match(b):
                 raise ctx.error(item, f"{f}.fingerprint.body", f"{b!r} is not a dotted field path like 'article.title'")
             if any(is_secret_name(part) for part in b.split(".")):
-                raise ctx.error(item, f"{f}.fingerprint.body", f"{b!r} looks like a credential; secrets never enter a fingerprint")
+                raise ctx.error(
+                    item, f"{f}.fingerprint.body", f"{b!r} looks like a credential; secrets never enter a fingerprint"
+                )
             body.append(b)
     query = []
     for item, q in ctx.strings(fp["query"][1], f"{f}.fingerprint.query") if "query" in fp else ():
         if is_secret_name(q):
-            raise ctx.error(item, f"{f}.fingerprint.query", f"{q!r} looks like a credential; secrets never enter a fingerprint")
+            raise ctx.error(
+                item, f"{f}.fingerprint.query", f"{q!r} looks like a credential; secrets never enter a fingerprint"
+            )
         query.append(q)
     headers = []
     for item, h in ctx.strings(fp["headers"][1], f"{f}.fingerprint.headers") if "headers" in fp else ():
@@ -177,9 +221,13 @@ def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplat
         if not HEADER.match(h):
             raise ctx.error(item, f"{f}.fingerprint.headers", f"{h!r} is not a valid header name")
         if is_secret_header(low, credential_headers):
-            raise ctx.error(item, f"{f}.fingerprint.headers", f"{h!r} carries credentials; secrets never enter a fingerprint")
+            raise ctx.error(
+                item, f"{f}.fingerprint.headers", f"{h!r} carries credentials; secrets never enter a fingerprint"
+            )
         headers.append(low)
     return FingerprintSpec(
-        path=tuple(path_params), body=None if body is None else tuple(body),
-        query=tuple(query), headers=tuple(headers),
+        path=tuple(path_params),
+        body=None if body is None else tuple(body),
+        query=tuple(query),
+        headers=tuple(headers),
     )

@@ -20,8 +20,14 @@ from proxy_addon.rules.model import KEYS, TEMPLATE_VAR, FingerprintSpec, Reconci
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, node_kind, scalar_value
 
 
-def load_reconcile(ctx: Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, external_id: str | tuple[str, ...] | None,
-                   idempotent: bool = False) -> ReconcileSpec:
+def load_reconcile(
+    ctx: Ctx,
+    f: str,
+    node: yaml.Node,
+    fp: FingerprintSpec,
+    external_id: str | tuple[str, ...] | None,
+    idempotent: bool = False,
+) -> ReconcileSpec:
     """An operation's `reconcile:` (`f` names the operation); `external_id` is the operation's, the default."""
     f = f"{f}.reconcile"
     rec = ctx.mapping(node, f, KEYS["reconcile"], ("read",))
@@ -35,13 +41,29 @@ def load_reconcile(ctx: Ctx, f: str, node: yaml.Node, fp: FingerprintSpec, exter
     body = _post_body(ctx, rec, read, f, method, url, allowed)
     find, bounds = _find(ctx, rec, f, method, allowed)
     items = ctx.string(rec["items"][1], f"{f}.items") if "items" in rec else None
-    absent_when = load_classify_rule(ctx, rec["absent_when"][1], f"{f}.absent_when", verdict=False) if "absent_when" in rec else None
+    absent_when = (
+        load_classify_rule(ctx, rec["absent_when"][1], f"{f}.absent_when", verdict=False)
+        if "absent_when" in rec
+        else None
+    )
     provable, settle, retry = _absence(ctx, rec, f)
-    rec_external_id = (ctx.fields(rec["external_id"][1], f"{f}.external_id", allowed) if "external_id" in rec
-                       else external_id)
-    return ReconcileSpec(method=method, url=url, find=tuple(find), items=items, absence_provable=provable,
-                         retry_when_absent=retry, external_id=rec_external_id, body=body, settle=settle,
-                         absent_when=absent_when, headers=tuple(headers), bounds=tuple(bounds))
+    rec_external_id = (
+        ctx.fields(rec["external_id"][1], f"{f}.external_id", allowed) if "external_id" in rec else external_id
+    )
+    return ReconcileSpec(
+        method=method,
+        url=url,
+        find=tuple(find),
+        items=items,
+        absence_provable=provable,
+        retry_when_absent=retry,
+        external_id=rec_external_id,
+        body=body,
+        settle=settle,
+        absent_when=absent_when,
+        headers=tuple(headers),
+        bounds=tuple(bounds),
+    )
 
 
 def _read_method(ctx: Ctx, read: dict[str, Entry], f: str) -> str:
@@ -49,16 +71,21 @@ def _read_method(ctx: Ctx, read: dict[str, Entry], f: str) -> str:
     if "method" in read:
         method = ctx.string(read["method"][1], f"{f}.read.method").upper()
         if method not in ("GET", "HEAD", "POST"):
-            raise ctx.error(read["method"][1], f"{f}.read.method",
-                            f"{method!r}: a reconcile read is GET or HEAD "
-                            "(or a POST to a path listed in post_reads), never a write")
+            raise ctx.error(
+                read["method"][1],
+                f"{f}.read.method",
+                f"{method!r}: a reconcile read is GET or HEAD "
+                "(or a POST to a path listed in post_reads), never a write",
+            )
     return method
 
 
 def _read_url(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str]) -> str:
     url = ctx.template(read["url"][1], f"{f}.read.url", allowed)
     if not (url.startswith("/") or re.match(r"^https?://[^/{}]+", url)):
-        raise ctx.error(read["url"][1], f"{f}.read.url", f"{url!r} must be a path ('/api/...') or an http(s) URL with a fixed host")
+        raise ctx.error(
+            read["url"][1], f"{f}.read.url", f"{url!r} must be a path ('/api/...') or an http(s) URL with a fixed host"
+        )
     return url
 
 
@@ -73,14 +100,19 @@ def _read_headers(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str]) -
                 raise ctx.error(knode, where, f"{name!r} is not a valid header name")
             low = name.lower()
             if is_secret_header(low, ctx.credential_headers):
-                raise ctx.error(knode, where, f"{name!r} carries credentials: a read sends the request's own "
-                                              "(credentials.header), never a value written in a rules file")
+                raise ctx.error(
+                    knode,
+                    where,
+                    f"{name!r} carries credentials: a read sends the request's own "
+                    "(credentials.header), never a value written in a rules file",
+                )
             headers.append((low, ctx.template(vnode, where, allowed)))
     return headers
 
 
-def _post_body(ctx: Ctx, rec: dict[str, Entry], read: dict[str, Entry], f: str, method: str, url: str,
-               allowed: set[str]) -> dict[str, Any] | None:
+def _post_body(
+    ctx: Ctx, rec: dict[str, Entry], read: dict[str, Entry], f: str, method: str, url: str, allowed: set[str]
+) -> dict[str, Any] | None:
     """A POST read's JSON body (only to a path the file lists in post_reads); other reads have none."""
     if method != "POST":
         if "body" in read:
@@ -89,10 +121,13 @@ def _post_body(ctx: Ctx, rec: dict[str, Entry], read: dict[str, Entry], f: str, 
     path = re.sub(r"^https?://[^/]+", "", TEMPLATE_VAR.sub("x", url)).split("?", 1)[0] or "/"
     if not any(t.match(path) is not None for t in ctx.post_reads):
         listed = ", ".join(t.template for t in ctx.post_reads) or "none"
-        raise ctx.error(read["method"][1], f"{f}.read.method",
-                        "a reconcile read is GET or HEAD, never a write; "
-                        f"a POST read is allowed only to a path listed in post_reads (listed: {listed}); "
-                        f"{url!r} is not one of them")
+        raise ctx.error(
+            read["method"][1],
+            f"{f}.read.method",
+            "a reconcile read is GET or HEAD, never a write; "
+            f"a POST read is allowed only to a path listed in post_reads (listed: {listed}); "
+            f"{url!r} is not one of them",
+        )
     if "body" not in read:
         raise ctx.error(rec["read"][1], f"{f}.read.body", "a POST read needs a body (a mapping, sent as JSON)")
     bnode = read["body"][1]
@@ -127,8 +162,9 @@ def _json_body(ctx: Ctx, node: yaml.Node, field_: str, allowed: set[str]) -> Any
     return scalar_value(node)
 
 
-def _find(ctx: Ctx, rec: dict[str, Entry], f: str, method: str,
-          allowed: set[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+def _find(
+    ctx: Ctx, rec: dict[str, Entry], f: str, method: str, allowed: set[str]
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
     """`find:`: field → value template, or field → {gte, lte} bounds (like created_at)."""
     find: list[tuple[str, str]] = []
     bounds: list[tuple[str, str, str]] = []
@@ -148,7 +184,9 @@ def _find(ctx: Ctx, rec: dict[str, Entry], f: str, method: str,
         else:
             find.append((name, ctx.template(vnode, where, allowed)))
     if not find and not bounds:
-        raise ctx.error(fnode, f"{f}.find", "must name at least one field; leave find out to let the read's status decide")
+        raise ctx.error(
+            fnode, f"{f}.find", "must name at least one field; leave find out to let the read's status decide"
+        )
     if method == "HEAD":
         raise ctx.error(fnode, f"{f}.find", "a HEAD read has no body to search; use GET or leave find out")
     return find, bounds
@@ -159,9 +197,14 @@ def _absence(ctx: Ctx, rec: dict[str, Entry], f: str) -> tuple[bool, int, bool]:
     provable = ctx.boolean(rec["absence_provable"][1], f"{f}.absence_provable") if "absence_provable" in rec else False
     settle = ctx.duration(rec["settle"][1], f"{f}.settle") if "settle" in rec else 0
     if "settle" in rec and not provable:
-        raise ctx.error(rec["settle"][1], f"{f}.settle", "needs absence_provable: true; settle says when absence counts")
+        raise ctx.error(
+            rec["settle"][1], f"{f}.settle", "needs absence_provable: true; settle says when absence counts"
+        )
     retry = ctx.boolean(rec["retry_when_absent"][1], f"{f}.retry_when_absent") if "retry_when_absent" in rec else False
     if retry and not provable:
-        raise ctx.error(rec["retry_when_absent"][1], f"{f}.retry_when_absent",
-                        "needs absence_provable: true; a retry is safe only when absence is proven")
+        raise ctx.error(
+            rec["retry_when_absent"][1],
+            f"{f}.retry_when_absent",
+            "needs absence_provable: true; a retry is safe only when absence is proven",
+        )
     return provable, settle, retry

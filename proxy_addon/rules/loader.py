@@ -92,7 +92,9 @@ def _load_path(path: str | Path) -> tuple[list[Path], list[RuleFile], list[Rules
             continue
         other = next((o for o in loaded if o.api == rf.api), None)
         if other is not None:
-            problems.append(RulesError(f"api {rf.api!r} is already defined in {other.source}", source=str(file), field="api"))
+            problems.append(
+                RulesError(f"api {rf.api!r} is already defined in {other.source}", source=str(file), field="api")
+            )
             continue
         loaded.append(rf)
     return files, loaded, problems
@@ -118,8 +120,7 @@ def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile |
     operations = _operations(ctx, top, api, credentials, problems)
     if problems:
         return None
-    return RuleFile(api=api, hosts=tuple(hosts), operations=tuple(operations), source=source,
-                    post_reads=ctx.post_reads)
+    return RuleFile(api=api, hosts=tuple(hosts), operations=tuple(operations), source=source, post_reads=ctx.post_reads)
 
 
 def _compose(text: str, source: str) -> yaml.Node:
@@ -144,7 +145,9 @@ def _hosts(ctx: Ctx, top: dict[str, Entry]) -> list[str]:
     hosts = []
     for item, host in ctx.strings(top["hosts"][1], "hosts", allow_empty=False):
         if not _HOST.match(host) or (":" in host and not 1 <= int(host.rsplit(":", 1)[1]) <= 65535):
-            raise ctx.error(item, "hosts", f"{host!r} is not a host name (lower case, optional '*.' prefix and ':port')")
+            raise ctx.error(
+                item, "hosts", f"{host!r} is not a host name (lower case, optional '*.' prefix and ':port')"
+            )
         hosts.append(host)
     return hosts
 
@@ -167,11 +170,17 @@ def _credentials(ctx: Ctx, top: dict[str, Entry]) -> Credentials:
         if "env" in cred:
             credentials_env = ctx.string(cred["env"][1], "credentials.env")
             if not IDENT.match(credentials_env):
-                raise ctx.error(cred["env"][1], "credentials.env", f"{credentials_env!r} is not an environment variable name")
+                raise ctx.error(
+                    cred["env"][1], "credentials.env", f"{credentials_env!r} is not an environment variable name"
+                )
         if "scheme" in cred:
             credentials_scheme = ctx.string(cred["scheme"][1], "credentials.scheme")
             if not HEADER.match(credentials_scheme):
-                raise ctx.error(cred["scheme"][1], "credentials.scheme", f"{credentials_scheme!r} is not an auth scheme like Bearer or Token")
+                raise ctx.error(
+                    cred["scheme"][1],
+                    "credentials.scheme",
+                    f"{credentials_scheme!r} is not an auth scheme like Bearer or Token",
+                )
     return credential_headers, credentials_env, credentials_scheme
 
 
@@ -186,8 +195,9 @@ def _post_reads(ctx: Ctx, top: dict[str, Entry]) -> tuple[PathTemplate, ...]:
     return tuple(post_reads)
 
 
-def _operations(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials,
-                problems: list[RulesError]) -> list[Operation]:
+def _operations(
+    ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials, problems: list[RulesError]
+) -> list[Operation]:
     """The operations that load; each bad one is added to `problems` and the next one read."""
     credential_headers, credentials_env, credentials_scheme = credentials
     ops_node = top["operations"][1]
@@ -207,4 +217,3 @@ def _operations(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credenti
             continue
         operations.append(replace(op, credentials_scheme=credentials_scheme, line=key.start_mark.line + 1))
     return operations
-

@@ -28,16 +28,33 @@ ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the eff
 KEYS: dict[str, tuple[str, ...]] = {
     "file": ("api", "hosts", "credentials", "post_reads", "operations"),
     "credentials": ("header", "env", "scheme"),
-    "operation": ("description", "match", "fingerprint", "external_id", "after_success", "classify",
-                  "reconcile", "idempotency_key", "approve"),
+    "operation": (
+        "description",
+        "match",
+        "fingerprint",
+        "external_id",
+        "after_success",
+        "classify",
+        "reconcile",
+        "idempotency_key",
+        "approve",
+    ),
     "match": ("method", "path", "graphql"),
     "fingerprint": ("path", "body", "query", "headers"),
     "external_id": ("header",),
     "classify_rule": ("status", "body", "headers", "state", "reason"),
     "absent_when": ("status", "body", "headers"),
     "check": ("present", "contains", "matches"),
-    "reconcile": ("read", "find", "items", "absent_when", "absence_provable", "settle", "retry_when_absent",
-                  "external_id"),
+    "reconcile": (
+        "read",
+        "find",
+        "items",
+        "absent_when",
+        "absence_provable",
+        "settle",
+        "retry_when_absent",
+        "external_id",
+    ),
     "read": ("method", "url", "headers", "body"),
     "idempotency_key": ("header", "body", "format", "ttl"),
 }
@@ -267,7 +284,9 @@ def parse_path_template(template: str) -> PathTemplate:
             raise ValueError(f"unbalanced '{{' or '}}' in path template {template!r}")
         name = m.group(1)
         if not IDENT.match(name):
-            raise ValueError(f"parameter {{{name}}} in path template {template!r} is not a valid name (letters, digits, _)")
+            raise ValueError(
+                f"parameter {{{name}}} in path template {template!r} is not a valid name (letters, digits, _)"
+            )
         if name in params:
             raise ValueError(f"parameter {{{name}}} appears twice in path template {template!r}")
         params.append(name)

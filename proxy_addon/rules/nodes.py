@@ -38,7 +38,9 @@ class Ctx:
         line = node.start_mark.line + 1 if node is not None else None
         return RulesError(message, source=self.source, line=line, field=field_)
 
-    def mapping(self, node: yaml.Node, field_: str, allowed: Iterable[str], required: Iterable[str] = ()) -> dict[str, Entry]:
+    def mapping(
+        self, node: yaml.Node, field_: str, allowed: Iterable[str], required: Iterable[str] = ()
+    ) -> dict[str, Entry]:
         if not isinstance(node, yaml.MappingNode):
             raise self.error(node, field_, f"expected a mapping, got {node_kind(node)}")
         allowed = tuple(allowed)
@@ -60,7 +62,11 @@ class Ctx:
 
     def entries(self, node: yaml.Node, field_: str) -> dict[str, Entry]:
         """A mapping whose keys are the user's own (operation names, fields, headers)."""
-        keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)] if isinstance(node, yaml.MappingNode) else []
+        keys = (
+            [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            if isinstance(node, yaml.MappingNode)
+            else []
+        )
         return self.mapping(node, field_, keys)
 
     def string(self, node: yaml.Node, field_: str) -> str:
@@ -110,8 +116,11 @@ class Ctx:
         for var in TEMPLATE_VAR.findall(text):
             if var not in allowed:
                 known = ", ".join(sorted(allowed))
-                raise self.error(node, field_, f"{{{var}}} is not recorded by this operation's fingerprint; "
-                                               f"templates may use: {known}")
+                raise self.error(
+                    node,
+                    field_,
+                    f"{{{var}}} is not recorded by this operation's fingerprint; templates may use: {known}",
+                )
         return text
 
     def fields(self, node: yaml.Node, field_: str, templates: set[str] | None = None) -> str | tuple[str, ...]:

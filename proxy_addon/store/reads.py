@@ -30,10 +30,17 @@ class ReceiptReads(Backend):
         """The newest receipt with this intent fingerprint, or None."""
         return self._receipt(
             f"SELECT * FROM receipts WHERE intent_fingerprint = ? ORDER BY {self.dialect.insertion_order} DESC LIMIT 1",
-            (fingerprint,))
+            (fingerprint,),
+        )
 
-    def list(self, *, states: Sequence[State] = (), operation: str | None = None, since: str | None = None,
-             limit: int | None = 100) -> list[Receipt]:
+    def list(
+        self,
+        *,
+        states: Sequence[State] = (),
+        operation: str | None = None,
+        since: str | None = None,
+        limit: int | None = 100,
+    ) -> list[Receipt]:
         """Receipts, newest first. `operation` is a name (`articles.create`) or `api/name`; `since` an ISO time."""
         clauses, params = _filters(states, operation, since)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
@@ -46,8 +53,10 @@ class ReceiptReads(Backend):
     # Below, `list` is the method above: the builtin is `builtins.list`.
     def changed_since(self, at: str, *, limit: int = 500) -> builtins.list[Receipt]:
         """Receipts whose state changed after `at` (an ISO time), oldest change first."""
-        return [Receipt.from_row(r) for r in self._rows(
-            "SELECT * FROM receipts WHERE updated_at > ? ORDER BY updated_at LIMIT ?", (at, limit))]
+        return [
+            Receipt.from_row(r)
+            for r in self._rows("SELECT * FROM receipts WHERE updated_at > ? ORDER BY updated_at LIMIT ?", (at, limit))
+        ]
 
     def duplicates(self, *, since: str | None = None, limit: int | None = 100) -> builtins.list[tuple[Event, Receipt]]:
         """Blocked and replayed duplicates, newest first, each with the receipt it was checked against."""
@@ -75,8 +84,8 @@ class ReceiptReads(Backend):
                 params.append(after)
             where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
             page = self._rows(
-                f"SELECT *, {order} AS export_position FROM receipts{where} ORDER BY {order} LIMIT ?",
-                (*params, _PAGE))
+                f"SELECT *, {order} AS export_position FROM receipts{where} ORDER BY {order} LIMIT ?", (*params, _PAGE)
+            )
             for row in page:
                 receipt = Receipt.from_row(row)
                 yield receipt, self.events(receipt.operation_id)
@@ -85,8 +94,10 @@ class ReceiptReads(Backend):
             after = page[-1]["export_position"]
 
     def events(self, operation_id: str) -> builtins.list[Event]:
-        return [Event.from_row(r) for r in self._rows(
-            "SELECT * FROM receipt_events WHERE operation_id = ? ORDER BY id", (operation_id,))]
+        return [
+            Event.from_row(r)
+            for r in self._rows("SELECT * FROM receipt_events WHERE operation_id = ? ORDER BY id", (operation_id,))
+        ]
 
     def duplicate_counts(self, operation_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         """How many duplicates of each receipt were blocked or replayed: {id: {"blocked": n, "replayed": m}}."""
@@ -95,7 +106,8 @@ class ReceiptReads(Backend):
             rows = self._rows(
                 f"SELECT operation_id, event, count(*) AS n FROM receipt_events WHERE event IN ('blocked', 'replayed') "
                 f"AND operation_id IN ({marks(len(operation_ids))}) GROUP BY operation_id, event",
-                list(operation_ids))
+                list(operation_ids),
+            )
             for r in rows:
                 out[r["operation_id"]][r["event"]] = r["n"]
         return out

@@ -26,9 +26,23 @@ from proxy_addon.store.reads import ReceiptReads
 from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
 
 _RECEIPT_COLUMNS = (
-    "operation_id", "api", "operation", "method", "target", "state", "intent_fingerprint",
-    "intent", "principal", "submitted_at", "updated_at", "flow_id", "retry_of", "instance",
-    "idempotency_key", "client_key", "idempotency_key_at",
+    "operation_id",
+    "api",
+    "operation",
+    "method",
+    "target",
+    "state",
+    "intent_fingerprint",
+    "intent",
+    "principal",
+    "submitted_at",
+    "updated_at",
+    "flow_id",
+    "retry_of",
+    "instance",
+    "idempotency_key",
+    "client_key",
+    "idempotency_key_at",
 )
 _UPDATABLE = frozenset({"completed_at", "http_status", "error", "external_id", "response"})
 _EVENT_INSERT = (
@@ -41,8 +55,17 @@ _CHUNK = 500  # ids per DELETE in `prune` (under every driver's parameter limit)
 class ReceiptStore(ReceiptReads):
     """The receipts store over a backend's primitives. A backend subclasses it (sqlite.py)."""
 
-    def _event(self, operation_id: str, event: str, from_state: State | None, to_state: State,
-               reason: str, actor: str, flow_id: str | None, at: str) -> None:
+    def _event(
+        self,
+        operation_id: str,
+        event: str,
+        from_state: State | None,
+        to_state: State,
+        reason: str,
+        actor: str,
+        flow_id: str | None,
+        at: str,
+    ) -> None:
         self._execute(_EVENT_INSERT, (operation_id, at, event, from_state, to_state, reason, actor, flow_id))
 
     # --- the hot path ----------------------------------------------------------------------
@@ -77,8 +100,16 @@ class ReceiptStore(ReceiptReads):
                     record = record_duplicate(decision) if callable(record_duplicate) else record_duplicate
                     if decision.kind != "forward" and record:
                         r = decision.receipt
-                        self._event(r.operation_id, "replayed" if decision.kind == "replay" else "blocked",
-                                    r.state, r.state, decision.reason, actor, attempt.flow_id, iso(self.clock()))
+                        self._event(
+                            r.operation_id,
+                            "replayed" if decision.kind == "replay" else "blocked",
+                            r.state,
+                            r.state,
+                            decision.reason,
+                            actor,
+                            attempt.flow_id,
+                            iso(self.clock()),
+                        )
                     return decision
             except UniqueViolation:
                 continue  # lost a race on the unique index to another connection: decide again
@@ -90,17 +121,22 @@ class ReceiptStore(ReceiptReads):
         order = self.dialect.insertion_order
         latest = self._receipt(
             f"SELECT * FROM receipts WHERE intent_fingerprint = ? ORDER BY {order} DESC LIMIT 1",
-            (a.intent_fingerprint,))
+            (a.intent_fingerprint,),
+        )
         if a.client_key:
             other = self._receipt(
                 "SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint != ? "
                 f"ORDER BY {order} DESC LIMIT 1",
-                (a.client_key, a.intent_fingerprint))
+                (a.client_key, a.intent_fingerprint),
+            )
             if other is not None:  # draft-ietf-httpapi-idempotency-key-header: a reused key, another request
-                return Decision("key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request")
+                return Decision(
+                    "key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request"
+                )
         unresolved = self._receipt(
             f"SELECT * FROM receipts WHERE intent_fingerprint = ? AND state IN ({marks(len(UNRESOLVED))})",
-            (a.intent_fingerprint, *sorted(UNRESOLVED)))
+            (a.intent_fingerprint, *sorted(UNRESOLVED)),
+        )
         if unresolved is not None:
             return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
@@ -111,8 +147,9 @@ class ReceiptStore(ReceiptReads):
             raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
         return self._insert(a, latest, now, actor)
 
-    def _after_success(self, latest: Receipt, after_success: str, replay_window: float,
-                       now: dt.datetime) -> Decision | None:
+    def _after_success(
+        self, latest: Receipt, after_success: str, replay_window: float, now: dt.datetime
+    ) -> Decision | None:
         """A duplicate of a success: replayed, blocked, or (older than the window) None: a new attempt."""
         if after_success == "block":
             return Decision("blocked_succeeded", latest, "duplicate blocked: the operation already succeeded")
@@ -123,18 +160,24 @@ class ReceiptStore(ReceiptReads):
         if not self._answered_success(latest.operation_id):
             # Found by a read or resolved by hand: the recorded answer (a 5xx, an "already
             # exists") is not the success, so it is never replayed as one.
-            return Decision("blocked_succeeded", latest, "duplicate blocked: succeeded (settled after the "
-                                                         "answer, which is not replayed)")
+            return Decision(
+                "blocked_succeeded",
+                latest,
+                "duplicate blocked: succeeded (settled after the answer, which is not replayed)",
+            )
         if latest.response is not None and not latest.response.truncated:
             return Decision("replay", latest, "duplicate answered with the recorded response")
-        return Decision("blocked_succeeded", latest, "duplicate blocked: succeeded, and no complete response was recorded to replay")
+        return Decision(
+            "blocked_succeeded", latest, "duplicate blocked: succeeded, and no complete response was recorded to replay"
+        )
 
     def _answered_success(self, operation_id: str) -> bool:
         """Whether a succeeded receipt became so from the upstream's answer (submitted → succeeded)."""
         rows = self._rows(
             "SELECT from_state FROM receipt_events WHERE operation_id = ? AND event = 'transition' AND to_state = ? "
             "ORDER BY id DESC LIMIT 1",
-            (operation_id, State.SUCCEEDED))
+            (operation_id, State.SUCCEEDED),
+        )
         return bool(rows) and rows[0]["from_state"] == State.SUBMITTED
 
     def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
@@ -155,9 +198,23 @@ class ReceiptStore(ReceiptReads):
             else:
                 idempotency_key_at = at
         values = (
-            operation_id, a.api, a.operation, a.method, a.target, first_state,
-            a.intent_fingerprint, json.dumps(a.intent, sort_keys=True), a.principal, at, at,
-            a.flow_id, retry_of, a.instance, idempotency_key, a.client_key, idempotency_key_at,
+            operation_id,
+            a.api,
+            a.operation,
+            a.method,
+            a.target,
+            first_state,
+            a.intent_fingerprint,
+            json.dumps(a.intent, sort_keys=True),
+            a.principal,
+            at,
+            at,
+            a.flow_id,
+            retry_of,
+            a.instance,
+            idempotency_key,
+            a.client_key,
+            idempotency_key_at,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
@@ -200,11 +257,23 @@ class ReceiptStore(ReceiptReads):
             elif v is not None:
                 sets.update(v.columns())
         with self._write():
-            self._step(operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields)
+            self._step(
+                operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
+            )
         return self.get(operation_id)
 
-    def _step(self, operation_id: str, to: State, sources: frozenset[State], sets: dict[str, Any],
-              reason: str, actor: str, flow_id: str | None, *, set_completed: bool = True) -> State:
+    def _step(
+        self,
+        operation_id: str,
+        to: State,
+        sources: frozenset[State],
+        sets: dict[str, Any],
+        reason: str,
+        actor: str,
+        flow_id: str | None,
+        *,
+        set_completed: bool = True,
+    ) -> State:
         """One guarded state change inside an open write transaction. Returns the state it left."""
         at = iso(self.clock())
         sets = {**sets, "state": str(to), "updated_at": at}
@@ -225,8 +294,9 @@ class ReceiptStore(ReceiptReads):
 
     # --- human decisions and reconciliation ------------------------------------------------
 
-    def resolve(self, operation_id: str, to: State, *, note: str, actor: str,
-                external_id: str | None = None) -> Receipt:
+    def resolve(
+        self, operation_id: str, to: State, *, note: str, actor: str, external_id: str | None = None
+    ) -> Receipt:
         """
         A human decision: `outcome_unknown` or `manual_review` → succeeded, safe_to_retry or
         rejected. An `outcome_unknown` receipt passes through `manual_review` (two events, one
@@ -240,15 +310,24 @@ class ReceiptStore(ReceiptReads):
         with self._write():
             current = self.get(operation_id).state
             if current is State.OUTCOME_UNKNOWN:
-                self._step(operation_id, State.MANUAL_REVIEW, frozenset({current}), {},
-                           f"taken into review: {note}", actor, None)
+                self._step(
+                    operation_id,
+                    State.MANUAL_REVIEW,
+                    frozenset({current}),
+                    {},
+                    f"taken into review: {note}",
+                    actor,
+                    None,
+                )
                 current = State.MANUAL_REVIEW
             if current is not State.MANUAL_REVIEW:
                 raise IllegalTransition(
                     f"receipt {operation_id} is {current}; "
                     "only outcome_unknown and manual_review receipts are resolved by hand"
                 )
-            self._step(operation_id, to, frozenset({State.MANUAL_REVIEW}), fields, f"resolved by hand: {note}", actor, None)
+            self._step(
+                operation_id, to, frozenset({State.MANUAL_REVIEW}), fields, f"resolved by hand: {note}", actor, None
+            )
         return self.get(operation_id)
 
     def claim_for_reconcile(self, operation_id: str, *, actor: str, reason: str = "reconciling with a read") -> Receipt:
@@ -257,8 +336,15 @@ class ReceiptStore(ReceiptReads):
         the others get IllegalTransition.
         """
         with self._write():
-            self._step(operation_id, State.RECONCILING, frozenset({State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW}),
-                       {}, reason, actor, None)
+            self._step(
+                operation_id,
+                State.RECONCILING,
+                frozenset({State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW}),
+                {},
+                reason,
+                actor,
+                None,
+            )
         return self.get(operation_id)
 
     # --- retention -------------------------------------------------------------------------
@@ -272,11 +358,17 @@ class ReceiptStore(ReceiptReads):
         cutoff = iso(self.clock() - older_than)
         resolved = sorted(TERMINAL)
         with self._write():
-            candidates = {r["operation_id"] for r in self._rows(
-                f"SELECT operation_id FROM receipts WHERE updated_at < ? AND state IN ({marks(len(resolved))})",
-                (cutoff, *resolved))}
-            links = [(r["operation_id"], r["retry_of"]) for r in self._rows(
-                "SELECT operation_id, retry_of FROM receipts WHERE retry_of IS NOT NULL")]
+            candidates = {
+                r["operation_id"]
+                for r in self._rows(
+                    f"SELECT operation_id FROM receipts WHERE updated_at < ? AND state IN ({marks(len(resolved))})",
+                    (cutoff, *resolved),
+                )
+            }
+            links = [
+                (r["operation_id"], r["retry_of"])
+                for r in self._rows("SELECT operation_id, retry_of FROM receipts WHERE retry_of IS NOT NULL")
+            ]
             changed = True
             while changed:  # keep whatever a kept receipt points at
                 changed = False
@@ -302,7 +394,8 @@ class ReceiptStore(ReceiptReads):
         """
         rows = self._rows(
             "SELECT operation_id, state, instance FROM receipts WHERE state IN (?, ?, ?)",
-            (State.SUBMITTED, State.RECONCILING, State.AWAITING_APPROVAL))
+            (State.SUBMITTED, State.RECONCILING, State.AWAITING_APPROVAL),
+        )
         recovered = []
         outcomes = {
             State.SUBMITTED: (State.OUTCOME_UNKNOWN, "proxy stopped while the request was in flight"),

@@ -72,8 +72,10 @@ class RecordedResponse:
     def columns(self) -> dict[str, Any]:
         """The receipt columns that hold this response (what `Receipt.from_row` reads back)."""
         return {
-            "response_status": self.status, "response_headers": json.dumps(self.headers),
-            "response_body": self.body, "response_truncated": int(self.truncated),
+            "response_status": self.status,
+            "response_headers": json.dumps(self.headers),
+            "response_body": self.body,
+            "response_truncated": int(self.truncated),
         }
 
 
@@ -114,14 +116,27 @@ class Receipt:
                 truncated=bool(row["response_truncated"]),
             )
         return cls(
-            operation_id=row["operation_id"], api=row["api"], operation=row["operation"],
-            method=row["method"], target=row["target"], state=state,
-            intent_fingerprint=row["intent_fingerprint"], intent=json.loads(row["intent"]),
-            principal=row["principal"], submitted_at=row["submitted_at"],
-            updated_at=row["updated_at"], completed_at=row["completed_at"],
-            http_status=row["http_status"], error=row["error"], external_id=row["external_id"],
-            flow_id=row["flow_id"], retry_of=row["retry_of"], instance=row["instance"],
-            response=response, idempotency_key=row.get("idempotency_key"), client_key=row.get("client_key"),
+            operation_id=row["operation_id"],
+            api=row["api"],
+            operation=row["operation"],
+            method=row["method"],
+            target=row["target"],
+            state=state,
+            intent_fingerprint=row["intent_fingerprint"],
+            intent=json.loads(row["intent"]),
+            principal=row["principal"],
+            submitted_at=row["submitted_at"],
+            updated_at=row["updated_at"],
+            completed_at=row["completed_at"],
+            http_status=row["http_status"],
+            error=row["error"],
+            external_id=row["external_id"],
+            flow_id=row["flow_id"],
+            retry_of=row["retry_of"],
+            instance=row["instance"],
+            response=response,
+            idempotency_key=row.get("idempotency_key"),
+            client_key=row.get("client_key"),
             idempotency_key_at=row.get("idempotency_key_at"),
         )
 
@@ -146,9 +161,15 @@ class Event:
     def from_row(cls, r: dict[str, Any]) -> Event:
         what = f"event {r['id']} of receipt {r['operation_id']}"
         return cls(
-            id=r["id"], operation_id=r["operation_id"], at=r["at"], event=r["event"],
+            id=r["id"],
+            operation_id=r["operation_id"],
+            at=r["at"],
+            event=r["event"],
             from_state=_state(r["from_state"], what) if r["from_state"] else None,
-            to_state=_state(r["to_state"], what), reason=r["reason"], actor=r["actor"], flow_id=r["flow_id"],
+            to_state=_state(r["to_state"], what),
+            reason=r["reason"],
+            actor=r["actor"],
+            flow_id=r["flow_id"],
         )
 
 

@@ -44,8 +44,9 @@ class SQLiteStore(ReceiptStore):
         self._writing = False
 
     @classmethod
-    def open(cls, path: str | Path, *, lock_timeout: float = 5.0, clock: Clock = utcnow,
-             create: bool = True) -> SQLiteStore:
+    def open(
+        cls, path: str | Path, *, lock_timeout: float = 5.0, clock: Clock = utcnow, create: bool = True
+    ) -> SQLiteStore:
         """Open (and create with mode 0600, and migrate) the receipts database at `path`."""
         p = Path(path).expanduser()
         try:
