@@ -130,7 +130,7 @@ def replay(receipt: Receipt) -> Answer:
     headers = [
         (k, v)
         for k, v in rec.headers
-        if k.lower() not in ("content-length", *(h.lower() for h in receipt_headers(receipt)))
+        if k.lower() not in ("content-length", "x-receipt-replayed", *(h.lower() for h in receipt_headers(receipt)))
     ]
     headers += [
         ("content-length", str(len(rec.body))),

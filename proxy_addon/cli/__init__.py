@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -135,9 +134,6 @@ def main(argv: list[str] | None = None, *, clock: Clock = utcnow) -> int:
         return command.run(store, args)
     except (ReceiptsError, UsageError) as e:
         print(f"Error: {e}", file=sys.stderr)
-        return 1
-    except sqlite3.Error as e:
-        print(f"Error: {db}: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `receipts export | head`: stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)

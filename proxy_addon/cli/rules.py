@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -144,11 +143,11 @@ def _existing_receipt(fingerprint: str) -> Receipt | None:
         return None
     try:
         store = Store.open(db, create=False)
-    except (ReceiptsError, sqlite3.Error):
+    except ReceiptsError:
         return None
     try:
         return store.latest_for(fingerprint)
-    except (ReceiptsError, sqlite3.Error):
+    except ReceiptsError:
         return None
     finally:
         store.close()

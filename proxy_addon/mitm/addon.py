@@ -53,6 +53,7 @@ class Receipts:
         self._store_config: tuple | None = None
         self._client: httpx.AsyncClient | None = None  # sends matched requests (receipts_forward=addon)
         self._client_config: tuple | None = None
+        self._closing: asyncio.Task | None = None  # the replaced client, closing
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
         self._read_store: Store | None = None
 
@@ -130,7 +131,7 @@ class Receipts:
         old, self._client_config = self._client, config
         self._client = exchange.make_client(upstream) if opts.receipts_forward == "addon" else None
         if old is not None:
-            asyncio.get_running_loop().create_task(old.aclose())
+            self._closing = asyncio.get_running_loop().create_task(old.aclose())  # kept until it ends
 
     def running(self) -> None:
         logger.info(

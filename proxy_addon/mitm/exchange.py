@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 
 import httpx
 from mitmproxy import http
@@ -46,18 +47,35 @@ HOP_BY_HOP = frozenset(
 
 
 def make_client(upstream: Upstream) -> httpx.AsyncClient:
-    return upstream.client(
+    client = upstream.client(
         follow_redirects=False,
         timeout=None,  # send() applies the deadline
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
     )
+    # httpx's own defaults (Accept, Accept-Encoding, User-Agent, Connection) would be added to
+    # every request: the upstream gets the agent's headers, and nothing the agent did not send.
+    for name in list(client.headers):
+        del client.headers[name]
+    return client
+
+
+def end_to_end(fields: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The header fields a proxy passes on: not the hop-by-hop ones, nor those `Connection` names."""
+    fields = list(fields)
+    named = {
+        token.strip().lower()
+        for k, v in fields
+        if k.lower() == b"connection"
+        for token in v.decode("latin-1").split(",")
+    }
+    return [(k, v) for k, v in fields if (name := k.decode("latin-1").lower()) not in HOP_BY_HOP and name not in named]
 
 
 async def send(
     client: httpx.AsyncClient, request: http.Request, *, deadline: float, connect_timeout: float = 10.0
 ) -> http.Response | Outcome:
     """Send `request` once (never retried) and return the upstream's response, or the outcome of its failure."""
-    headers = [(k, v) for k, v in request.headers.fields if k.decode("latin-1").lower() not in HOP_BY_HOP]
+    headers = end_to_end(request.headers.fields)
     outgoing = client.build_request(
         request.method,
         request.url,
@@ -76,7 +94,7 @@ async def send(
         return deadline_outcome(deadline)
     except httpx.HTTPError as e:
         return failure_outcome(e)
-    fields = [(k, v) for k, v in upstream.headers.raw if k.decode("latin-1").lower() not in HOP_BY_HOP]
+    fields = end_to_end(upstream.headers.raw)
     response = http.Response(
         http_version=b"HTTP/2.0" if upstream.http_version == "HTTP/2" else upstream.http_version.encode(),
         status_code=upstream.status_code,
