@@ -41,7 +41,7 @@ BAD_FILES = [
     ("02-yaml-tab-indent.yaml", 8, None, "found character '\\t' that cannot start any token"),
     ("03-yaml-bad-indent.yaml", 8, None, "not valid YAML: expected <block end>"),
     ("04-yaml-colon-in-value.yaml", 8, None, "mapping values are not allowed here"),
-    ("05-yaml-undefined-alias.yaml", 8, None, "found undefined alias 'nope'"),
+    ("05-yaml-undefined-alias.yaml", 8, None, "YAML aliases (*nope) are not allowed in rules files"),
     ("06-yaml-two-documents.yaml", 6, None, "found another document"),
     # shape of the file
     ("07-empty.yaml", 1, None, "the file is empty; expected keys api, hosts and operations"),
@@ -112,6 +112,10 @@ BAD_FILES_BUGS = [
     pytest.param(
         "93-bug-port-out-of-range.yaml", 3, "hosts", "'api.demo.test:99999' is not a host name",
         id="93-bug-port-out-of-range",
+    ),
+    pytest.param(
+        "94-alias-bomb.yaml", 14, None, "YAML aliases (*a) are not allowed in rules files",
+        id="94-alias-bomb",
     ),
 ]
 

@@ -3,8 +3,11 @@ Once a second, while the proxy runs: follow receipts changed elsewhere, and relo
 
 - Flows shown in mitmweb keep their marker and comment in step with receipts that another
   process (the CLI, a second proxy) changed.
-- A rules file that changed is loaded again; a bad edit keeps the last good rules and logs
-  the error. mitmproxy's `allow_hosts` follows the rules: only the hosts they name are
+- A rules file that changed is loaded again once it has stopped changing (the same names,
+  sizes and times on two ticks in a row), at most once every RELOAD_EVERY seconds, and in a
+  worker thread: no rules file, however large or slow to load, stalls traffic, and a file
+  rewritten every few milliseconds keeps nobody busy. A bad edit keeps the last good rules
+  and logs the error. mitmproxy's `allow_hosts` follows the rules: only the hosts they name are
   TLS-intercepted, unless receipts_intercept_all is on or the user set allow_hosts or
   ignore_hosts themselves.
 """
@@ -23,12 +26,16 @@ from proxy_addon.store import iso, utcnow
 
 logger = logging.getLogger(__name__)
 
+RELOAD_EVERY = 2.0  # seconds between two rules reloads, at the least
+
 
 class Watch:
     def __init__(self, receipts: Receipts):
         self.receipts = receipts
         self._task: asyncio.Task | None = None
         self._allow_hosts: list[str] = []  # the allow_hosts we derived from the rules
+        self._seen: tuple = ()  # the rules files' signature on the previous tick
+        self._last_reload = float("-inf")
 
     def configure(self, updated: set[str]) -> None:
         self.sync_allow_hosts()
@@ -47,7 +54,7 @@ class Watch:
             await asyncio.sleep(1)
             since = self.follow_receipts(since)
             if ctx.options.receipts_watch_rules:
-                self.reload_rules()
+                await self.reload_rules()
 
     def follow_receipts(self, since: str) -> str:
         """Refresh the flows of receipts changed since `since`; the time to follow from next."""
@@ -63,14 +70,18 @@ class Watch:
             self.receipts.refresh_flow(receipt)
         return changed[-1].updated_at if changed else since
 
-    def reload_rules(self) -> None:
+    async def reload_rules(self) -> None:
+        """Load changed rules files again, off the event loop, once they have settled."""
         path = ctx.options.receipts_rules
-        sig = rules_signature(path)
-        if sig == self.receipts.rules_sig:
+        sig = await asyncio.to_thread(rules_signature, path)
+        settled, self._seen = sig == self._seen, sig
+        loop = asyncio.get_running_loop()
+        if sig == self.receipts.rules_sig or not settled or loop.time() - self._last_reload < RELOAD_EVERY:
             return
+        self._last_reload = loop.time()
         self.receipts.rules_sig = sig
         try:
-            rules = load_rules_path(path)
+            rules = await asyncio.to_thread(load_rules_path, path)
         except RulesError as e:
             logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
         except Exception as e:  # the watcher must outlive any surprise

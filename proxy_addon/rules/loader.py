@@ -23,6 +23,24 @@ _HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*
 
 Credentials = tuple[tuple[str, ...], str | None, str | None]  # the credential headers, env var and scheme
 
+# Rules files are data, not programs: no YAML aliases (a 0.7 KB file of aliases nested seven
+# deep expands to 9^7 values), and a bound on the size of a file.
+MAX_RULES_BYTES = 1024 * 1024
+
+
+class _AliasRefused(yaml.composer.ComposerError):
+    pass
+
+
+class _RulesLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases (`*name`) before anything expands them."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _AliasRefused(None, None, f"*{event.anchor}", event.start_mark)
+        return super().compose_node(parent, index)
+
 
 def load_rules(text: str, source: str = "<rules>") -> RuleFile:
     """Parse one rules file. Raises RulesError naming `source`, the line and the field (the first problem)."""
@@ -83,6 +101,12 @@ def _load_path(path: str | Path) -> tuple[list[Path], list[RuleFile], list[Rules
     problems: list[RulesError] = []
     for file in files:
         try:
+            size = file.stat().st_size
+            if size > MAX_RULES_BYTES:
+                problems.append(
+                    RulesError(f"the file is {size} bytes; a rules file is at most {MAX_RULES_BYTES}", source=str(file))
+                )
+                continue
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             problems.append(RulesError(f"cannot read: {e}", source=str(file)))
@@ -126,7 +150,14 @@ def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile |
 def _compose(text: str, source: str) -> yaml.Node:
     """The YAML node tree of a file; RulesError for bad YAML or an empty file."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_RulesLoader)
+    except _AliasRefused as e:
+        line = e.problem_mark.line + 1 if e.problem_mark else None
+        raise RulesError(
+            f"YAML aliases ({e.problem}) are not allowed in rules files: write the value out where it is used",
+            source=source,
+            line=line,
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e).split("\n", 1)[0]

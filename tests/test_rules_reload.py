@@ -1,0 +1,115 @@
+"""
+Rules files are data, not programs: an alias bomb is refused by `rules check` and by the
+loader, a file past the size bound is refused, and a reload runs off the event loop, once the
+files have settled, at most every few seconds, so no rules file can stall traffic.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from proxy_addon.cli import main
+from proxy_addon.rules import check_rules_path
+from proxy_addon.rules.loader import MAX_RULES_BYTES
+from tests.conftest import TEST_RULES, Proxy, wait_for
+
+BOMB = Path(__file__).parent / "rules_bad" / "94-alias-bomb.yaml"
+
+
+def big_rules(n: int) -> str:
+    """A valid rules file of `n` operations (3,000: about 0.9 MB, over two seconds to load)."""
+    out = ["api: big", "hosts: [big.test]", "operations:"]
+    for i in range(n):
+        out += [f"  op{i}.create:", f'    match: {{method: POST, path: "/v1/things{i}/{{id}}"}}',
+                "    fingerprint: {body: [a.b, c, d.e.f]}", "    external_id: id", "    reconcile:",
+                f'      read: {{method: GET, url: "/v1/things{i}?q={{intent.c}}"}}',
+                '      find: {c: "{intent.c}"}', "      absence_provable: true", "      retry_when_absent: true"]
+    return "\n".join(out) + "\n"
+
+
+def test_rules_check_refuses_an_alias_bomb_with_its_line(tmp_path, capsys):
+    shutil.copy(BOMB, tmp_path / "bomb.yaml")
+    assert main(["rules", "check", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'bomb.yaml'}:14: YAML aliases (*a) are not allowed in rules files" in err
+
+
+def test_a_rules_file_past_the_size_bound_is_refused(tmp_path):
+    f = tmp_path / "huge.yaml"
+    f.write_text("# padding\n" * (MAX_RULES_BYTES // 10 + 1) + "api: x\n")
+    _, problems = check_rules_path(tmp_path)
+    assert [str(p) for p in problems] == [f"{f}: the file is {f.stat().st_size} bytes; a rules file is at most "
+                                          f"{MAX_RULES_BYTES}"]
+
+
+def rules_folder(tmp_path: Path) -> Path:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    shutil.copy(TEST_RULES / "test-api.yaml", rules / "test-api.yaml")
+    return rules
+
+
+def slowest_get(proxy: Proxy, upstream, until, timeout: float = 20.0) -> float:
+    """GETs through the proxy every 50 ms until `until()`; the slowest one's seconds."""
+    slowest, deadline = 0.0, time.monotonic() + timeout
+    with httpx.Client(proxy=proxy.url, trust_env=False, timeout=30) as c:
+        while not until():
+            assert time.monotonic() < deadline, "timed out waiting for the reload"
+            t0 = time.monotonic()
+            assert c.get(f"{upstream.url}/unrelated").status_code == 200
+            slowest = max(slowest, time.monotonic() - t0)
+            time.sleep(0.05)
+    return slowest
+
+
+def test_an_alias_bomb_on_reload_is_refused_and_traffic_flows(tmp_path, confdir, upstream):
+    rules = rules_folder(tmp_path)
+    proxy = Proxy(tmp_path, confdir, rules=rules).start()
+    try:
+        shutil.copy(BOMB, rules / "bomb.yaml")
+        slowest = slowest_get(proxy, upstream, lambda: "rules NOT reloaded" in proxy.log())
+        assert "YAML aliases (*a) are not allowed in rules files" in proxy.log()
+        assert slowest < 1.0, f"an unrelated GET took {slowest:.2f}s during the reload"
+        rss = int(next(line for line in Path(f"/proc/{proxy.proc.pid}/status").read_text().splitlines()
+                       if line.startswith("VmHWM:")).split()[1])
+        assert rss < 200_000, f"peak RSS {rss} kB"  # the bomb was never expanded (it reached 231 MB)
+    finally:
+        proxy.stop()
+
+
+def test_a_slow_rules_file_reloads_off_the_event_loop(tmp_path, confdir, upstream):
+    rules = rules_folder(tmp_path)
+    proxy = Proxy(tmp_path, confdir, rules=rules).start()
+    try:
+        (rules / "big.yaml").write_text(big_rules(3000))
+        slowest = slowest_get(proxy, upstream, lambda: "rules reloaded" in proxy.log(), timeout=30)
+        assert "3011 operations" in proxy.log()
+        assert slowest < 1.0, f"an unrelated GET took {slowest:.2f}s while a 0.9 MB rules file loaded"
+    finally:
+        proxy.stop()
+
+
+def test_a_file_rewritten_every_few_ms_reloads_once_it_settles(tmp_path, confdir, upstream):
+    rules = rules_folder(tmp_path)
+    proxy = Proxy(tmp_path, confdir, rules=rules).start()
+    try:
+        churn = rules / "churn.yaml"
+        end = time.monotonic() + 3
+        n = 0
+        while time.monotonic() < end:  # bounded: three seconds of rewrites
+            n += 1
+            churn.write_text(f"api: churn\nhosts: [churn.test]\noperations:\n  c{n}.create:\n"
+                             f"    match: {{method: POST, path: /c{n}}}\n")
+            time.sleep(0.01)
+        assert proxy.log().count("rules reloaded") == 0  # never loaded while it kept changing
+        wait_for(lambda: "rules reloaded" in proxy.log(), timeout=10, what="the reload once settled")
+        time.sleep(2.5)
+        assert proxy.log().count("rules reloaded") == 1
+        assert proxy.log().count("rules NOT reloaded") == 0
+    finally:
+        proxy.stop()
