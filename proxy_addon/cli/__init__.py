@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TextIO, cast
 
 from proxy_addon.cli.commands import COMMANDS, Command, StorelessCommand
 from proxy_addon.cli.output import event_json, operation_name, print_json, print_table, receipt_json, short_time
@@ -44,6 +45,7 @@ from proxy_addon.cli.values import (
 from proxy_addon.errors import ReceiptsError, StoreError
 from proxy_addon.paths import default_db
 from proxy_addon.store import Clock, Store, utcnow
+from proxy_addon.terminal import EscapingWriter
 
 __all__ = [
     "COMMANDS",
@@ -114,6 +116,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, *, clock: Clock = utcnow) -> int:
+    """Run one command. Everything it prints passes EscapingWriter: no raw control characters reach a terminal."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = cast(TextIO, EscapingWriter(out)), cast(TextIO, EscapingWriter(err))
+    try:
+        return _main(argv, clock=clock)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _main(argv: list[str] | None, *, clock: Clock) -> int:
     args = parser().parse_args(argv)
     if args.command is None:
         parser().print_help()

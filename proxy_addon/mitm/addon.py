@@ -22,7 +22,7 @@ import httpx
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from proxy_addon import answers, identity
+from proxy_addon import answers, identity, terminal
 from proxy_addon.classify import Outcome, answer_outcome, error_outcome
 from proxy_addon.errors import ReceiptsError, RulesError, StoreError
 from proxy_addon.fingerprint import build_attempt
@@ -69,6 +69,7 @@ class Receipts:
         # httpx logs every request URL at INFO, query tokens included; our own lines redact them.
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        terminal.escape_logs()  # an upstream's text (a reason phrase, an id) never writes raw controls to a terminal
         options.declare(loader)
         options.check_deferred(loader)
         # With eager connections, upstream failures happen at CONNECT time, outside any flow,
