@@ -5,6 +5,9 @@ The errors receipt-proxy raises. Every one says what went wrong and how to fix i
     ├── RulesError            a rules file is malformed (names file, line and field)
     ├── ReconcileError        a reconcile read could not be planned or was refused
     │                         (a template without a value, a read that is not a read)
+    ├── BodyTooLarge          a request body decodes past the bound (receipts_body_cap)
+    ├── BadEncoding           a Content-Encoding stream is corrupt or truncated
+    │   └── UnsupportedEncoding  a content coding nobody can decode (compress, a typo)
     └── StoreError            the receipts database could not be read or written
         ├── StoreUnavailable  the write did not happen (locked, read-only, disk full):
         │                     the request must not be forwarded
@@ -56,3 +59,31 @@ class IllegalTransition(StoreError):
 
 class UnknownReceipt(StoreError, LookupError):
     """No receipt has this operation id."""
+
+
+class BodyTooLarge(ReceiptsError):
+    """
+    A request body is, or decodes to, more than `limit` bytes (bodies.decode_body stops there,
+    so a decompression bomb never grows past it). The proxy answers 413 and sends nothing.
+    """
+
+    def __init__(self, limit: int, *, encoding: str | None = None):
+        self.limit = limit
+        self.encoding = encoding
+        what = f"decodes ({encoding}) to" if encoding else "is"
+        super().__init__(
+            f"the request body {what} more than {limit} bytes, the bound set by the option receipts_body_cap; "
+            "nothing was sent (raise receipts_body_cap to accept larger bodies)"
+        )
+
+
+class BadEncoding(ReceiptsError, ValueError):
+    """A body's Content-Encoding cannot be decoded: a corrupt or truncated stream, or too many codings."""
+
+    def __init__(self, message: str, *, encoding: str | None = None):
+        self.encoding = encoding
+        super().__init__(message)
+
+
+class UnsupportedEncoding(BadEncoding):
+    """A content coding the proxy cannot decode (it knows gzip, x-gzip, deflate, br, zstd and identity)."""
