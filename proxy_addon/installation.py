@@ -8,6 +8,10 @@ One proxy process's hold on its receipts: the database, the HMAC key, and its in
 The key (secret.key beside the database unless named) hashes credentials into principals;
 the instance claim (instances.py) tells the other processes sharing the database that this
 one is alive, so that only the receipts of dead proxies are recovered.
+
+A missing database beside an existing key or instances folder means the database was
+removed or moved, and an empty one would let every write through again: `open` refuses to
+create it unless `new_db` says that starting over is intended.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proxy_addon import instances
+from proxy_addon.errors import StoreError
 from proxy_addon.fingerprint import load_or_create_key
 from proxy_addon.paths import key_path
 from proxy_addon.store import Store
@@ -31,14 +36,25 @@ class Installation:
     _lock_fd: int | None
 
     @classmethod
-    def open(cls, db: str | Path, *, secret: str | None = None, lock_timeout: float = 5.0) -> Installation:
+    def open(
+        cls, db: str | Path, *, secret: str | None = None, lock_timeout: float = 5.0, new_db: bool = False
+    ) -> Installation:
         """
         Open (creating where needed) the database and key, and claim an instance id.
         Raises ReceiptsError, OSError, ValueError.
         """
         path = Path(db).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key = load_or_create_key(key_path(path, secret))
+        key_file = key_path(path, secret)
+        if not path.exists() and not new_db:
+            left = [p for p in (key_file, instances.directory(path)) if p.exists()]
+            if left:
+                raise StoreError(
+                    f"{path} does not exist, but {' and '.join(str(p) for p in left)} does: the receipts database "
+                    "was removed or moved, and an empty one would forget every unresolved receipt. Restore it, or "
+                    "start over on purpose with --set receipts_new_db=true (README: 'Starting over')"
+                )
+        key = load_or_create_key(key_file)
         store = Store.open(path, lock_timeout=lock_timeout)
         instance, lock_fd = instances.claim(path)
         return cls(path, store, key, instance, lock_fd)

@@ -8,6 +8,12 @@ with every other writer, even in other processes, waiting up to `lock_timeout`);
 synchronous=FULL makes a commit durable before `begin_attempt` returns; migrations.py holds
 the schema (the partial unique index, the append-only triggers); foreign keys are on.
 Every sqlite3.Error becomes a StoreError that names the database file.
+
+The store knows it is the same store: it records the database file's identity (device,
+inode) when it opens it, and its WAL's after the first write, and checks both before every
+write transaction. A file removed or replaced under a running proxy (`rm receipts.db*`, a
+restore over it) makes every write StoreUnavailable, so nothing is forwarded, instead of
+writing receipts into an unlinked file that no other process will ever read.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ class SQLiteStore(ReceiptStore):
         self.clock = clock
         self.path = path
         self._writing = False
+        self._identity = _identity(path) if path else None  # (device, inode) of the file opened
+        self._wal_identity: tuple[int, int] | None = None  # the WAL's, once a write has made it
 
     @classmethod
     def open(
@@ -104,9 +112,26 @@ class SQLiteStore(ReceiptStore):
 
     # --- the primitives (base.py) --------------------------------------------------------------
 
+    def _check_same_file(self) -> None:
+        """StoreUnavailable when the database file or its WAL is no longer the one this store opened."""
+        if not self.path or self._identity is None:
+            return
+        for name, recorded in ((self.path, self._identity), (f"{self.path}-wal", self._wal_identity)):
+            if recorded is None:
+                continue
+            now = _identity(name)
+            if now != recorded:
+                what = "removed" if now is None else "replaced by another file"
+                raise StoreUnavailable(
+                    f"the receipts database file {name} was {what} while this process had it open: nothing is "
+                    "written or forwarded until the proxy is restarted on the database it should use "
+                    "(README: 'Starting over')"
+                )
+
     @contextlib.contextmanager
     def _write(self) -> Iterator[None]:
         """One `BEGIN IMMEDIATE` transaction: serialized with every other writer, even in other processes."""
+        self._check_same_file()
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
@@ -115,6 +140,8 @@ class SQLiteStore(ReceiptStore):
         try:
             yield
             self.conn.execute("COMMIT")
+            if self._wal_identity is None and self.path:
+                self._wal_identity = _identity(f"{self.path}-wal")
         except BaseException as e:
             self._rollback(e)
             if isinstance(e, sqlite3.Error):
@@ -154,6 +181,15 @@ class SQLiteStore(ReceiptStore):
         if isinstance(e, sqlite3.IntegrityError) and e.sqlite_errorcode in _UNIQUE:
             return UniqueViolation(f"cannot write the receipts database {self.location}: {e}")
         return StoreUnavailable(f"cannot write the receipts database {self.location}: {e}")
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    """(device, inode) of a file, or None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _create_private_file(path: Path) -> None:
