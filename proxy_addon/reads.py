@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urljoin
+from urllib.parse import quote, unquote_plus, urljoin
 
 import httpx
 
@@ -37,12 +38,16 @@ class ReadRequest:
     url: str
     body: bytes | None = None  # a POST read's JSON body (only to a path the rules list in post_reads)
     headers: tuple[tuple[str, str], ...] = ()  # the rule's own headers (Notion-Version), never credentials
+    # Query parameters whose values the rule's read.url writes (from the receipt or literally): shown.
+    keep: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def shown(self) -> str:
-        """The URL as it may be stored and logged: secret-looking query values redacted."""
+        """The URL as it may be stored and logged: the values the read template writes (`keep`), unless
+        credential-looking; every other query value REDACTED (redaction.redact_url)."""
         u = httpx.URL(self.url)
-        return redact_url(u.scheme, u.host, u.port or {"http": 80, "https": 443}[u.scheme], u.raw_path.decode())
+        port = u.port or {"http": 80, "https": 443}[u.scheme]
+        return redact_url(u.scheme, u.host, port, u.raw_path.decode(), keep=self.keep)
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,10 @@ def _variables(receipt: Receipt) -> dict[str, Any]:
     out.update({f"query.{k}": v for k, v in intent.get("query", {}).items()})
     out.update({f"header.{k}": v for k, v in intent.get("headers", {}).items()})
     body = intent.get("body") or intent.get("form") or intent.get("multipart") or {}
-    out.update({f"intent.{k}": v for k, v in body.items()})
+    # A field stored as a keyed hash of its object (fingerprint.py) has no value a read could use:
+    # a template naming it fails to plan (a failed read), rather than look for the hash and prove absence.
+    hashed = set(intent.get("hashed") or ())
+    out.update({f"intent.{k}": v for k, v in body.items() if k not in hashed})
     return out
 
 
@@ -99,12 +107,13 @@ def plan_read(op: Operation, receipt: Receipt) -> ReadRequest:
     if spec is None:
         raise ReconcileError(f"operation {op.api} {op.name} has no reconcile spec")
     url = urljoin(receipt.target, render(spec.url, receipt, url=True))
+    keep = tuple(unquote_plus(p.partition("=")[0]) for p in re.split("[&;]", spec.url.partition("?")[2]) if p)
     body = None
     if spec.body is not None:
         doc = {k: v if k == "query" else _render_doc(v, receipt) for k, v in spec.body.items()}
         body = json.dumps(doc).encode()
     headers = tuple((name, render(value, receipt)) for name, value in spec.headers)
-    return ReadRequest(spec.method, url, body, headers)
+    return ReadRequest(spec.method, url, body, headers, keep=keep)
 
 
 def _render_doc(doc: Any, receipt: Receipt) -> Any:

@@ -2,8 +2,14 @@
 Secrets: which names carry credentials, how they are redacted, and which header counts.
 
     is_secret_name("access_token")           # True: never in a fingerprint, the intent or a URL
-    redact_url("https", "api.test", 443, "/x?token=s&page=2")   # "https://api.test/x?token=REDACTED&page=2"
+    redact_url("https", "api.test", 443, "/x?token=s&page=2")   # "https://api.test/x?token=REDACTED&page=REDACTED"
+    redact_url("https", "api.test", 443, "/x?token=s&page=2", keep=("page",))   # "...?token=REDACTED&page=2"
     credentials_from(("api-key",), headers)  # the credential headers a request carries, in order
+
+URLs are redacted by default: a stored or logged URL keeps the value of a query parameter
+only when its name is in `keep` (the parameters the rule's fingerprint names, or a read's
+template writes) and does not look like a credential. Every other value is REDACTED,
+whatever its name (`?jwt=`, `?x_thing=`), and a bare `?value` with no name too.
 
 The credential order is the same everywhere: the rule's own credential headers, then
 `Authorization`, then `Cookie`. The principal hashes the first one present; reads send them all.
@@ -12,7 +18,7 @@ The credential order is the same everywhere: the rule's own credential headers, 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from urllib.parse import unquote_plus
 
 REDACTED = "REDACTED"
@@ -47,8 +53,12 @@ def credentials_from(credential_headers: Sequence[str], headers: Mapping[str, st
     return {h: headers[h] for h in credential_names(credential_headers) if headers.get(h)}
 
 
-def redact_url(scheme: str, host: str, port: int, path: str) -> str:
-    """The request URL with the value of every secret-looking query parameter replaced."""
+def redact_url(scheme: str, host: str, port: int, path: str, *, keep: Collection[str] = ()) -> str:
+    """
+    The request URL as it may be stored and logged: the value of every query parameter is
+    REDACTED unless its name (percent-decoded) is in `keep` and does not look like a credential.
+    The names stay, so the URL still says what was sent; a fragment is dropped.
+    """
     default = {"http": 80, "https": 443}.get(scheme)
     host = f"[{host}]" if ":" in host else host
     netloc = host if port == default else f"{host}:{port}"
@@ -59,5 +69,9 @@ def redact_url(scheme: str, host: str, port: int, path: str) -> str:
             parts.append(piece)
             continue
         name, eq, _ = piece.partition("=")
-        parts.append(f"{name}={REDACTED}" if eq and is_secret_name(unquote_plus(name)) else piece)
+        kept = unquote_plus(name) in keep and not is_secret_name(unquote_plus(name))
+        if kept or not piece:
+            parts.append(piece)
+        else:
+            parts.append(f"{name}={REDACTED}" if eq else REDACTED)  # a bare `?value` may be the secret itself
     return f"{scheme}://{netloc}{path}" + (f"?{''.join(parts)}" if parts else "")

@@ -296,6 +296,18 @@ def sha(b: bytes) -> dict:
     return {"body_sha256": hashlib.sha256(b).hexdigest()}
 
 
+class _KeyedHash:
+    """Equal to any keyed hash (`hmac:` and 32 hex digits): what an object a rule names is stored as."""
+
+    def __eq__(self, other):
+        return isinstance(other, str) and re.fullmatch(r"hmac:[0-9a-f]{32}", other) is not None
+
+    def __repr__(self):
+        return "hmac:<32 hex>"
+
+
+A_KEYED_HASH = _KeyedHash()
+
 BODY_CASES = [
     # id, path, headers, body, expected body part of the intent
     ("json-fields", ORDERS, JSON_CT, b'{"order": {"title": "Mug"}, "items": [{"sku": "A1"}]}',
@@ -305,7 +317,7 @@ BODY_CASES = [
     ("json-index-out-of-range", ORDERS, JSON_CT, b'{"order": {"title": "Mug"}, "items": []}',
      {"body": {"order.title": "Mug", "items.0.sku": None}}),
     ("json-nested-value", ORDERS, JSON_CT, b'{"order": {"title": {"en": "Mug"}}}',
-     {"body": {"order.title": {"en": "Mug"}, "items.0.sku": None}}),
+     {"body": {"order.title": A_KEYED_HASH, "items.0.sku": None}}),  # an object: its hash, never its leaves
     ("json-without-content-type", ORDERS, {}, b'{"order": {"title": "Mug"}}',
      {"body": {"order.title": "Mug", "items.0.sku": None}}),
     ("json-unicode", ORDERS, JSON_CT, '{"order": {"title": "Tasse \u00e0 caf\u00e9"}}'.encode(),
@@ -397,19 +409,33 @@ SECRET_PARAMS = ["token", "access_token", "api_key", "apikey", "key", "secret", 
 
 @pytest.mark.parametrize("name", SECRET_PARAMS)
 def test_redact_url_secret_query_values(name):
-    got = redact_url("https", "api.test", 443, f"/x?page=2&{name}=s3cr3t&q=mugs")
+    # Even a rule that names it (the loader refuses that) keeps a credential-looking value redacted.
+    got = redact_url("https", "api.test", 443, f"/x?page=2&{name}=s3cr3t&q=mugs", keep=("page", "q", name))
     assert got == f"https://api.test/x?page=2&{name}={REDACTED}&q=mugs"
     assert "s3cr3t" not in got
 
 
+@pytest.mark.parametrize("name", ["jwt", "access_key", "pass", "private_key", "x_thing", "page"])
+def test_redact_url_redacts_every_value_the_rule_does_not_name(name):
+    """Deny by default: names on no list (`jwt`, `x_thing`) are redacted as surely as `token`."""
+    got = redact_url("https", "api.test", 443, f"/x?{name}=s3cr3t&q=mugs&bare", keep=("q",))
+    assert got == f"https://api.test/x?{name}={REDACTED}&q=mugs&{REDACTED}"
+
+
+# The names "the rule" names: kept, but a credential-looking one (token, key, api_key) stays redacted.
+KEPT = ("q", "page", "keyword", "q_x", "a", "token", "key", "api_key")
+
 REDACT_CASES = [
     # id, scheme, host, port, path, expected
     ("kept-params", "https", "api.test", 443, "/search?q=mugs&page=3", "https://api.test/search?q=mugs&page=3"),
+    ("unnamed-params", "https", "api.test", 443, "/search?c=mugs&d=3", "https://api.test/search?c=REDACTED&d=REDACTED"),
     ("no-query", "https", "api.test", 443, "/v1/items", "https://api.test/v1/items"),
     ("blank-secret", "https", "api.test", 443, "/x?token=&page=1", "https://api.test/x?token=REDACTED&page=1"),
     ("repeated-secret", "https", "api.test", 443, "/x?key=a&key=b", "https://api.test/x?key=REDACTED&key=REDACTED"),
     ("encoded-secret-name", "https", "api.test", 443, "/x?api%5Fkey=zz", "https://api.test/x?api%5Fkey=REDACTED"),
     ("keyword-is-not-key", "https", "api.test", 443, "/x?keyword=mugs", "https://api.test/x?keyword=mugs"),
+    ("encoded-kept-name", "https", "api.test", 443, "/x?q%5Fx=1", "https://api.test/x?q%5Fx=1"),
+    ("fragment-dropped", "https", "api.test", 443, "/x?q=1#page=2", "https://api.test/x?q=1"),
     ("encoded-value-kept", "https", "api.test", 443, "/x?q=a%20b", "https://api.test/x?q=a%20b"),
     ("http-80-omitted", "http", "api.test", 80, "/x", "http://api.test/x"),
     ("https-443-omitted", "https", "api.test", 443, "/x", "https://api.test/x"),
@@ -424,7 +450,7 @@ REDACT_CASES = [
     "scheme, host, port, path, expected", [pytest.param(*c[1:], id=c[0]) for c in REDACT_CASES]
 )
 def test_redact_url(scheme, host, port, path, expected):
-    assert redact_url(scheme, host, port, path) == expected
+    assert redact_url(scheme, host, port, path, keep=KEPT) == expected
 
 
 @pytest.mark.parametrize(
@@ -441,7 +467,7 @@ def test_redact_url(scheme, host, port, path, expected):
     ],
 )
 def test_redact_url_keeps_the_url_valid(scheme, host, port, path, expected):
-    assert redact_url(scheme, host, port, path) == expected
+    assert redact_url(scheme, host, port, path, keep=KEPT) == expected
 
 
 # --- the HMAC key ----------------------------------------------------------------------------
