@@ -17,11 +17,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy_addon import gql
-from proxy_addon.fingerprint import RequestView, fingerprint
+from proxy_addon.bodies import codings, decode_body
+from proxy_addon.errors import BadEncoding, BodyTooLarge
+from proxy_addon.fingerprint import NOTES, RequestView, fingerprint, intent_notes
 from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
 from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
 
 SHOWN = 120  # characters of a value shown
+BODY_LIMIT = 256 * 1024 * 1024  # bytes a --body may decode to (the proxy's own bound is receipts_body_cap)
 
 
 def _short(value: Any) -> str:
@@ -135,10 +138,24 @@ def _duplicates(op: Operation) -> list[str]:
 
 
 def explain(
-    rules: RuleSet, method: str, url: str, body: bytes = b"", headers: Mapping[str, str] | None = None, key: bytes = b""
+    rules: RuleSet,
+    method: str,
+    url: str,
+    body: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    key: bytes = b"",
+    *,
+    body_limit: int = BODY_LIMIT,
 ) -> dict[str, Any]:
-    """What the proxy would do with this request, as a JSON-able report (`render` prints it)."""
+    """What the proxy would do with this request, as a JSON-able report (`render` prints it).
+    A body with a Content-Encoding is decoded first, as the proxy does (bodies.decode_body)."""
     headers = {k.lower(): v for k, v in (headers or {}).items()}
+    encoding, refused, raw_size = headers.get("content-encoding"), None, len(body)
+    if codings(encoding):
+        try:
+            body = decode_body(body, encoding, limit=body_limit)
+        except (BadEncoding, BodyTooLarge) as e:
+            body, refused = b"", str(e)
     method = method.upper()
     u = urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
@@ -153,6 +170,10 @@ def explain(
         "headers": shown_headers,
         "sent": False,
     }
+    if codings(encoding) and refused is None:
+        report["body"] = (
+            f"{raw_size} bytes as {encoding}, {len(body)} bytes decoded: the fingerprint reads the decoded body"
+        )
     m = rules.match(u.hostname, port, method, path, body=body)
     if m is None:
         report["match"] = None
@@ -162,6 +183,12 @@ def explain(
     for name in op.credential_headers:
         if headers.get(name):
             shown_headers[name] = REDACTED
+    # As stored: the values of the query parameters the fingerprint names, every other one REDACTED.
+    report["request"] = f"{method} {redact_url(u.scheme, u.hostname, port, path, keep=op.fingerprint.query)}"
+    if refused is not None:
+        report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
+        report["refused"] = refused
+        return report
     intent = fingerprint(m, RequestView(method, u.scheme, u.hostname, port, path, headers, body), key)
     report["match"] = {
         "api": op.api,
@@ -171,9 +198,12 @@ def explain(
         "graphql": op.graphql,
     }
     report["fingerprint"] = {
-        "fields": dict(kv for part, value in intent.intent.items() for kv in _flatten(part, value)),
+        "fields": dict(
+            kv for part, value in intent.intent.items() if part not in NOTES for kv in _flatten(part, value)
+        ),
         "principal": intent.principal,
         "value": intent.fingerprint,
+        "notes": intent_notes(intent.intent),  # which fallback was used, missing and hashed fields
     }
     report["classify"] = (
         [_rule_text(r) for r in op.classify_rules]
@@ -199,11 +229,16 @@ def explain(
 def render(report: dict[str, Any]) -> str:
     lines = [report["request"]]
     lines += [f"  {k}: {v}" for k, v in report["headers"].items()]
+    if "body" in report:
+        lines.append(f"  body: {report['body']}")
     if report["match"] is None:
         lines += ["", *report["why"], "", "Nothing was sent."]
         return "\n".join(lines)
     m = report["match"]
     lines += ["", f"operation: {m['api']} {m['operation']}  ({m['source']})"]
+    if "refused" in report:
+        lines += ["", f"the proxy refuses this request and sends nothing: {report['refused']}", "", "Nothing was sent."]
+        return "\n".join(lines)
     if m["description"]:
         lines.append(f"  {m['description']}")
     if m["graphql"]:
@@ -211,6 +246,7 @@ def render(report: dict[str, Any]) -> str:
     fp = report["fingerprint"]
     lines += ["", "fingerprint fields (nothing else of the request enters it):"]
     lines += [f"  {k} = {_short(v)}" for k, v in fp["fields"].items()] or ["  (none: the body is ignored)"]
+    lines += [f"  note: {n}" for n in fp.get("notes", ())]
     principal = fp["principal"]
     shown = "anonymous (no credential)" if principal == "anonymous" else f"{principal} (a keyed hash of the credential)"
     lines.append(f"  principal = {shown}")

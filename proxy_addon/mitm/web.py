@@ -1,8 +1,9 @@
 """
 The receipts story in mitmweb: a "Receipt" content view (commands are in commands.py).
 
-- The Receipt view shows a flow's receipt: state, fingerprint, sanitized intent and event
-  history. For a blocked or replayed duplicate it shows the original receipt. mitmproxy
+- The Receipt view shows a flow's receipt: state, fingerprint, sanitized intent (and how
+  its body was read when not as the rule says: the fallback used, missing or hashed fields)
+  and event history. For a blocked or replayed duplicate it shows the original receipt. mitmproxy
   picks it by itself for the proxy's own answers (blocked, replayed, denied); for other
   matched flows choose "Receipt" in the body's view menu.
 - `ReceiptWeb` is the small addon that registers the view when mitmproxy loads it.
@@ -17,6 +18,7 @@ from mitmproxy import contentviews
 from mitmproxy.addonmanager import Loader
 from mitmproxy.contentviews import Metadata
 
+from proxy_addon.fingerprint import intent_notes
 from proxy_addon.mitm.flows import meta_of
 from proxy_addon.store import Receipt, Store
 
@@ -36,6 +38,9 @@ def describe(store: Store, operation_id: str, *, answer: str | None = None) -> s
     lines += _fields(r)
     lines += ["", "intent (the allowlisted fields; credentials are never stored):"]
     lines += ["  " + line for line in json.dumps(r.intent, indent=2, sort_keys=True).splitlines()]
+    if notes := intent_notes(r.intent):  # a fallback, missing or hashed fields: said, never silent
+        lines += ["", 'how the body was read (docs/rules.md, "When the named fields are not there"):']
+        lines += [f"  {n}" for n in notes]
     lines += ["", "history:"]
     for e in store.events(r.operation_id):
         change = f"{e.from_state or '(new)'} → {e.to_state}" if e.event == "transition" else f"{e.event} duplicate"
