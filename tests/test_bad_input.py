@@ -244,13 +244,14 @@ def send_chunked(proxy: Proxy, url: str, pieces: list[bytes], content_type: str)
 # --- 2. odd bodies through the real proxy ---------------------------------------------------------
 
 # (body, content type, the intent's body view besides "path"), sent by one client, retried by another.
+# "sha:<fallback>": hashed whole, and the intent says which fallback was used (fingerprint.FALLBACKS).
 BODIES = {
-    "non-utf8-as-json": (b"\xff\xfe\x00garbage", "application/json", "sha"),
-    "non-utf8-as-form": (b"\xff\xfe\x00garbage=1", FORM, "sha"),
-    "non-utf8-no-type": (b"\x80\x81\x82\xc3\x28 binary", "application/octet-stream", "sha"),
-    "invalid-json": (b'{"title": "unterminated', "application/json", "sha"),
-    "form-type-not-form": (b"just some text", FORM, "sha"),  # no '=': not form data
-    "empty": (b"", "application/json", "sha"),
+    "non-utf8-as-json": (b"\xff\xfe\x00garbage", "application/json", "sha:not_json"),
+    "non-utf8-as-form": (b"\xff\xfe\x00garbage=1", FORM, "sha:bad_form"),
+    "non-utf8-no-type": (b"\x80\x81\x82\xc3\x28 binary", "application/octet-stream", "sha:not_json"),
+    "invalid-json": (b'{"title": "unterminated', "application/json", "sha:not_json"),
+    "form-type-not-form": (b"just some text", FORM, "sha:bad_form"),  # no '=': not form data
+    "empty": (b"", "application/json", "sha:empty"),
     "form": (b"title=hello+w%C3%B6rld&n=1&n=2", FORM, {"form": {"title": "hello wörld"}}),
     "form-with-charset": (b"n=1&title=x%26y", f"{FORM}; charset=utf-8", {"form": {"title": "x&y"}}),
 }
@@ -270,7 +271,7 @@ def test_odd_body_is_forwarded_once_with_a_receipt_and_replayed(case, proxy, ups
     (r,) = settled(proxy, bucket)
     assert (r.state, r.http_status, r.external_id) == ("succeeded", 201, "1")
     assert first.headers["x-receipt-id"] == r.operation_id
-    expected_view = {"body_sha256": sha(body)} if view == "sha" else view
+    expected_view = {"body_sha256": sha(body), "fallback": view[4:]} if isinstance(view, str) else view
     assert r.intent == {"path": {"bucket": bucket}, **expected_view}
 
     again = clients.send("curl", "POST", upstream.url + path, body, headers={"Content-Type": ctype})
@@ -291,7 +292,7 @@ def test_chunked_body_is_fingerprinted_by_its_content_not_its_framing(proxy, ups
     assert_proxy_still_works(proxy, upstream, bucket)
     (r,) = settled(proxy, bucket)
     assert r.state == "succeeded"
-    assert r.intent == {"path": {"bucket": bucket}, "body_sha256": sha(body)}
+    assert r.intent == {"path": {"bucket": bucket}, "body_sha256": sha(body), "fallback": "not_json"}
 
     # The same bytes in other chunks, then with a Content-Length: both duplicates.
     again = send_chunked(proxy, upstream.url + path, [body[:500], body[500:]], "application/octet-stream")
@@ -358,7 +359,8 @@ def test_json_too_deep_to_parse_is_fingerprinted_by_its_bytes(proxy, upstream, b
     assert answer.status == 400, answer  # forwarded: the upstream's answer, not the proxy's 503
     assert upstream.seen(path) == 1
     (r,) = settled(proxy, bucket)
-    assert (r.state, r.intent) == ("rejected", {"path": {"bucket": bucket}, "body_sha256": sha(body)})
+    assert (r.state, r.intent) == ("rejected", {"path": {"bucket": bucket}, "body_sha256": sha(body),
+                                                "fallback": "not_json"})
 
 
 # --- 3. large bodies ------------------------------------------------------------------------------
@@ -374,7 +376,8 @@ def large_body_round_trip(proxy: Proxy, upstream: Upstream, bucket: str, size: i
     assert first.json()["received"] == size
     assert upstream.commits(path) == 1
     (r,) = settled(proxy, bucket)
-    assert (r.state, r.intent) == ("succeeded", {"path": {"bucket": bucket}, "body_sha256": sha(body)})
+    assert (r.state, r.intent) == ("succeeded", {"path": {"bucket": bucket}, "body_sha256": sha(body),
+                                                 "fallback": "not_json"})
     # httpx, not curl: curl sends a large body with Expect: 100-continue, which Clients._curl cannot parse.
     again = clients.send("httpx", "POST", upstream.url + path, body, headers=headers, timeout=60)
     assert (again.status, again.headers.get("x-receipt-replayed")) == (201, "true"), again
