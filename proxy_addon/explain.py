@@ -7,17 +7,21 @@
 The report names the operation that matches (or why none does), the fields that enter
 the fingerprint with their values (credentials never: they are shown as REDACTED), the
 fingerprint itself, how an answer would be classified and what a duplicate would get.
+It matches and fingerprints exactly as the proxy does: `RuleSet.match` and `fingerprint` on
+the URL as given, whose canonical form (canonical.py) the report shows when it differs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from proxy_addon import gql
 from proxy_addon.bodies import codings, decode_body
+from proxy_addon.canonical import canonical_host, canonical_path
 from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.fingerprint import NOTES, RequestView, fingerprint, intent_notes
 from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
@@ -38,11 +42,11 @@ def _no_match(rules: RuleSet, host: str, port: int, method: str, path: str, body
     if not files:
         hosts = sorted({h for f in rules.files for h in f.hosts})
         return [
-            f"no rules file names the host {host} (the rules name: {', '.join(hosts) or 'none'})",
+            f"no rules file names the host {canonical_host(host)} (the rules name: {', '.join(hosts) or 'none'})",
             "the proxy passes this request through untouched",
         ]
     lines = []
-    bare = path.split("?")[0]
+    bare = canonical_path(path).split("?")[0]
     for f in files:
         lines.append(f"no operation of {f.api} ({f.source}) matches {method} {bare}:")
         mutation = gql.mutation_fields(body) if any(op.graphql for op in f.operations) else None
@@ -52,6 +56,8 @@ def _no_match(rules: RuleSet, host: str, port: int, method: str, path: str, body
                 why = f"method is {op.method}"
             elif op.path.match(bare) is None:
                 why = "path differs"
+                if re.fullmatch(op.path.regex.pattern, bare, re.IGNORECASE | re.ASCII):
+                    why += " in letter case only (paths are case-sensitive unless match.case_insensitive: true)"
             elif op.graphql:
                 why = (
                     "the body is not a GraphQL mutation"
@@ -165,6 +171,8 @@ def explain(
     shown_headers = {
         k: REDACTED if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) else v for k, v in headers.items()
     }
+    view = RequestView(method, u.scheme, u.hostname, port, path, headers, body)
+    where = view.target
     report: dict[str, Any] = {
         "request": f"{method} {redact_url(u.scheme, u.hostname, port, path)}",
         "headers": shown_headers,
@@ -174,6 +182,8 @@ def explain(
         report["body"] = (
             f"{raw_size} bytes as {encoding}, {len(body)} bytes decoded: the fingerprint reads the decoded body"
         )
+    if where.changed:
+        report["canonical"] = f"{method} {redact_url(where.scheme, where.host, where.port, where.path)}"
     m = rules.match(u.hostname, port, method, path, body=body)
     if m is None:
         report["match"] = None
@@ -189,7 +199,7 @@ def explain(
         report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
         report["refused"] = refused
         return report
-    intent = fingerprint(m, RequestView(method, u.scheme, u.hostname, port, path, headers, body), key)
+    intent = fingerprint(m, view, key)
     report["match"] = {
         "api": op.api,
         "operation": op.name,
@@ -228,6 +238,8 @@ def explain(
 
 def render(report: dict[str, Any]) -> str:
     lines = [report["request"]]
+    if "canonical" in report:
+        lines.append(f"  matched as {report['canonical']} (its canonical form; it is forwarded as written)")
     lines += [f"  {k}: {v}" for k, v in report["headers"].items()]
     if "body" in report:
         lines.append(f"  body: {report['body']}")

@@ -75,6 +75,8 @@ def show_run(store: Store, args: argparse.Namespace) -> int:
         )
         return 0
     for k, v in receipt_json(r).items():
+        if k == "raw_target" and v is None:
+            continue  # sent in its canonical form: `target` says it all
         text = "-" if v is None else json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
         print(f"{k:19} {text}")
     print("events:")

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 import httpx
 from mitmproxy import http
 
+from proxy_addon.canonical import ip_literal
 from proxy_addon.classify import Outcome, deadline_outcome, failure_outcome
 from proxy_addon.upstream import Upstream
 
@@ -78,10 +79,14 @@ async def send(
     headers = end_to_end(request.headers.fields)
     outgoing = client.build_request(
         request.method,
-        request.url,
+        # An IP host in another spelling (`0177.0.0.1`, which httpx refuses) is connected to as the
+        # address it names; the Host header stays the agent's. httpx brackets an IPv6 host itself.
+        httpx.URL(scheme=request.scheme, host=ip_literal(request.host) or request.host, port=request.port),
         headers=headers,
         content=request.raw_content or b"",
         timeout=httpx.Timeout(deadline, connect=min(connect_timeout, deadline)),
+        # The request target exactly as the agent sent it (httpx would remove `.` segments).
+        extensions={"target": request.data.path},
     )
     try:
         async with asyncio.timeout(deadline):

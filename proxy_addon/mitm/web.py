@@ -54,6 +54,7 @@ def _fields(r: Receipt) -> list[str]:
         ("operation", f"{r.api} {r.operation}"),
         ("state", r.state),
         ("target", f"{r.method} {r.target}"),
+        ("sent as", f"{r.method} {r.raw_target}" if r.raw_target else None),
         ("fingerprint", r.intent_fingerprint),
         ("submitted", r.submitted_at),
         ("completed", r.completed_at),

@@ -84,15 +84,17 @@ def load_operation(
 
 
 def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str, PathTemplate, str | None]:
-    """`match:`: the method, the path template and, for a GraphQL mutation, its root field."""
+    """`match:`: the method, the path template (case-sensitive unless `case_insensitive: true`) and, for a
+    GraphQL mutation, its root field."""
     m = ctx.mapping(node, f"{f}.match", KEYS["match"], ("method", "path"))
     method_node = m["method"][1]
     method = ctx.string(method_node, f"{f}.match.method").upper()
     if method not in METHODS:
         raise ctx.error(method_node, f"{f}.match.method", f"{method!r} is not one of {', '.join(METHODS)}")
     path_node = m["path"][1]
+    fold = ctx.boolean(m["case_insensitive"][1], f"{f}.match.case_insensitive") if "case_insensitive" in m else False
     try:
-        path = parse_path_template(ctx.string(path_node, f"{f}.match.path"))
+        path = parse_path_template(ctx.string(path_node, f"{f}.match.path"), case_insensitive=fold)
     except ValueError as e:
         raise ctx.error(path_node, f"{f}.match.path", str(e)) from None
 

@@ -4,6 +4,10 @@ The rules model: the frozen values a rules file loads into, and how a request fi
     rules = RuleSet.of([rule_file, ...])
     m = rules.match("dev.to", 443, "POST", "/api/articles")   # Match(operation, params) or None
 
+`match` takes the host and path as sent and matches their canonical form (canonical.py):
+`//api/./articles`, `/api/%61rticles` and `DEV.TO.` are `/api/articles` on `dev.to`. Paths
+match case-sensitively unless the operation says `match.case_insensitive: true`.
+
 Nothing here reads YAML (see loader.py); graphql-core loads only when a GraphQL rule meets a body.
 """
 
@@ -14,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from proxy_addon.canonical import canonical_encoding, canonical_host, canonical_path, ip_literal
 from proxy_addon.states import State
 
 AfterSuccess = Literal["replay", "block", "allow"]
@@ -39,7 +44,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "idempotency_key",
         "approve",
     ),
-    "match": ("method", "path", "graphql"),
+    "match": ("method", "path", "graphql", "case_insensitive"),
     "fingerprint": ("path", "body", "query", "headers"),
     "external_id": ("header",),
     "classify_rule": ("status", "body", "headers", "state", "reason"),
@@ -68,8 +73,10 @@ class PathTemplate:
     template: str
     params: tuple[str, ...]
     regex: re.Pattern[str]
+    case_insensitive: bool = False  # letters of the template's literal parts match either case (ASCII only)
 
     def match(self, path: str) -> dict[str, str] | None:
+        """The parameters of a canonical path (no query string) that fits, or None."""
         m = self.regex.fullmatch(path)
         return m.groupdict() if m else None
 
@@ -201,9 +208,9 @@ class RuleSet:
             for host in f.hosts:
                 for op in f.operations:
                     if host.startswith("*."):
-                        wildcard.append((host[1:], f, op))
+                        wildcard.append((host[1:].lower(), f, op))
                     else:
-                        exact.setdefault(host, []).append((f, op))
+                        exact.setdefault(_canonical_rule_host(host), []).append((f, op))
         return cls(files, {h: tuple(v) for h, v in exact.items()}, tuple(wildcard))
 
     @property
@@ -212,7 +219,7 @@ class RuleSet:
 
     def _candidates(self, host: str, port: int) -> tuple[tuple[RuleFile, Operation], ...]:
         """The operations of the files that name this host (exactly, with its port, or by a '*.' pattern)."""
-        host = host.lower().rstrip(".")
+        host = canonical_host(host)
         candidates = self._exact.get(f"{host}:{port}", ()) + self._exact.get(host, ())
         if self._wildcard:
             candidates += tuple(
@@ -240,12 +247,13 @@ class RuleSet:
         """
         The first operation whose host, method and path template fit, or None. A GraphQL
         operation (`match.graphql`) also needs the body: without one, the first such candidate
-        comes back `pending`; with one, only the mutation with that root field fits.
+        comes back `pending`; with one, only the mutation with that root field fits. The host
+        and path are taken as sent: their canonical forms are matched (module docstring).
         """
         candidates = self._candidates(host, port)
         if not candidates:
             return None
-        path = path.split("?", 1)[0]
+        path = canonical_path(path).split("?", 1)[0]
         mutation: dict[str, dict[str, Any]] | None = None
         parsed = False
         for _, op in candidates:
@@ -266,14 +274,30 @@ class RuleSet:
         return None
 
 
-def parse_path_template(template: str) -> PathTemplate:
-    """Compile `/api/articles/{id}` into a matcher. Raises ValueError with the reason."""
+def _canonical_rule_host(host: str) -> str:
+    """A rules host (`name` or `name:port`) with its name in canonical form (`0x7f000001:8080` → `127.0.0.1:8080`)."""
+    name, colon, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+    return canonical_host(name) + colon + port
+
+
+def parse_path_template(template: str, *, case_insensitive: bool = False) -> PathTemplate:
+    """
+    Compile `/api/articles/{id}` into a matcher of canonical paths. Raises ValueError with the
+    reason. The template's percent-encodings are normalised as a request's are (`%7e` is `~`);
+    a template with `//`, `.` or `..` segments is refused: no canonical path has them.
+    """
     if not template.startswith("/"):
         raise ValueError(f"path template {template!r} must start with '/'")
     if "?" in template or "#" in template:
         raise ValueError(
             f"path template {template!r} contains a query or fragment; "
             "match the path only and list query parameters under fingerprint.query"
+        )
+    segments = template.rstrip("/").split("/")[1:]
+    if any(canonical_encoding(seg) in ("", ".", "..") for seg in segments):
+        raise ValueError(
+            f"path template {template!r} has an empty, '.' or '..' segment, which no request path has once "
+            "'//' is merged and dot segments are removed (RFC 3986); write the path without them"
         )
     params: list[str] = []
     pattern = ""
@@ -282,6 +306,7 @@ def parse_path_template(template: str) -> PathTemplate:
         literal = template[pos : m.start()]
         if "{" in literal or "}" in literal:
             raise ValueError(f"unbalanced '{{' or '}}' in path template {template!r}")
+        literal = canonical_encoding(literal)
         name = m.group(1)
         if not IDENT.match(name):
             raise ValueError(
@@ -295,16 +320,47 @@ def parse_path_template(template: str) -> PathTemplate:
     rest = template[pos:]
     if "{" in rest or "}" in rest:
         raise ValueError(f"unbalanced '{{' or '}}' in path template {template!r}")
+    rest = canonical_encoding(rest)
     pattern += re.escape(rest.rstrip("/")) + "/?"  # '/api/articles/' is the same route as '/api/articles'
-    return PathTemplate(template, tuple(params), re.compile(pattern))
+    flags = re.IGNORECASE | re.ASCII if case_insensitive else 0
+    return PathTemplate(template, tuple(params), re.compile(pattern, flags), case_insensitive)
 
 
 def host_pattern(host: str) -> str:
-    """A rules host as a regex for mitmproxy's `allow_hosts`, which matches `host:port` strings."""
+    """
+    A rules host as a regex for mitmproxy's `allow_hosts`, which matches `host:port` strings.
+    An IP address matches in every spelling that names it (`127.1`, `0x7f000001`,
+    `::ffff:127.0.0.1`): a CONNECT to an alias must be intercepted too, or its writes would
+    pass through the tunnel without a receipt.
+    """
     name, _, port = host.partition(":")
-    name_rx = r"(?:[^.:]+\.)+" + re.escape(name[2:]) if name.startswith("*.") else re.escape(name)
+    ip = ip_literal(name)
+    if ip is not None and ":" not in ip:
+        name_rx = _ipv4_spellings(ip)
+    elif name.startswith("*."):
+        name_rx = r"(?:[^.:]+\.)+" + re.escape(name[2:])
+    else:
+        name_rx = re.escape(name)
     port_rx = re.escape(port) if port else "[0-9]+"
     return rf"^{name_rx}\.?:{port_rx}$"
+
+
+def _ipv4_spellings(ip: str) -> str:
+    """A regex for every spelling of an IPv4 address: 1 to 4 numbers (decimal, octal or hex), or IPv4-mapped IPv6."""
+    value = int.from_bytes(bytes(int(b) for b in ip.split(".")), "big")
+    octets = [(value >> s) & 0xFF for s in (24, 16, 8, 0)]
+
+    def number(n: int) -> str:
+        return "(?:0x0*|0+)" if n == 0 else f"(?:{n}|0x0*{n:x}|0+{n:o})"
+
+    forms = [
+        number(value),
+        number(octets[0]) + r"\." + number(value & 0xFFFFFF),
+        number(octets[0]) + r"\." + number(octets[1]) + r"\." + number(value & 0xFFFF),
+        r"\.".join(number(o) for o in octets),
+    ]
+    mapped = rf"\[?[0:]*ffff:(?:{re.escape(ip)}|0*{value >> 16:x}:0*{value & 0xFFFF:x})\]?"
+    return "(?:" + "|".join([*forms, mapped]) + ")"
 
 
 def template_variables(fp: FingerprintSpec) -> set[str]:

@@ -106,3 +106,10 @@ def m003_awaiting_approval_is_unresolved(db: Database) -> None:
 def m004_when_an_idempotency_key_was_first_sent(db: Database) -> None:
     # A retry reuses its predecessor's key; an API forgets a key some time after it first saw it.
     db.execute("ALTER TABLE receipts ADD COLUMN idempotency_key_at TEXT")
+
+
+@migrations()
+def m005_raw_target(db: Database) -> None:
+    # The target as the agent sent it (redacted like `target`), when it was not the canonical
+    # one that rules match and fingerprints take: `//api/./things`, `127.1`, `thing%73`.
+    db.execute("ALTER TABLE receipts ADD COLUMN raw_target TEXT")

@@ -43,6 +43,7 @@ _RECEIPT_COLUMNS = (
     "idempotency_key",
     "client_key",
     "idempotency_key_at",
+    "raw_target",
 )
 _UPDATABLE = frozenset({"completed_at", "http_status", "error", "external_id", "response"})
 _EVENT_INSERT = (
@@ -215,6 +216,7 @@ class ReceiptStore(ReceiptReads):
             idempotency_key,
             a.client_key,
             idempotency_key_at,
+            a.raw_target,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"

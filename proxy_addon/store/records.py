@@ -60,6 +60,7 @@ class Attempt:
     key_format: str = "receipt"  # our key: receipt-<receipt id>, or uuid4
     given_key: str | None = None  # the agent's own key in the body (idempotency_key.body): kept as the key
     approval: bool = False  # held for an operator's approval before it is sent
+    raw_target: str | None = None  # the target as sent, when it is not the canonical `target`
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Receipt:
     idempotency_key: str | None = None
     client_key: str | None = None
     idempotency_key_at: str | None = None  # when this key was first sent (by this receipt or one it retries)
+    raw_target: str | None = None  # the target as sent (redacted like `target`), when it is not the canonical one
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -138,6 +140,7 @@ class Receipt:
             idempotency_key=row.get("idempotency_key"),
             client_key=row.get("client_key"),
             idempotency_key_at=row.get("idempotency_key_at"),
+            raw_target=row.get("raw_target"),
         )
 
     @property

@@ -1,0 +1,205 @@
+"""
+Canonical request targets: the one spelling of a host and a path that rules match and
+fingerprints are taken on, so that equivalent spellings of one request are one intent.
+
+    canonical_host("0x7f000001")               # "127.0.0.1"
+    canonical_path("//api/%62/./thing%73?q=1") # "/api/b/things?q=1"
+    t = target("http", "127.1", 80, "/api//things")
+    t.host, t.path, t.changed                  # "127.0.0.1", "/api/things", True
+
+What is normalised (RFC 3986 §6.2.2, and what servers such as nginx do before routing):
+- the host: lower case, no trailing dot; an IPv4 address in any numeric spelling a resolver
+  accepts (`127.1`, `2130706433`, `0x7f000001`, `0177.0.0.1`: the WHATWG URL IPv4 parser)
+  becomes dotted decimal; an IPv6 literal becomes its compressed form, and an IPv4-mapped
+  one (`::ffff:127.0.0.1`) the IPv4 address it maps.
+- the path: percent-encodings of unreserved characters (`A-Z a-z 0-9 - . _ ~`) are decoded,
+  every other percent-encoding is kept with upper-case hex (`%2F` stays `%2F`, never a
+  slash: a reserved character and its encoding are different paths); characters a path may
+  not hold (space, non-ASCII, `"<>\\^`{|}`, a stray `%`) are percent-encoded as UTF-8;
+  runs of slashes are merged (nginx's `merge_slashes`); `.` and `..` segments are removed
+  (RFC 3986 §5.2.4, after decoding, so `%2e%2e` is `..`).
+- the query string is kept exactly as sent; case is kept (see `match.case_insensitive`).
+
+Only matching, the fingerprint and the record use the canonical form: the request that is
+forwarded is the one the agent sent. Nothing here imports mitmproxy.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+__all__ = ["Target", "canonical_encoding", "canonical_host", "canonical_path", "ip_literal", "param_value", "target"]
+
+UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+# What a path may hold unencoded (RFC 3986 pchar and "/"), besides percent-encodings.
+_PATH_SAFE = UNRESERVED | frozenset("!$&'()*+,;=:@/")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def canonical_host(host: str) -> str:
+    """A host as rules match it: lower case, no trailing dot, IP literals in one spelling."""
+    ip = ip_literal(host)
+    if ip is not None:
+        return ip
+    bare = host.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    return bare.rstrip(".").lower()
+
+
+def ip_literal(host: str) -> str | None:
+    """The IP address `host` names, in any spelling (`127.1`, `[::ffff:127.0.0.1]`), canonical; None for a name."""
+    bare = host.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    bare = bare.rstrip(".")
+    return _ipv6(bare) if ":" in bare else _ipv4(bare)
+
+
+def _ipv6(text: str) -> str | None:
+    try:
+        address = ipaddress.IPv6Address(text)
+    except ValueError:
+        return None
+    mapped = address.ipv4_mapped
+    return str(mapped) if mapped is not None and address.scope_id is None else address.compressed
+
+
+def _ipv4(text: str) -> str | None:
+    """The WHATWG URL standard's IPv4 parser (what inet_aton accepts): None when `text` is a name."""
+    parts = text.split(".")
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()
+    if not 1 <= len(parts) <= 4:
+        return None
+    numbers = [_ipv4_number(p) for p in parts]
+    if any(n is None for n in numbers):
+        return None
+    values = [n for n in numbers if n is not None]
+    if any(n > 255 for n in values[:-1]) or values[-1] >= 256 ** (5 - len(values)):
+        return None
+    value = values[-1] + sum(n << (8 * (3 - i)) for i, n in enumerate(values[:-1]))
+    return str(ipaddress.IPv4Address(value))
+
+
+def _ipv4_number(part: str) -> int | None:
+    if not part or len(part) > 34:  # longer than any 32-bit number in any base: a name, not an address
+        return None
+    if part[:2] in ("0x", "0X"):
+        digits, base = part[2:], 16
+    elif len(part) > 1 and part[0] == "0":
+        digits, base = part[1:], 8
+    else:
+        digits, base = part, 10
+    if not digits:
+        return 0  # "0x" is zero
+    allowed = "0123456789abcdef"[:base]
+    if not all(c in allowed for c in digits.lower()):
+        return None
+    return int(digits, base)
+
+
+def canonical_encoding(path: str) -> str:
+    """Percent-encoded unreserved characters decoded, other encodings upper-cased, what a path may not hold encoded."""
+    out: list[str] = []
+    i, n = 0, len(path)
+    while i < n:
+        c = path[i]
+        if c == "%" and i + 2 < n and path[i + 1] in _HEX and path[i + 2] in _HEX:
+            decoded = chr(int(path[i + 1 : i + 3], 16))
+            out.append(decoded if decoded in UNRESERVED else "%" + path[i + 1 : i + 3].upper())
+            i += 3
+            continue
+        if c in _PATH_SAFE:
+            out.append(c)
+        else:  # a stray '%', a space, a control or non-ASCII character (raw bytes arrive surrogate-escaped)
+            out.extend(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape"))
+        i += 1
+    return "".join(out)
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 §5.2.4 on an absolute path whose slashes are already merged."""
+    segments = path.split("/")[1:]
+    out: list[str] = []
+    for i, seg in enumerate(segments):
+        last = i == len(segments) - 1
+        if seg == ".":
+            if last:
+                out.append("")
+        elif seg == "..":
+            if out:
+                out.pop()
+            if last:
+                out.append("")
+        else:
+            out.append(seg)
+    return "/" + "/".join(out)
+
+
+def canonical_path(path: str) -> str:
+    """
+    A request path (with its query string) as rules match it: percent-encodings normalised,
+    slashes merged, dot segments removed. The query string is kept as it is.
+    """
+    raw, sep, query = path.partition("?")
+    if not raw.startswith("/"):
+        return path if raw else "/" + sep + query  # "*" (OPTIONS) or an authority: nothing to normalise
+    p = canonical_encoding(raw)
+    p = re.sub(r"/{2,}", "/", p)
+    p = _remove_dot_segments(p)
+    return p + sep + query
+
+
+def param_value(segment: str) -> str:
+    """
+    A path parameter as its text, for the fingerprint: `%745` and `t5`, `caf%C3%A9` and `café`,
+    `a%2Fb` and `a/b` are one value. A literal '%' stays `%25` and bytes that are not UTF-8 stay
+    `%XX`, so two different byte strings never give the same text. Expects a canonical segment.
+    """
+    if "%" not in segment:
+        return segment
+    data = bytearray()
+    i = 0
+    while i < len(segment):
+        if segment[i] == "%" and i + 2 < len(segment) and all(c in _HEX for c in segment[i + 1 : i + 3]):
+            data.append(int(segment[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            data += segment[i].encode("utf-8", "surrogateescape")
+            i += 1
+    text = bytes(data).decode("utf-8", "surrogateescape")
+    return "".join(
+        "%25" if ch == "%" else f"%{ord(ch) - 0xDC00:02X}" if 0xDC80 <= ord(ch) <= 0xDCFF else ch for ch in text
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """A request's target as sent (`raw_host`, `raw_path`) and in its canonical form (`host`, `path`)."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str  # canonical, with the query string as sent
+    raw_host: str
+    raw_path: str
+
+    @property
+    def changed(self) -> bool:
+        """Whether the request was sent in another spelling than the canonical one."""
+        return (self.host, self.path) != (self.raw_host, self.raw_path)
+
+    @property
+    def authority(self) -> str:
+        """`host` or `host:port` (IPv6 in brackets), the port left out when it is the scheme's default."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == _DEFAULT_PORTS.get(self.scheme) else f"{host}:{self.port}"
+
+
+def target(scheme: str, host: str, port: int, path: str) -> Target:
+    """The canonical form of a request's target, with the raw one kept."""
+    return Target(scheme, canonical_host(host), port, canonical_path(path), host, path)
