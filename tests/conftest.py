@@ -29,11 +29,15 @@ ADDON = ROOT / "proxy_addon" / "addon.py"
 TEST_RULES = ROOT / "tests" / "rules_it"
 
 # Marker secrets: every integration request carries them; none may reach the DB.
+# x_thing and blob are names on no list of secret names: a query parameter every Clients request
+# carries, and a body key (nested.blob) that tests/test_intent_secrets.py sends; redacted all the same.
 SECRETS = {
     "authorization": "Bearer SECRET-AUTH-7f3a9c",
     "cookie": "session=SECRET-COOKIE-51d2e8",
     "api-key": "SECRET-APIKEY-c0ffee",
     "token": "SECRET-QUERY-b16b00b5",
+    "x_thing": "SECRET-XTHING-5eed1e",
+    "blob": "SECRET-BLOB-0b1e55",
 }
 
 
@@ -261,7 +265,7 @@ class Clients:
         data = json.dumps(body).encode() if isinstance(body, dict) else body
         headers = {"Content-Type": "application/json", **SECRETS_HEADERS, **(headers or {})}
         sep = "&" if "?" in url else "?"
-        url = f"{url}{sep}token={SECRETS['token']}"
+        url = f"{url}{sep}token={SECRETS['token']}&x_thing={SECRETS['x_thing']}"
         answer = getattr(self, f"_{client}")(method, url, data, headers, timeout)
         if "x-receipt-id" in answer.headers and self.proxy not in RECORDED_TOKEN:
             RECORDED_TOKEN.append(self.proxy)  # this proxy wrote a receipt for a URL with ?token=
@@ -401,8 +405,9 @@ def marker_secrets_in(paths: Iterable[Path]) -> list[str]:
 def no_marker_secret_anywhere(tmp_path_factory):
     """
     After the last test of the run, whichever tests ran: every request sent with Clients
-    carried the marker SECRETS in Authorization, Cookie, an api-key header and a ?token=
-    query, and none of them may be in any receipts DB, its WAL, or any log the run wrote:
+    carried the marker SECRETS in Authorization, Cookie, an api-key header, a ?token= and
+    an ?x_thing= query (a name on no list), and test_intent_secrets.py sends one in a body
+    object (nested.blob); none of them may be in any receipts DB, its WAL, or any log the run wrote:
     all of them under the run's base temp directory, plus the DB and log of every Proxy
     started (wherever they are). If a proxy recorded a receipt for such a request, the
     ?token= value must show as token=REDACTED in the DBs and in that proxy's log: redacted,
