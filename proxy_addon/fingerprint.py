@@ -199,7 +199,7 @@ def nfc(value: Any) -> Any:
             else:
                 new = _nfc_text(v) if isinstance(v, str) else v
             if isinstance(dst, dict):
-                dst[_nfc_text(k)] = new
+                dst[_nfc_text(k) if isinstance(k, str) else k] = new
             else:
                 dst.append(new)
     return top
