@@ -215,6 +215,10 @@ class Gate:
             if receipt.state is not State.SUBMITTED:
                 return
 
+    def reads_in_progress(self) -> int:
+        """Reconcile reads running now (a duplicate's, an operator's): a stopping proxy waits for them (drain.py)."""
+        return len(self._reconciles)
+
     def reconcile(
         self,
         op: Operation,

@@ -13,12 +13,14 @@ Faults, one per request, in the order planned (then "ok"):
     drop      commit, then close the connection without answering
     lost      close the connection without committing or answering (the write never took effect)
     hang      commit, then hold the connection (up to `hang_seconds`), then close
+    held      commit, then wait until `let_go(path)` (up to `hang_seconds`), then answer like ok
     half      commit, then send half a response and close
     reset     commit, then reset the connection (RST)
     400 / 404 / 409 / 429   refuse without committing
     500 / 502 / 503         commit, then answer with that status
 Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`);
-GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read;
+GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read
+("held" answers it once `let_go(path)` is called);
 "deepjson", "badutf8" and "notjson" answer 200 with a body that cannot be judged.
 The upstream counts commits itself, per path: tests never guess.
 `DecodingUpstream` decodes a request body's Content-Encoding (gzip, deflate, br) before reading it.
@@ -51,6 +53,7 @@ class Upstream:
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         self.release = threading.Event()  # set to end every hang early
+        self._held: dict[str, threading.Event] = defaultdict(threading.Event)  # "held" writes wait for let_go(path)
         self.server: ThreadingHTTPServer | None = None
         self.cert_path: Path | None = None
 
@@ -68,6 +71,12 @@ class Upstream:
     def content(self, encoding: str | None, body: bytes) -> bytes:
         """The body as the upstream reads it: as sent here (DecodingUpstream decodes Content-Encoding)."""
         return body
+
+    def let_go(self, path: str) -> None:
+        """Answer the writes and reads of `path` that a "held" fault holds (and later ones at once)."""
+        with self.lock:
+            event = self._held[path]
+        event.set()
 
     def reads(self, path: str) -> int:
         with self.lock:
@@ -109,6 +118,10 @@ class Upstream:
                     items = list(up.items.get(path, []))
                     parent, _, last = path.rpartition("/")
                     item = next((i for i in up.items.get(parent, []) if str(i["id"]) == last), None)
+                if fault == "held":  # plan_read(path, "held"): wait for let_go(path), then answer as usual
+                    with up.lock:
+                        held = up._held[path]
+                    held.wait(up.hang_seconds)
                 if fault == "hang":
                     up.release.wait(up.hang_seconds)
                     self._close()
@@ -153,6 +166,11 @@ class Upstream:
                     self._answer(int(fault), {"error": f"status {fault}"}, extra)
                 elif fault in ("slow", "late"):  # late: longer than the tests' 1 s client timeout
                     up.release.wait(1.0 if fault == "slow" else 2.5)
+                    self._answer(201, {"id": n, "path": path, "received": len(body)})
+                elif fault == "held":
+                    with up.lock:
+                        held = up._held[path]
+                    held.wait(up.hang_seconds)
                     self._answer(201, {"id": n, "path": path, "received": len(body)})
                 elif fault in ("drop", "lost"):
                     self._close()

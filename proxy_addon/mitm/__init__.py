@@ -1,11 +1,12 @@
 """
 The mitmproxy layer: the only part of receipt-proxy that imports mitmproxy.
 
-    addons = [Receipts(), ReceiptCommands(...), ReceiptWeb(...), Watch(...)]
+    addons = [Receipts(), ReceiptCommands(...), ReceiptWeb(...), Watch(...), receipts.drain]
 
 composed the way mitmproxy composes its own addons (`mitmproxy/addons/__init__.py`), each
 with one job: the hooks (addon.py), the `receipts.*` commands (commands.py), the Receipt
-content view (web.py), and the once-a-second watch over receipts and rules (watch.py).
+content view (web.py), the once-a-second watch over receipts and rules (watch.py), and the
+stop on SIGTERM/SIGINT that lets matched requests in flight end first (drain.py).
 Options are declared and parsed in options.py; the exchange that sends matched requests is
 exchange.py; approvals are approval.py; mitmproxy internals are internals.py.
 """
@@ -22,4 +23,4 @@ __all__ = ["ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"]
 
 def make_addons() -> list[object]:
     receipts = Receipts()
-    return [receipts, ReceiptCommands(receipts), ReceiptWeb(receipts.reader), Watch(receipts)]
+    return [receipts, ReceiptCommands(receipts), ReceiptWeb(receipts.reader), Watch(receipts), receipts.drain]

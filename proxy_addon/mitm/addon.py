@@ -30,6 +30,7 @@ from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
 from proxy_addon.mitm import exchange, flows, internals, options
 from proxy_addon.mitm.approval import await_approval
+from proxy_addon.mitm.drain import Drain
 from proxy_addon.mitm.flows import MARKERS, META, headers_of, mark, request_view, response_of
 from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
@@ -56,6 +57,7 @@ class Receipts:
         self._closing: asyncio.Task | None = None  # the replaced client, closing
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
         self._read_store: Store | None = None
+        self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -179,12 +181,15 @@ class Receipts:
                 return
             meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
         try:
-            await self._begin(flow, meta)
+            async with self.drain.track(flow, meta):
+                await self._begin(flow, meta)
         except Exception as e:  # fail closed: whatever broke, the request is not forwarded
             logger.exception("receipt-proxy: internal error before forwarding")
             await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
 
     async def _begin(self, flow: http.HTTPFlow, meta: dict) -> None:
+        if self.drain.refuses(flow, meta):  # stopping: new matched writes are not sent (drain.py)
+            return
         if self.config_error or self.gate is None or self.rules is None or self.installation is None:
             self._answer_unavailable(flow, meta, self.config_error or "receipt-proxy is not configured")
             return

@@ -125,6 +125,14 @@ OPTIONS: list[Option] = [
         "or kill (deny) it; past that it is denied",
     ),
     Option(
+        "receipts_drain_timeout",
+        int,
+        30,
+        "Seconds a SIGTERM or SIGINT waits for the matched requests in flight to end (their outcomes recorded, "
+        "their agents answered) before the proxy exits; new matched writes meanwhile get 503 not_sent. "
+        "What is still in flight then is recorded outcome_unknown. A second signal exits at once",
+    ),
+    Option(
         "receipts_watch_rules",
         bool,
         True,
@@ -138,6 +146,7 @@ POSITIVE = (
     "receipts_lock_timeout",
     "receipts_read_timeout",
     "receipts_approval_timeout",
+    "receipts_drain_timeout",
 )
 
 
