@@ -4,8 +4,8 @@ that decodes request bodies (tests/upstream.py DecodingUpstream) as frameworks w
 decompression middleware do: had the proxy forwarded a second encoding, the upstream would
 have created the item twice.
 
-- The same JSON sent plain, as `gzip -n`, as `gzip -n -1`, deflated, as br and as `gzip, br`
-  is ONE write: the first is forwarded, every later one is replayed.
+- The same JSON sent plain, as `gzip -n`, as `gzip -n -1`, deflated, as br, as zstd and as
+  `gzip, br` is ONE write: the first is forwarded, every later one is replayed.
 - `café` composed (NFC) and decomposed (NFD) is one write.
 - A JSON body sent by `curl -d` (the form content type) is read as JSON, one write with the
   same body sent as application/json, and the receipt, the log and the Receipt view say
@@ -18,11 +18,17 @@ import gzip
 import json
 import os
 import subprocess
+import sys
 import unicodedata
 import zlib
 
 import brotli
 import pytest
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 from proxy_addon.store import Store
 from tests.conftest import SECRETS, SECRETS_HEADERS, Clients, wait_for
@@ -58,6 +64,7 @@ ENCODINGS = {
     "gzip -n -1": ("gzip", lambda d: gzip_tool(d, "-1")),
     "deflate": ("deflate", zlib.compress),
     "br": ("br", brotli.compress),
+    "zstd": ("zstd", zstd.compress),
     "gzip, br": ("gzip, br", lambda d: brotli.compress(gzip.compress(d))),
 }
 

@@ -23,7 +23,7 @@ GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang
 ("held" answers it once `let_go(path)` is called);
 "deepjson", "badutf8" and "notjson" answer 200 with a body that cannot be judged.
 The upstream counts commits itself, per path: tests never guess.
-`DecodingUpstream` decodes a request body's Content-Encoding (gzip, deflate, br) before reading it.
+`DecodingUpstream` decodes a request body's Content-Encoding (gzip, deflate, br, zstd) before reading it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import json
 import socket
 import ssl
 import struct
+import sys
 import threading
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -246,7 +247,7 @@ class Upstream:
 
 class DecodingUpstream(Upstream):
     """
-    An upstream that decodes a request body's Content-Encoding (gzip, deflate, br, stacked) before
+    An upstream that decodes a request body's Content-Encoding (gzip, deflate, br, zstd, stacked) before
     it reads it, as web frameworks with a decompression middleware do: the same JSON sent plain,
     gzip-encoded or deflated creates the same item. Written apart from proxy_addon/bodies.py.
     """
@@ -257,6 +258,11 @@ class DecodingUpstream(Upstream):
 
         import brotli
 
+        if sys.version_info >= (3, 14):
+            from compression import zstd
+        else:
+            from backports import zstd
+
         for coding in reversed([c.strip().lower() for c in (encoding or "").split(",") if c.strip()]):
             if coding in ("gzip", "x-gzip"):
                 body = gzip.decompress(body)
@@ -264,6 +270,8 @@ class DecodingUpstream(Upstream):
                 body = zlib.decompress(body)
             elif coding == "br":
                 body = brotli.decompress(body)
+            elif coding == "zstd":
+                body = zstd.decompress(body)
         return body
 
 
