@@ -58,6 +58,115 @@ RETRY_MEANS = {
 }
 
 
+@dataclass(frozen=True)
+class SameWrite:
+    """A row of "Requests we treat as the same write": two requests that are one intent, and the test that shows it."""
+
+    what: str  # the equivalence
+    one: str  # a request
+    other: str  # another spelling of the same write
+    test: str  # the pytest node id that shows it
+
+
+# Targets: matched and fingerprinted in their canonical form (proxy_addon/canonical.py); each spelling
+# gets a receipt, the second is replayed (or blocked), the upstream sees one write, sent as written.
+_SW = "tests/test_canonical_requests.py::"
+SAME_WRITE_TARGETS = [
+    SameWrite("a percent-encoded unreserved character is the character", "POST /api/b/thing%73", "POST /api/b/things",
+              _SW + "test_spellings_of_a_path_are_one_write[encoded-letter]"),
+    SameWrite("...in a path parameter too (which the fingerprint takes decoded)", "POST /api/b/items/%745",
+              "POST /api/b/items/t5", _SW + "test_spellings_of_a_path_are_one_write[encoded-item-parameter]"),
+    SameWrite("...and in the segment a rule's `{param}` matches", "POST /api/%62/things", "POST /api/b/things",
+              _SW + "test_spellings_of_a_path_are_one_write[encoded-path-parameter]"),
+    SameWrite("a run of slashes is one slash (nginx `merge_slashes`)", "POST //api/b/things", "POST /api/b/things",
+              _SW + "test_spellings_of_a_path_are_one_write[double-slash]"),
+    SameWrite("a `.` segment is removed", "POST /api/b/./things", "POST /api/b/things",
+              _SW + "test_spellings_of_a_path_are_one_write[dot-segment]"),
+    SameWrite("a `..` segment removes the one before it", "POST /api/x/../b/things", "POST /api/b/things",
+              _SW + "test_spellings_of_a_path_are_one_write[dot-dot-segment]"),
+    SameWrite("...percent-encoded too", "POST /api/x/%2e%2E/b/things", "POST /api/b/things",
+              _SW + "test_spellings_of_a_path_are_one_write[encoded-dot-dot]"),
+    SameWrite("all of these at once", "POST //api/./x/../%62//thing%73", "POST /api/b/things",
+              _SW + "test_spellings_of_a_path_are_one_write[all-at-once]"),
+    SameWrite("a second spelling while the first is unresolved: blocked, not sent", "POST //api/b/./things (dropped)",
+              "POST /api/b/thing%73", _SW + "test_a_second_spelling_of_an_unresolved_write_is_blocked"),
+    SameWrite("an IPv4 address in fewer parts", "http://127.1:8080/...", "http://127.0.0.1:8080/...",
+              _SW + "test_numeric_aliases_of_the_host_are_one_write[127.1]"),
+    SameWrite("an IPv4 address as one number", "http://2130706433:8080/...", "http://127.0.0.1:8080/...",
+              _SW + "test_numeric_aliases_of_the_host_are_one_write[2130706433]"),
+    SameWrite("...in hex", "http://0x7f000001:8080/...", "http://127.0.0.1:8080/...",
+              _SW + "test_numeric_aliases_of_the_host_are_one_write[0x7f000001]"),
+    SameWrite("...in octal", "http://0177.0.0.1:8080/...", "http://127.0.0.1:8080/...",
+              _SW + "test_numeric_aliases_of_the_host_are_one_write[0177.0.0.1]"),
+    SameWrite("an IPv4-mapped IPv6 address is the IPv4 address", "http://[::ffff:127.0.0.1]:8080/...",
+              "http://127.0.0.1:8080/...", _SW + "test_numeric_aliases_of_the_host_are_one_write[[::ffff:127.0.0.1]]"),
+    SameWrite("HTTPS to an alias: the CONNECT is intercepted like the address's", "https://127.1:8443/...",
+              "https://127.0.0.1:8443/...", _SW + "test_a_connect_to_an_alias_of_an_ip_host_is_intercepted[127.1]"),
+    SameWrite("an IPv6 address in any spelling is its compressed form", "http://[0:0:0:0:0:0:0:1]/...",
+              "http://[::1]/...", "tests/test_canonical.py::test_canonical_host[v6-loopback-long]"),
+    SameWrite("the host in any letter case, with or without a trailing dot", "https://API.Test./...",
+              "https://api.test/...", "tests/test_canonical.py::test_equivalent_targets_are_one_fingerprint_and_the_raw_one_is_kept"),
+    SameWrite("letter case in the path, only where the rule says `match.case_insensitive: true`",
+              "POST /API/b/CASED", "POST /api/b/cased", _SW + "test_case_insensitive_true_makes_them_one_write"),
+    SameWrite("any mix of these target spellings, with bodies in any key order, whitespace, Unicode normal form "
+              "(NFC, NFD) and content coding (identity, gzip, deflate), at random", "(hypothesis)", "(hypothesis)", "tests/test_same_write.py::test_equivalent_requests_are_one_fingerprint"),
+]
+
+# Bodies: equivalent bodies (content codings, key order and whitespace, Unicode normal forms) are
+# one intent too. Their rows go here, in the same form.
+SAME_WRITE_BODIES: list[SameWrite] = []
+
+SAME_WRITE = SAME_WRITE_TARGETS + SAME_WRITE_BODIES
+
+# And what is NOT the same write: each is another resource to the server, so another intent.
+NOT_SAME_WRITE = [
+    SameWrite("an encoded slash is not a slash", "POST /api/a%2Fb/things", "POST /api/a/b/things",
+              "tests/test_canonical.py::test_what_is_not_merged[encoded-slash]"),
+    SameWrite("a reserved character is not its encoding", "POST /api/a%3Ab", "POST /api/a:b",
+              "tests/test_canonical.py::test_what_is_not_merged[encoded-colon]"),
+    SameWrite("a percent sign decodes once", "POST /api/%2541", "POST /api/A",
+              "tests/test_canonical.py::test_what_is_not_merged[percent-once]"),
+    SameWrite("letter case in the path (unless the rule says otherwise): passed through, no receipt",
+              "POST /API/b/things", "POST /api/b/things", _SW + "test_a_path_in_other_letter_case_is_another_path"),
+    SameWrite("the query string, which is kept as sent", "POST /a?x=%7e", "POST /a?x=~",
+              "tests/test_canonical.py::test_what_is_not_merged[query-encoding]"),
+    SameWrite("any two different intents, spelled at random", "(hypothesis)", "(hypothesis)",
+              "tests/test_same_write.py::test_different_intents_are_different_fingerprints"),
+]
+
+
+def same_write_lines() -> list[str]:
+    lines = [
+        "## Requests we treat as the same write",
+        "",
+        "Rules match, and fingerprints are taken, on the canonical form of a request (RFC 3986",
+        "normalisation, as servers such as nginx route): the spellings below are one intent, so",
+        "each gets a receipt, a second one is replayed (or blocked while the first is unresolved),",
+        "and the upstream sees one write. The request goes upstream exactly as the agent sent it;",
+        "the receipt keeps the spelling it was sent in (`raw_target`) beside the canonical `target`.",
+        "",
+        "| the same write | one request | another | shown by |",
+        "|---|---|---|---|",
+    ]
+    lines += [_row(s) for s in SAME_WRITE]
+    lines += [
+        "",
+        "Not the same write (another resource to the server, so another intent):",
+        "",
+        "| different writes | one request | another | shown by |",
+        "|---|---|---|---|",
+    ]
+    lines += [_row(s) for s in NOT_SAME_WRITE]
+    return [*lines, ""]
+
+
+def _row(s: SameWrite) -> str:
+    def code(text: str) -> str:
+        return text if text.startswith("(") else f"`{text}`"
+
+    return f"| {s.what} | {code(s.one)} | {code(s.other)} | `{s.test}` |"
+
+
 def render() -> str:
     lines = [
         "# What receipt-proxy guarantees, fault by fault",
@@ -83,6 +192,7 @@ def render() -> str:
         "attempt is still in flight waits for its outcome (`receipts_wait_submitted`).",
         "",
     ]
+    lines += same_write_lines()
     return "\n".join(lines)
 
 
@@ -165,6 +275,26 @@ def test_fault_matrix(fault: Fault, client: str, proxy, clients: Clients, fault_
                 assert up.commits(path) == fault.commits  # never sent again
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("row", SAME_WRITE + NOT_SAME_WRITE, ids=lambda s: s.test.split("::")[-1])
+def test_each_same_write_row_names_a_test_that_exists(row):
+    """The doc cites tests by node id: each must name a test function, and a parameter id it really has."""
+    import importlib
+
+    path, _, name = row.test.partition("::")
+    func_name, _, param = name.partition("[")
+    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    func = getattr(module, func_name)
+    if param:
+        param = param[:-1]
+        ids = []
+        for mark in getattr(func, "pytestmark", []):
+            if mark.name == "parametrize":
+                given_ids = mark.kwargs.get("ids")
+                values = mark.args[1]
+                ids += list(given_ids) if isinstance(given_ids, list) else [str(v) for v in values]
+        assert param in ids, f"{row.test}: no parameter id {param!r} (ids: {ids})"
 
 
 def test_guarantees_doc_matches_the_matrix():

@@ -22,7 +22,8 @@ Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`);
 GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read
 ("held" answers it once `let_go(path)` is called);
 "deepjson", "badutf8" and "notjson" answer 200 with a body that cannot be judged.
-The upstream counts commits itself, per path: tests never guess.
+The upstream counts commits itself, per path: tests never guess. `NginxUpstream` routes (and
+counts) every spelling of a path as nginx does: `//api/./thing%73` is `/api/things`.
 `DecodingUpstream` decodes a request body's Content-Encoding (gzip, deflate, br, zstd) before reading it.
 """
 
@@ -81,7 +82,7 @@ class Upstream:
 
     def reads(self, path: str) -> int:
         with self.lock:
-            return sum(1 for r in self.requests if r["method"] == "GET" and r["path"].split("?")[0] == path)
+            return sum(1 for r in self.requests if r["method"] == "GET" and self.route(r["path"]) == path)
 
     def commits(self, path: str) -> int:
         with self.lock:
@@ -90,7 +91,11 @@ class Upstream:
     def seen(self, path: str) -> int:
         """Writes (anything but GET and HEAD) that reached `path`, committed or not."""
         with self.lock:
-            return sum(1 for r in self.requests if r["method"] not in ("GET", "HEAD") and r["path"].split("?")[0] == path)
+            return sum(1 for r in self.requests if r["method"] not in ("GET", "HEAD") and self.route(r["path"]) == path)
+
+    def route(self, target: str) -> str:
+        """The path a request target is routed (and counted) by: here, the path as sent."""
+        return target.split("?")[0]
 
     @property
     def port(self) -> int:
@@ -111,7 +116,7 @@ class Upstream:
                 pass
 
             def do_GET(self):
-                path = self.path.split("?")[0]
+                path = up.route(self.path)
                 with up.lock:
                     up.requests.append({"path": self.path, "method": "GET", "headers": dict(self.headers),
                                         "body": b"", "fault": None})
@@ -147,10 +152,11 @@ class Upstream:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                     body = self._read_chunked()
                 body = up.content(self.headers.get("Content-Encoding"), body)
-                path = self.path.split("?")[0]
+                path = up.route(self.path)
                 with up.lock:
                     fault = up._plans[path].pop(0) if up._plans[path] else _query_fault(self.path)
-                    up.requests.append({"path": self.path, "method": self.command, "headers": dict(self.headers),
+                    up.requests.append({"path": self.path, "target": self.requestline.split(" ")[1],  # as sent ('//' too)
+                                        "method": self.command, "headers": dict(self.headers),
                                         "body": body, "fault": fault})
                     if fault != "lost" and (not fault.isdigit() or int(fault) >= 500):
                         up._commits[path] += 1
@@ -273,6 +279,32 @@ class DecodingUpstream(Upstream):
             elif coding == "zstd":
                 body = zstd.decompress(body)
         return body
+
+
+class NginxUpstream(Upstream):
+    """
+    An upstream that routes like nginx in front of an app (`merge_slashes on`, its default):
+    percent-encoded unreserved characters decoded, runs of '/' merged, '.' and '..' resolved,
+    so that every spelling of a path reaches the same handler and counts as that path. With
+    `fold_case`, letter case is ignored too, as IIS and some frameworks do. Written apart from
+    proxy_addon/canonical.py on purpose: the tests hold the proxy to what a server does.
+    """
+
+    def __init__(self, *, fold_case: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.fold_case = fold_case
+
+    def route(self, target: str) -> str:
+        import posixpath
+        import re
+        import string
+
+        unreserved = string.ascii_letters + string.digits + "-._~"
+        path = target.split("?")[0]
+        path = re.sub(r"%([0-9A-Fa-f]{2})",
+                      lambda m: chr(int(m[1], 16)) if chr(int(m[1], 16)) in unreserved else m[0].upper(), path)
+        path = posixpath.normpath(re.sub(r"/+", "/", path) or "/")
+        return path.lower() if self.fold_case else path
 
 
 # Read answers that are 200 but cannot be judged (plan_read(path, "deepjson"), ...).
