@@ -77,7 +77,8 @@ def duplicate(
 ) -> Answer:
     """
     The answer to a duplicate that is not forwarded: `blocked`, `blocked_succeeded` or
-    `key_conflict`. `retry_after`: when a read can next prove the first attempt absent (settle).
+    `key_conflict`. `retry_after`: when the proxy will next read to settle the first attempt
+    (after a failed read's Retry-After or backoff, or when a read can prove it absent: settle).
     """
     base = {"operation_id": receipt.operation_id, "api": receipt.api, "operation": receipt.operation}
     if kind == "key_conflict":
@@ -114,10 +115,18 @@ def duplicate(
     headers = receipt_headers(receipt)
     if retry_after is not None:
         doc["retry_after"] = retry_after.isoformat().replace("+00:00", "Z")
-        doc["hint"] = (
-            f"the first attempt's outcome is unknown and this API's read proves absence only after a delay; "
-            f"send it again after {doc['retry_after']} to have it reconciled"
-        )
+        if receipt.failed_reads:
+            reads = "read" if receipt.failed_reads == 1 else "reads"
+            doc["hint"] = (
+                f"the first attempt's outcome is unknown and {receipt.failed_reads} {reads} to settle it failed; "
+                f"send it again after {doc['retry_after']} to have it read again; sooner, it is answered "
+                "409 without a read"
+            )
+        else:
+            doc["hint"] = (
+                f"the first attempt's outcome is unknown and this API's read proves absence only after a delay; "
+                f"send it again after {doc['retry_after']} to have it reconciled"
+            )
         wait = (retry_after - (now or dt.datetime.now(dt.UTC))).total_seconds()
         headers["Retry-After"] = str(max(1, math.ceil(wait)))
     return json_answer(409, doc, headers)

@@ -12,7 +12,9 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 2. a duplicate of a receipt still `submitted` waits for its outcome (up to `wait_submitted`),
    on this process's own event or by polling the store when another process sent it;
 3. a duplicate of an `outcome_unknown` receipt that can be settled now is reconciled with a
-   read, with the duplicate's own credentials; concurrent duplicates share one read;
+   read, with the duplicate's own credentials; concurrent duplicates share one read. One that
+   waits out its next-read time (a failed read's Retry-After or backoff, a settle delay:
+   `reconcilable_now`) is not read for: the duplicate gets 409 with Retry-After;
 4. the store decides again, and only this final answer is recorded in the receipt's events.
 
 `record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait

@@ -6,13 +6,20 @@ What a reconcile read proves: found, absent (and whether that is proof), or noth
 - the effect was found → succeeded (with the found item's external id);
 - absence is proven and the rule allows a retry → safe_to_retry;
 - absent, but the read proves absence only after `settle` → outcome_unknown until then;
-- anything else (absent but not provable, a read that failed, an answer that cannot be
-  judged) → manual_review, with the reason. It is never guessed.
+- absent but not provable → manual_review, with the reason. It is never guessed;
+- a read that failed (a non-2xx answer, an answer that cannot be judged) → a failed verdict:
+  outcome_unknown, with the answer's Retry-After if it has one. It proves nothing, so it
+  changes nothing; reconcile.py decides when the next read may run and when enough reads
+  have failed for the receipt to go to manual_review;
+- a read that can never be made or judged for this receipt (a template with no value in it)
+  → manual_review at once, as a failed verdict.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import email.utils
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,13 +38,40 @@ class Verdict:
     state: State
     reason: str
     external_id: str | None = None
-    retry_after: dt.datetime | None = None  # outcome_unknown until then: absence is not provable yet
+    # outcome_unknown until then: absence is not provable yet (settle); for a failed read, the
+    # answer's Retry-After (judge), then the time before which no new read is tried (reconcile)
+    retry_after: dt.datetime | None = None
     failed: bool = False  # the read failed or its answer could not be judged: nothing was learned
 
 
-def failed(reason: str) -> Verdict:
-    """A read that proves nothing: the receipt goes to a human."""
+def failed(reason: str, retry_after: dt.datetime | None = None) -> Verdict:
+    """A read that proves nothing: the outcome is as unknown as before (reconcile.py says what next)."""
+    return Verdict(State.OUTCOME_UNKNOWN, reason, retry_after=retry_after, failed=True)
+
+
+def unreadable(reason: str) -> Verdict:
+    """A read that cannot be made or judged for this receipt however often it is tried: a human decides."""
     return Verdict(State.MANUAL_REVIEW, reason, failed=True)
+
+
+_MAX_RETRY_AFTER = 10**8  # seconds (three years): a larger Retry-After is taken as this, never overflows
+
+
+def retry_after_of(headers: Mapping[str, str] | None, now: dt.datetime) -> dt.datetime | None:
+    """
+    When an answer's `Retry-After` (RFC 9110 §10.2.3: delay-seconds or an HTTP-date) allows the
+    next request, or None when it has none or it cannot be parsed. Header names are lower-case.
+    """
+    value = (headers or {}).get("retry-after", "").strip()
+    if not value:
+        return None
+    if re.fullmatch(r"[0-9]+", value):
+        return now + dt.timedelta(seconds=min(int(value), _MAX_RETRY_AFTER))
+    try:
+        at = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)  # an HTTP-date is GMT
 
 
 def judge(
@@ -53,25 +87,26 @@ def judge(
     """What the read proves."""
     said = f"read {read.method} {read.shown} → HTTP {status}"
     now = now or utcnow()
+    wait = retry_after_of(headers, now)  # a failed read's answer may say when to ask again (429, 503)
     if spec.absent_when is not None and rule_fits(spec.absent_when, status, headers or {}, body):
         return absent(spec, f"{said}: the answer says there is no such object", receipt, now)
     if not spec.find and not spec.bounds:
-        return _by_status(spec, said, receipt, status, body, now)
+        return _by_status(spec, said, receipt, status, body, now, wait)
     if not 200 <= status < 300:
-        return failed(f"{said}: the read failed, nothing is proven")
+        return failed(f"{said}: the read failed, nothing is proven", wait)
     doc = parse_json(body)
     if doc is NOT_JSON:
-        return failed(f"{said}: the answer is not JSON")
+        return failed(f"{said}: the answer is not JSON", wait)
     items = dig(doc, spec.items) if spec.items else doc
     if isinstance(items, dict):  # a read of one object (GraphQL `issue(id:)`): a list of one
         items = [items]
     if not isinstance(items, list):
-        return failed(f"{said}: no list at {spec.items or 'the top level'} of the answer")
+        return failed(f"{said}: no list at {spec.items or 'the top level'} of the answer", wait)
     try:
         wanted = [(f, render(value, receipt)) for f, value in spec.find]
         bounds = [(f, kind, _number(render(value, receipt))) for f, kind, value in spec.bounds]
-    except ReconcileError as e:
-        return failed(f"{said}: {e}")
+    except ReconcileError as e:  # the receipt has no value for a template: no read will ever judge it
+        return unreadable(f"{said}: {e}")
     for item in items:
         if all(text_of(dig(item, f)) == value for f, value in wanted) and all(
             _within(dig(item, f), kind, bound) for f, kind, bound in bounds
@@ -86,13 +121,21 @@ def judge(
     return absent(spec, f"{said}: not found among {len(items)} items", receipt, now)
 
 
-def _by_status(spec: ReconcileSpec, said: str, receipt: Receipt, status: int, body: bytes, now: dt.datetime) -> Verdict:
+def _by_status(
+    spec: ReconcileSpec,
+    said: str,
+    receipt: Receipt,
+    status: int,
+    body: bytes,
+    now: dt.datetime,
+    wait: dt.datetime | None,
+) -> Verdict:
     """A read without `find`: 2xx → found, 404/410 → absent (unless `absent_when` says how absence looks)."""
     if 200 <= status < 300 and (spec.absent_when is None or _has(body, spec.items)):
         return Verdict(State.SUCCEEDED, f"{said}: found", external_id_of(body, spec.external_id) or receipt.external_id)
     if status in (404, 410) and spec.absent_when is None:
         return absent(spec, said, receipt, now)
-    return failed(f"{said}: the read failed, nothing is proven")
+    return failed(f"{said}: the read failed, nothing is proven", wait)
 
 
 def _found_id(item: Any, fields: str | tuple[str, ...], receipt: Receipt) -> str | None:

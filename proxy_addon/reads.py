@@ -52,11 +52,20 @@ class ReadRequest:
 
 @dataclass(frozen=True)
 class ReadSettings:
-    """How reads are sent: the same TLS and upstream proxy as forwarding, a timeout, and the POST paths that read."""
+    """
+    How reads are sent: the same TLS and upstream proxy as forwarding, a timeout, and the POST
+    paths that read; and what a failed read leads to (reconcile.py): the receipt stays
+    outcome_unknown and the next read waits (the answer's Retry-After, else `backoff` seconds
+    doubling after each failed read, at most an hour), until `attempts` reads have failed or
+    the outcome has been unknown for `deadline` seconds: then manual_review.
+    """
 
     upstream: Upstream = field(default_factory=Upstream)
     timeout: float = 30.0
     post_reads: tuple[PathTemplate, ...] = ()
+    attempts: int = 3  # failed reads before manual_review (receipts_read_attempts, --read-attempts)
+    deadline: float = 86400.0  # seconds after the outcome became unknown (receipts_read_deadline, --read-deadline)
+    backoff: float = 30.0  # seconds before the read after a first failure, doubling (receipts_read_backoff)
 
 
 def _variables(receipt: Receipt) -> dict[str, Any]:

@@ -14,9 +14,21 @@ runs it with `asyncio.run`. One call, every branch:
 3. otherwise plan the read, send it (same TLS and upstream proxy as forwarding), judge it;
 4. record the verdict: reconciling → its state, with the evidence in the history.
 
-Whatever fails on the way (a template with no value, a refused read, a timeout, an answer
-that cannot be judged, a bug) is recorded as a failed read: the receipt never stays
-`reconciling`.
+Whatever fails on the way (a timeout, a TLS error, 429, 5xx, an answer that cannot be judged,
+a bug) is recorded as a failed read: the receipt never stays `reconciling`. A failed read
+proves nothing, so the receipt goes back to where it was: `outcome_unknown`, with the failure,
+the count of failed reads and the time before which no new read is tried in its history
+(`failed_reads`, `next_read_at`): the answer's Retry-After (seconds or an HTTP-date, at least
+a second), else `settings.backoff` (30 s) doubling after each failed read, at most an hour.
+It goes to `manual_review` only when `settings.attempts` reads have failed (3), or when a read
+fails after `settings.deadline` (24 h) since the outcome became unknown, or when the next read
+could only come after that deadline. A receipt that was in `manual_review` stays there. A read
+that cannot be made for this receipt at all (a template with no value, a refused read) goes to
+`manual_review` at once.
+
+While a receipt waits out `next_read_at`, the proxy does not read for its duplicates
+(`reconcilable_now`): they get 409 with Retry-After (`retry_after`); `receipts reconcile`
+skips it unless told `--now`.
 """
 
 from __future__ import annotations
@@ -31,11 +43,11 @@ from typing import Any, TypeVar
 import httpx
 
 from proxy_addon.errors import ReconcileError
-from proxy_addon.judge import Verdict, absence_provable_from, failed, judge
+from proxy_addon.judge import Verdict, failed, judge, unreadable
 from proxy_addon.reads import ReadSettings, describe, perform_read, plan_read
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, Store
+from proxy_addon.store import Receipt, Store, iso
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,26 +72,93 @@ def key_dedupes(op: Operation, receipt: Receipt, now: dt.datetime) -> bool:
     return now < first + dt.timedelta(seconds=op.idempotency_ttl)
 
 
-def retry_after(op: Operation | None, receipt: Receipt, now: dt.datetime) -> dt.datetime | None:
-    """When a read can next prove absence of an outcome_unknown receipt's effect, if that is still ahead."""
-    spec = op.reconcile if op is not None else None
-    if spec is None or not spec.settle or receipt.state is not State.OUTCOME_UNKNOWN:
+MAX_BACKOFF = 3600.0  # seconds: the longest wait the doubling backoff reaches (unless `backoff` is longer)
+
+
+def read_not_before(receipt: Receipt, now: dt.datetime) -> dt.datetime | None:
+    """When an outcome_unknown receipt's next read may run, if that is still ahead: a failed read's
+    Retry-After or backoff, or a read that proves absence only after its `settle` delay."""
+    if receipt.state is not State.OUTCOME_UNKNOWN or not receipt.next_read_at:
         return None
-    at = absence_provable_from(spec, receipt)
+    at = dt.datetime.fromisoformat(receipt.next_read_at)
     return at if at > now else None
+
+
+def retry_after(op: Operation | None, receipt: Receipt, now: dt.datetime) -> dt.datetime | None:
+    """
+    When the next reconcile of an outcome_unknown receipt may read, if that is still ahead: the
+    409's Retry-After for a duplicate, and when `receipts reconcile` reads it again without
+    `--now`. None when a reconcile now would not read (no read configured; the API deduplicates
+    by the receipt's key).
+    """
+    if op is None or op.reconcile is None or key_dedupes(op, receipt, now):
+        return None
+    return read_not_before(receipt, now)
 
 
 def reconcilable_now(op: Operation, receipt: Receipt, now: dt.datetime) -> bool:
     """
     Whether a duplicate should reconcile an outcome_unknown receipt now: the API deduplicates
-    by its key, or a read is configured, and a read that cannot prove absence yet (settle)
-    has not looked since the outcome became unknown (then it waits until it can).
+    by its key, or a read is configured and the receipt is not waiting out its next-read time
+    (a failed read's Retry-After or backoff; a read that cannot prove absence before `settle`).
     """
     if key_dedupes(op, receipt, now):
         return True
-    if op.reconcile is None:
-        return False
-    return retry_after(op, receipt, now) is None or receipt.updated_at == receipt.completed_at
+    return op.reconcile is not None and retry_after(op, receipt, now) is None
+
+
+def unknown_since(receipt: Receipt) -> dt.datetime:
+    """When the outcome became unknown: the attempt's completion."""
+    return dt.datetime.fromisoformat(receipt.completed_at or receipt.submitted_at)
+
+
+def backoff(settings: ReadSettings, failures: int) -> float:
+    """Seconds to wait after the `failures`-th failed read: `backoff`, doubling, at most an hour."""
+    return min(settings.backoff * 2 ** min(failures - 1, 20), max(settings.backoff, MAX_BACKOFF))
+
+
+def after_failed_read(
+    verdict: Verdict, receipt: Receipt, was: State | None, settings: ReadSettings, now: dt.datetime
+) -> Verdict:
+    """
+    What a failed read (an outcome_unknown verdict with `failed`) leaves the receipt as: still
+    outcome_unknown until its next read (Retry-After, else the backoff), or manual_review when
+    enough reads have failed, when the deadline has passed or the next read would come after
+    it, or when the receipt was already in manual review. `receipt`: as claimed (its
+    `failed_reads` does not yet count this read).
+    """
+    n = receipt.failed_reads + 1
+    said = f"{verdict.reason}; failed read {n} of {settings.attempts}"
+    if was is State.MANUAL_REVIEW:
+        return Verdict(
+            State.MANUAL_REVIEW, f"{verdict.reason}; failed read {n}: it stays in manual review", failed=True
+        )
+    since = unknown_since(receipt)
+    deadline = since + dt.timedelta(seconds=settings.deadline)
+    given = verdict.retry_after is not None
+    wait = verdict.retry_after if given else now + dt.timedelta(seconds=backoff(settings, n))
+    assert wait is not None
+    wait = max(wait, now + dt.timedelta(seconds=1))  # Retry-After: 0 (or a past date) still waits a second
+    if n >= settings.attempts:
+        return Verdict(State.MANUAL_REVIEW, f"{said}: manual review", failed=True)
+    if now >= deadline:
+        return Verdict(
+            State.MANUAL_REVIEW,
+            f"{said}, and the outcome has been unknown since {iso(since)}, more than {settings.deadline:g}s: "
+            "manual review",
+            failed=True,
+        )
+    if wait > deadline:
+        return Verdict(
+            State.MANUAL_REVIEW,
+            f"{said}, and the next read (not before {iso(wait)}{', as Retry-After says' if given else ''}) "
+            f"would come after the deadline, {iso(deadline)}: manual review",
+            failed=True,
+        )
+    why = "as Retry-After says" if given else "backoff"
+    return Verdict(
+        State.OUTCOME_UNKNOWN, f"{said}: next read not before {iso(wait)} ({why})", retry_after=wait, failed=True
+    )
 
 
 async def reconcile(
@@ -100,17 +179,25 @@ async def reconcile(
     claimed (another process is reconciling it, or it is settled already).
     """
     operation_id = receipt if isinstance(receipt, str) else receipt.operation_id
-    claimed = await calls(lambda s: s.claim_for_reconcile(operation_id, actor=actor, reason=reason))
+    claimed, was = await calls(lambda s: _claim(s, operation_id, actor, reason))
     try:
         verdict = await _decide(op, claimed, credentials, settings, evidence, calls)
     except asyncio.CancelledError:
-        await _finish(calls, claimed, failed("reconcile interrupted: the proxy stopped waiting for the read"), actor)
+        interrupted = failed("reconcile interrupted: the proxy stopped waiting for the read")
+        await _finish(calls, claimed, was, interrupted, settings, actor)
         raise
     except Exception as e:  # never leave a receipt in reconciling
         logger.exception("receipt %s: reconcile failed", claimed.operation_id)
         verdict = failed(f"reconcile failed: {describe(e)}")
-    done = await _finish(calls, claimed, verdict, actor)
+    done, verdict = await _finish(calls, claimed, was, verdict, settings, actor)
     return Reconciled(done, verdict)
+
+
+def _claim(store: Store, operation_id: str, actor: str, reason: str) -> tuple[Receipt, State | None]:
+    """Claim the receipt; with the state it was claimed from (the claim's own event, the newest to reconciling)."""
+    claimed = store.claim_for_reconcile(operation_id, actor=actor, reason=reason)
+    claims = [e for e in store.events(operation_id) if e.event == "transition" and e.to_state is State.RECONCILING]
+    return claimed, claims[-1].from_state if claims else None
 
 
 async def _decide(
@@ -139,24 +226,35 @@ async def _decide(
         return Verdict(State.MANUAL_REVIEW, f"no read can decide: {op.api} {op.name} has no reconcile spec")
     try:
         read = plan_read(op, receipt)
-    except ReconcileError as e:
-        return failed(f"read failed: {e}")
+    except ReconcileError as e:  # a template with no value in this receipt: no read will ever be made
+        return unreadable(f"read failed: {e}")
     try:
         status, headers, body = await perform_read(read, credentials, settings)
-    except (ReconcileError, httpx.HTTPError) as e:
+    except ReconcileError as e:  # refused: not a read
+        return unreadable(f"read {read.method} {read.shown} failed: {e}")
+    except httpx.HTTPError as e:
         return failed(f"read {read.method} {read.shown} failed: {describe(e)}")
+    now = await calls(lambda s: s.clock())  # when the answer came: its Retry-After counts from here
     return judge(op.reconcile, read, receipt, status, body, headers=headers, now=now)
 
 
-async def _finish(calls: StoreCalls, receipt: Receipt, verdict: Verdict, actor: str) -> Receipt:
-    fields: dict[str, Any] = {"external_id": verdict.external_id} if verdict.external_id else {}
-    return await calls(
-        lambda s: s.transition(
-            receipt.operation_id,
-            verdict.state,
-            reason=verdict.reason,
-            actor=actor,
-            expect=[State.RECONCILING],
-            **fields,
+async def _finish(
+    calls: StoreCalls, receipt: Receipt, was: State | None, verdict: Verdict, settings: ReadSettings, actor: str
+) -> tuple[Receipt, Verdict]:
+    """Record the verdict (a failed read as `after_failed_read` says); the receipt after it, and the verdict."""
+
+    def record(store: Store) -> tuple[Receipt, Verdict]:
+        v = verdict
+        fields: dict[str, Any] = {"external_id": v.external_id} if v.external_id else {}
+        if v.failed:
+            fields["failed_reads"] = receipt.failed_reads + 1
+            if v.state is State.OUTCOME_UNKNOWN:
+                v = after_failed_read(v, receipt, was, settings, store.clock())
+        # Only an outcome_unknown receipt waits for its next read (a failed read's, or settle's).
+        fields["next_read_at"] = iso(v.retry_after) if v.state is State.OUTCOME_UNKNOWN and v.retry_after else None
+        done = store.transition(
+            receipt.operation_id, v.state, reason=v.reason, actor=actor, expect=[State.RECONCILING], **fields
         )
-    )
+        return done, v
+
+    return await calls(record)

@@ -7,10 +7,18 @@ Receipt states and the one table of legal transitions.
     submitted ─┬─ succeeded
                ├─ rejected           explicit refusal (4xx)
                ├─ not_sent           provably never left the proxy
-               └─ outcome_unknown ── reconciling ─┬─ succeeded
-                        │                         ├─ safe_to_retry
-                        └──── manual_review ◄─────┴─ manual_review
-                              (a human: succeeded, safe_to_retry or rejected; or another read)
+               └─ outcome_unknown ───► reconciling ─┬─ succeeded         found
+                    │    ▲                          ├─ safe_to_retry     absence proven, a retry allowed
+                    │    │                          │
+                    │    └──── a failed read ◄──────┤  timeout, TLS, 429, 5xx, an answer that cannot be
+                    │          (or settle: absence  │  judged: nothing proven. The next read not before
+                    │          provable only later) │  the answer's Retry-After, else 30 s doubling;
+                    │                               │  duplicates meanwhile: 409 + Retry-After, no read
+                    │                               │
+                    └───────► manual_review ◄───────┴─ absence not provable; or the failed read that
+                              (a human: succeeded,     was the last allowed: receipts_read_attempts (3)
+                              safe_to_retry or         failed, or past receipts_read_deadline (24 h
+                              rejected; or a read)     after the outcome became unknown)
 
 Every state change in the store is checked against `TRANSITIONS` and guarded in
 SQL by the state it leaves, so a change that lost a race fails instead of
@@ -52,8 +60,14 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # approved → sent; denied by the operator or timed out → rejected; the proxy stopped → not sent
     State.AWAITING_APPROVAL: frozenset({State.SUBMITTED, State.REJECTED, State.NOT_SENT}),
     State.SUBMITTED: frozenset({State.SUCCEEDED, State.REJECTED, State.NOT_SENT, State.OUTCOME_UNKNOWN}),
+    # a read claims it (reconciling); a human takes it into review
     State.OUTCOME_UNKNOWN: frozenset({State.RECONCILING, State.MANUAL_REVIEW}),
+    # found → succeeded; absence proven → safe_to_retry; absence not provable, or a failed read that
+    # was the last one allowed (attempts, deadline) → manual_review; a failed read before that, or a
+    # read before its settle delay → outcome_unknown again, waiting for the next read (failed_reads,
+    # next_read_at)
     State.RECONCILING: frozenset({State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN}),
+    # resolved by hand, or read again (receipts reconcile): a failed read leaves it in manual_review
     State.MANUAL_REVIEW: frozenset({State.RECONCILING, State.SUCCEEDED, State.SAFE_TO_RETRY, State.REJECTED}),
     State.SUCCEEDED: frozenset(),
     State.REJECTED: frozenset(),

@@ -81,7 +81,8 @@ def test_both_callers_take_the_same_branch(caller, clients, proxy, upstream, buc
         assert code == 0
 
 
-# Answers a read can give that cannot be judged: each is a failed read, recorded, never `reconciling`.
+# Answers a read can give that cannot be judged: each is a failed read, recorded, never `reconciling`;
+# it proves nothing, so the receipt stays outcome_unknown (tests/test_failed_reads.py: what follows).
 UNJUDGEABLE = [
     pytest.param("deepjson", "the answer is not JSON", id="json-nested-too-deep"),
     pytest.param("badutf8", "the answer is not JSON", id="invalid-utf-8"),
@@ -99,12 +100,13 @@ def test_an_answer_that_cannot_be_judged_is_a_failed_read(caller, clients, proxy
     upstream.plan_read(path, fault)
     state, got_reason, _, code, err = reconcile_by(caller, clients, proxy, upstream, bucket, "things",
                                                    {"title": fault}, capsys)
-    assert state == "manual_review" and reason in got_reason, got_reason
+    assert state == "outcome_unknown" and reason in got_reason, got_reason
+    assert "failed read 1 of 3: next read not before" in got_reason, got_reason
     assert upstream.reads(path) == 1 and upstream.commits(path) == 1
     if caller == "cli":
         assert code == 1
         assert err.startswith("Error: 1 read failed and proved nothing:\n") and r.operation_id in err
-    # Settled, not stuck: a person can resolve it, and the next read may run.
+    # Not stuck in reconciling: a person can resolve it, and the next read may run.
     assert main(["--db", str(proxy.db), "resolve", r.operation_id, "--as", "succeeded", "--note", "seen it"]) == 0
 
 
@@ -129,8 +131,9 @@ def test_cli_reads_verify_tls_like_the_proxy(tls_proxy, tls_upstream, bucket, ca
     assert main(["--db", db, "reconcile", r.operation_id, "--rules", rules]) == 1
     out, err = capsys.readouterr()
     assert "CERTIFICATE_VERIFY_FAILED" in out and r.operation_id in err and "failed" in err
+    # The failed read left it outcome_unknown, waiting for its next read: --now reads it at once.
     assert main(["--db", db, "reconcile", r.operation_id, "--rules", rules, "--cacert",
-                 str(tls_upstream.cert_path)]) == 0
+                 str(tls_upstream.cert_path), "--now"]) == 0
     assert "found among 1 items" in capsys.readouterr().out
     # $SSL_CERT_FILE works too, as for curl and Python's ssl: a second receipt, read the same way.
     r2 = unknown_write(clients, tls_proxy, tls_upstream, bucket, "things", {"title": "tls2"}, "drop")

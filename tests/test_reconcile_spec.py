@@ -119,10 +119,12 @@ FOUND = {"id": 7, "title": "Hello & bye", "slug": "hello-bye"}
         (200, answer({"id": 8, "title": "Hello & bye", "slug": "other"}, FOUND), State.SUCCEEDED, "7", "found among 2"),
         (200, answer({"id": 8, "title": "Other", "slug": "hello-bye"}), State.SAFE_TO_RETRY, None, "absence is proven"),
         (200, answer(), State.SAFE_TO_RETRY, None, "not found among 0 items"),
-        (500, b"oops", State.MANUAL_REVIEW, None, "HTTP 500: the read failed"),
-        (404, b"", State.MANUAL_REVIEW, None, "the read failed"),
-        (200, b"<html>", State.MANUAL_REVIEW, None, "not JSON"),
-        (200, b'{"items": []}', State.MANUAL_REVIEW, None, "no list at data"),
+        # a failed read proves nothing: the outcome stays unknown (reconcile.py counts it, and may
+        # send the receipt to manual_review after enough of them)
+        (500, b"oops", State.OUTCOME_UNKNOWN, None, "HTTP 500: the read failed"),
+        (404, b"", State.OUTCOME_UNKNOWN, None, "the read failed"),
+        (200, b"<html>", State.OUTCOME_UNKNOWN, None, "not JSON"),
+        (200, b'{"items": []}', State.OUTCOME_UNKNOWN, None, "no list at data"),
     ],
     ids=["found", "found-second", "absent", "empty", "500", "404-with-find", "not-json", "no-list"],
 )
@@ -131,6 +133,7 @@ def test_judge_with_find(status, body, state, external_id, reason):
     read = plan_read(op, receipt(INTENT))
     v = judge(op.reconcile, read, receipt(INTENT), status, body)
     assert (v.state, v.external_id) == (state, external_id)
+    assert v.failed is (state is State.OUTCOME_UNKNOWN)
     assert reason in v.reason
     assert v.reason.startswith(f"read GET {read.url} → HTTP {status}")
 
@@ -151,7 +154,7 @@ operations:
 @pytest.mark.parametrize(
     "provable, status, state",
     [("true", 200, State.SUCCEEDED), ("true", 404, State.MANUAL_REVIEW), ("false", 410, State.MANUAL_REVIEW),
-     ("true", 503, State.MANUAL_REVIEW)],
+     ("true", 503, State.OUTCOME_UNKNOWN)],  # a failed read proves nothing
     ids=["2xx-found", "404-provable-but-no-retry", "410-not-provable", "503"],
 )
 def test_judge_by_status(provable, status, state):

@@ -21,7 +21,8 @@ Faults, one per request, in the order planned (then "ok"):
 Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`);
 GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read
 ("held" answers it once `let_go(path)` is called);
-"deepjson", "badutf8" and "notjson" answer 200 with a body that cannot be judged.
+"deepjson", "badutf8" and "notjson" answer 200 with a body that cannot be judged; a read's "429"
+answers with `Retry-After: 2` (READ_RETRY_AFTER).
 The upstream counts commits itself, per path: tests never guess. `NginxUpstream` routes (and
 counts) every spelling of a path as nginx does: `//api/./thing%73` is `/api/things`.
 `DecodingUpstream` decodes a request body's Content-Encoding (gzip, deflate, br, zstd) before reading it.
@@ -131,8 +132,8 @@ class Upstream:
                 if fault == "hang":
                     up.release.wait(up.hang_seconds)
                     self._close()
-                elif fault.isdigit():
-                    self._answer(int(fault), {"error": f"status {fault}"})
+                elif fault.isdigit():  # a read's 429 says when to ask again
+                    self._answer(int(fault), {"error": f"status {fault}"}, READ_RETRY_AFTER.get(fault))
                 elif fault in UNJUDGEABLE:
                     self._raw(200, UNJUDGEABLE[fault])
                 elif items or path in up.items:
@@ -305,6 +306,10 @@ class NginxUpstream(Upstream):
                       lambda m: chr(int(m[1], 16)) if chr(int(m[1], 16)) in unreserved else m[0].upper(), path)
         path = posixpath.normpath(re.sub(r"/+", "/", path) or "/")
         return path.lower() if self.fold_case else path
+
+
+# Headers of read faults answered by status: a 429 says when to ask again (longer than a test's backoff).
+READ_RETRY_AFTER = {"429": {"Retry-After": "2"}}
 
 
 # Read answers that are 200 but cannot be judged (plan_read(path, "deepjson"), ...).

@@ -97,11 +97,15 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         "resolve unknown outcomes with a read, never another write",
         "Look for each receipt's effect with the read its rule's reconcile spec describes (GET or\n"
         "HEAD only): found → succeeded; absence proven and a retry allowed → safe_to_retry;\n"
+        "a failed read proves nothing: outcome_unknown, next read not before its Retry-After or\n"
+        "a backoff (manual_review after --read-attempts failed reads or past --read-deadline);\n"
         "anything else → manual_review. What was read is recorded in the receipt's history;\n"
-        "credentials are used for the read and never stored.",
+        "credentials are used for the read and never stored. Exit status 1 if a read failed.",
         [
             "receipts reconcile 20261129T184210Z-1fd54b31a2",
             "receipts reconcile --all --timeout 10",
+            "receipts reconcile --all --read-attempts 5 --read-deadline 48h",
+            "receipts reconcile 20261129T184210Z-1fd54b31a2 --now",
             "receipts reconcile --all --header 'api-key: ...' --json",
             "receipts reconcile 20261129T184210Z-1fd54b31a2 --rules ./rules/dev.to.yaml",
         ],

@@ -4,16 +4,21 @@
 The same reconcile the proxy runs (proxy_addon/reconcile.py), under `asyncio.run`. Reads
 verify TLS like the proxy's: `--cacert FILE` (else $SSL_CERT_FILE / $SSL_CERT_DIR, else the
 certifi bundle), or `--insecure`. A read that fails (a transport error, an answer that is not
-2xx or cannot be judged) proves nothing: the command says which receipts and why on stderr,
-and exits 1.
+2xx or cannot be judged) proves nothing: the receipt stays outcome_unknown with the time of
+its next read ("next read not before ..."; manual_review after --read-attempts failed reads or
+past --read-deadline), the command says which receipts and why on stderr, and exits 1. A
+receipt that waits for its next read (a failed read's Retry-After or backoff, a settle delay)
+is not read before then ("next read after ..."), unless `--now`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -22,10 +27,10 @@ from proxy_addon.cli.values import HEADER_NAME, UsageError, cli_actor, positive_
 from proxy_addon.errors import IllegalTransition, RulesError
 from proxy_addon.paths import default_rules
 from proxy_addon.reads import ReadSettings
-from proxy_addon.reconcile import Reconciled, reconcile
+from proxy_addon.reconcile import Reconciled, reconcile, retry_after
 from proxy_addon.rules import Operation, RuleSet, load_rules_path
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, Store
+from proxy_addon.store import Receipt, Store, iso
 from proxy_addon.upstream import Upstream
 
 T = TypeVar("T")
@@ -58,7 +63,49 @@ def reconcile_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not verify the upstream's certificate (like the proxy's ssl_insecure)",
     )
+    p.add_argument(
+        "--read-attempts",
+        type=_positive_int,
+        default=ReadSettings.attempts,
+        metavar="N",
+        help="failed reads after which a receipt goes to manual_review (default 3, as receipts_read_attempts)",
+    )
+    p.add_argument(
+        "--read-deadline",
+        type=_seconds_or_age,
+        default=ReadSettings.deadline,
+        metavar="T",
+        help="seconds or an age (90m, 24h): a read that fails this long after the outcome became unknown "
+        "sends the receipt to manual_review (default 24h, as receipts_read_deadline)",
+    )
+    p.add_argument(
+        "--read-backoff",
+        type=positive_seconds,
+        default=ReadSettings.backoff,
+        metavar="S",
+        help="seconds before the next read after a failed one, doubling (default 30, as receipts_read_backoff); "
+        "a Retry-After in the failed read's answer is used instead",
+    )
+    p.add_argument(
+        "--now",
+        action="store_true",
+        help="read receipts that wait for their next read (after a failed read or a settle delay) at once",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _positive_int(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text!r}")
+    return int(text)
+
+
+def _seconds_or_age(text: str) -> float:
+    """`86400`, `90m`, `24h`, `7d` as seconds."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([smhdw]?)\s*", text)
+    if not m or int(m[1]) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 or an age like 90m, 24h")
+    return float(int(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m[2]])
 
 
 def reconcile_run(store: Store, args: argparse.Namespace) -> int:
@@ -100,7 +147,20 @@ async def _reconcile_all(
         if len(ids) > 1:
             print(f"[{n}/{len(ids)}] {operation_id} {before.api}/{before.operation} ...", file=sys.stderr, flush=True)
         op = rules.operation(before.api, before.operation)
-        settings = ReadSettings(upstream=upstream, timeout=args.timeout, post_reads=rules.post_reads(before.api))
+        waits = None if args.now else retry_after(op, before, store.clock())
+        if waits is not None:  # a failed read's Retry-After or backoff, or settle: not read before then
+            results.append(_waiting(before, waits))
+            if not args.json:
+                print(f"{operation_id}  {before.state}  {results[-1]['reason']}")
+            continue
+        settings = ReadSettings(
+            upstream=upstream,
+            timeout=args.timeout,
+            post_reads=rules.post_reads(before.api),
+            attempts=args.read_attempts,
+            deadline=args.read_deadline,
+            backoff=args.read_backoff,
+        )
         try:
             done = await reconcile(
                 calls, op, operation_id, headers or _env_credentials(op), settings=settings, actor=cli_actor()
@@ -125,6 +185,25 @@ def _result(before: Receipt, done: Reconciled) -> dict[str, Any]:
         "external_id": after.external_id,
         "reason": done.verdict.reason,
         "read_failed": done.verdict.failed,
+        "next_read_at": after.next_read_at,
+        "skipped": False,
+    }
+
+
+def _waiting(before: Receipt, at: dt.datetime) -> dict[str, Any]:
+    """The result for a receipt not read because it waits for its next read."""
+    n = before.failed_reads
+    why = f"{n} failed read{'' if n == 1 else 's'} so far" if n else "a read proves absence only then"
+    return {
+        "operation_id": before.operation_id,
+        "operation": f"{before.api}/{before.operation}",
+        "from": str(before.state),
+        "state": str(before.state),
+        "external_id": before.external_id,
+        "reason": f"not read: next read after {iso(at)} ({why}); --now reads it at once",
+        "read_failed": False,
+        "next_read_at": before.next_read_at,
+        "skipped": True,
     }
 
 

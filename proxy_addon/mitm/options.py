@@ -85,7 +85,28 @@ OPTIONS: list[Option] = [
         "receipts_read_timeout",
         int,
         30,
-        "Seconds a reconcile read (GET/HEAD) may take before the receipt goes to manual_review",
+        "Seconds a reconcile read (GET/HEAD) may take; past that it is a failed read (see receipts_read_attempts)",
+    ),
+    Option(
+        "receipts_read_attempts",
+        int,
+        3,
+        "Failed reconcile reads (timeout, TLS error, 429, 5xx, an answer that cannot be judged) after which a "
+        "receipt goes to manual_review; until then it stays outcome_unknown and waits for its next read",
+    ),
+    Option(
+        "receipts_read_deadline",
+        int,
+        86400,
+        "Seconds after an outcome became unknown past which a failed reconcile read sends the receipt to "
+        "manual_review, however few reads failed",
+    ),
+    Option(
+        "receipts_read_backoff",
+        int,
+        30,
+        "Seconds before the next reconcile read after a failed one, doubling after each (at most an hour); "
+        "a Retry-After in the failed read's answer is used instead. Duplicates meanwhile get 409 with Retry-After",
     ),
     Option(
         "receipts_wait_submitted",
@@ -147,6 +168,9 @@ POSITIVE = (
     "receipts_read_timeout",
     "receipts_approval_timeout",
     "receipts_drain_timeout",
+    "receipts_read_attempts",
+    "receipts_read_deadline",
+    "receipts_read_backoff",
 )
 
 
@@ -206,7 +230,13 @@ def gate_settings(opts: Any) -> GateSettings:
     return GateSettings(
         replay_window=opts.receipts_replay_window,
         wait_submitted=opts.receipts_wait_submitted,
-        reads=ReadSettings(upstream=upstream_of(opts), timeout=opts.receipts_read_timeout),
+        reads=ReadSettings(
+            upstream=upstream_of(opts),
+            timeout=opts.receipts_read_timeout,
+            attempts=opts.receipts_read_attempts,
+            deadline=opts.receipts_read_deadline,
+            backoff=opts.receipts_read_backoff,
+        ),
     )
 
 

@@ -113,3 +113,12 @@ def m005_raw_target(db: Database) -> None:
     # The target as the agent sent it (redacted like `target`), when it was not the canonical
     # one that rules match and fingerprints take: `//api/./things`, `127.1`, `thing%73`.
     db.execute("ALTER TABLE receipts ADD COLUMN raw_target TEXT")
+
+
+@migrations()
+def m006_failed_reads(db: Database) -> None:
+    # A reconcile read that fails proves nothing: the receipt stays outcome_unknown, and these
+    # say how many reads failed and before when no new read is tried (Retry-After, a backoff,
+    # or a settle delay). Written by `transition` as the reconcile records its verdict.
+    db.execute("ALTER TABLE receipts ADD COLUMN failed_reads INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE receipts ADD COLUMN next_read_at TEXT")

@@ -45,7 +45,9 @@ _RECEIPT_COLUMNS = (
     "idempotency_key_at",
     "raw_target",
 )
-_UPDATABLE = frozenset({"completed_at", "http_status", "error", "external_id", "response"})
+_UPDATABLE = frozenset(
+    {"completed_at", "http_status", "error", "external_id", "response", "failed_reads", "next_read_at"}
+)
 _EVENT_INSERT = (
     "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor, flow_id) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -239,7 +241,8 @@ class ReceiptStore(ReceiptReads):
         """
         Move a receipt to `to`, from any state the transition table allows (or only from
         `expect`). Raises IllegalTransition if the table forbids it or the receipt has moved on.
-        Fields: completed_at, http_status, error, external_id, response (a RecordedResponse).
+        Fields: completed_at, http_status, error, external_id, response (a RecordedResponse),
+        failed_reads and next_read_at (what reconcile records of its reads).
         """
         unknown = set(fields) - _UPDATABLE
         if unknown:

@@ -105,6 +105,8 @@ class Receipt:
     client_key: str | None = None
     idempotency_key_at: str | None = None  # when this key was first sent (by this receipt or one it retries)
     raw_target: str | None = None  # the target as sent (redacted like `target`), when it is not the canonical one
+    failed_reads: int = 0  # reconcile reads of this receipt that failed and proved nothing
+    next_read_at: str | None = None  # outcome_unknown: no read is tried before this time (a failed read, settle)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -141,6 +143,8 @@ class Receipt:
             client_key=row.get("client_key"),
             idempotency_key_at=row.get("idempotency_key_at"),
             raw_target=row.get("raw_target"),
+            failed_reads=row.get("failed_reads") or 0,
+            next_read_at=row.get("next_read_at"),
         )
 
     @property

@@ -23,7 +23,9 @@ def history(store: Store, rid: str) -> list[tuple[str | None, str, str, str]]:
 # Each case: the receipt's kind (/api/<bucket>/<kind>, operation <kind>.create) and title, the
 # titles already on the upstream, a fault for the read, more argv, the receipt's (api, operation)
 # when not the kind's, then the expected state, external id and reason ({read} is "read GET <url>"),
-# and the read's path after /api/<bucket>/<kind> (None: no read is sent).
+# and the read's path after /api/<bucket>/<kind> (None: no read is sent). SAME: a failed read proves
+# nothing, so the receipt stays in the state it started in (outcome_unknown, waiting for its next read).
+SAME = "same as before"
 RECONCILE_CASES = [
     pytest.param("things", "x", ["a", "x", "b"], None, [], None, "succeeded", "2",
                  "{read} → HTTP 200: found among 3 items (id=2)", "", id="found"),
@@ -41,17 +43,17 @@ RECONCILE_CASES = [
     pytest.param("drafts", "x", ["a"], None, [], None, "manual_review", None,
                  "{read} → HTTP 200: not found among 1 items; the rule does not allow a retry", "",
                  id="absent-provable-but-no-retry-allowed"),
-    pytest.param("things", "x", ["x"], "500", [], None, "manual_review", None,
+    pytest.param("things", "x", ["x"], "500", [], None, SAME, None,
                  "{read} → HTTP 500: the read failed, nothing is proven", "", id="read-answers-500"),
-    pytest.param("things", "x", ["x"], "404", [], None, "manual_review", None,
+    pytest.param("things", "x", ["x"], "404", [], None, SAME, None,
                  "{read} → HTTP 404: the read failed, nothing is proven", "", id="list-read-answers-404"),
-    pytest.param("things", "x", ["x"], "hang", ["--timeout", "0.1"], None, "manual_review", None,
+    pytest.param("things", "x", ["x"], "hang", ["--timeout", "0.1"], None, SAME, None,
                  "{read} failed: ReadTimeout", "", id="read-times-out"),
     pytest.param("lookups", "2", ["a", "b"], None, [], None, "succeeded", "2",
                  "{read} → HTTP 200: found", "/2", id="status-decides-found"),
     pytest.param("lookups", "3", ["a", "b"], None, [], None, "safe_to_retry", None,
                  "{read} → HTTP 404; absence is proven and the rule allows a retry", "/3", id="status-decides-absent"),
-    pytest.param("lookups", "2", ["a", "b"], "500", [], None, "manual_review", None,
+    pytest.param("lookups", "2", ["a", "b"], "500", [], None, SAME, None,
                  "{read} → HTTP 500: the read failed, nothing is proven", "/2", id="status-decides-500"),
     pytest.param("plain", "x", ["x"], None, [], None, "manual_review", None,
                  "no read can decide: test-api plain.create has no reconcile spec", None, id="no-reconcile-spec"),
@@ -73,6 +75,10 @@ def test_reconcile(recon, capsys, start, kind, title, items, fault, argv, rule, 
         recon.up.plan_read(read_path, fault)
     before = history(recon.store, rid)
     reason = reason.format(read=f"read GET {recon.up.url}{read_path}")
+    if state == SAME:  # the failed read is counted, and an outcome_unknown receipt waits 30 s for its next read
+        state = start
+        reason += ("; failed read 1 of 3: next read not before 2026-03-01T12:00:30.000000Z (backoff)"
+                   if start is State.OUTCOME_UNKNOWN else "; failed read 1: it stays in manual review")
     code, out, err = recon.run(capsys, rid, *argv)
     if "failed" in reason:  # a read that fails proves nothing: said on stderr, and the exit status is 1
         assert (code, err) == (1, f"Error: 1 read failed and proved nothing:\n  {rid} {api}/{operation}: {reason}\n")
@@ -109,10 +115,10 @@ def test_reconcile_json(recon, capsys):
     results = json.loads(out)
     assert results == [
         {"operation_id": found, "operation": "test-api/things.create", "from": "outcome_unknown",
-         "state": "succeeded", "external_id": "2", "read_failed": False,
+         "state": "succeeded", "external_id": "2", "read_failed": False, "next_read_at": None, "skipped": False,
          "reason": f"{recon.read_of('things')} → HTTP 200: found among 2 items (id=2)"},
         {"operation_id": unproven, "operation": "test-api/notes.create", "from": "manual_review",
-         "state": "manual_review", "external_id": None, "read_failed": False,
+         "state": "manual_review", "external_id": None, "read_failed": False, "next_read_at": None, "skipped": False,
          "reason": f"{recon.read_of('notes')} → HTTP 200: not found among 0 items; "
                    "the rule does not say this read proves absence"},
     ]
