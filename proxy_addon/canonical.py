@@ -36,11 +36,16 @@ UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123
 # What a path may hold unencoded (RFC 3986 pchar and "/"), besides percent-encodings.
 _PATH_SAFE = UNRESERVED | frozenset("!$&'()*+,;=:@/")
 _HEX = frozenset("0123456789abcdefABCDEF")
+_NUMERIC_END = frozenset("0123456789abcdefABCDEFxX.]")  # how an IP literal (or a trailing dot) may end
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]*")  # nothing to encode or decode
+_DOT_SEGMENT = re.compile(r"(?:^|/)\.\.?(?:/|$)")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def canonical_host(host: str) -> str:
     """A host as rules match it: lower case, no trailing dot, IP literals in one spelling."""
+    if host[-1:] not in _NUMERIC_END and ":" not in host:
+        return host.lower()  # a name (the common case, on every request): it cannot be an IP literal
     ip = ip_literal(host)
     if ip is not None:
         return ip
@@ -146,6 +151,8 @@ def canonical_path(path: str) -> str:
     slashes merged, dot segments removed. The query string is kept as it is.
     """
     raw, sep, query = path.partition("?")
+    if raw.startswith("/") and _PLAIN_PATH.fullmatch(raw) and "//" not in raw and not _DOT_SEGMENT.search(raw):
+        return path  # already canonical (the common case, on every request to a ruled host)
     if not raw.startswith("/"):
         return path if raw else "/" + sep + query  # "*" (OPTIONS) or an authority: nothing to normalise
     p = canonical_encoding(raw)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy_addon.canonical import canonical_host, canonical_path, ip_literal, param_value, target
 from proxy_addon.errors import RulesError
@@ -354,3 +356,21 @@ def test_explain_says_when_a_path_differs_in_case_only():
     assert report["match"] is None
     assert any("things.create" in line and "letter case only" in line and "case_insensitive" in line
                for line in report["why"])
+
+
+# --- canonical forms are fixed points ------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="/.%2eEfF7Aa~-_!:@ é?x\udcff", max_size=40))
+def test_canonical_path_is_a_fixed_point(path):
+    once = canonical_path("/" + path)
+    assert canonical_path(once) == once
+    assert once.partition("?")[2] == ("/" + path).partition("?")[2]  # the query as sent
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789xXabcdefABCDEF.:[]", max_size=24))
+def test_canonical_host_is_a_fixed_point(host):
+    once = canonical_host(host)
+    assert canonical_host(once) == once
