@@ -182,6 +182,86 @@ def exchange_failed(operation_id: str, state: State, detail: str, *, timed_out: 
     )
 
 
+def body_refused(api: str, operation: str, *, too_large: bool, detail: str) -> Answer:
+    """
+    A matched write refused for its body before any receipt: 413 when it is, or decodes to,
+    more than receipts_body_cap; 400 when its Content-Encoding cannot be decoded. Nothing was sent.
+    """
+    if too_large:
+        error = "request_body_too_large"
+        hint = (
+            "the request was not sent and no receipt was recorded; send a smaller body, "
+            "or raise the proxy's receipts_body_cap (--set receipts_body_cap=BYTES)"
+        )
+    else:
+        error = "bad_content_encoding"
+        hint = (
+            "the request was not sent and no receipt was recorded; send the body plain, "
+            "or with a Content-Encoding the proxy decodes (gzip, deflate, br, zstd)"
+        )
+    return json_answer(
+        413 if too_large else 400,
+        {"error": error, "sent": False, "api": api, "operation": operation, "detail": detail, "hint": hint},
+        {},
+    )
+
+
+def response_not_passed(
+    operation_id: str,
+    state: State,
+    status: int,
+    why: str,
+    *,
+    received: int,
+    limit: int,
+    timeout: float,
+    detail: str = "",
+) -> Answer:
+    """
+    The answer when the upstream's answer to a write reached the proxy but could not be passed
+    on whole: it is larger than receipts_response_max (`why` "too_large"), it was still arriving
+    at the deadline ("timeout"), or it broke off ("broken"). The outcome was recorded from the
+    status before the rest was read, so the agent learns it here.
+    """
+    if why == "too_large":
+        error, detail = (
+            "response_too_large",
+            f"the upstream answered HTTP {status} with a body larger than receipts_response_max ({limit} bytes); "
+            "the proxy holds a matched write's answer to record it, so it ended the exchange "
+            f"after {received} bytes",
+        )
+    elif why == "timeout":
+        error, detail = (
+            "response_incomplete",
+            f"the upstream answered HTTP {status}, and its body was still arriving after receipts_upstream_timeout "
+            f"({timeout:g}s, {received} bytes)",
+        )
+    else:
+        error, detail = (
+            "response_incomplete",
+            f"the upstream answered HTTP {status}, and its body broke off after {received} bytes"
+            + (f" ({detail})" if detail else ""),
+        )
+    return json_answer(
+        504 if why == "timeout" else 502,
+        {
+            "error": error,
+            "operation_id": operation_id,
+            "state": str(state),
+            "upstream_status": status,
+            "detail": detail,
+            "hint": f"the request was sent once, and its outcome was recorded from the status as {state}; "
+            + (
+                "it may be sent again once corrected"
+                if state is State.REJECTED
+                else "do not resend it: a duplicate is answered from that receipt"
+            )
+            + (" (raise receipts_response_max to receive answers this large)" if why == "too_large" else ""),
+        },
+        {"X-Receipt-Id": operation_id, "X-Receipt-State": str(state)},
+    )
+
+
 def denied(receipt: Receipt, reason: str) -> Answer:
     """The answer when an operator denies a held request, or nobody decided in time."""
     return json_answer(

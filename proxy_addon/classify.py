@@ -3,6 +3,7 @@ What happened to a forwarded request, as a receipt state: every mapping from an 
 transport failure to a state lives here.
 
     outcome = answer_outcome(status, reason, headers, body, op)    # the upstream answered
+    outcome = head_outcome(status, reason, headers, op, rec, why)  # ...with a body too large to read first
     outcome = failure_outcome(exc)                                 # our own exchange failed (httpx)
     outcome = error_outcome(message, tcp_setup=..., ...)           # mitmproxy's forwarding failed
 
@@ -37,6 +38,7 @@ integration tests:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +61,7 @@ __all__ = [
     "error_outcome",
     "external_id_of",
     "failure_outcome",
+    "head_outcome",
     "id_in",
     "maybe_sent",
     "never_sent",
@@ -116,6 +119,33 @@ def answer_outcome(
         evidence=exists,
         external_id=response_external_id(op, headers, body) if state is State.SUCCEEDED else None,
     )
+
+
+def head_outcome(
+    status: int,
+    phrase: str,
+    headers: Mapping[str, str],
+    op: Operation | None,
+    recorded: RecordedResponse | None,
+    why: str,
+) -> Outcome:
+    """
+    The outcome of an answer whose body was not read (`why`: it is larger than
+    receipts_response_cap), from its status and headers. When the first of the operation's
+    `classify:` rules that fits them tests body fields, the body would have decided: the
+    outcome is unknown. Otherwise as `answer_outcome` with no body (no external id from it).
+    """
+    for rule in op.classify_rules if op is not None else ():
+        if rule_fits(dataclasses.replace(rule, body=()), status, headers, b""):
+            if rule.body:
+                message = (
+                    f"outcome unknown: upstream answered HTTP {status}, and the operation's classify rule "
+                    f"(line {rule.line}) reads the body, which was not read ({why})"
+                )
+                return Outcome(State.OUTCOME_UNKNOWN, message, error=message, http_status=status, response=recorded)
+            break
+    outcome = answer_outcome(status, phrase, headers, b"", op, recorded)
+    return dataclasses.replace(outcome, reason=f"{outcome.reason}; classified from the status ({why})")
 
 
 def failure_outcome(e: BaseException) -> Outcome:

@@ -15,10 +15,17 @@ from typing import Any, Final
 NOT_JSON: Final = object()  # what parse_json returns for a body that is not a JSON document
 
 
+# The first byte of a JSON text as json.loads reads bytes: a value's first character or whitespace,
+# or the start of a byte order mark or of UTF-16/32 (a zero byte). Any other first byte is not JSON.
+_FIRST_BYTES: Final = frozenset(b' \t\n\r{["-0123456789tfnNI\x00\xef\xfe\xff')
+
+
 def parse_json(body: bytes | str) -> Any:
     """The parsed document, or NOT_JSON. Deeply nested JSON (RecursionError) counts as not JSON."""
     if not body:
         return NOT_JSON
+    if isinstance(body, bytes) and body[0] not in _FIRST_BYTES:
+        return NOT_JSON  # known before json.loads decodes all of it into a str the size of the body
     try:
         return json.loads(body)
     except (UnicodeDecodeError, ValueError, RecursionError):

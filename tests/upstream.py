@@ -18,6 +18,12 @@ Faults, one per request, in the order planned (then "ok"):
     reset     commit, then reset the connection (RST)
     400 / 404 / 409 / 429   refuse without committing
     500 / 502 / 503         commit, then answer with that status
+    large     commit, answer 201 with a JSON body of `large_bytes` bytes (3 MiB): {"id": n, "pad": "xx..."}
+    endless   commit, answer 200 and stream a chunked body without end, until the peer closes the
+              connection or `endless_seconds` pass: `up.endless[path]` says how many bytes were
+              written, and whether the peer closed the connection or stopped reading (5 s) without closing;
+              `up.endless_rate` (bytes per second, None: as fast as it can) slows it
+Upstream(keep_bodies=False) records each write's size and sha256 but not its body (large bodies).
 Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`);
 GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read
 ("held" answers it once `let_go(path)` is called);
@@ -31,6 +37,7 @@ counts) every spelling of a path as nginx does: `//api/./thing%73` is `/api/thin
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import ipaddress
 import json
 import socket
@@ -38,14 +45,21 @@ import ssl
 import struct
 import sys
 import threading
+import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
 class Upstream:
-    def __init__(self, *, tls: bool = False, certdir: Path | None = None, hang_seconds: float = 8.0, port: int = 0):
+    def __init__(self, *, tls: bool = False, certdir: Path | None = None, hang_seconds: float = 8.0, port: int = 0,
+                 endless_seconds: float = 30.0, keep_bodies: bool = True, large_bytes: int = 3 * 1024 * 1024):
         self.tls = tls
+        self.large_bytes = large_bytes
+        self.endless_seconds = endless_seconds
+        self.endless_rate: float | None = None
+        self.keep_bodies = keep_bodies
+        self.endless: dict[str, dict] = {}  # path → {"sent": bytes, "peer_closed", "stalled", "done": bool}
         self._port = port
         self.certdir = certdir
         self.hang_seconds = hang_seconds
@@ -158,12 +172,13 @@ class Upstream:
                     fault = up._plans[path].pop(0) if up._plans[path] else _query_fault(self.path)
                     up.requests.append({"path": self.path, "target": self.requestline.split(" ")[1],  # as sent ('//' too)
                                         "method": self.command, "headers": dict(self.headers),
-                                        "body": body, "fault": fault})
+                                        "body": body if up.keep_bodies else b"", "fault": fault,
+                                        "size": len(body), "sha256": hashlib.sha256(body).hexdigest()})
                     if fault != "lost" and (not fault.isdigit() or int(fault) >= 500):
                         up._commits[path] += 1
                         n = up._commits[path]
                         try:
-                            doc = json.loads(body) if body else {}
+                            doc = json.loads(body) if body and up.keep_bodies else {}
                         except ValueError:
                             doc = {}
                         up.items.setdefault(path, []).append({**(doc if isinstance(doc, dict) else {}), "id": n})
@@ -189,6 +204,11 @@ class Upstream:
                     self.wfile.write(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\": ")
                     self.wfile.flush()
                     self._close()
+                elif fault == "large":
+                    head = json.dumps({"id": n, "pad": ""}).encode()[:-2]
+                    self._raw(201, head + b"x" * (up.large_bytes - len(head) - 2) + b'"}')
+                elif fault == "endless":
+                    self._endless(path)
                 elif fault == "reset":
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self._close()
@@ -196,6 +216,31 @@ class Upstream:
                     raise ValueError(f"unknown fault {fault!r}")
 
             do_PUT = do_PATCH = do_DELETE = do_POST
+
+            def _endless(self, path: str) -> None:
+                """200, then a chunked body that never ends: until the peer closes, or endless_seconds pass."""
+                state = up.endless[path] = {"sent": 0, "peer_closed": False, "stalled": False, "done": False}
+                chunk = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.flush()
+                self.connection.settimeout(5.0)
+                start = time.monotonic()
+                deadline = start + up.endless_seconds
+                try:
+                    while time.monotonic() < deadline and not up.release.is_set():
+                        self.wfile.write(chunk)
+                        state["sent"] += 65536
+                        if up.endless_rate:
+                            time.sleep(max(0.0, start + state["sent"] / up.endless_rate - time.monotonic()))
+                except TimeoutError:  # the peer stopped reading for 5 s but kept the connection open
+                    state["stalled"] = True
+                except OSError:  # BrokenPipeError, ConnectionResetError: the peer closed the connection
+                    state["peer_closed"] = True
+                state["done"] = True
+                self._close()
 
             def _read_chunked(self) -> bytes:
                 out = b""
@@ -306,10 +351,6 @@ class NginxUpstream(Upstream):
                       lambda m: chr(int(m[1], 16)) if chr(int(m[1], 16)) in unreserved else m[0].upper(), path)
         path = posixpath.normpath(re.sub(r"/+", "/", path) or "/")
         return path.lower() if self.fold_case else path
-
-
-# Headers of read faults answered by status: a 429 says when to ask again (longer than a test's backoff).
-READ_RETRY_AFTER = {"429": {"Retry-After": "2"}}
 
 
 # Read answers that are 200 but cannot be judged (plan_read(path, "deepjson"), ...).

@@ -16,6 +16,7 @@ Hooks, one job each:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import httpx
@@ -23,8 +24,9 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
 from proxy_addon import answers, identity, terminal
-from proxy_addon.classify import Outcome, answer_outcome, error_outcome
-from proxy_addon.errors import ReceiptsError, RulesError, StoreError
+from proxy_addon.bodies import codings, decode_body
+from proxy_addon.classify import Outcome, answer_outcome, error_outcome, head_outcome
+from proxy_addon.errors import BadEncoding, BodyTooLarge, ReceiptsError, RulesError, StoreError
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
@@ -168,26 +170,74 @@ class Receipts:
         flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
         if m.pending:
             flow.metadata[META]["pending"] = True  # a GraphQL rule: the body decides (request hook)
+        self._bound_body(flow, flow.metadata[META])
+
+    @staticmethod
+    def _bound_body(flow: http.HTTPFlow, meta: dict) -> None:
+        """
+        Collect a matched request's body within receipts_body_cap (internals.BoundedBody): past
+        the cap, or all of it when its Content-Length is above, it is read and dropped, and the
+        `request` hook answers 413.
+        """
+        cap = ctx.options.receipts_body_cap
+        length = flow.request.headers.get("content-length", "").strip()
+        if length.isdigit() and int(length) > cap:
+            meta["body_over_cap"] = int(length)
+
+        def overflow(received: int) -> None:
+            meta["body_over_cap"] = max(received, meta.get("body_over_cap", 0))
+
+        internals.bound_request_body(flow, 0 if "body_over_cap" in meta else cap, overflow)
 
     async def request(self, flow: http.HTTPFlow) -> None:
         meta = flow.metadata.get(META)
         if meta is None or flow.response or flow.error or not flow.live:
             return
+        body = await self._body(flow, meta)
+        if body is None:  # refused for its body (413, 400): never sent, whatever the rules say by now
+            return
         if meta.pop("pending", False) and self.rules is not None and not self.config_error:
             req = flow.request
-            m = self.rules.match(req.host, req.port, req.method, req.path, body=req.raw_content or b"")
+            m = self.rules.match(req.host, req.port, req.method, req.path, body=body)
             if m is None:  # a GraphQL query, or a mutation no rule names: passed through untouched
                 del flow.metadata[META]
                 return
             meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
         try:
             async with self.drain.track(flow, meta):
-                await self._begin(flow, meta)
+                await self._begin(flow, meta, body)
         except Exception as e:  # fail closed: whatever broke, the request is not forwarded
             logger.exception("receipt-proxy: internal error before forwarding")
             await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
 
-    async def _begin(self, flow: http.HTTPFlow, meta: dict) -> None:
+    async def _body(self, flow: http.HTTPFlow, meta: dict) -> bytes | None:
+        """
+        The request's body with its Content-Encoding decoded (bodies.py), at most receipts_body_cap
+        bytes as sent and decoded; None when the request was refused for it (answered 413 or 400).
+        """
+        raw = flow.request.raw_content or b""
+        if self.config_error:
+            return raw  # answered 503 (_begin)
+        cap = ctx.options.receipts_body_cap
+        try:
+            if "body_over_cap" in meta or len(raw) > cap:
+                raise BodyTooLarge(cap)
+            coding = flow.request.headers.get("content-encoding")
+            if not codings(coding):
+                return raw
+            return await asyncio.to_thread(decode_body, raw, coding, limit=cap)  # a large body: off the event loop
+        except (BodyTooLarge, BadEncoding) as e:
+            too_large = isinstance(e, BodyTooLarge)
+            logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {e}")
+            flow.response = response_of(
+                answers.body_refused(meta["api"], meta["operation"], too_large=too_large, detail=str(e))
+            )
+            meta["answer"] = "body_too_large" if too_large else "bad_encoding"
+            flow.marked = MARKERS["refused"]
+            flow.comment = f"NOT SENT: {e}"
+            return None
+
+    async def _begin(self, flow: http.HTTPFlow, meta: dict, body: bytes) -> None:
         if self.drain.refuses(flow, meta):  # stopping: new matched writes are not sent (drain.py)
             return
         if self.config_error or self.gate is None or self.rules is None or self.installation is None:
@@ -196,7 +246,7 @@ class Receipts:
         m = self._rematch(flow, meta)
         if m is None:
             return
-        op, view, inst = m.operation, request_view(flow.request), self.installation
+        op, view, inst = m.operation, request_view(flow.request, body), self.installation
         credentials = credentials_from(op.credential_headers, view.headers)
         try:
             admitted = await self.gate.admit(
@@ -218,10 +268,10 @@ class Receipts:
             self._answer(flow, blocked, "blocked", receipt, prefix)
             logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
         else:
-            await self._forward(flow, meta, op, receipt, given_key=admitted.attempt.given_key)
+            await self._forward(flow, meta, op, receipt, given_key=admitted.attempt.given_key, body=view.body)
 
     async def _forward(
-        self, flow: http.HTTPFlow, meta: dict, op: Operation, receipt: Receipt, given_key: str | None
+        self, flow: http.HTTPFlow, meta: dict, op: Operation, receipt: Receipt, given_key: str | None, body: bytes
     ) -> None:
         """Send a new receipt's request once: after an approval if the rule wants one, with the proxy's key if any."""
         assert self.calls is not None
@@ -230,7 +280,7 @@ class Receipts:
             receipt = await await_approval(flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout)
             if receipt.state is not State.SUBMITTED:
                 return
-        self._add_key(flow, op, receipt, given_key)
+        self._add_key(flow, op, receipt, given_key, body)
         mark(flow, receipt.state, receipt)
         await self._debug_pause("after_commit", receipt.operation_id)
         if self._client is not None:
@@ -239,7 +289,7 @@ class Receipts:
             self._deadlines.arm(flow, ctx.options.receipts_upstream_timeout)
 
     @staticmethod
-    def _add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str | None) -> None:
+    def _add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str | None, body: bytes) -> None:
         """Put the receipt's idempotency key where the API reads it, unless the agent sent its own."""
         if not receipt.idempotency_key:
             return
@@ -247,38 +297,97 @@ class Receipts:
         if header and header.lower() not in headers_of(flow.request):
             flow.request.headers[header] = receipt.idempotency_key
         if op.idempotency_body and given_key is None:
-            body = identity.with_body_key(op, flow.request.raw_content or b"", receipt.idempotency_key)
-            if body is not None:
-                flow.request.content = body
+            keyed = identity.with_body_key(op, body, receipt.idempotency_key)  # `body` decoded: re-encoded here
+            if keyed is not None:
+                flow.request.content = keyed
 
     async def _exchange(self, flow: http.HTTPFlow, meta: dict, op: Operation) -> None:
-        """Send the request ourselves: the exchange outlives an agent that hangs up (see exchange.py)."""
+        """
+        Send the request ourselves: the exchange outlives an agent that hangs up (see exchange.py).
+        An answer whose body passes receipts_response_cap is recorded from its status first; then
+        the rest is read while the agent is there, up to receipts_response_max.
+        """
         assert self._client is not None
-        result = await exchange.send(self._client, flow.request, deadline=ctx.options.receipts_upstream_timeout)
+        opts = ctx.options
+        timeout = opts.receipts_upstream_timeout
+        result = await exchange.send(self._client, flow.request, deadline=timeout, cap=opts.receipts_response_cap)
         if isinstance(result, Outcome):
             await self._record(flow, meta, result)
             flow.response = response_of(
                 answers.exchange_failed(meta["operation_id"], result.state, result.reason, timed_out=result.timed_out)
             )
             return
-        flow.response = result
-        await self._debug_pause("after_answer", meta["operation_id"])
-        await self._record_response(flow, meta)
+        flow.response = result.response
+        try:
+            await self._debug_pause("after_answer", meta["operation_id"])
+            await self._record_response(flow, meta, complete=result.complete)
+            if result.complete:
+                return
+            rest = await result.read_rest(limit=opts.receipts_response_max, wanted=lambda: flow.client_conn.connected)
+        finally:
+            await result.aclose()
+        resp = flow.response
+        if rest.body is not None:
+            resp.raw_content = rest.body
+            resp.headers["content-length"] = str(len(rest.body))
+            return
+        if rest.why == "agent_left":
+            logger.warning(
+                f"receipt {meta['operation_id']}: the agent left; stopped reading the answer after "
+                f"{rest.received} bytes and closed the upstream connection (recorded as {meta['state']})"
+            )
+        else:
+            logger.warning(
+                f"receipt {meta['operation_id']}: the answer (HTTP {resp.status_code}) was not passed to the agent: "
+                f"{rest.why} after {rest.received} bytes{f' ({rest.detail})' if rest.detail else ''}; "
+                f"recorded as {meta['state']} from its status"
+            )
+        flow.response = response_of(
+            answers.response_not_passed(
+                meta["operation_id"],
+                State(meta["state"]),
+                resp.status_code,
+                rest.why,
+                received=rest.received,
+                limit=opts.receipts_response_max,
+                timeout=timeout,
+                detail=rest.detail,
+            )
+        )
 
     async def response(self, flow: http.HTTPFlow) -> None:
         meta = self._awaiting_outcome(flow)
         if meta is not None:
             await self._record_response(flow, meta)
 
-    async def _record_response(self, flow: http.HTTPFlow, meta: dict) -> None:
+    async def _record_response(self, flow: http.HTTPFlow, meta: dict, *, complete: bool = True) -> None:
+        """
+        Classify and record the answer in `flow.response`. Its body, decoded, is read up to
+        receipts_response_cap; past that (or when `complete` is False: only its first bytes are
+        there) the outcome comes from the status and headers, and the recorded answer is truncated.
+        """
         resp = flow.response
         assert resp is not None
         op = self._operation(meta)
-        body = resp.get_content(strict=False) or b""
-        recorded = answers.recorded(
-            resp.status_code, resp.headers.items(multi=True), body, ctx.options.receipts_response_cap
-        )
-        outcome = answer_outcome(resp.status_code, resp.reason, headers_of(resp), body, op, recorded)
+        cap = ctx.options.receipts_response_cap
+        raw = resp.raw_content or b""
+        body: bytes | None = None
+        if complete:
+            try:
+                body = decode_body(raw, resp.headers.get("content-encoding"), limit=cap)
+            except BodyTooLarge:
+                body = None
+            except BadEncoding:
+                body = raw  # as sent: what the agent gets too
+        status, items, headers = resp.status_code, resp.headers.items(multi=True), headers_of(resp)
+        if body is not None:
+            recorded = answers.recorded(status, items, body, cap)
+            outcome = answer_outcome(status, resp.reason, headers, body, op, recorded)
+        else:
+            kept = b"" if codings(resp.headers.get("content-encoding")) else raw[:cap]
+            recorded = dataclasses.replace(answers.recorded(status, items, kept, cap), truncated=True)
+            why = f"its body is larger than receipts_response_cap, {cap} bytes"
+            outcome = head_outcome(status, resp.reason, headers, op, recorded, why)
         receipt = await self._record(flow, meta, outcome, op)
         if receipt is not None and outcome.evidence and receipt.external_id:
             resp.headers["X-Receipt-External-Id"] = receipt.external_id

@@ -20,8 +20,11 @@ buffered, not streamed. What a failure means is decided in classify.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 
 import httpx
 from mitmproxy import http
@@ -73,9 +76,13 @@ def end_to_end(fields: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes
 
 
 async def send(
-    client: httpx.AsyncClient, request: http.Request, *, deadline: float, connect_timeout: float = 10.0
-) -> http.Response | Outcome:
-    """Send `request` once (never retried) and return the upstream's response, or the outcome of its failure."""
+    client: httpx.AsyncClient, request: http.Request, *, deadline: float, cap: int, connect_timeout: float = 10.0
+) -> Reply | Outcome:
+    """
+    Send `request` once (never retried) and read the answer's body up to `cap` bytes: the
+    `Reply` (complete, or its head and first bytes with the rest still to read), or the outcome
+    of a failure before that. `deadline` (seconds) covers it all, the rest of the body too.
+    """
     headers = end_to_end(request.headers.fields)
     outgoing = client.build_request(
         request.method,
@@ -88,27 +95,118 @@ async def send(
         # The request target exactly as the agent sent it (httpx would remove `.` segments).
         extensions={"target": request.data.path},
     )
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + deadline
     try:
         async with asyncio.timeout(deadline):
             upstream = await client.send(outgoing, stream=True)
             try:
-                raw = b"".join([chunk async for chunk in upstream.aiter_raw()])
-            finally:
+                chunks = upstream.aiter_raw()
+                body = io.BytesIO()
+                complete = True
+                async for chunk in chunks:
+                    body.write(chunk)
+                    if body.tell() > cap:
+                        complete = False
+                        break
+            except BaseException:
+                await upstream.aclose()
+                raise
+            if complete:
                 await upstream.aclose()
     except TimeoutError:
         return deadline_outcome(deadline)
     except httpx.HTTPError as e:
         return failure_outcome(e)
-    fields = end_to_end(upstream.headers.raw)
     response = http.Response(
         http_version=b"HTTP/2.0" if upstream.http_version == "HTTP/2" else upstream.http_version.encode(),
         status_code=upstream.status_code,
         reason=upstream.reason_phrase.encode(),
-        headers=http.Headers(fields),
-        content=raw,
+        headers=http.Headers(end_to_end(upstream.headers.raw)),
+        content=body.getvalue(),  # hands the buffer over, no copy
         trailers=None,
         timestamp_start=time.time(),
         timestamp_end=time.time(),
     )
-    response.headers["content-length"] = str(len(raw))
-    return response
+    response.headers["content-length"] = str(len(response.raw_content or b""))
+    return Reply(response, complete, None if complete else _Rest(upstream, chunks, ends))
+
+
+@dataclass
+class Rest:
+    """How reading the rest of an answer ended: `body` is the whole body when it was read in full."""
+
+    body: bytes | None
+    received: int  # bytes of body read in all
+    why: str  # "complete", "too_large", "agent_left", "timeout" or "broken"
+    detail: str = ""
+
+
+@dataclass
+class _Rest:
+    upstream: httpx.Response
+    chunks: AsyncIterator[bytes]
+    ends: float  # the exchange's deadline, on the event loop's clock
+
+
+@dataclass
+class Reply:
+    """
+    The upstream's answer. `complete`: `response` holds the whole body. Otherwise it holds the
+    head and the first bytes (more than the cap given to `send`), and the rest is still to be
+    read with `read_rest`, or dropped with `aclose`.
+    """
+
+    response: http.Response
+    complete: bool
+    _rest: _Rest | None = None
+
+    async def read_rest(self, *, limit: int, wanted: Callable[[], bool], poll: float = 0.2) -> Rest:
+        """
+        Read the rest of the body into memory while `wanted()` (the agent is still there), up to
+        `limit` bytes of body in all, and never past the exchange's deadline. The upstream
+        connection is closed whatever happens.
+        """
+        rest = self._rest
+        assert rest is not None, "the answer was complete"
+        body = io.BytesIO()
+        body.write(self.response.raw_content or b"")
+        self.response.raw_content = b""  # one copy: the one being filled
+
+        async def pump() -> str:
+            async for chunk in rest.chunks:
+                if body.tell() + len(chunk) > limit:
+                    return "too_large"
+                body.write(chunk)
+            return "complete"
+
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(pump())
+        why, detail = "", ""
+        try:
+            while not why:
+                remaining = rest.ends - loop.time()
+                if not wanted():
+                    why = "agent_left"
+                elif remaining <= 0:
+                    why = "timeout"
+                else:
+                    await asyncio.wait([task], timeout=min(poll, remaining))
+                    if task.done():
+                        try:
+                            why = task.result()
+                        except httpx.HTTPError as e:
+                            why, detail = "broken", f"{type(e).__name__}: {e}"
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                    await task
+            await self.aclose()
+        received = body.tell()
+        return Rest(body.getvalue() if why == "complete" else None, received, why, detail)
+
+    async def aclose(self) -> None:
+        """Close the upstream connection (a body not read to its end: the connection is not reused)."""
+        if self._rest is not None:
+            await self._rest.upstream.aclose()

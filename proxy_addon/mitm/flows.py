@@ -31,6 +31,7 @@ MARKERS: dict[Any, str] = {  # mitmweb shows `:emoji_name:` markers (mitmproxy.u
     "blocked": ":no_entry:",
     "replayed": ":recycle:",
     "store_unavailable": ":stop_sign:",
+    "refused": ":no_entry_sign:",  # not sent for its body (receipts_body_cap, a Content-Encoding it cannot decode)
 }
 
 
@@ -59,7 +60,8 @@ def headers_of(message: http.Message) -> dict[str, str]:
     return {k.lower(): v for k, v in message.headers.items()}
 
 
-def request_view(req: http.Request) -> RequestView:
+def request_view(req: http.Request, body: bytes | None = None) -> RequestView:
+    """What the fingerprint reads of a request; `body`: its body with the Content-Encoding decoded (bodies.py)."""
     return RequestView(
         method=req.method,
         scheme=req.scheme,
@@ -67,7 +69,7 @@ def request_view(req: http.Request) -> RequestView:
         port=req.port,
         path=req.path,
         headers=headers_of(req),
-        body=req.raw_content or b"",
+        body=(req.raw_content or b"") if body is None else body,
     )
 
 

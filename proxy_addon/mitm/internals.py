@@ -5,18 +5,25 @@ What the addon needs from mitmproxy that no public API offers: a flow's transpor
   algorithm on sends the body now.
 - `close_server_connection` (and `Deadlines`, which calls it): end a flow's upstream
   exchange when our deadline passes, which `flow.kill()` cannot do to a flow in transit.
-Both read mitmproxy 12's proxyserver internals and do nothing when those are not there.
+- `bound_request_body`: collect a matched request's body within a bound, in one buffer
+  that becomes the request's content without a copy (`BoundedBody`).
+All read mitmproxy 12's proxyserver internals and do nothing when those are not there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import ctx, http
+from mitmproxy.proxy.layer import Layer
+from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
+from mitmproxy.proxy.utils import ReceiveBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +69,93 @@ def close_server_connection(flow: http.HTTPFlow) -> None:
         logger.error(f"receipt-proxy: could not end the upstream exchange of flow {flow.id}")
         return
     transport.handler.cancel("receipt-proxy: upstream deadline passed")
+
+
+class BoundedBody(ReceiveBuffer):
+    """
+    A request body as mitmproxy collects it, in place of `HttpStream.request_body_buf`: kept up
+    to `keep` bytes, and past that counted and dropped (`on_overflow` is called once, with the
+    size received so far).
+
+    mitmproxy's own buffer keeps the chunks and joins them at the end of the body, so a body
+    briefly takes twice its size. This one writes them into an `io.BytesIO`, whose `getvalue()`
+    hands its buffer over as the request's content without a copy.
+    """
+
+    def __init__(self, keep: int, on_overflow: Callable[[int], None]):
+        super().__init__()
+        self.keep = keep
+        self.received = 0
+        self.dropped = False
+        self._on_overflow = on_overflow
+        self._kept = io.BytesIO()
+
+    def __iadd__(self, data: bytes) -> BoundedBody:
+        self.received += len(data)
+        if self.dropped:
+            return self
+        if self.received <= self.keep:
+            self._kept.write(data)
+        else:
+            self.dropped = True
+            self._kept = io.BytesIO()  # what was kept is freed: this body is never sent
+            self._on_overflow(self.received)
+        return self
+
+    def __len__(self) -> int:
+        return self.received
+
+    def __bool__(self) -> bool:
+        return self.received > 0
+
+    def __bytes__(self) -> bytes:
+        return b"" if self.dropped else self._kept.getvalue()
+
+    def clear(self) -> None:
+        self._kept = io.BytesIO()
+        self.received = 0
+
+
+def bound_request_body(flow: http.HTTPFlow, keep: int, on_overflow: Callable[[int], None]) -> bool:
+    """
+    From `requestheaders`: collect the flow's request body in a `BoundedBody`. False when
+    mitmproxy's internals are not as expected; mitmproxy then buffers the whole body itself.
+    """
+    stream = _stream(flow)
+    if stream is None or type(stream.request_body_buf) is not ReceiveBuffer or stream.request_body_buf:
+        logger.debug(f"receipt-proxy: flow {flow.id}: mitmproxy buffers this request's body itself")
+        return False
+    stream.request_body_buf = BoundedBody(keep, on_overflow)
+    return True
+
+
+def _stream(flow: http.HTTPFlow) -> HttpStream | None:
+    """The HttpStream that carries `flow`: below the client connection's layers, inside CONNECT tunnels too."""
+    handler = getattr(ctx.master.addons.get("proxyserver"), "connections", {}).get(flow.client_conn.id)
+    root = getattr(handler, "layer", None)
+    todo: list[tuple[Any, int]] = [(root, 0)] if isinstance(root, Layer) else []
+    while todo:
+        layer, depth = todo.pop()
+        if isinstance(layer, HttpStream) and getattr(layer, "flow", None) is flow:
+            return layer
+        if depth < 16:
+            todo += [(child, depth + 1) for child in _children(layer)]
+    return None
+
+
+def _children(layer: Layer) -> list[Layer]:
+    if isinstance(layer, HttpLayer):
+        return list(layer.streams.values())
+    out: list[Layer] = []
+    # NextLayer.layer, a tunnel's or TLS layer's child_layer, or the layer a mode layer hands its events to
+    for child in (
+        getattr(layer, "layer", None),
+        getattr(layer, "child_layer", None),
+        getattr(getattr(layer, "_handle_event", None), "__self__", None),
+    ):
+        if isinstance(child, Layer) and child is not layer and child not in out:
+            out.append(child)
+    return out
 
 
 class Deadlines:

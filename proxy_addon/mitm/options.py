@@ -79,7 +79,23 @@ OPTIONS: list[Option] = [
         "receipts_response_cap",
         int,
         1048576,
-        "Largest response body (bytes) recorded for replay; a larger success is blocked instead of replayed",
+        "Largest response body (bytes) recorded for replay and read to classify the answer; past it the outcome is "
+        "recorded from the status at once, and a success is blocked instead of replayed",
+    ),
+    Option(
+        "receipts_response_max",
+        int,
+        64 * 1024 * 1024,
+        "Largest response body (bytes) to a matched write that the proxy holds to pass to the agent; past it the "
+        "exchange is ended and the agent gets 502 response_too_large (the outcome is recorded from the status), "
+        "e.g. --set receipts_response_max=268435456",
+    ),
+    Option(
+        "receipts_body_cap",
+        int,
+        100 * 1024 * 1024,
+        "Largest request body (bytes) of a matched write, as sent and once its Content-Encoding is decoded; a larger "
+        "one is answered 413 and not sent (nor recorded), e.g. --set receipts_body_cap=268435456",
     ),
     Option(
         "receipts_read_timeout",
@@ -164,6 +180,8 @@ POSITIVE = (
     "receipts_replay_window",
     "receipts_upstream_timeout",
     "receipts_response_cap",
+    "receipts_response_max",
+    "receipts_body_cap",
     "receipts_lock_timeout",
     "receipts_read_timeout",
     "receipts_approval_timeout",
@@ -198,6 +216,11 @@ def check(opts: Any) -> None:
     for name in POSITIVE:
         if getattr(opts, name) <= 0:
             raise exceptions.OptionsError(f"{name} must be a positive number, not {getattr(opts, name)}")
+    if opts.receipts_response_max < opts.receipts_response_cap:
+        raise exceptions.OptionsError(
+            f"receipts_response_max ({opts.receipts_response_max}) must be at least receipts_response_cap "
+            f"({opts.receipts_response_cap}): the proxy reads that much of an answer before it records it"
+        )
     try:
         parse_debug_pause(opts.receipts_debug_pause)
     except ValueError as e:
