@@ -5,11 +5,14 @@ Hooks, one job each:
 - `load` / `configure` / `running` / `done`: declare and check the options, load the rules,
   open the store (crash recovery included), build the upstream client.
 - `requestheaders`: match a rule; a matched request is never streamed (the receipt must be
-  committed before any byte leaves). Unmatched requests touch neither the database nor the
+  committed before any byte leaves), and its body is collected within receipts_body_cap
+  (internals.BoundedBody). Unmatched requests touch neither the database nor the
   fingerprint code.
-- `request`: hand a matched request to the gate (gate.py), then send it once ourselves
-  (exchange.py) and record what happened, or answer from an existing receipt (409 blocked,
-  recorded replay, 503 when the store cannot be written).
+- `request`: refuse a body above receipts_body_cap (413) or one whose Content-Encoding
+  cannot be decoded (400), before any receipt; hand a matched request to the gate (gate.py)
+  with its decoded body, then send it once ourselves (exchange.py) and record what happened,
+  or answer from an existing receipt (409 blocked, recorded replay, 503 when the store
+  cannot be written).
 - `response` / `error`: record outcomes when mitmproxy forwards (`receipts_forward=mitmproxy`).
 """
 

@@ -13,8 +13,23 @@ What it keeps from mitmproxy (`Upstream`, built from its options): upstream TLS
 verification (`ssl_insecure`, `ssl_verify_upstream_trusted_ca`,
 `ssl_verify_upstream_trusted_confdir`), the `upstream:` proxy mode with `upstream_auth`, and
 HTTP/2 to the upstream (when `http2` is on). What it refuses: `client_certs` (set
-`receipts_forward=mitmproxy` to use them). What changes: a matched request's response is
-buffered, not streamed. What a failure means is decided in classify.py.
+`receipts_forward=mitmproxy` to use them). What a failure means is decided in classify.py.
+
+What changes: a matched request's answer is held, not streamed. mitmproxy 12 sends a
+response set by the `request` hook in one piece (`send_response()` has no streaming path
+for it; `Response.stream` is read only for an answer mitmproxy reads from a server itself).
+So memory is bounded per exchange instead (README, "Limits"):
+- `send` reads the body up to `cap` (receipts_response_cap). An answer that ends within it
+  is classified and recorded whole, as always; a failure before then is a failure outcome
+  (half an answer is outcome_unknown, as in the fault matrix).
+- Past `cap`, `send` returns the head and first bytes (`Reply.complete` False): the addon
+  classifies the outcome from the status and headers and records it at once, before the
+  rest is read.
+- `Reply.read_rest` then reads the rest into memory while the agent is connected, up to
+  `limit` (receipts_response_max) and the exchange's deadline: the whole body is passed on;
+  past the limit, after the deadline, or when the body breaks off, the upstream connection
+  is closed and the agent gets the proxy's answer saying so; when the agent has gone
+  (checked every 0.2 s), the connection is closed at once.
 """
 
 from __future__ import annotations
