@@ -315,6 +315,38 @@ def test_an_encoded_body_is_fingerprinted_decoded_and_sent_as_it_came(proxy, ups
     assert upstream.seen(path) == 1
 
 
+KEYED_RULES = """\
+api: keyed
+hosts: [127.0.0.1]
+credentials: {header: api-key}
+operations:
+  issues.create:
+    match: {method: POST, path: "/api/{bucket}/issues"}
+    fingerprint: {body: [title]}
+    idempotency_key: {body: id, format: uuid4}
+"""
+
+
+def test_a_key_written_into_an_encoded_body_is_encoded_again(tmp_path, confdir, upstream):
+    # The proxy reads the decoded body to find room for its key, writes the key in, and sends
+    # the body encoded again as the agent encoded it.
+    rules = tmp_path / "keyed.yaml"
+    rules.write_text(KEYED_RULES)
+    proxy = Proxy(tmp_path, confdir, rules=rules).start()
+    try:
+        path = f"/api/{bucket()}/issues"
+        r = post(proxy, f"{upstream.url}{path}", gzip.compress(b'{"title": "keyed"}'),
+                 headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 201, r.text
+        (receipt,) = receipts_for(proxy, path)
+    finally:
+        proxy.stop()
+    (sent,) = [q for q in upstream.requests if q["path"].startswith(path)]
+    assert sent["headers"].get("Content-Encoding") == "gzip"
+    assert receipt.idempotency_key
+    assert json.loads(gzip.decompress(sent["body"])) == {"title": "keyed", "id": receipt.idempotency_key}
+
+
 def large_body(start, up: Upstream, size: int) -> None:
     """A body of `size` bytes, hashed whole by its rule, through a proxy whose cap allows it: held once."""
     proxy = start(f"receipts_body_cap={256 * MiB}")
