@@ -32,8 +32,12 @@ from pathlib import Path
 
 import pytest
 import requests
+from mitmproxy import http
 
+from proxy_addon.mitm import exchange
+from proxy_addon.mitm.exchange import make_client
 from proxy_addon.store import Receipt, Store
+from proxy_addon.upstream import Upstream as UpstreamConfig
 from tests.conftest import SECRETS_HEADERS, Proxy, wait_for
 from tests.upstream import Upstream
 
@@ -225,6 +229,55 @@ def test_an_answer_past_the_record_cap_reaches_the_agent_whole_and_is_never_repl
     assert up.seen(path) == 1
 
 
+def test_an_answer_still_arriving_at_the_deadline_is_told_as_such(start, up):
+    proxy = start("receipts_upstream_timeout=2")
+    path = f"/api/{bucket()}/things"
+    up.plan(path, "endless")
+    up.endless_rate = 4 * MiB  # slow: the 2 s deadline passes long before receipts_response_max
+    try:
+        r = post(proxy, f"{up.url}{path}", json.dumps({"title": "slow"}), timeout=30)
+    finally:
+        up.endless_rate = None
+    assert r.status_code == 504, r.text[:500]
+    doc = r.json()
+    assert (doc["error"], doc["state"], doc["upstream_status"]) == ("response_incomplete", "succeeded", 200)
+    assert "receipts_upstream_timeout" in doc["detail"]
+    (receipt,) = receipts_for(proxy, path)
+    assert (receipt.state, receipt.http_status) == ("succeeded", 200)
+    wait_for(lambda: up.endless[path]["done"], timeout=10, what="the upstream's stream to end")
+    assert up.endless[path]["peer_closed"], up.endless[path]
+
+
+@pytest.mark.parametrize("case", ["complete", "too_large", "agent_left", "timeout", "broken"])
+async def test_reading_the_rest_of_an_answer_ends_at_each_bound(case, up):
+    """exchange.Reply.read_rest against the real upstream: how each way of ending is told, and the connection closed."""
+    path = f"/api/{bucket()}/things"
+    up.plan(path, "large" if case == "complete" else "endless")
+    up.endless_rate = {"timeout": 4 * MiB, "broken": 4 * MiB}.get(case)
+    up.endless_seconds = 1 if case == "broken" else 30  # then it stops mid-body, without the last chunk
+    req = http.Request.make("POST", f"{up.url}{path}", b'{"title": "rest"}', {"Content-Type": "application/json"})
+    try:
+        async with make_client(UpstreamConfig()) as client:
+            reply = await exchange.send(client, req, deadline=2 if case == "timeout" else 10, cap=MiB)
+            assert isinstance(reply, exchange.Reply) and not reply.complete, reply
+            assert reply.response.status_code == (201 if case == "complete" else 200)
+            rest = await reply.read_rest(limit=16 * MiB, wanted=lambda: case != "agent_left")
+    finally:
+        up.endless_rate, up.endless_seconds = None, 30
+    assert rest.why == case, rest
+    if case == "complete":
+        assert rest.body is not None and len(rest.body) == rest.received == up.large_bytes
+        assert json.loads(rest.body)["id"] == 1
+        return
+    assert rest.body is None
+    assert rest.received <= 16 * MiB
+    if case == "broken":
+        assert "RemoteProtocolError" in rest.detail or "ReadError" in rest.detail, rest.detail
+    else:  # the proxy's side closed the connection: the upstream saw it
+        wait_for(lambda: up.endless[path]["done"], timeout=10, what="the upstream's stream to end")
+        assert up.endless[path]["peer_closed"], up.endless[path]
+
+
 # --- request bodies ------------------------------------------------------------------------------
 
 CAP = "receipts_body_cap=1048576"  # 1 MiB
@@ -347,7 +400,7 @@ def test_a_key_written_into_an_encoded_body_is_encoded_again(tmp_path, confdir, 
     assert json.loads(gzip.decompress(sent["body"])) == {"title": "keyed", "id": receipt.idempotency_key}
 
 
-def large_body(start, up: Upstream, size: int) -> None:
+def large_body(start, up: Upstream, size: int) -> tuple[int, dict[str, int]]:
     """A body of `size` bytes, hashed whole by its rule, through a proxy whose cap allows it: held once."""
     proxy = start(f"receipts_body_cap={256 * MiB}")
     base = warm(proxy, up)

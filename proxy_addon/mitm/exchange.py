@@ -210,12 +210,12 @@ class Reply:
                     if task.done():
                         try:
                             why = task.result()
-                        except httpx.HTTPError as e:
+                        except (httpx.HTTPError, httpx.StreamError) as e:
                             why, detail = "broken", f"{type(e).__name__}: {e}"
         finally:
             if not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError, httpx.StreamError):
                     await task
             await self.aclose()
         received = body.tell()
