@@ -131,3 +131,26 @@ EXTERNAL_IDS = [
 @pytest.mark.parametrize("body, dotted, expected", [pytest.param(*e[1:], id=e[0]) for e in EXTERNAL_IDS])
 def test_external_id_of(body, dotted, expected):
     assert external_id_of(body, dotted) == expected
+
+
+# --- an answer whose body was not read (past receipts_response_cap): head_outcome ---------------
+
+SLACKISH = "[{status: 200, body: {ok: false}, state: rejected}, {status: 4xx, state: outcome_unknown}]"
+
+
+@pytest.mark.parametrize(("status", "classify", "state", "evidence"), [
+    (200, None, S, False),  # no rules: the status decides, as ever
+    (500, None, U, False),
+    (403, None, R, False),
+    (200, SLACKISH, U, False),  # a rule that reads the body fits the status: the body would have decided
+    (201, SLACKISH, S, False),  # no rule fits: the status decides
+    (409, SLACKISH, U, False),  # a status-only rule fits: it decides
+])
+def test_an_answer_whose_body_was_not_read_is_classified_from_its_head(status, classify, state, evidence):
+    from proxy_addon.classify import head_outcome
+
+    operation = op("/v1/overridden", classify) if classify else op("/v1/plain")
+    out = head_outcome(status, "", {}, operation, None, "its body is larger than receipts_response_cap")
+    assert (out.state, out.evidence, out.http_status) == (state, evidence, status)
+    assert "receipts_response_cap" in out.reason
+    assert out.external_id is None
