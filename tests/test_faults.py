@@ -114,7 +114,34 @@ SAME_WRITE_TARGETS = [
 
 # Bodies: equivalent bodies (content codings, key order and whitespace, Unicode normal forms) are
 # one intent too. Their rows go here, in the same form.
-SAME_WRITE_BODIES: list[SameWrite] = []
+_EW = "tests/test_encoded_writes.py::test_the_same_body_in_every_encoding_is_one_write[plain]"
+_IS = "tests/test_intent_secrets.py::"
+SAME_WRITE_BODIES: list[SameWrite] = [
+    SameWrite("a gzip-encoded body is the body (`gzip -n`, `gzip -n -1`: any level)", "{\"title\": \"x\"}",
+              "the same, Content-Encoding: gzip", _EW),
+    SameWrite("...deflate (zlib or raw), br, zstd", "{\"title\": \"x\"}", "the same, Content-Encoding: br (or deflate, zstd)", _EW),
+    SameWrite("...stacked codings, undone last-applied first", "{\"title\": \"x\"}",
+              "the same, Content-Encoding: gzip, br", _EW),
+    SameWrite("JSON key order and whitespace", "{\"a\": 1, \"title\": \"x\"}", "{\"title\":\"x\",\"a\":1}",
+              "tests/test_fingerprint.py::test_same_intent_same_fingerprint_whatever_the_json_layout[reversed-key-order]"),
+    SameWrite("a body sent in chunks or with a Content-Length", "Transfer-Encoding: chunked", "Content-Length: n",
+              "tests/test_bad_input.py::test_chunked_body_is_fingerprinted_by_its_content_not_its_framing"),
+    SameWrite("Unicode NFC and NFD (`é` as one code point or `e` + U+0301), literal or `\\u` escaped",
+              "{\"title\": \"café\"} (NFC)", "{\"title\": \"café\"} (NFD)",
+              "tests/test_encoded_writes.py::test_nfc_and_nfd_are_one_write"),
+    SameWrite("...in a JSON key the rule names", "{\"café\": 1} (NFC)", "{\"café\": 1} (NFD)",
+              _IS + "test_nfc_and_nfd_are_one_intent[json-key-sent-nfd]"),
+    SameWrite("...in form values, multipart text parts, GraphQL arguments, query values",
+              "title=caf%C3%A9", "title=cafe%CC%81", _IS + "test_nfc_and_nfd_are_one_intent[form-value]"),
+    SameWrite("a JSON object sent as a form (`curl -d`) and as JSON, when the form has none of the named fields",
+              "curl -d '{\"title\": \"x\"}'", "Content-Type: application/json",
+              "tests/test_encoded_writes.py::test_curl_d_json_is_read_as_json_and_its_fallback_is_reported"),
+    SameWrite("a named field missing and the same field null", "{\"title\": \"x\"}",
+              "{\"title\": \"x\", \"meta\": null}", _IS + "test_missing_fields_count_as_null_and_are_noted"),
+    SameWrite("a named object in any key order (stored as its keyed hash)", "{\"meta\": {\"a\": 1, \"b\": 2}}",
+              "{\"meta\": {\"b\": 2, \"a\": 1}}",
+              _IS + "test_a_named_object_is_stored_as_a_keyed_hash_and_still_tells_objects_apart"),
+]
 
 SAME_WRITE = SAME_WRITE_TARGETS + SAME_WRITE_BODIES
 
@@ -132,6 +159,14 @@ NOT_SAME_WRITE = [
               "tests/test_canonical.py::test_what_is_not_merged[query-encoding]"),
     SameWrite("any two different intents, spelled at random", "(hypothesis)", "(hypothesis)",
               "tests/test_same_write.py::test_different_intents_are_different_fingerprints"),
+    SameWrite("NFC is not accent folding", "{\"title\": \"café\"}", "{\"title\": \"cafe\"}",
+              "tests/test_intent_secrets.py::test_nfc_and_nfd_are_one_intent[json-value]"),
+    SameWrite("two different objects under a named field", "{\"meta\": {\"k\": \"a\"}}",
+              "{\"meta\": {\"k\": \"b\"}}",
+              "tests/test_intent_secrets.py::test_names_on_no_list_reach_no_db_wal_or_log"),
+    SameWrite("two different bodies without any of the named fields (each hashed whole)", "{\"name\": \"x\"}",
+              "{\"name\": \"x\"} ",
+              "tests/test_intent_secrets.py::test_each_fallback_is_recorded_and_hashes_the_whole_body[none-of-the-fields]"),
 ]
 
 
@@ -188,12 +223,87 @@ def render() -> str:
         "",
         "With a `reconcile` spec in the rule, a retry of an `outcome_unknown` receipt first",
         "triggers a read (see README): found → the `after_success` answer; proven absent →",
-        "forwarded; otherwise `manual_review` and 409. A retry that arrives while the first",
-        "attempt is still in flight waits for its outcome (`receipts_wait_submitted`).",
+        "forwarded; not found where the read cannot prove absence → `manual_review` and 409; a",
+        "read that fails → still `outcome_unknown`, 409 with `Retry-After`, and another read",
+        "after it (`manual_review` after `receipts_read_attempts` failed reads). A retry that",
+        "arrives while the first attempt is still in flight waits for its outcome",
+        "(`receipts_wait_submitted`).",
         "",
     ]
     lines += same_write_lines()
+    lines += limits_lines()
     return "\n".join(lines)
+
+
+# The bounds the proxy keeps: (option, what happens past it, the test that shows it). The
+# defaults come from the options table itself, so this page cannot drift from the code.
+LIMITS = [
+    ("receipts_body_cap", "a matched request body larger than this (by Content-Length, chunked, or once its "
+     "Content-Encoding is decoded) gets 413 `request_body_too_large`; nothing is sent, no receipt is written",
+     "tests/test_memory.py::test_a_gzip_body_that_decodes_past_the_cap_is_refused_413_unsent"),
+    ("receipts_response_cap", "an answer is recorded (and replayable) up to this; past it the outcome is "
+     "classified from the status and headers and recorded at once, and a duplicate gets 409, never a cut replay",
+     "tests/test_memory.py::test_an_answer_past_the_record_cap_reaches_the_agent_whole_and_is_never_replayed"),
+    ("receipts_response_max", "the most of one answer held for the agent; past it the upstream connection is "
+     "closed and the agent gets 502 `response_too_large` (once the agent has gone, reading stops at once)",
+     "tests/test_memory.py::test_an_endless_answer_is_recorded_from_its_status_and_cut_at_the_bound"),
+    ("receipts_upstream_timeout", "no answer by then: the exchange is ended, the receipt is `outcome_unknown`, "
+     "the agent gets 504", "tests/test_integration.py::test_upstream_deadline_ends_the_exchange"),
+    ("receipts_wait_submitted", "a duplicate of a write still in flight waits this long for its outcome, then "
+     "gets 409", "tests/test_integration.py::test_a_duplicate_waits_only_as_long_as_receipts_wait_submitted"),
+    ("receipts_read_timeout", "a reconcile read that takes longer is a failed read",
+     "tests/test_failed_reads.py::test_a_failed_read_leaves_the_outcome_unknown_until_the_last_attempt"),
+    ("receipts_read_attempts", "failed reads after which the receipt goes to `manual_review`",
+     "tests/test_failed_reads.py::test_a_failed_read_leaves_the_outcome_unknown_until_the_last_attempt"),
+    ("receipts_read_backoff", "seconds before the next read after a failed one, doubling (at most an hour); "
+     "an answer's `Retry-After` instead", "tests/test_failed_reads.py::test_retry_after_is_seconds_or_an_http_date"),
+    ("receipts_read_deadline", "seconds after the outcome became unknown past which a failed read sends the "
+     "receipt to `manual_review`",
+     "tests/test_failed_reads.py::test_a_read_that_fails_past_the_deadline_goes_to_manual_review"),
+    ("receipts_drain_timeout", "on SIGTERM/SIGINT, how long the writes in flight may take to end (new ones get "
+     "503 `not_sent`); what is left is recorded `outcome_unknown`",
+     "tests/test_stop.py::test_a_write_that_outlasts_the_drain_timeout_is_recorded_outcome_unknown"),
+    ("receipts_approval_timeout", "a write held for approval and not decided by then is denied (403)",
+     "tests/mitm/test_addon.py::test_approval_gate_times_out"),
+]
+
+
+def limits_lines() -> list[str]:
+    from proxy_addon.mitm.options import OPTIONS
+    from proxy_addon.rules.loader import MAX_RULES_BYTES
+
+    defaults = {o.name: o.default for o in OPTIONS}
+    lines = [
+        "## Limits",
+        "",
+        "Every bound is an option (`--set NAME=VALUE`); the defaults are the options' own.",
+        "",
+        "| option | default | past it | shown by |",
+        "|---|---|---|---|",
+    ]
+    for name, what, test in LIMITS:
+        lines.append(f"| `{name}` | {_amount(name, defaults[name])} | {what} | `{test}` |")
+    lines.append(f"| (a rules file) | {_amount('bytes', MAX_RULES_BYTES)} | refused with file:line, as a file with a "
+                 "YAML alias is | `tests/test_rules_reload.py::test_a_rules_file_past_the_size_bound_is_refused` |")
+    return [*lines, ""]
+
+
+def _amount(name: str, value: int) -> str:
+    if name.endswith(("cap", "max", "bytes")):
+        return f"{value // 1048576} MiB" if value % 1048576 == 0 else f"{value} bytes"
+    return f"{value} s" if not name.endswith("attempts") else str(value)
+
+
+def test_every_limit_names_an_option_and_a_test():
+    from proxy_addon.mitm.options import OPTIONS
+
+    names = {o.name for o in OPTIONS}
+    root = DOC.parent.parent
+    for name, _, test in LIMITS:
+        assert name in names, name
+        path, _, func = test.partition("::")
+        assert (root / path).exists(), test
+        assert not func or f"def {func.split('[')[0]}(" in (root / path).read_text(), test
 
 
 @pytest.fixture(scope="module")

@@ -297,6 +297,10 @@ class Upstream:
             self.server.server_close()
 
 
+# Headers of read faults answered by status: a 429 says when to ask again (longer than a test's backoff).
+READ_RETRY_AFTER = {"429": {"Retry-After": "2"}}
+
+
 class DecodingUpstream(Upstream):
     """
     An upstream that decodes a request body's Content-Encoding (gzip, deflate, br, zstd, stacked) before

@@ -106,7 +106,10 @@ class Receipts:
         opts = ctx.options
         try:
             inst = Installation.open(
-                opts.receipts_db, secret=opts.receipts_secret or None, lock_timeout=opts.receipts_lock_timeout
+                opts.receipts_db,
+                secret=opts.receipts_secret or None,
+                lock_timeout=opts.receipts_lock_timeout,
+                new_db=opts.receipts_new_db,
             )
         except (ReceiptsError, OSError, ValueError) as e:
             raise exceptions.OptionsError(f"receipts_db: {e}") from None

@@ -49,6 +49,13 @@ OPTIONS: list[Option] = [
         "A rules file, or a folder whose *.yaml files are loaded, e.g. --set receipts_rules=./rules",
     ),
     Option(
+        "receipts_new_db",
+        bool,
+        False,
+        "Create a new, empty receipts database even though a secret.key or instances folder beside receipts_db "
+        "shows that one existed there (it was removed or moved); without it the proxy refuses to start",
+    ),
+    Option(
         "receipts_secret",
         str,
         "",
