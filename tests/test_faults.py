@@ -403,7 +403,8 @@ def test_each_same_write_row_names_a_test_that_exists(row):
             if mark.name == "parametrize":
                 given_ids = mark.kwargs.get("ids")
                 values = mark.args[1]
-                ids += list(given_ids) if isinstance(given_ids, list) else [str(v) for v in values]
+                ids += list(given_ids) if isinstance(given_ids, list) else [
+                    v.id if getattr(v, "id", None) else str(v) for v in values]
         assert param in ids, f"{row.test}: no parameter id {param!r} (ids: {ids})"
 
 
