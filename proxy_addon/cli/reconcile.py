@@ -18,12 +18,19 @@ import asyncio
 import datetime as dt
 import json
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from proxy_addon.cli.values import HEADER_NAME, UsageError, cli_actor, positive_seconds, sendable
+from proxy_addon.cli.values import (
+    HEADER_NAME,
+    UsageError,
+    cli_actor,
+    positive_int,
+    positive_seconds,
+    seconds_or_age,
+    sendable,
+)
 from proxy_addon.errors import IllegalTransition, RulesError
 from proxy_addon.paths import default_rules
 from proxy_addon.reads import ReadSettings
@@ -65,14 +72,14 @@ def reconcile_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--read-attempts",
-        type=_positive_int,
+        type=positive_int,
         default=ReadSettings.attempts,
         metavar="N",
         help="failed reads after which a receipt goes to manual_review (default 3, as receipts_read_attempts)",
     )
     p.add_argument(
         "--read-deadline",
-        type=_seconds_or_age,
+        type=seconds_or_age,
         default=ReadSettings.deadline,
         metavar="T",
         help="seconds or an age (90m, 24h): a read that fails this long after the outcome became unknown "
@@ -92,20 +99,6 @@ def reconcile_args(p: argparse.ArgumentParser) -> None:
         help="read receipts that wait for their next read (after a failed read or a settle delay) at once",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-
-
-def _positive_int(text: str) -> int:
-    if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text!r}")
-    return int(text)
-
-
-def _seconds_or_age(text: str) -> float:
-    """`86400`, `90m`, `24h`, `7d` as seconds."""
-    m = re.fullmatch(r"\s*([0-9]+)\s*([smhdw]?)\s*", text)
-    if not m or int(m[1]) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 or an age like 90m, 24h")
-    return float(int(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m[2]])
 
 
 def reconcile_run(store: Store, args: argparse.Namespace) -> int:

@@ -86,6 +86,14 @@ def sendable(value: str) -> bool:
     return value.isascii() and value.isprintable()
 
 
+def seconds_or_age(text: str) -> float:
+    """`86400`, `90m`, `24h`, `7d` as seconds (an argparse type)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([smhdw]?)\s*", text)
+    if not m or int(m[1]) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 or an age like 90m, 24h")
+    return float(int(m[1]) * (AGE_UNITS[m[2]] if m[2] else 1))
+
+
 def positive_int(text: str) -> int:
     try:
         n = int(text)
