@@ -28,7 +28,8 @@ Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`);
 GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read
 ("held" answers it once `let_go(path)` is called);
 "deepjson", "badutf8" and "notjson" answer 200 with a body that cannot be judged; a read's "429"
-answers with `Retry-After: 2` (READ_RETRY_AFTER).
+answers with `Retry-After: 2` (READ_RETRY_AFTER). `reads_at_once(path)`: the reads of a path in
+progress now and the most at once (a held read counts while it waits).
 The upstream counts commits itself, per path: tests never guess. `NginxUpstream` routes (and
 counts) every spelling of a path as nginx does: `//api/./thing%73` is `/api/things`.
 `DecodingUpstream` decodes a request body's Content-Encoding (gzip, deflate, br, zstd) before reading it.
@@ -71,6 +72,8 @@ class Upstream:
         self.lock = threading.Lock()
         self.release = threading.Event()  # set to end every hang early
         self._held: dict[str, threading.Event] = defaultdict(threading.Event)  # "held" writes wait for let_go(path)
+        self._reading: dict[str, int] = defaultdict(int)  # path → reads (GET/HEAD) in progress, not yet answered
+        self._reads_peak: dict[str, int] = defaultdict(int)  # path → the most reads in progress at once
         self.server: ThreadingHTTPServer | None = None
         self.cert_path: Path | None = None
 
@@ -98,6 +101,12 @@ class Upstream:
     def reads(self, path: str) -> int:
         with self.lock:
             return sum(1 for r in self.requests if r["method"] == "GET" and self.route(r["path"]) == path)
+
+    def reads_at_once(self, path: str) -> tuple[int, int]:
+        """Reads of `path` in progress now, and the most ever in progress at once. A read counts from
+        its arrival until just before its answer is written (a "held" or "hang" read: while it waits)."""
+        with self.lock:
+            return self._reading[path], self._reads_peak[path]
 
     def commits(self, path: str) -> int:
         with self.lock:
@@ -139,12 +148,17 @@ class Upstream:
                     items = list(up.items.get(path, []))
                     parent, _, last = path.rpartition("/")
                     item = next((i for i in up.items.get(parent, []) if str(i["id"]) == last), None)
+                    up._reading[path] += 1
+                    up._reads_peak[path] = max(up._reads_peak[path], up._reading[path])
                 if fault == "held":  # plan_read(path, "held"): wait for let_go(path), then answer as usual
                     with up.lock:
                         held = up._held[path]
                     held.wait(up.hang_seconds)
-                if fault == "hang":
+                elif fault == "hang":
                     up.release.wait(up.hang_seconds)
+                with up.lock:  # no longer in progress: from here it is answered (or closed, for "hang")
+                    up._reading[path] -= 1
+                if fault == "hang":
                     self._close()
                 elif fault.isdigit():  # a read's 429 says when to ask again
                     self._answer(int(fault), {"error": f"status {fault}"}, READ_RETRY_AFTER.get(fault))
