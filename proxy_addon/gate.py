@@ -19,6 +19,23 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 
 `record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait
 for it, and reconciles at once when the answer says the effect may already exist.
+
+Reads at once are bounded (`reads_max`, the option receipts_reads_max, 8): every reconcile read
+of this process (a duplicate's, an answer's evidence, an operator's) takes a slot first, and
+the others wait their turn, first come first served. Only reads wait; no other request does.
+- The slot is taken before the claim and given back as soon as the read is judged, before the
+  verdict is recorded (reconcile.py). While a read waits, its receipt stays `outcome_unknown`
+  (another process or the CLI may settle it meanwhile: this read's claim then fails, and the
+  duplicate is answered from what they recorded); it is `reconciling` only while its read runs.
+- A read waits for a slot at most `reads.timeout` (receipts_read_timeout), then gives up: nothing
+  is claimed, read or recorded, the receipt stays as it was (no failed read is counted: the API
+  was not asked), and its duplicates get the 409 of an `outcome_unknown` receipt. The wait does
+  not count against the read's own timeout: a read that got its slot always has all of
+  `reads.timeout`, so waiting never turns into a failed read. A duplicate (and every duplicate
+  that shares its read) so waits at most twice `reads.timeout` for a read.
+- `reads_in_progress()` counts the reads waiting for a slot too: a stopping proxy waits for them.
+- A change of `reads_max` applies to reads asked for after it; the ones already running or
+  waiting keep the bound they started under. The bound is per process.
 Nothing here imports mitmproxy: the tests drive the gate directly.
 """
 
@@ -29,7 +46,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -69,6 +86,11 @@ class GateSettings:
     replay_window: float = 86400.0  # seconds after success during which a duplicate gets the recorded answer
     wait_submitted: float = 30.0  # seconds a duplicate of an in-flight request waits for its outcome
     reads: ReadSettings = field(default_factory=ReadSettings)
+    reads_max: int = 8  # reconcile reads running at once in this process; the others wait (receipts_reads_max)
+
+
+class _NoReadSlot(Exception):
+    """No read slot came free within the read timeout: nothing was claimed or read."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +114,8 @@ class Gate:
         self.on_change = on_change  # a receipt changed here outside a flow's own hooks (a reconcile)
         self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
         self._reconciles: dict[str, asyncio.Task[Receipt | None]] = {}  # receipt id → the read in progress
+        self._slots: asyncio.Semaphore | None = None  # at most reads_max reads at once (_read_slot)
+        self._slots_max = 0
 
     def _now(self) -> Any:
         return self.calls.store.clock()
@@ -218,8 +242,42 @@ class Gate:
                 return
 
     def reads_in_progress(self) -> int:
-        """Reconcile reads running now (a duplicate's, an operator's): a stopping proxy waits for them (drain.py)."""
+        """
+        Reconcile reads running now (a duplicate's, an operator's), and those waiting for a read
+        slot: a stopping proxy waits for them (drain.py).
+        """
         return len(self._reconciles)
+
+    def _read_slots(self) -> asyncio.Semaphore:
+        """The semaphore of `reads_max` slots; a new one when `reads_max` changed (the reads already
+        holding or waiting for the old one keep it)."""
+        if self._slots is None or self._slots_max != self.settings.reads_max:
+            self._slots_max = self.settings.reads_max
+            self._slots = asyncio.Semaphore(self._slots_max)
+        return self._slots
+
+    @contextlib.asynccontextmanager
+    async def _read_slot(self, receipt: Receipt, timeout: float) -> AsyncIterator[None]:
+        """Hold one of the `reads_max` slots; _NoReadSlot when none comes free within `timeout` seconds."""
+        slots, bound = self._read_slots(), self._slots_max
+        if slots.locked():
+            logger.info(
+                "receipt %s: all %d read slots are taken (receipts_reads_max); its read waits for one to end",
+                receipt.operation_id,
+                bound,
+            )
+        try:
+            async with asyncio.timeout(timeout):
+                await slots.acquire()
+        except TimeoutError:
+            raise _NoReadSlot(
+                f"no read slot came free within {timeout:g}s (receipts_read_timeout): other reconcile reads "
+                f"held all {bound} (receipts_reads_max)"
+            ) from None
+        try:
+            yield
+        finally:
+            slots.release()
 
     def reconcile(
         self,
@@ -252,10 +310,28 @@ class Gate:
         settings = dataclasses.replace(self.settings.reads, post_reads=self.post_reads(op.api))
         try:
             result = await reconcile(
-                self.calls, op, receipt, credentials, settings=settings, actor=actor, reason=reason, evidence=evidence
+                self.calls,
+                op,
+                receipt,
+                credentials,
+                settings=settings,
+                actor=actor,
+                reason=reason,
+                evidence=evidence,
+                slot=self._read_slot(receipt, settings.timeout),
             )
         except IllegalTransition:
             return None  # another proxy process claimed it first
+        except _NoReadSlot as e:
+            logger.warning(
+                "receipt %s %s %s: not read: %s; it stays %s, nothing recorded",
+                receipt.operation_id,
+                receipt.api,
+                receipt.operation,
+                e,
+                receipt.state,
+            )
+            return None
         done = result.receipt
         logger.warning(
             "receipt %s %s %s: %s (%s)", done.operation_id, done.api, done.operation, done.state, result.verdict.reason

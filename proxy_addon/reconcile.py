@@ -4,8 +4,9 @@ Resolve an unknown outcome with a read, never another write: one path for the pr
     result = await reconcile(calls, op, receipt, credentials, settings=ReadSettings(...),
                              actor="cli:alice", reason="reconciling with a read")
 
-The proxy awaits it when a duplicate arrives or an answer says the effect may exist; the CLI
-runs it with `asyncio.run`. One call, every branch:
+The proxy awaits it when a duplicate arrives or an answer says the effect may exist, at most
+`receipts_reads_max` reads at once (the gate's `slot`); the CLI runs it with `asyncio.run`, one
+receipt after the other. One call, every branch:
 1. claim: outcome_unknown/manual_review → reconciling (only one claimant wins; the others
    get IllegalTransition);
 2. decide without a read when a read is not needed or not possible: the API deduplicates by
@@ -34,6 +35,7 @@ skips it unless told `--now`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -171,25 +173,36 @@ async def reconcile(
     actor: str,
     reason: str = "reconciling with a read",
     evidence: bool = False,
+    slot: contextlib.AbstractAsyncContextManager[Any] | None = None,
 ) -> Reconciled:
     """
     Claim, decide (with a read where one is needed), record. `evidence`: the API answered that
     the effect may already exist, so only a read decides, even where resending with the same
     idempotency key would otherwise be safe. Raises IllegalTransition when the receipt cannot be
     claimed (another process is reconciling it, or it is settled already).
+
+    `slot`: the proxy's bound on reads at once (gate.py, receipts_reads_max). It is entered
+    before the claim and left as soon as the decision is made, before the verdict is recorded:
+    a receipt waiting for a slot stays as it was (outcome_unknown, free for the CLI or another
+    process to settle meanwhile), and is `reconciling` only while its read runs. Whatever the
+    slot raises on entry (no slot in time) propagates with nothing claimed. The CLI passes none:
+    it runs its reads one at a time.
     """
     operation_id = receipt if isinstance(receipt, str) else receipt.operation_id
-    claimed, was = await calls(lambda s: _claim(s, operation_id, actor, reason))
-    try:
-        verdict = await _decide(op, claimed, credentials, settings, evidence, calls)
-    except asyncio.CancelledError:
-        interrupted = failed("reconcile interrupted: the proxy stopped waiting for the read")
-        await _finish(calls, claimed, was, interrupted, settings, actor)
-        raise
-    except Exception as e:  # never leave a receipt in reconciling
-        logger.exception("receipt %s: reconcile failed", claimed.operation_id)
-        verdict = failed(f"reconcile failed: {describe(e)}")
+    cancelled: asyncio.CancelledError | None = None
+    async with slot if slot is not None else contextlib.nullcontext():
+        claimed, was = await calls(lambda s: _claim(s, operation_id, actor, reason))
+        try:
+            verdict = await _decide(op, claimed, credentials, settings, evidence, calls)
+        except asyncio.CancelledError as e:
+            cancelled = e
+            verdict = failed("reconcile interrupted: the proxy stopped waiting for the read")
+        except Exception as e:  # never leave a receipt in reconciling
+            logger.exception("receipt %s: reconcile failed", claimed.operation_id)
+            verdict = failed(f"reconcile failed: {describe(e)}")
     done, verdict = await _finish(calls, claimed, was, verdict, settings, actor)
+    if cancelled is not None:
+        raise cancelled
     return Reconciled(done, verdict)
 
 

@@ -132,6 +132,13 @@ OPTIONS: list[Option] = [
         "a Retry-After in the failed read's answer is used instead. Duplicates meanwhile get 409 with Retry-After",
     ),
     Option(
+        "receipts_reads_max",
+        int,
+        8,
+        "Reconcile reads the proxy runs at once; the others wait their turn, each at most receipts_read_timeout "
+        "(then it is not read, nothing is recorded and its duplicates get 409), e.g. --set receipts_reads_max=4",
+    ),
+    Option(
         "receipts_wait_submitted",
         int,
         30,
@@ -196,6 +203,7 @@ POSITIVE = (
     "receipts_read_attempts",
     "receipts_read_deadline",
     "receipts_read_backoff",
+    "receipts_reads_max",
 )
 
 
@@ -260,6 +268,7 @@ def gate_settings(opts: Any) -> GateSettings:
     return GateSettings(
         replay_window=opts.receipts_replay_window,
         wait_submitted=opts.receipts_wait_submitted,
+        reads_max=opts.receipts_reads_max,
         reads=ReadSettings(
             upstream=upstream_of(opts),
             timeout=opts.receipts_read_timeout,

@@ -1,0 +1,287 @@
+"""
+A global bound on reconcile reads (issue 17, item 8): the proxy runs at most `receipts_reads_max`
+reads at once; the others wait their turn, at most `receipts_read_timeout` each, and no other
+request waits at all.
+
+Two layers, real parts each: the gate driven directly (as tests/test_gate.py: a real store on
+its own thread, the real upstream of tests/upstream.py), and a real mitmdump with 40 unknown
+outcomes whose duplicates all arrive at once while the upstream holds every read. The upstream
+counts the reads of a path in progress at once (`Upstream.reads_at_once`), and the writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from proxy_addon.gate import Gate, GateSettings, StoreThread
+from proxy_addon.reads import ReadSettings
+from proxy_addon.states import State
+from proxy_addon.store import Receipt, Store
+from tests.conftest import Clients, Proxy, wait_for
+from tests.test_gate import CREDENTIALS, World, duplicates, forward_through, transitions
+from tests.test_startup import run_until_exit
+from tests.upstream import Upstream
+
+
+@pytest.fixture(scope="module")
+def held_upstream() -> Iterator[Upstream]:
+    """An upstream of this module's own: its held reads wait up to 30 s for let_go (the shared one: 8 s)."""
+    with Upstream(hang_seconds=30) as up:
+        yield up
+
+
+@pytest.fixture
+def world(tmp_path, held_upstream, bucket) -> Iterator[World]:
+    w = World(held_upstream, bucket, tmp_path)
+    yield w
+    w.upstream.let_go(w.path())  # no read of this test left waiting in the upstream
+    for calls in w.threads:
+        calls.close()
+
+
+def gate_of(w: World, *, reads_max: int, timeout: float = 30) -> Gate:
+    """A gate (one proxy process) over its own store connection, with the read bound and read timeout given."""
+    calls = StoreThread(Store.open(w.db, clock=w.clock))
+    w.threads.append(calls)
+    return Gate(calls, GateSettings(reads=ReadSettings(timeout=timeout), reads_max=reads_max))
+
+
+async def unknown_receipts(w: World, gate: Gate, n: int) -> list[tuple[str, Receipt]]:
+    """`n` different writes the upstream commits and then drops: (title, its outcome_unknown receipt)."""
+    made = []
+    for i in range(n):
+        title = f"bound-{i}"
+        w.upstream.plan(w.path(), "drop")
+        attempt, op = w.attempt(title=title)
+        admitted, receipt = await forward_through(gate, w, attempt, op, title=title)
+        assert admitted.decision.kind == "forward"
+        assert receipt is not None and receipt.state is State.OUTCOME_UNKNOWN
+        made.append((title, receipt))
+    assert w.upstream.seen(w.path()) == n
+    return made
+
+
+async def until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def states(w: World) -> dict[State, int]:
+    return dict(collections.Counter(r.state for r in w.receipts()))
+
+
+# --- the gate ------------------------------------------------------------------------------------
+
+
+async def test_the_gate_runs_at_most_reads_max_reads_and_the_others_wait_their_turn(world):
+    gate = gate_of(world, reads_max=2)
+    made = await unknown_receipts(world, gate, 6)
+    path = world.path()
+    world.upstream.plan_read(path, *["held"] * 6)
+    _, op = world.attempt()
+    dups = [asyncio.create_task(gate.admit(world.attempt(title=t)[0], op, CREDENTIALS)) for t, _ in made]
+
+    await until(lambda: world.upstream.reads_at_once(path)[0] >= 2, what="two reads held by the upstream")
+    await asyncio.sleep(0.5)  # room for the other four to start, were there no bound
+    assert world.upstream.reads_at_once(path) == (2, 2), "(reads held now, the most at once)"
+    assert world.upstream.reads(path) == 2
+    assert not any(d.done() for d in dups)
+    assert gate.reads_in_progress() == 6  # the four waiting for a slot count: a stopping proxy waits for them
+    # A receipt whose read waits for a slot is not claimed: only the two being read are reconciling.
+    assert states(world) == {State.RECONCILING: 2, State.OUTCOME_UNKNOWN: 4}
+
+    world.upstream.let_go(path)
+    results = await asyncio.wait_for(asyncio.gather(*dups), 20)
+    assert [r.decision.kind for r in results] == ["blocked_succeeded"] * 6
+    assert world.upstream.reads_at_once(path) == (0, 2)
+    assert world.upstream.reads(path) == 6  # one read each
+    assert world.upstream.seen(path) == 6  # and no write
+    assert states(world) == {State.SUCCEEDED: 6}
+    for _, receipt in made:
+        assert transitions(world.events(receipt.operation_id)) == [
+            (None, "submitted"), ("submitted", "outcome_unknown"),
+            ("outcome_unknown", "reconciling"), ("reconciling", "succeeded")]
+    assert gate.reads_in_progress() == 0
+
+
+async def test_a_read_waits_for_a_slot_at_most_the_read_timeout_and_then_reads_and_records_nothing(world, caplog):
+    """
+    One slot, a read timeout of T = 1.5 s, and three reads the upstream holds: A's read starts at
+    once and fails at T; B (asked 0.5 s after A) gets the slot then and has all of T for its own
+    read; C (asked 1 s after A) is still waiting at its T and gives up: no read, no claim, no
+    failed read counted, and its duplicate gets the 409 of an unknown outcome.
+    """
+    timeout = 1.5
+    gate = gate_of(world, reads_max=1, timeout=timeout)
+    (a, ra), (b, rb), (c, rc) = await unknown_receipts(world, gate, 3)
+    path = world.path()
+    world.upstream.plan_read(path, "held", "held", "held")
+    _, op = world.attempt()
+
+    async def duplicate(title: str):
+        started = time.monotonic()
+        admitted = await gate.admit(world.attempt(title=title)[0], op, CREDENTIALS)
+        return admitted, time.monotonic() - started
+
+    with caplog.at_level(logging.WARNING, logger="proxy_addon.gate"):
+        ta = asyncio.create_task(duplicate(a))
+        await until(lambda: world.upstream.reads(path) == 1, what="A's read")
+        await asyncio.sleep(0.5)
+        tb = asyncio.create_task(duplicate(b))
+        await asyncio.sleep(0.5)
+        tc = asyncio.create_task(duplicate(c))
+        dc, waited_c = await asyncio.wait_for(tc, 10)
+
+        assert timeout - 0.2 <= waited_c < timeout + 0.8, waited_c
+        assert world.upstream.reads(path) == 2  # A's and B's; none for C
+        assert not tb.done()  # B's read runs on
+        assert (dc.decision.kind, dc.decision.receipt.state) == ("blocked", State.OUTCOME_UNKNOWN)
+        after_c = {r.operation_id: r for r in world.receipts()}[rc.operation_id]
+        assert (after_c.state, after_c.failed_reads, after_c.next_read_at) == (State.OUTCOME_UNKNOWN, 0, None)
+        events_c = world.events(rc.operation_id)
+        assert transitions(events_c) == [(None, "submitted"), ("submitted", "outcome_unknown")]
+        assert duplicates(events_c) == [("blocked", "outcome_unknown")]
+        (said,) = [m for m in (r.getMessage() for r in caplog.records) if rc.operation_id in m and "not read" in m]
+        assert "not read: no read slot came free within 1.5s" in said and "receipts_reads_max" in said
+
+        (da, _), (db, waited_b) = await asyncio.wait_for(asyncio.gather(ta, tb), 10)
+    # B waited about 1 s for its slot, then its read had all of T: the wait did not shorten it.
+    assert waited_b >= 2 * timeout - 0.5 - 0.3, waited_b
+    after = {r.operation_id: r for r in world.receipts()}
+    for d, r in ((da, ra), (db, rb)):
+        assert (d.decision.kind, d.decision.receipt.state) == ("blocked", State.OUTCOME_UNKNOWN)
+        assert after[r.operation_id].failed_reads == 1  # their own reads timed out: failed reads
+        (read,) = [e.reason for e in world.events(r.operation_id) if e.from_state is State.RECONCILING]
+        assert "failed: ReadTimeout; failed read 1 of 3" in read
+    assert world.upstream.reads(path) == 2
+    assert world.upstream.seen(path) == 3
+
+
+async def test_a_receipt_waiting_for_a_slot_stays_unknown_and_another_process_may_settle_it(world):
+    """The slot is taken before the claim: while B's read waits here, another proxy process reads
+    and settles B; when the slot comes, B's claim fails and its duplicate gets what was recorded."""
+    gate = gate_of(world, reads_max=1)
+    other = gate_of(world, reads_max=1)  # another proxy process on the same database
+    (a, _), (b, rb) = await unknown_receipts(world, gate, 2)
+    path = world.path()
+    world.upstream.plan_read(path, "held")  # A's read only
+    _, op = world.attempt()
+    ta = asyncio.create_task(gate.admit(world.attempt(title=a)[0], op, CREDENTIALS))
+    await until(lambda: world.upstream.reads(path) == 1, what="A's read")
+    tb = asyncio.create_task(gate.admit(world.attempt(title=b)[0], op, CREDENTIALS))
+    await asyncio.sleep(0.3)
+    assert not tb.done()
+    assert {r.operation_id: r.state for r in world.receipts()}[rb.operation_id] is State.OUTCOME_UNKNOWN
+
+    settled = await other.admit(world.attempt(title=b)[0], op, CREDENTIALS)
+    assert settled.decision.kind == "blocked_succeeded"
+    assert world.upstream.reads(path) == 2
+
+    world.upstream.let_go(path)
+    da, db = await asyncio.wait_for(asyncio.gather(ta, tb), 10)
+    assert (da.decision.kind, db.decision.kind) == ("blocked_succeeded", "blocked_succeeded")
+    assert world.upstream.reads(path) == 2  # B's read, when its slot came, found B settled: no read of its own
+    assert transitions(world.events(rb.operation_id)).count(("outcome_unknown", "reconciling")) == 1
+    assert world.upstream.seen(path) == 2
+
+
+# --- a real mitmdump -----------------------------------------------------------------------------
+
+READS_MAX, UNKNOWN = 4, 40
+
+
+def receipts_in(proxy: Proxy, bucket: str) -> list[Receipt]:
+    store = Store.open(proxy.db, create=False)
+    try:
+        return [r for r in store.list(limit=None) if bucket in r.target]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["let-go", "sigterm-then-let-go"])
+def test_forty_hanging_reads_run_at_most_reads_max_at_once_and_harm_nothing_else(
+    tmp_path, confdir, held_upstream, bucket, stop
+):
+    up = held_upstream
+    proxy = Proxy(tmp_path, confdir, extra=("--set", f"receipts_reads_max={READS_MAX}")).start()
+    try:
+        clients = Clients(proxy)
+        path = f"/api/{bucket}/things"
+        up.plan(path, *["drop"] * UNKNOWN)
+        for i in range(UNKNOWN):  # 40 different writes, each committed and then dropped
+            assert clients.send("requests", "POST", up.url + path, {"title": f"w{i}"}).status == 502
+        assert up.seen(path) == UNKNOWN
+        assert [r.state for r in receipts_in(proxy, bucket)] == ["outcome_unknown"] * UNKNOWN
+
+        up.plan_read(path, *["held"] * UNKNOWN)
+        answers: list = [None] * UNKNOWN
+
+        def duplicate(i: int) -> None:
+            answers[i] = clients.send("httpx", "POST", up.url + path, {"title": f"w{i}"}, timeout=60)
+
+        threads = [threading.Thread(target=duplicate, args=(i,)) for i in range(UNKNOWN)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: up.reads_at_once(path)[0] >= READS_MAX, timeout=20, what=f"{READS_MAX} held reads")
+        time.sleep(0.5)  # room for more reads to start, were there no bound
+        assert up.reads_at_once(path) == (READS_MAX, READS_MAX), "(reads held now, the most at once)"
+        wait_for(lambda: proxy.log().count("its read waits for one to end") >= UNKNOWN - READS_MAX, timeout=20,
+                 what="the other duplicates to wait for a read slot")
+        assert up.reads(path) == READS_MAX
+        assert collections.Counter(r.state for r in receipts_in(proxy, bucket)) == {
+            "reconciling": READS_MAX, "outcome_unknown": UNKNOWN - READS_MAX}
+
+        # Unrelated traffic meanwhile: a read that passes through, and another write, answered at once.
+        started = time.monotonic()
+        other_read = clients.send("curl", "GET", f"{up.url}/api/{bucket}/elsewhere", timeout=10)
+        read_took = time.monotonic() - started
+        started = time.monotonic()
+        other_write = clients.send("requests", "POST", f"{up.url}/api/{bucket}/plain", {"title": "unrelated"})
+        write_took = time.monotonic() - started
+        assert (other_read.status, other_write.status) == (200, 201)
+        assert read_took < 1.0 and write_took < 1.0, (read_took, write_took)
+        print(f"\n{UNKNOWN} duplicates, their reads held: {up.reads_at_once(path)[1]} reads at once "
+              f"(receipts_reads_max={READS_MAX}); an unrelated GET took {read_took * 1000:.0f} ms, "
+              f"an unrelated write {write_took * 1000:.0f} ms")
+        assert "x-receipt-id" not in other_read.headers and other_write.headers["x-receipt-id"]
+
+        if stop:  # the graceful stop waits for the reads running and those waiting for a slot
+            os.kill(proxy.proc.pid, signal.SIGTERM)
+            wait_for(lambda: "stopping; waiting up to" in proxy.log(), what="the drain to start")
+            time.sleep(0.5)
+            assert proxy.proc.poll() is None
+        up.let_go(path)
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        if stop:
+            assert proxy.proc.wait(timeout=30) == 0
+            assert "every matched request in flight has its outcome; exiting" in proxy.log()
+
+        assert [(a.status, a.json()["error"]) for a in answers] == [(409, "duplicate_succeeded")] * UNKNOWN
+        settled = receipts_in(proxy, bucket)
+        assert collections.Counter(r.state for r in settled) == {"succeeded": UNKNOWN + 1}  # and the unrelated write
+        assert up.reads_at_once(path) == (0, READS_MAX)
+        assert up.reads(path) == UNKNOWN
+        assert up.seen(path) == UNKNOWN  # not one extra write
+    finally:
+        up.let_go(f"/api/{bucket}/things")
+        proxy.stop()
+
+
+def test_receipts_reads_max_must_be_positive(tmp_path, confdir):
+    code, out = run_until_exit(Proxy(tmp_path, confdir, extra=("--set", "receipts_reads_max=0")))
+    assert code != 0
+    assert "receipts_reads_max must be a positive number, not 0" in out
