@@ -260,6 +260,9 @@ LIMITS = [
     ("receipts_read_deadline", "seconds after the outcome became unknown past which a failed read sends the "
      "receipt to `manual_review`",
      "tests/test_failed_reads.py::test_a_read_that_fails_past_the_deadline_goes_to_manual_review"),
+    ("receipts_reads_max", "reconcile reads the proxy runs at once; the others wait their turn, each at most "
+     "`receipts_read_timeout`, then it is not read (nothing recorded) and its duplicates get 409; nothing else waits",
+     "tests/test_read_bound.py::test_forty_hanging_reads_run_at_most_reads_max_at_once_and_harm_nothing_else"),
     ("receipts_drain_timeout", "on SIGTERM/SIGINT, how long the writes in flight may take to end (new ones get "
      "503 `not_sent`); what is left is recorded `outcome_unknown`",
      "tests/test_stop.py::test_a_write_that_outlasts_the_drain_timeout_is_recorded_outcome_unknown"),
@@ -289,6 +292,8 @@ def limits_lines() -> list[str]:
 
 
 def _amount(name: str, value: int) -> str:
+    if name.endswith("reads_max"):  # a count, not bytes
+        return str(value)
     if name.endswith(("cap", "max", "bytes")):
         return f"{value // 1048576} MiB" if value % 1048576 == 0 else f"{value} bytes"
     return f"{value} s" if not name.endswith("attempts") else str(value)
