@@ -6,8 +6,10 @@ resumes or kills it through mitmweb's own API, the calls its Resume and Abort bu
 from __future__ import annotations
 
 import threading
+import time
 from urllib.parse import urlsplit
 
+import pytest
 import requests
 
 from proxy_addon.store import Store
@@ -94,3 +96,117 @@ def test_a_resolution_from_the_cli_shows_in_mitmweb(tmp_path, confdir, upstream,
         settled = wait_for(lambda: (f := flow()) and f["comment"].endswith("· succeeded") and f,
                            timeout=10, what="the flow's comment to follow the CLI's resolution")
         assert settled["marked"] == "✅"
+
+
+@pytest.mark.parametrize("edit", ["put", "upload"])
+def test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent(tmp_path, confdir, upstream, bucket, edit):
+    """
+    An operator edits the held write through mitmweb's own API (PUT /flows/<id>, what its
+    request editor calls; or POST /flows/<id>/request/content.data, its body upload), then
+    resumes it: the upstream sees no write, the agent gets 403, the receipt is rejected
+    "modified while held". Before, the edited body went upstream and the receipt of the
+    original intent became succeeded.
+    """
+    path = f"/api/{bucket}/refunds"
+    with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
+        web, base = operator(web_url)
+        answers: list[requests.Response] = []
+        agent = threading.Thread(target=lambda: answers.append(
+            requests.post(upstream.url + path, json={"amount": 10}, timeout=30,
+                          proxies={"http": proxy_url, "https": proxy_url})))
+        agent.start()
+        flow = held_flow(web, base, bucket)
+        if edit == "put":  # and, once the watch has refreshed it (once a second), it still says it is held
+            time.sleep(1.5)
+            shown = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["id"] == flow["id"])
+            assert shown["comment"].startswith("AWAITING APPROVAL (resume to send, kill to deny): receipt ")
+            change = {"request": {"content": '{"amount": 1000000}'}}
+            assert web.put(f"{base}/flows/{flow['id']}", json=change, timeout=5).status_code == 200
+        else:
+            upload = {"file": ("body.json", b'{"amount": 1000000}')}
+            assert web.post(f"{base}/flows/{flow['id']}/request/content.data", files=upload,
+                            timeout=5).status_code == 200
+        assert web.post(f"{base}/flows/{flow['id']}/resume", timeout=5).status_code == 200
+        agent.join(timeout=30)
+        (answer,) = answers
+        assert answer.status_code == 403
+        assert answer.json()["error"] == "denied_by_operator" and "modified while held" in answer.json()["reason"]
+        assert upstream.seen(path) == 0  # neither the edited write nor the recorded one left
+        shown = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["id"] == flow["id"])
+        assert "modified while held" in shown["comment"]
+
+    store = Store.open(tmp_path / "state" / "receipts.db", create=False)
+    (r,) = [r for r in store.list(limit=None) if bucket in r.target]
+    assert (r.intent["body"]["amount"], r.state) == (10, "rejected")
+    assert "modified while held" in r.error
+    last = store.events(r.operation_id)[-1]
+    assert (last.from_state, last.to_state, last.actor) == ("awaiting_approval", "rejected", "proxy")
+    assert "modified while held" in last.reason
+
+
+def test_a_held_write_whose_agent_hung_up_is_denied_and_a_later_resume_sends_nothing(
+        tmp_path, confdir, upstream, bucket):
+    """The agent gives up (its timeout closes the connection) while its write is held: denied at once, said in mitmweb."""
+    path = f"/api/{bucket}/refunds"
+    with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
+        web, base = operator(web_url)
+        gave_up: list[str] = []
+
+        def agent():
+            try:
+                requests.post(upstream.url + path, json={"amount": 30}, timeout=1.5,
+                              proxies={"http": proxy_url, "https": proxy_url})
+            except requests.RequestException as e:
+                gave_up.append(type(e).__name__)
+
+        thread = threading.Thread(target=agent)
+        thread.start()
+        flow = held_flow(web, base, bucket)
+        thread.join(timeout=10)
+        assert gave_up == ["ReadTimeout"]
+
+        def denied():
+            shown = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["id"] == flow["id"])
+            return shown if not shown.get("intercepted") and "agent hung up" in shown["comment"] else None
+
+        shown = wait_for(denied, timeout=5, what="the held write to be denied once its agent hung up")
+        assert shown["marked"] == "❌"
+        web.post(f"{base}/flows/{flow['id']}/resume", timeout=5)  # too late: nothing to send
+        web.post(f"{base}/flows/resume", timeout=5)  # Resume all, too
+        assert upstream.seen(path) == 0
+
+    store = Store.open(tmp_path / "state" / "receipts.db", create=False)
+    (r,) = [r for r in store.list(limit=None) if bucket in r.target]
+    assert (r.state, r.error) == ("rejected", "denied: the agent hung up while the write was held")
+
+
+def test_resume_all_approves_each_held_write(tmp_path, confdir, upstream, bucket):
+    """mitmweb's Resume All (POST /flows/resume, the `A` key) approves every held write, each recorded on its own."""
+    path = f"/api/{bucket}/refunds"
+    with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
+        web, base = operator(web_url)
+        answers: dict[int, int] = {}
+
+        def agent(amount: int):
+            answers[amount] = requests.post(upstream.url + path, json={"amount": amount}, timeout=30,
+                                            proxies={"http": proxy_url, "https": proxy_url}).status_code
+
+        agents = [threading.Thread(target=agent, args=(amount,)) for amount in (40, 50)]
+        for a in agents:
+            a.start()
+        wait_for(lambda: len([f for f in web.get(f"{base}/flows", timeout=5).json()
+                              if bucket in f["request"]["path"] and f.get("intercepted")]) == 2,
+                 timeout=15, what="both writes to be held")
+        assert upstream.seen(path) == 0
+        assert web.post(f"{base}/flows/resume", timeout=5).status_code == 200
+        for a in agents:
+            a.join(timeout=30)
+        assert answers == {40: 201, 50: 201}
+        assert upstream.commits(path) == 2
+
+    store = Store.open(tmp_path / "state" / "receipts.db", create=False)
+    rs = [r for r in store.list(limit=None) if bucket in r.target]
+    assert sorted((r.intent["body"]["amount"], r.state) for r in rs) == [(40, "succeeded"), (50, "succeeded")]
+    for r in rs:
+        assert [e.reason for e in store.events(r.operation_id) if e.from_state == "awaiting_approval"] == [
+            "approved by operator"]

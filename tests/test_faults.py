@@ -232,6 +232,7 @@ def render() -> str:
     ]
     lines += same_write_lines()
     lines += limits_lines()
+    lines += held_lines()
     return "\n".join(lines)
 
 
@@ -309,6 +310,71 @@ def test_every_limit_names_an_option_and_a_test():
         path, _, func = test.partition("::")
         assert (root / path).exists(), test
         assert not func or f"def {func.split('[')[0]}(" in (root / path).read_text(), test
+
+
+@dataclass(frozen=True)
+class HeldWrite:
+    """A row of "Writes held for approval": what happens while a write is held, and the test that shows it."""
+
+    what: str  # what happens while it is held
+    agent_gets: str
+    receipt: str
+    sent: str  # what the upstream receives
+    test: str  # the pytest node id that shows it
+
+
+_AP, _AD = "tests/test_approval.py::", "tests/mitm/test_addon.py::"
+HELD_WRITES = [
+    HeldWrite("an operator resumes it", "the upstream's answer", "`submitted`, then its outcome", "the write, once",
+              _AP + "test_an_operator_approves_one_held_write_and_denies_another"),
+    HeldWrite("an operator kills it (Abort)", "403 `denied_by_operator`", "`rejected` \"denied by operator\"",
+              "nothing", _AP + "test_an_operator_approves_one_held_write_and_denies_another"),
+    HeldWrite("nobody decides within `receipts_approval_timeout`", "403 `denied_by_operator`", "`rejected`",
+              "nothing", _AD + "test_approval_gate_times_out"),
+    HeldWrite("a duplicate arrives while it is held", "409 `duplicate_unresolved` (the duplicate)",
+              "`awaiting_approval`, unchanged", "nothing", _AD + "test_approval_gate_approve"),
+    HeldWrite("an operator edits it in mitmweb (the request editor, `PUT /flows/<id>`), then resumes it",
+              "403 `denied_by_operator`", "`rejected` \"modified while held\"", "nothing",
+              _AP + "test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent[put]"),
+    HeldWrite("...a body upload (`POST /flows/<id>/request/content.data`)", "403 `denied_by_operator`",
+              "`rejected` \"modified while held\"", "nothing",
+              _AP + "test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent[upload]"),
+    HeldWrite("...its method, a header or its path", "403 `denied_by_operator`",
+              "`rejected` \"modified while held\"", "nothing",
+              _AD + "test_a_held_write_edited_then_resumed_is_denied_and_never_sent"),
+    HeldWrite("an edit undone (mitmweb's Revert) before the resume", "the upstream's answer",
+              "`submitted`, then its outcome", "the write as recorded, once",
+              _AD + "test_a_held_write_edited_then_reverted_is_sent_as_recorded"),
+    HeldWrite("the agent hangs up while it is held; a Resume comes later", "(gone)",
+              "`rejected` \"the agent hung up while the write was held\", at once", "nothing",
+              _AP + "test_a_held_write_whose_agent_hung_up_is_denied_and_a_later_resume_sends_nothing"),
+    HeldWrite("Resume All (`A`) with several held", "each its upstream's answer",
+              "each `submitted` (\"approved by operator\"), then its outcome", "each write, once", _AP + "test_resume_all_approves_each_held_write"),
+    HeldWrite("the proxy stops (SIGTERM) while it is held", "503 `not_sent`", "`not_sent`", "nothing",
+              "tests/test_stop.py::test_a_write_held_for_approval_is_not_sent_at_stop"),
+    HeldWrite("mitmweb shows it", "nothing yet (it waits)",
+              "`awaiting_approval`; the flow's comment says `AWAITING APPROVAL …` until it is decided",
+              "nothing yet", _AD + "test_a_held_write_keeps_awaiting_approval_in_its_comment"),
+]
+
+
+def held_lines() -> list[str]:
+    lines = [
+        "## Writes held for approval",
+        "",
+        "A rule with `approve: true` holds each write in mitmweb until an operator decides. A held",
+        "write is sent as it was recorded, or not at all (README, \"Approvals\").",
+        "",
+        "| while it is held | the agent gets | receipt | the upstream receives | shown by |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {h.what} | {h.agent_gets} | {h.receipt} | {h.sent} | `{h.test}` |" for h in HELD_WRITES]
+    return [*lines, ""]
+
+
+@pytest.mark.parametrize("row", HELD_WRITES, ids=lambda h: h.test.split("::")[-1])
+def test_each_held_write_row_of_the_doc_names_a_test_that_exists(row):
+    test_each_same_write_row_names_a_test_that_exists(row)
 
 
 @pytest.fixture(scope="module")

@@ -35,9 +35,23 @@ MARKERS: dict[Any, str] = {  # mitmweb shows `:emoji_name:` markers (mitmproxy.u
 }
 
 
+HELD = "AWAITING APPROVAL (resume to send, kill to deny): "  # a held write's comment (`~comment "AWAITING APPROVAL"`)
+
+
 def comment(receipt: Receipt, prefix: str = "") -> str:
-    """The flow comment mitmweb shows: `receipt ID · api operation · state (status)`."""
-    detail = f" ({receipt.http_status})" if receipt.http_status else ""
+    """
+    The flow comment mitmweb shows: `receipt ID · api operation · state (status)`. A receipt
+    awaiting approval keeps the HELD prefix, whoever refreshes the comment; a write rejected
+    without an answer (the approval gate denied it) says why instead of a status.
+    """
+    if not prefix and receipt.state == State.AWAITING_APPROVAL:
+        prefix = HELD
+    if receipt.http_status:
+        detail = f" ({receipt.http_status})"
+    elif receipt.state == State.REJECTED and receipt.error:
+        detail = f" ({receipt.error})"
+    else:
+        detail = ""
     retry = f" · retry of {receipt.retry_of}" if receipt.retry_of and not prefix else ""
     return (
         f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · {receipt.state}{detail}{retry}"

@@ -171,3 +171,139 @@ async def test_approval_gate_times_out(setup):
     assert f.response.status_code == 403
     assert "no decision within receipts_approval_timeout (1s)" in f.response.json()["reason"]
     assert Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"]).state == "rejected"
+
+
+# --- a held write is sent as it was recorded, or not at all (issue 17, item 3) -------------------
+
+
+def _events(tmp, operation_id: str) -> list[tuple[str | None, str, str, str]]:
+    return [(e.from_state, e.to_state, e.actor, e.reason) for e in Store.open(tmp / "r.db", create=False).events(operation_id)]
+
+
+@pytest.mark.parametrize("edit", ["body", "header", "path", "method"])
+async def test_a_held_write_edited_then_resumed_is_denied_and_never_sent(setup, edit):
+    """What an operator edits in mitmweb (PUT /flows/<id>, flow.set) before Resume is not what the receipt recorded."""
+    import asyncio
+
+    addon, _, tmp = setup
+    f = order("R-4", path="/v1/refunds")
+    task = await held(addon, f)
+    operation_id = f.metadata["receipts"]["operation_id"]
+    f.backup()  # what mitmweb's PUT /flows/<id> does before it edits
+    if edit == "body":
+        f.request.text = '{"sku": "R-4", "amount": 1000000}'
+    elif edit == "header":
+        f.request.headers["x-extra"] = "1"
+    elif edit == "path":
+        f.request.path = "/v1/refunds?amount=1000000"
+    else:
+        f.request.method = "PUT"
+    f.resume()
+    await asyncio.wait_for(task, 5)
+    # Answered by the proxy: mitmproxy sends no request upstream for a flow that has a response.
+    assert f.response is not None and f.response.status_code == 403
+    body = f.response.json()
+    assert (body["error"], body["sent"], body["state"]) == ("denied_by_operator", False, "rejected")
+    assert "modified while held" in body["reason"]
+    r = Store.open(tmp / "r.db", create=False).get(operation_id)
+    assert r.state == "rejected" and "modified while held" in r.error
+    assert _events(tmp, operation_id)[-1][:3] == ("awaiting_approval", "rejected", "proxy")
+    assert "modified while held" in _events(tmp, operation_id)[-1][3]
+    assert f.marked == MARKERS["rejected"] and "modified while held" in f.comment
+    assert f.metadata["receipts"]["outcome"] == "rejected"  # the response hook records nothing more
+
+
+async def test_a_held_write_edited_then_reverted_is_sent_as_recorded(setup):
+    """mitmweb's Revert puts the request back (and a copy of the flow's metadata): that is no edit."""
+    import asyncio
+
+    addon, _, tmp = setup
+    f = order("R-5", path="/v1/refunds")
+    task = await held(addon, f)
+    f.backup()
+    f.request.text = '{"sku": "R-5", "amount": 1000000}'
+    f.revert()
+    f.resume()
+    await asyncio.wait_for(task, 5)
+    assert f.response is None  # approved: forwarded
+    assert f.request.content == b'{"sku": "R-5"}'
+    assert f.metadata["receipts"]["state"] == "submitted"
+    assert Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"]).state == "submitted"
+
+
+@pytest.mark.parametrize("then", ["nothing", "resume"])
+async def test_a_held_write_whose_agent_hung_up_is_denied_at_once(setup, then):
+    """An agent that closed its connection while its write was held: denied, also if an operator resumes it."""
+    import asyncio
+
+    from mitmproxy.connection import ConnectionState
+
+    addon, _, tmp = setup
+    f = order("R-6", path="/v1/refunds")
+    task = await held(addon, f)
+    operation_id = f.metadata["receipts"]["operation_id"]
+    f.client_conn.state = ConnectionState.CAN_WRITE  # what mitmproxy records when the agent's side closes
+    if then == "resume":
+        f.resume()
+    await asyncio.wait_for(task, 2)  # at once: well within receipts_approval_timeout (300 s)
+    assert f.response is not None and f.response.status_code == 403  # never forwarded
+    assert f.response.json()["reason"] == "denied: the agent hung up while the write was held"
+    r = Store.open(tmp / "r.db", create=False).get(operation_id)
+    assert (r.state, r.error) == ("rejected", "denied: the agent hung up while the write was held")
+    assert _events(tmp, operation_id)[-1] == (
+        "awaiting_approval", "rejected", "proxy", "denied: the agent hung up while the write was held")
+    assert f.marked == MARKERS["rejected"]
+    assert f.comment.endswith("· rejected (denied: the agent hung up while the write was held)")
+
+
+async def test_a_held_write_keeps_awaiting_approval_in_its_comment(setup):
+    """The watch refreshes flows from their receipts every second: a held one keeps its AWAITING APPROVAL comment."""
+    import asyncio
+
+    from mitmproxy import flowfilter
+    from mitmproxy.addons import view
+
+    addon, tctx, _ = setup
+    v = view.View()
+    tctx.master.addons.add(v)
+    watch = tctx.master.addons.get("watch")
+    f = order("R-7", path="/v1/refunds")
+    v.add([f])
+    task = await held(addon, f)
+    dup = order("R-7", path="/v1/refunds")
+    await send(addon, dup)  # blocked: its comment names awaiting_approval, it is not held
+    v.add([dup])
+    assert watch.follow_receipts("2000-01-01T00:00:00") != "2000-01-01T00:00:00"  # it refreshed the held flow
+    assert f.comment.startswith("AWAITING APPROVAL (resume to send, kill to deny): receipt ")
+    assert f.marked == MARKERS["awaiting_approval"]
+    held_filter = flowfilter.parse('~comment "AWAITING APPROVAL"')
+    assert [x for x in (f, dup) if held_filter(x)] == [f]
+    f.kill()
+    await asyncio.wait_for(task, 5)
+    watch.follow_receipts("2000-01-01T00:00:00")
+    assert f.comment.endswith("· rejected (denied by operator)")
+    assert not held_filter(f)
+
+
+async def test_an_edit_made_while_the_approval_is_committed_is_not_sent(setup):
+    """Resumed, then edited before the request leaves (the flow is no longer held): sent as recorded and approved."""
+    import asyncio
+
+    addon, _, tmp = setup
+    real = addon.calls
+
+    async def calls(fn):  # the edit lands while the approval is written to the store
+        f.request.text = '{"sku": "R-8", "amount": 1000000}'
+        return await real(fn)
+
+    f = order("R-8", path="/v1/refunds")
+    addon.calls = calls  # what the approval gate writes its decision with
+    try:
+        task = await held(addon, f)
+        f.resume()
+        await asyncio.wait_for(task, 5)
+    finally:
+        addon.calls = real
+    assert f.response is None  # approved: forwarded...
+    assert f.request.content == b'{"sku": "R-8"}'  # ...as recorded
+    assert Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"]).state == "submitted"
