@@ -206,6 +206,28 @@ def body_refused(api: str, operation: str, *, too_large: bool, detail: str) -> A
     )
 
 
+def bad_header(api: str, operation: str, header: str, problem: str) -> Answer:
+    """
+    A matched write refused before any receipt because a header field cannot be sent
+    (fields.bad_field: an obs-fold line, a CR, LF or NUL, a name that is not a token).
+    Names the header, never its value (it may be a credential). Nothing was sent.
+    """
+    return json_answer(
+        400,
+        {
+            "error": "bad_header",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "header": header,
+            "detail": f"the request's {header} header {problem}",
+            "hint": "the request was not sent and no receipt was recorded; send that header as one line, its name "
+            "an HTTP token and its value without CR, LF, NUL or other control characters, then send the request again",
+        },
+        {},
+    )
+
+
 def response_not_passed(
     operation_id: str,
     state: State,

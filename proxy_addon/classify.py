@@ -14,9 +14,33 @@ may call an answer `already_exists`: evidence that the effect may exist, to be r
 
 Transport failures of the addon's own exchange (httpx's exception types):
 - the connection was never established (ConnectError, which includes TLS handshake
-  failures; ConnectTimeout; PoolTimeout; an unsupported protocol) → not_sent;
+  failures; ConnectTimeout; PoolTimeout) → not_sent;
+- our own HTTP client refused the request before writing a byte of it (`local_refusal`,
+  below: a URL or scheme it cannot send, a request head it will not build) → not_sent,
+  with the refusal as the reason;
 - anything after the request could have been written (WriteError, ReadError, ReadTimeout,
-  RemoteProtocolError, our overall deadline) → outcome_unknown.
+  RemoteProtocolError, any other LocalProtocolError, our overall deadline) → outcome_unknown.
+
+Which local refusals prove that nothing left (read in httpx 0.28, httpcore 1.0 and h11 0.16):
+- httpx.InvalidURL is raised while the URL is built (exchange.send, before `client.send`)
+  and httpx.UnsupportedProtocol by the transport before it opens a connection: not_sent.
+- HTTP/1.1 (httpcore/_async/http11.py): `handle_async_request` writes a request in order:
+  `_send_request_headers` builds the head (`h11.Request(...)`, which validates header names
+  and values, the single Host, the method and the target) inside
+  `map_exceptions({h11.LocalProtocolError: LocalProtocolError})`, then `_send_event` asks
+  h11 for the bytes (`h11.Connection.send`, which raises before returning any) and only
+  then writes them; a failed write is a WriteError, never a LocalProtocolError. So a
+  LocalProtocolError (httpcore's, or h11's own escaping unmapped from `_send_event`) raised
+  inside `HTTP11Connection._send_request_headers` means no byte of the request was written:
+  not_sent. The proof is the traceback (the frame it was raised under), not the message.
+  Once `_send_request_body` runs, the head has been written: an h11 LocalProtocolError
+  from there ("Too little data for declared Content-Length", which httpcore does not map,
+  so it escapes httpx as h11's own type) → outcome_unknown.
+- HTTP/2 (httpcore/_async/http2.py): any h2 ProtocolError, raised while sending the
+  headers, the body or reading the answer, becomes the same LocalProtocolError in
+  `handle_async_request`'s handler: no frame tells where → outcome_unknown.
+The messages of these errors quote header values (credentials among them): they are kept
+with each quoted value withheld.
 
 Errors of mitmproxy's own forwarding (its `error` hook, `receipts_forward=mitmproxy`). What this
 relies on, read in mitmproxy 12.3's `proxy/layers/http/__init__.py` and checked by the
@@ -39,10 +63,14 @@ integration tests:
 from __future__ import annotations
 
 import dataclasses
+import re
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import h11
+import httpcore
 import httpx
 
 from proxy_addon.jsonpath import NOT_JSON, dig_all, id_in, parse_json
@@ -63,13 +91,22 @@ __all__ = [
     "failure_outcome",
     "head_outcome",
     "id_in",
+    "local_refusal",
     "maybe_sent",
     "never_sent",
+    "refused_locally",
     "response_external_id",
     "rule_fits",
 ]
 
-NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Refused by httpx before a connection is opened: the URL cannot be built, the scheme is not http(s).
+REFUSED_ERRORS = (httpx.InvalidURL, httpx.UnsupportedProtocol)
+# What our exchange's client may raise: httpx's own errors, and h11's when httpcore does not map them.
+CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL, h11.ProtocolError)
+# Where httpcore builds an HTTP/1.1 request head and asks h11 for its bytes, before writing any.
+_HEAD_BUILDERS = frozenset({"AsyncHTTP11Connection._send_request_headers", "HTTP11Connection._send_request_headers"})
+_QUOTED = re.compile(r"(?<!\w)(?:b'(?:[^'\\]|\\.)*'" + "|" + r'b"(?:[^"\\]|\\.)*")')
 
 
 @dataclass(frozen=True)
@@ -150,12 +187,45 @@ def head_outcome(
 
 def failure_outcome(e: BaseException) -> Outcome:
     """The outcome when our own exchange raised instead of answering."""
-    detail = str(e) or type(e).__name__
+    detail = withheld(str(e)) or type(e).__name__
+    refusal = local_refusal(e)
+    if refusal is not None:
+        message = refused_locally(refusal)
+        return Outcome(State.NOT_SENT, message, error=message)
     if isinstance(e, NOT_SENT_ERRORS):
         message = never_sent(detail)
         return Outcome(State.NOT_SENT, message, error=message)
     message = maybe_sent(f"{type(e).__name__}: {detail}")
     return Outcome(State.OUTCOME_UNKNOWN, message, error=message)
+
+
+def local_refusal(e: BaseException) -> str | None:
+    """
+    What our own HTTP client refused, when it provably refused before writing a byte of the
+    request (the module docstring says how that is known); None otherwise.
+    """
+    if isinstance(e, REFUSED_ERRORS):
+        return f"{type(e).__name__}: {withheld(str(e)) or 'refused'}"
+    seen: list[BaseException] = []
+    cause: BaseException | None = e
+    while cause is not None and len(seen) < 8:  # e, then what it was raised from
+        seen.append(cause)
+        cause = cause.__cause__
+    local = httpx.LocalProtocolError | httpcore.LocalProtocolError | h11.LocalProtocolError
+    for error in seen:
+        if isinstance(error, local) and _raised_under(error, _HEAD_BUILDERS):
+            return f"LocalProtocolError: {withheld(str(e)) or 'refused'}"
+    return None
+
+
+def _raised_under(e: BaseException, functions: frozenset[str]) -> bool:
+    """Whether `e` was raised inside one of `functions` (qualified names), by its traceback."""
+    return any(frame.f_code.co_qualname in functions for frame, _ in traceback.walk_tb(e.__traceback__))
+
+
+def withheld(text: str) -> str:
+    """`text` with each quoted bytes value (`b'...'`, as h11 quotes a header value) replaced: it may be a secret."""
+    return _QUOTED.sub("(value withheld)", text)
 
 
 def deadline_outcome(seconds: float) -> Outcome:
@@ -219,6 +289,10 @@ def classify_status(status: int, op: Operation | None = None) -> State | str:
 
 def never_sent(detail: str) -> str:
     return f"not sent: the connection to the upstream was never established ({detail})"
+
+
+def refused_locally(detail: str) -> str:
+    return f"not sent: our HTTP client refused the request before writing any of it ({detail})"
 
 
 def maybe_sent(detail: str) -> str:

@@ -154,3 +154,148 @@ def test_an_answer_whose_body_was_not_read_is_classified_from_its_head(status, c
     assert (out.state, out.evidence, out.http_status) == (state, evidence, status)
     assert "receipts_response_cap" in out.reason
     assert out.external_id is None
+
+
+# --- failures of our own exchange: which local refusals prove nothing was written (failure_outcome) -----
+
+class Listener:
+    """A loopback socket that keeps every byte each connection wrote to it, and never answers."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections: list[bytearray] = []
+        self.done: list[threading.Event] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            data, done = bytearray(), threading.Event()
+            self.connections.append(data)
+            self.done.append(done)
+            threading.Thread(target=self._read, args=(conn, data, done), daemon=True).start()
+
+    @staticmethod
+    def _read(conn, data: bytearray, done) -> None:
+        conn.settimeout(5)
+        with conn:
+            try:
+                while chunk := conn.recv(65536):
+                    data += chunk
+            except OSError:
+                pass
+        done.set()
+
+    def received(self, connections: int) -> int:
+        """Bytes written to it by `connections` connections, once they have closed (the client closes after failing)."""
+        import time
+
+        deadline = time.monotonic() + 5
+        while len(self.done) < connections and time.monotonic() < deadline:  # accepted on the listener's thread
+            time.sleep(0.01)
+        assert len(self.done) == connections, f"{len(self.done)} connections, not {connections}"
+        for done in list(self.done):
+            assert done.wait(5), "a connection stayed open"
+        return sum(len(d) for d in self.connections)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def raised(listener: Listener, how: str) -> BaseException:
+    """What a real httpx.AsyncClient (as the exchange uses it: HTTP/1.1) raises for each way of failing."""
+    import httpx
+
+    url = f"http://127.0.0.1:{listener.port}/v1/plain"
+    async with httpx.AsyncClient(timeout=2) as client:
+        try:
+            if how == "invalid-url":  # as exchange.send builds the URL
+                client.build_request("POST", httpx.URL(scheme="http", host="a\x00b", port=80))
+            elif how == "unsupported-scheme":
+                await client.send(client.build_request("POST", f"ftp://127.0.0.1:{listener.port}/"))
+            elif how == "connect-refused":
+                import socket
+
+                with socket.socket() as bound:  # bound, never listening: a connection to it is refused
+                    bound.bind(("127.0.0.1", 0))
+                    await client.post(f"http://127.0.0.1:{bound.getsockname()[1]}/", content=b"{}")
+            elif how == "read-timeout":
+                await client.post(url, content=b"{}", timeout=httpx.Timeout(2, read=0.2))
+            else:
+                headers, content = {
+                    "folded-value": ([(b"Host", b"h"), (b"api-key", b"SECRET-FOLDED\r\n more")], b"{}"),
+                    "nul-in-value": ([(b"Host", b"h"), (b"X-Note", b"a\x00b")], b"{}"),
+                    "name-not-a-token": ([(b"Host", b"h"), (b"X Note", b"a")], b"{}"),
+                    "two-hosts": ([(b"Host", b"h"), (b"Host", b"h")], b"{}"),
+                    "body-short-of-content-length": ([(b"Host", b"h"), (b"Content-Length", b"10")], b"abc"),
+                }[how]
+                await client.send(client.build_request("POST", url, headers=headers, content=content))
+        except Exception as e:
+            return e
+    raise AssertionError(f"{how}: nothing was raised")
+
+
+LOCAL_FAILURES = [
+    # id, state, the reason says, bytes the listener read (None: no connection was made)
+    ("folded-value", N, "refused the request before writing any of it", 0),
+    ("nul-in-value", N, "refused the request before writing any of it", 0),
+    ("name-not-a-token", N, "refused the request before writing any of it", 0),
+    ("two-hosts", N, "Found multiple Host: headers", 0),
+    ("invalid-url", N, "InvalidURL", None),
+    ("unsupported-scheme", N, "UnsupportedProtocol", None),
+    ("connect-refused", N, "never established", None),
+    # The head was written, then h11 refused the body (an h11 error httpcore does not map): maybe sent.
+    ("body-short-of-content-length", U, "Too little data for declared Content-Length", "some"),
+    ("read-timeout", U, "ReadTimeout", "some"),
+]
+
+
+@pytest.mark.parametrize(("how", "state", "says", "written"), [pytest.param(*row, id=row[0]) for row in LOCAL_FAILURES])
+async def test_a_local_refusal_is_not_sent_only_when_nothing_was_written(how, state, says, written):
+    from proxy_addon.classify import CLIENT_ERRORS, failure_outcome
+
+    listener = Listener()
+    try:
+        e = await raised(listener, how)
+        received = listener.received(connections=0 if written is None else 1)
+    finally:
+        listener.close()
+    assert isinstance(e, CLIENT_ERRORS), repr(e)  # what the exchange catches (exchange.send)
+    outcome = failure_outcome(e)
+    assert (outcome.state, outcome.error) == (state, outcome.reason)
+    assert says in outcome.reason
+    assert "SECRET-FOLDED" not in outcome.reason  # a quoted header value is withheld
+    if written == 0:
+        assert received == 0  # connected, and not one byte written
+    elif written is not None:
+        assert received > 0
+
+
+@pytest.mark.parametrize("error", [
+    pytest.param("httpx", id="httpx-LocalProtocolError-raised-elsewhere"),
+    pytest.param("h11", id="h11-LocalProtocolError-raised-elsewhere"),
+])
+def test_a_local_protocol_error_not_raised_building_the_head_is_outcome_unknown(error):
+    """HTTP/2 raises LocalProtocolError for an h2 error at any point: without the head-building frame, maybe sent."""
+    import h11
+    import httpx
+
+    from proxy_addon.classify import failure_outcome
+
+    cls = httpx.LocalProtocolError if error == "httpx" else h11.LocalProtocolError
+    try:
+        raise cls("Received header value surrounded by whitespace b' SECRET-H2 '")
+    except Exception as e:
+        outcome = failure_outcome(e)
+    assert outcome.state is U
+    assert outcome.reason.startswith("outcome unknown")
+    assert "SECRET-H2" not in outcome.reason and "(value withheld)" in outcome.reason

@@ -202,6 +202,65 @@ def _row(s: SameWrite) -> str:
     return f"| {s.what} | {code(s.one)} | {code(s.other)} | `{s.test}` |"
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A row of "Requests our HTTP client cannot send": what the agent and the receipt get, and the test."""
+
+    what: str  # the request
+    agent_gets: str
+    receipt: str
+    retry: str  # what the same write, made sendable, gets
+    test: str  # the pytest node id that shows it
+
+
+_LR = "tests/test_local_refusals.py::"
+_LR_HEADER = _LR + "test_a_header_no_client_can_send_gets_400_naming_it_and_nothing_leaves"
+REFUSED = [
+    Refused("a header folded onto a second line (obs-fold), which mitmproxy passes on as `first\\r\\n second`",
+            "400 `bad_header` naming the header, never its value", "none", "a first write",
+            _LR_HEADER + "[obs-fold-forward-addon]"),
+    Refused("a header value holding a bare CR, a LF, a NUL, a VT or FF", "400 `bad_header`", "none", "a first write",
+            _LR_HEADER + "[bare-cr-forward-addon]"),
+    Refused("...with `receipts_forward=mitmproxy` too (mitmproxy would send it on as it came)", "400 `bad_header`",
+            "none", "a first write", _LR_HEADER + "[obs-fold-forward-mitmproxy]"),
+    Refused("a header name that is not a token", "mitmproxy's own 400; with `validate_inbound_headers` off, "
+            "400 `bad_header`", "none", "a first write",
+            _LR + "test_a_header_name_that_is_not_a_token_gets_400[validate_inbound_headers-off]"),
+    Refused("a request head our client will not build for another reason (two `Host` fields)", "502 `not_sent`",
+            "`not_sent`, the refusal as its reason", "sent as a new attempt with `retry_of` set",
+            _LR + "test_a_request_our_client_refuses_is_recorded_not_sent_and_its_retry_goes_through"),
+    Refused("a URL or scheme our client refuses (`InvalidURL`, `UnsupportedProtocol`)", "502 `not_sent`",
+            "`not_sent`", "sent as a new attempt with `retry_of` set",
+            "tests/test_classify.py::test_a_local_refusal_is_not_sent_only_when_nothing_was_written[invalid-url]"),
+    Refused("a refusal after the head was written (h11: a body short of its `Content-Length`, which the exchange "
+            "sets itself: shown on the client alone)",
+            "502 `outcome_unknown`", "`outcome_unknown`", "409 `duplicate_unresolved`",
+            "tests/test_classify.py::test_a_local_refusal_is_not_sent_only_when_nothing_was_written"
+            "[body-short-of-content-length]"),
+]
+
+
+def refused_lines() -> list[str]:
+    lines = [
+        "## Requests our HTTP client cannot send",
+        "",
+        "A matched write that no HTTP client can send is answered by the proxy, and the upstream reads",
+        "not a byte of it. A header field that cannot be sent gets 400 before any receipt; a refusal",
+        "inside the exchange is `not_sent` only when it provably came before the first byte was",
+        "written (classify.py says how that is known), and never blocks the same write made sendable.",
+        "",
+        "| the request | the agent gets | receipt | the same write, made sendable | shown by |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {r.what} | {r.agent_gets} | {r.receipt} | {r.retry} | `{r.test}` |" for r in REFUSED]
+    return [*lines, ""]
+
+
+@pytest.mark.parametrize("row", REFUSED, ids=lambda r: r.test.split("::")[-1])
+def test_each_refused_row_of_the_doc_names_a_test_that_exists(row):
+    test_each_same_write_row_names_a_test_that_exists(row)
+
+
 def render() -> str:
     lines = [
         "# What receipt-proxy guarantees, fault by fault",
@@ -230,6 +289,7 @@ def render() -> str:
         "(`receipts_wait_submitted`).",
         "",
     ]
+    lines += refused_lines()
     lines += same_write_lines()
     lines += limits_lines()
     lines += held_lines()

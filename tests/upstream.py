@@ -33,6 +33,7 @@ progress now and the most at once (a held read counts while it waits).
 The upstream counts commits itself, per path: tests never guess. `NginxUpstream` routes (and
 counts) every spelling of a path as nginx does: `//api/./thing%73` is `/api/things`.
 `DecodingUpstream` decodes a request body's Content-Encoding (gzip, deflate, br, zstd) before reading it.
+`up.received` counts the bytes read from every connection (a request refused before sending adds none).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Upstream:
         self.items: dict[str, list[dict]] = {}  # what each path's committed writes created, for list reads
         self._commits: dict[str, int] = defaultdict(int)
         self.requests: list[dict] = []
+        self.received = 0  # bytes read from all connections, heads and bodies (a request refused before sending: none)
         self.lock = threading.Lock()
         self.release = threading.Event()  # set to end every hang early
         self._held: dict[str, threading.Event] = defaultdict(threading.Event)  # "held" writes wait for let_go(path)
@@ -135,6 +137,10 @@ class Upstream:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                self.rfile = _Counted(self.rfile, up)  # every byte read from the connection counts in up.received
 
             def log_message(self, *args):  # keep test output quiet
                 pass
@@ -414,6 +420,27 @@ def make_self_signed_cert(directory: Path) -> tuple[Path, Path]:
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path
+
+
+class _Counted:
+    """A connection's input that adds every byte read from it to `up.received`."""
+
+    def __init__(self, raw, up: Upstream):
+        self.raw, self.up = raw, up
+
+    def _count(self, data: bytes) -> bytes:
+        with self.up.lock:
+            self.up.received += len(data)
+        return data
+
+    def read(self, *args) -> bytes:
+        return self._count(self.raw.read(*args))
+
+    def readline(self, *args) -> bytes:
+        return self._count(self.raw.readline(*args))
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
 
 
 def free_port() -> int:

@@ -9,7 +9,8 @@ Hooks, one job each:
   (internals.BoundedBody). Unmatched requests touch neither the database nor the
   fingerprint code.
 - `request`: refuse a body above receipts_body_cap (413) or one whose Content-Encoding
-  cannot be decoded (400), before any receipt; hand a matched request to the gate (gate.py)
+  cannot be decoded (400), and a header field no HTTP client can send (400: fields.py),
+  before any receipt; hand a matched request to the gate (gate.py)
   with its decoded body, then send it once ourselves (exchange.py) and record what happened,
   or answer from an existing receipt (409 blocked, recorded replay, 503 when the store
   cannot be written).
@@ -30,6 +31,7 @@ from proxy_addon import answers, identity, terminal
 from proxy_addon.bodies import codings, decode_body
 from proxy_addon.classify import Outcome, answer_outcome, error_outcome, head_outcome
 from proxy_addon.errors import BadEncoding, BodyTooLarge, ReceiptsError, RulesError, StoreError
+from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
@@ -252,6 +254,9 @@ class Receipts:
         m = self._rematch(flow, meta)
         if m is None:
             return
+        if (bad := bad_field(flow.request.headers.fields)) is not None:  # cannot be sent: 400, no receipt
+            self._refuse_header(flow, meta, *bad)
+            return
         op, view, inst = m.operation, request_view(flow.request, body), self.installation
         credentials = credentials_from(op.credential_headers, view.headers)
         try:
@@ -464,6 +469,15 @@ class Receipts:
         if meta.get("answer") == "forward" and "outcome" not in meta:
             await self._record(flow, meta, Outcome(State.NOT_SENT, f"not sent: {why}", error=why))
         self._answer_unavailable(flow, meta, why)
+
+    @staticmethod
+    def _refuse_header(flow: http.HTTPFlow, meta: dict, header: str, problem: str) -> None:
+        """A header field no HTTP client can send (fields.py): 400 naming it, never its value; nothing sent."""
+        logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: its {header} header {problem}")
+        flow.response = response_of(answers.bad_header(meta["api"], meta["operation"], header, problem))
+        meta["answer"] = "bad_header"
+        flow.marked = MARKERS["refused"]
+        flow.comment = f"NOT SENT: the {header} header {problem}"
 
     def _answer_unavailable(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
         logger.error(

@@ -13,7 +13,9 @@ What it keeps from mitmproxy (`Upstream`, built from its options): upstream TLS
 verification (`ssl_insecure`, `ssl_verify_upstream_trusted_ca`,
 `ssl_verify_upstream_trusted_confdir`), the `upstream:` proxy mode with `upstream_auth`, and
 HTTP/2 to the upstream (when `http2` is on). What it refuses: `client_certs` (set
-`receipts_forward=mitmproxy` to use them). What a failure means is decided in classify.py.
+`receipts_forward=mitmproxy` to use them). What a failure means is decided in classify.py,
+which tells a request our client refused before writing a byte of it (not_sent) from one
+cut short after (outcome_unknown).
 
 What changes: a matched request's answer is held, not streamed. mitmproxy 12 sends a
 response set by the `request` hook in one piece (`send_response()` has no streaming path
@@ -45,7 +47,7 @@ import httpx
 from mitmproxy import http
 
 from proxy_addon.canonical import ip_literal
-from proxy_addon.classify import Outcome, deadline_outcome, failure_outcome
+from proxy_addon.classify import CLIENT_ERRORS, Outcome, deadline_outcome, failure_outcome
 from proxy_addon.upstream import Upstream
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and framing that the new exchange sets itself.
@@ -99,17 +101,20 @@ async def send(
     of a failure before that. `deadline` (seconds) covers it all, the rest of the body too.
     """
     headers = end_to_end(request.headers.fields)
-    outgoing = client.build_request(
-        request.method,
-        # An IP host in another spelling (`0177.0.0.1`, which httpx refuses) is connected to as the
-        # address it names; the Host header stays the agent's. httpx brackets an IPv6 host itself.
-        httpx.URL(scheme=request.scheme, host=ip_literal(request.host) or request.host, port=request.port),
-        headers=headers,
-        content=request.raw_content or b"",
-        timeout=httpx.Timeout(deadline, connect=min(connect_timeout, deadline)),
-        # The request target exactly as the agent sent it (httpx would remove `.` segments).
-        extensions={"target": request.data.path},
-    )
+    try:
+        outgoing = client.build_request(
+            request.method,
+            # An IP host in another spelling (`0177.0.0.1`, which httpx refuses) is connected to as the
+            # address it names; the Host header stays the agent's. httpx brackets an IPv6 host itself.
+            httpx.URL(scheme=request.scheme, host=ip_literal(request.host) or request.host, port=request.port),
+            headers=headers,
+            content=request.raw_content or b"",
+            timeout=httpx.Timeout(deadline, connect=min(connect_timeout, deadline)),
+            # The request target exactly as the agent sent it (httpx would remove `.` segments).
+            extensions={"target": request.data.path},
+        )
+    except httpx.InvalidURL as e:  # refused before anything was sent: not_sent (classify.local_refusal)
+        return failure_outcome(e)
     loop = asyncio.get_running_loop()
     ends = loop.time() + deadline
     try:
@@ -131,7 +136,7 @@ async def send(
                 await upstream.aclose()
     except TimeoutError:
         return deadline_outcome(deadline)
-    except httpx.HTTPError as e:
+    except CLIENT_ERRORS as e:  # h11's own errors too: classify tells a refused head from a body cut short
         return failure_outcome(e)
     response = http.Response(
         http_version=b"HTTP/2.0" if upstream.http_version == "HTTP/2" else upstream.http_version.encode(),
