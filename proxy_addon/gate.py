@@ -22,7 +22,9 @@ for it, and reconciles at once when the answer says the effect may already exist
 
 Reads at once are bounded (`reads_max`, the option receipts_reads_max, 8): every reconcile read
 of this process (a duplicate's, an answer's evidence, an operator's) takes a slot first, and
-the others wait their turn, first come first served. Only reads wait; no other request does.
+the others wait their turn, first come first served. Only reads wait; no other request does,
+nor a reconcile of an operation with no read configured (decided by its idempotency key, or
+manual_review).
 - The slot is taken before the claim and given back as soon as the read is judged, before the
   verdict is recorded (reconcile.py). While a read waits, its receipt stays `outcome_unknown`
   (another process or the CLI may settle it meanwhile: this read's claim then fails, and the
@@ -318,7 +320,8 @@ class Gate:
                 actor=actor,
                 reason=reason,
                 evidence=evidence,
-                slot=self._read_slot(receipt, settings.timeout),
+                # An operation with no read configured is decided without one (by its key, or manual_review).
+                slot=self._read_slot(receipt, settings.timeout) if op.reconcile is not None else None,
             )
         except IllegalTransition:
             return None  # another proxy process claimed it first

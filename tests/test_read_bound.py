@@ -24,12 +24,22 @@ import pytest
 
 from proxy_addon.gate import Gate, GateSettings, StoreThread
 from proxy_addon.reads import ReadSettings
+from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, Store
 from tests.conftest import Clients, Proxy, wait_for
-from tests.test_gate import CREDENTIALS, World, duplicates, forward_through, transitions
+from tests.test_gate import CREDENTIALS, RULES, World, duplicates, forward_through, transitions
 from tests.test_startup import run_until_exit
 from tests.upstream import Upstream
+
+# test_gate.py's rules, and an API that deduplicates by a key and has no read (like Stripe's).
+KEYED_RULES = RULES + """\
+  keyed.create:
+    match: {method: POST, path: "/api/{bucket}/keyed"}
+    fingerprint: {body: [title]}
+    external_id: id
+    idempotency_key: {header: Idempotency-Key}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +51,7 @@ def held_upstream() -> Iterator[Upstream]:
 
 @pytest.fixture
 def world(tmp_path, held_upstream, bucket) -> Iterator[World]:
-    w = World(held_upstream, bucket, tmp_path)
+    w = World(held_upstream, bucket, tmp_path, rules=RuleSet.of([load_rules(KEYED_RULES, "gate-test.yaml")]))
     yield w
     w.upstream.let_go(w.path())  # no read of this test left waiting in the upstream
     for calls in w.threads:
@@ -195,6 +205,31 @@ async def test_a_receipt_waiting_for_a_slot_stays_unknown_and_another_process_ma
     assert world.upstream.reads(path) == 2  # B's read, when its slot came, found B settled: no read of its own
     assert transitions(world.events(rb.operation_id)).count(("outcome_unknown", "reconciling")) == 1
     assert world.upstream.seen(path) == 2
+
+
+async def test_a_reconcile_that_needs_no_read_takes_no_slot(world):
+    """While the one slot is held by a hanging read, a duplicate of an unknown outcome whose API
+    deduplicates by its key (no read configured) is decided at once: safe_to_retry, sent again."""
+    gate = gate_of(world, reads_max=1)
+    ((a, _),) = await unknown_receipts(world, gate, 1)
+    world.upstream.plan(world.path("keyed"), "drop")
+    attempt, keyed = world.attempt("keyed")
+    _, first = await forward_through(gate, world, attempt, keyed, "keyed")
+    assert first is not None and first.state is State.OUTCOME_UNKNOWN
+    path = world.path()
+    world.upstream.plan_read(path, "held")
+    _, op = world.attempt()
+    ta = asyncio.create_task(gate.admit(world.attempt(title=a)[0], op, CREDENTIALS))
+    await until(lambda: world.upstream.reads_at_once(path)[0] == 1, what="the read holding the slot")
+
+    started = time.monotonic()
+    dup = await asyncio.wait_for(gate.admit(world.attempt("keyed")[0], keyed, CREDENTIALS), 10)
+    assert time.monotonic() - started < 0.5
+    assert (dup.decision.kind, dup.decision.receipt.retry_of) == ("forward", first.operation_id)
+    assert {r.operation_id: r.state for r in world.receipts()}[first.operation_id] is State.SAFE_TO_RETRY
+    assert not ta.done()  # the read still holds the slot
+    world.upstream.let_go(path)
+    assert (await asyncio.wait_for(ta, 10)).decision.kind == "blocked_succeeded"
 
 
 # --- a real mitmdump -----------------------------------------------------------------------------
