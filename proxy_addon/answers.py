@@ -228,6 +228,26 @@ def bad_header(api: str, operation: str, header: str, problem: str) -> Answer:
     )
 
 
+def method_override_refused(api: str, operation: str, detail: str) -> Answer:
+    """
+    A matched write refused before any receipt for its method override headers (RuleSet.match):
+    they name different methods, or the rule says the API does not take them. Nothing was sent.
+    """
+    return json_answer(
+        400,
+        {
+            "error": "method_override_refused",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "detail": detail,
+            "hint": "the request was not sent and no receipt was recorded; send it with the method it means in the "
+            "request line and without X-HTTP-Method-Override, X-HTTP-Method and X-Method-Override",
+        },
+        {},
+    )
+
+
 def response_not_passed(
     operation_id: str,
     state: State,

@@ -20,6 +20,12 @@ What is normalised (RFC 3986 §6.2.2, and what servers such as nginx do before r
   (RFC 3986 §5.2.4, after decoding, so `%2e%2e` is `..`).
 - the query string is kept exactly as sent; case is kept (see `match.case_insensitive`).
 
+Methods: a request's method is the one its method override header names
+(`X-HTTP-Method-Override`, `X-HTTP-Method` or `X-Method-Override`, any letter case), as
+Rack, Express's method-override and Google APIs take it: `GET` with
+`X-HTTP-Method-Override: POST` is a POST (`effective_method`). Headers that name different
+methods are a conflict (`ConflictingOverrides`): which one a server takes is a guess.
+
 Only matching, the fingerprint and the record use the canonical form: the request that is
 forwarded is the one the agent sent. Nothing here imports mitmproxy.
 """
@@ -28,9 +34,22 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Target", "canonical_encoding", "canonical_host", "canonical_path", "ip_literal", "param_value", "target"]
+__all__ = [
+    "OVERRIDE_HEADERS",
+    "ConflictingOverrides",
+    "Target",
+    "canonical_encoding",
+    "canonical_host",
+    "canonical_path",
+    "effective_method",
+    "ip_literal",
+    "method_overrides",
+    "param_value",
+    "target",
+]
 
 UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # What a path may hold unencoded (RFC 3986 pchar and "/"), besides percent-encodings.
@@ -49,7 +68,7 @@ def canonical_host(host: str) -> str:
     ip = ip_literal(host)
     if ip is not None:
         return ip
-    bare = host.strip()
+    bare = host.strip().rstrip(".")
     if bare.startswith("[") and bare.endswith("]"):
         bare = bare[1:-1]
     return bare.rstrip(".").lower()
@@ -57,7 +76,7 @@ def canonical_host(host: str) -> str:
 
 def ip_literal(host: str) -> str | None:
     """The IP address `host` names, in any spelling (`127.1`, `[::ffff:127.0.0.1]`), canonical; None for a name."""
-    bare = host.strip()
+    bare = host.strip().rstrip(".")
     if bare.startswith("[") and bare.endswith("]"):
         bare = bare[1:-1]
     bare = bare.rstrip(".")
@@ -210,3 +229,55 @@ class Target:
 def target(scheme: str, host: str, port: int, path: str) -> Target:
     """The canonical form of a request's target, with the raw one kept."""
     return Target(scheme, canonical_host(host), port, canonical_path(path), host, path)
+
+
+# --- methods -------------------------------------------------------------------------------------
+
+# The headers that name a request's method in place of its request line's (Rack and Express's
+# method-override read the first, Microsoft's and some Java frameworks the second, others the third).
+OVERRIDE_HEADERS = ("X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override")
+_OVERRIDE_NAMES: dict[str | bytes, str] = {
+    **{h.lower(): h for h in OVERRIDE_HEADERS},
+    **{h.lower().encode(): h for h in OVERRIDE_HEADERS},
+}
+_METHOD_TOKEN = re.compile(r"[A-Z0-9!#$%&'*+.^_`|~-]{1,24}")  # an RFC 9110 token, as a method name
+
+
+class ConflictingOverrides(ValueError):
+    """A request's method override headers name different methods: which one a server takes is a guess."""
+
+
+def method_overrides(headers: Iterable[tuple[str | bytes, str | bytes]]) -> list[tuple[str, str]]:
+    """
+    What a request's method override headers say, as (header, method) in the order sent: the
+    header as `OVERRIDE_HEADERS` spells it, the method in upper case. A repeated header and a
+    comma-separated value give one pair per value; empty values are left out. A value that is
+    not a method name is given as `?` (it names no method any rule has, and is never stored).
+    `headers`: (name, value) pairs, str or bytes, every occurrence (mitmproxy's `headers.fields`).
+    """
+    found: list[tuple[str, str]] = []
+    for name, value in headers:
+        header = _OVERRIDE_NAMES.get(name.lower())  # bytes or str: the names are in both forms
+        if header is None:
+            continue
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        for part in value.split(","):
+            method = part.strip().upper()
+            if method:
+                found.append((header, method if _METHOD_TOKEN.fullmatch(method) else "?"))
+    return found
+
+
+def effective_method(method: str, headers: Iterable[tuple[str | bytes, str | bytes]]) -> str:
+    """
+    The method a request means: the one its override headers name (upper case), else `method`
+    as sent. Raises ConflictingOverrides, naming the headers, when they name different methods.
+    """
+    found = method_overrides(headers)
+    named = {m for _, m in found}
+    if len(named) > 1:
+        raise ConflictingOverrides(
+            "the method override headers name different methods: " + ", ".join(f"{h}: {m}" for h, m in found)
+        )
+    return named.pop() if named else method

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from proxy_addon import gql
 from proxy_addon.bodies import codings, decode_body
-from proxy_addon.canonical import canonical_host, canonical_path
+from proxy_addon.canonical import canonical_host, canonical_path, method_overrides
 from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.fingerprint import NOTES, RequestView, fingerprint, intent_notes
 from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
@@ -184,12 +184,17 @@ def explain(
         )
     if where.changed:
         report["canonical"] = f"{method} {redact_url(where.scheme, where.host, where.port, where.path)}"
-    m = rules.match(u.hostname, port, method, path, body=body)
+    m = rules.match(u.hostname, port, method, path, body=body, headers=headers.items())
     if m is None:
         report["match"] = None
         report["why"] = _no_match(rules, u.hostname, port, method, path, body)
+        if named := sorted({n for _, n in method_overrides(headers.items())} - {method}):
+            report["why"].insert(-1, f"nor does {' or '.join(named)}, which its method override headers name")
         return report
     op = m.operation
+    refused = refused or m.refused  # its method override headers (RuleSet.match)
+    if op.method != method:  # matched as the method an override header names
+        report["canonical"] = f"{op.method} {redact_url(where.scheme, where.host, where.port, where.path)}"
     for name in op.credential_headers:
         if headers.get(name):
             shown_headers[name] = REDACTED

@@ -25,6 +25,11 @@ Bodies (`RequestView.body` is the body with its Content-Encoding undone: bodies.
 The notes (`fallback`, `missing`, `hashed`) are stored with the intent and never enter the
 fingerprint: the same fields read another way are the same intent.
 
+Methods: the fingerprint and the record take the method the operation was matched with
+(RuleSet.match): a POST sent as `GET` with `X-HTTP-Method-Override: POST` is the POST it names,
+one intent with the same write sent as `POST`. The intent notes how it was sent
+(`method_override`: {sent, override, matched}), which never enters the fingerprint.
+
 Targets: the host and path are taken in their canonical form (canonical.py), as rules match
 them, and path parameters as their decoded text (`/api/%745/things` is `/api/t5/things`).
 `Intent.target` is the canonical URL; `Intent.raw_target` the URL as sent, when it differs.
@@ -48,7 +53,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from proxy_addon import identity
-from proxy_addon.canonical import Target, param_value
+from proxy_addon.canonical import Target, method_overrides, param_value
 from proxy_addon.canonical import target as canonical_target
 from proxy_addon.jsonpath import NOT_JSON, parse_json
 from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older callers import it from here
@@ -146,9 +151,10 @@ def multipart_parts(content_type: str, body: bytes) -> dict[str, Any] | None:
     return parts
 
 
-# Notes stored with the intent when the body could not be read as the rule says. They are
-# shown (Receipt view, rules explain, one warning line) but never enter the fingerprint.
-NOTES = ("fallback", "missing", "hashed")
+# Notes stored with the intent when the body could not be read as the rule says, or the method
+# was named by an override header. They are shown (Receipt view, rules explain, one warning line)
+# but never enter the fingerprint.
+NOTES = ("fallback", "missing", "hashed", "method_override")
 FALLBACKS = {
     "json_sent_as_form": "the body is a JSON object sent as application/x-www-form-urlencoded (as curl -d sends "
     "it), and the form has none of the named fields: the fields were read from the JSON",
@@ -166,8 +172,11 @@ FALLBACKS = {
 
 
 def intent_notes(intent: Mapping[str, Any]) -> list[str]:
-    """What the stored intent says about how its body was read, as sentences (empty when as the rule says)."""
+    """How the stored intent says its body (and method) was read, as sentences (empty when as the rule says)."""
     notes = []
+    if isinstance(override := intent.get("method_override"), dict):
+        sent, named, matched = override.get("sent"), override.get("override"), override.get("matched")
+        notes.append(f"sent as {sent} with {named}: matched and fingerprinted as {matched}; forwarded as sent")
     if intent.get("fallback"):
         notes.append(f"fallback {intent['fallback']}: {FALLBACKS.get(intent['fallback'], 'see docs/rules.md')}")
     if intent.get("missing"):
@@ -392,10 +401,12 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
     graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
     intent.update(_body_view(spec.body, req.headers, req.body, graphql, key))
     principal = principal_of(match, req.headers, key)
+    if (override := method_override_note(req, op.method)) is not None:
+        intent["method_override"] = override
     material = {
         "api": op.api,
         "operation": op.name,
-        "method": req.method,
+        "method": op.method,  # the method matched: an override header's (RuleSet.match), else the one sent
         "host": where.authority,
         "intent": {k: v for k, v in intent.items() if k not in NOTES},  # the same fields are the same intent
         "principal": principal,
@@ -410,6 +421,15 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
     )
 
 
+def method_override_note(req: RequestView, matched: str) -> dict[str, str] | None:
+    """How a request carrying method override headers was sent, for the record; None without one."""
+    found = method_overrides(req.headers.items())
+    if not found or {m for _, m in found} == {req.method}:
+        return None
+    named = ", ".join(f"{h}: {m}" for h, m in found[:4]) + (", …" if len(found) > 4 else "")
+    return {"sent": req.method, "override": named, "matched": matched}
+
+
 def build_attempt(
     match: Match, req: RequestView, key: bytes, *, flow_id: str | None = None, instance: str | None = None
 ) -> Attempt:
@@ -417,7 +437,7 @@ def build_attempt(
     op = match.operation
     intent = fingerprint(match, req, key)
     if notes := intent_notes(intent.intent):  # field names and codes only, never a value
-        logger.warning("%s %s %s %s: %s", op.api, op.name, req.method, intent.target, "; ".join(notes))
+        logger.warning("%s %s %s %s: %s", op.api, op.name, op.method, intent.target, "; ".join(notes))
     agent_key = req.headers.get((op.idempotency_header or "Idempotency-Key").lower())
     given_key, idempotency = None, op.idempotency_header is not None
     if op.idempotency_body:
@@ -433,7 +453,7 @@ def build_attempt(
     return Attempt(
         api=op.api,
         operation=op.name,
-        method=req.method,
+        method=op.method,  # the method matched (an override header's), as the fingerprint takes it
         target=intent.target,
         raw_target=intent.raw_target,
         intent_fingerprint=intent.fingerprint,

@@ -13,10 +13,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy_addon.canonical import canonical_host, canonical_path, ip_literal, param_value, target
+from proxy_addon.canonical import (
+    ConflictingOverrides,
+    canonical_host,
+    canonical_path,
+    effective_method,
+    ip_literal,
+    method_overrides,
+    param_value,
+    target,
+)
 from proxy_addon.errors import RulesError
 from proxy_addon.explain import explain, render
-from proxy_addon.fingerprint import RequestView, build_attempt, fingerprint
+from proxy_addon.fingerprint import RequestView, build_attempt, fingerprint, intent_notes
 from proxy_addon.rules import RuleSet, host_pattern, load_rules, parse_path_template
 
 KEY = b"k" * 32
@@ -44,6 +53,7 @@ HOSTS = [
     ("v4-mapped-v6-long", "0:0:0:0:0:ffff:7f00:0001", "127.0.0.1"),
     ("v6-loopback-long", "0:0:0:0:0:0:0:1", "::1"),
     ("v6-bracketed", "[::1]", "::1"),
+    ("v6-bracketed-trailing-dot", "[::1].", "::1"),  # the dot taken off before the brackets: a fixed point
     ("v6-upper-uncompressed", "2001:DB8:0:0:0:0:0:1", "2001:db8::1"),
     ("v6-leading-zeros", "2001:0db8:0000::0001", "2001:db8::1"),
     ("name-case", "API.Example.COM", "api.example.com"),
@@ -374,3 +384,246 @@ def test_canonical_path_is_a_fixed_point(path):
 def test_canonical_host_is_a_fixed_point(host):
     once = canonical_host(host)
     assert canonical_host(once) == once
+
+
+# --- methods: an override header names the method (issue 17, item 4) ------------------------------
+
+XO, XM, XMO = "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"
+
+
+@pytest.mark.parametrize("method, headers, effective", [
+    ("POST", [], "POST"),
+    ("POST", [("Content-Type", "application/json")], "POST"),
+    ("GET", [(XO, "POST")], "POST"),
+    ("POST", [(XO, "PUT")], "PUT"),
+    ("POST", [(XM, "DELETE")], "DELETE"),
+    ("POST", [(XMO, "PATCH")], "PATCH"),
+    ("GET", [("x-http-method-override", "post")], "POST"),  # header names and methods in any letter case
+    ("GET", [("X-Http-Method-Override", " Post ")], "POST"),
+    ("GET", [(b"X-HTTP-Method-Override", b"POST")], "POST"),  # mitmproxy's raw fields
+    ("GET", [(XO, "POST"), (XM, "post")], "POST"),  # several headers naming one method
+    ("GET", [(XO, "POST, POST")], "POST"),
+    ("GET", [(XO, "")], "GET"),  # an empty value names nothing
+    ("GET", [(XO, " , ")], "GET"),
+    ("POST", [(XO, "POST")], "POST"),
+    ("POST", [(XO, "NOT A METHOD")], "?"),  # names no method a rule can have; never stored as sent
+    ("POST", [(XO, "X" * 100)], "?"),
+    ("GET", [("X-HTTP-Method-Overrides", "POST"), ("Method-Override", "POST")], "GET"),  # other headers
+])
+def test_effective_method(method, headers, effective):
+    assert effective_method(method, headers) == effective
+
+
+@pytest.mark.parametrize("method, headers", [
+    ("GET", [(XO, "POST"), (XM, "PUT")]),
+    ("POST", [(XO, "PUT"), (XO, "DELETE")]),  # the header repeated
+    ("POST", [(XO, "PUT, DELETE")]),  # a comma-separated value: Express takes the first, others the last
+    ("GET", [(XO, "POST"), (XMO, "GARBAGE VALUE")]),
+    ("POST", [(XO, "POST"), (XM, "PUT")]),  # one names the method sent, the other another one
+])
+def test_conflicting_overrides_are_refused_never_guessed(method, headers):
+    with pytest.raises(ConflictingOverrides, match="name different methods"):
+        effective_method(method, headers)
+
+
+def test_method_overrides_spells_each_header_as_documented():
+    assert method_overrides([("x-http-method", "put"), ("X-METHOD-OVERRIDE", "Put, patch")]) == [
+        (XM, "PUT"), (XMO, "PUT"), (XMO, "PATCH")]
+    assert method_overrides([(XO, "DROP TABLE")]) == [(XO, "?")]  # a value that is no method is never kept
+
+
+OVERRIDE_RULES = """\
+api: over
+hosts: [api.test]
+operations:
+  things.create:
+    match: {method: POST, path: "/api/{bucket}/things"}
+    fingerprint: {body: [title]}
+  things.update:
+    match: {method: PUT, path: "/api/{bucket}/things/{id}"}
+    fingerprint: {body: [title]}
+  strict.create:
+    match: {method: POST, path: "/api/{bucket}/strict", method_override: refuse}
+  thing.get:
+    description: a GET a rule matches, to show an override of a ruled method to an unruled one
+    match: {method: GET, path: "/api/{bucket}/things/{id}"}
+"""
+REFUSING_RULES = """\
+api: strict
+hosts: [strict.test]
+method_override: refuse
+operations:
+  things.create:
+    match: {method: POST, path: "/api/{bucket}/things"}
+  things.lenient:
+    match: {method: POST, path: "/api/{bucket}/lenient", method_override: honour}
+"""
+OVERRIDES = RuleSet.of([load_rules(OVERRIDE_RULES, "over.yaml"), load_rules(REFUSING_RULES, "strict.yaml")])
+
+
+@pytest.mark.parametrize("host, method, path, headers, operation, refused", [
+    # honour (the default): the method the header names is matched
+    ("api.test", "GET", "/api/b/things", [(XO, "POST")], "things.create", None),
+    ("api.test", "POST", "/api/b/things/7", [(XO, "PUT")], "things.update", None),
+    ("api.test", "POST", "/api/b/things/7", [(XM, "put")], "things.update", None),
+    ("api.test", "PATCH", "/api/b/things/7", [(XMO, "PUT")], "things.update", None),
+    ("api.test", "GET", "/api/b/things/7", [(XO, "PUT")], "things.update", None),  # not the GET it was sent as
+    ("api.test", "POST", "/api/b/things", [(XO, "POST")], "things.create", None),  # names the method sent
+    # no operation has the method it names, but the method sent is a ruled write: a guess either way, refused
+    ("api.test", "POST", "/api/b/things", [(XO, "GET")], "things.create", "which one is a guess"),
+    ("api.test", "POST", "/api/b/things", [(XO, "NOT A METHOD")], "things.create", "which one is a guess"),
+    ("api.test", "GET", "/api/b/things/7", [(XO, "DELETE")], "thing.get", "which one is a guess"),
+    ("api.test", "GET", "/api/b/other", [(XO, "POST")], None, None),  # neither method matches: untouched
+    # several methods named: refused, whichever operation either reading matches
+    ("api.test", "GET", "/api/b/things", [(XO, "POST"), (XM, "PUT")], "things.create", "name different methods"),
+    ("api.test", "POST", "/api/b/things/7", [(XO, "PUT"), (XO, "DELETE")], "things.update", "name different methods"),
+    ("api.test", "GET", "/api/b/nothing", [(XO, "POST"), (XM, "PUT")], None, None),  # nothing ruled: untouched
+    # method_override: refuse, in an operation, or for the whole file
+    ("api.test", "GET", "/api/b/strict", [(XO, "POST")], "strict.create", "method_override: refuse"),
+    ("api.test", "POST", "/api/b/strict", [(XO, "GET")], "strict.create", "method_override: refuse"),
+    ("api.test", "POST", "/api/b/strict", [(XO, "POST")], "strict.create", None),  # names the method sent
+    ("api.test", "POST", "/api/b/strict", [], "strict.create", None),
+    ("strict.test", "GET", "/api/b/things", [(XO, "POST")], "things.create", "method_override: refuse"),
+    ("strict.test", "POST", "/api/b/things", [(XMO, "PUT")], "things.create", "method_override: refuse"),
+    ("strict.test", "POST", "/api/b/things", [], "things.create", None),
+    ("strict.test", "GET", "/api/b/lenient", [(XO, "POST")], "things.lenient", None),  # the operation says honour
+])
+def test_match_takes_the_method_an_override_names(host, method, path, headers, operation, refused):
+    m = OVERRIDES.match(host, 443, method, path, headers=headers)
+    assert (m.operation.name if m else None) == operation
+    if m:
+        assert (m.refused is None) if refused is None else (refused in m.refused), m.refused
+
+
+def test_a_refusal_says_what_to_do_and_never_echoes_a_value():
+    m = OVERRIDES.match("strict.test", 443, "GET", "/api/b/things", headers=[(XO, "POST")])
+    assert m.refused == (
+        "GET with X-HTTP-Method-Override: POST: strict things.create does not take method override headers "
+        "(method_override: refuse, strict.yaml:5); send the request with the method you mean and without them")
+    m = OVERRIDES.match("api.test", 443, "GET", "/api/b/things", headers=[(XO, "POST"), (XM, "SECRET TOKEN")])
+    assert "SECRET" not in m.refused and "X-HTTP-Method: ?" in m.refused
+
+
+def test_without_headers_match_is_as_before():
+    assert OVERRIDES.match("api.test", 443, "GET", "/api/b/things") is None
+    assert OVERRIDES.match("api.test", 443, "POST", "/api/b/things").operation.name == "things.create"
+
+
+@pytest.mark.parametrize("text, error", [
+    ("method_override: sometimes\n", "method_override: 'sometimes' is not one of honour, refuse"),
+    ("method_override: honor\n", "method_override: 'honor' is not one of honour, refuse"),
+    ("method_override: true\n", "method_override: expected a non-empty string"),
+])
+def test_method_override_is_honour_or_refuse(text, error):
+    base = "api: a\nhosts: [a.test]\n{top}operations:\n  x:\n    match: {{method: POST, path: /x{op}}}\n"
+    with pytest.raises(RulesError, match=re.escape(error)):
+        load_rules(base.format(top=text, op=""), "a.yaml")
+    value = text.split(": ", 1)[1].strip()
+    with pytest.raises(RulesError, match=re.escape("operations.x.match." + error)):
+        load_rules(base.format(top="", op=f", method_override: {value}"), "a.yaml")
+
+
+def test_the_file_sets_each_operations_default():
+    rules = {op.name: op.method_override for op in OVERRIDES.operations if op.api == "strict"}
+    assert rules == {"things.create": "refuse", "things.lenient": "honour"}
+    assert {op.method_override for op in OVERRIDES.operations if op.api == "over"} == {"honour", "refuse"}
+
+
+def _view(method, path, headers, body=b'{"title": "one"}'):
+    return RequestView(method, "https", "api.test", 443, path, {"content-type": "application/json", **headers}, body)
+
+
+@pytest.mark.parametrize("method, headers", [
+    ("GET", {"x-http-method-override": "POST"}),
+    ("PUT", {"x-http-method": "post"}),
+    ("PATCH", {"x-method-override": "Post"}),
+    ("POST", {}),
+    ("POST", {"x-http-method-override": "post"}),  # names the method sent: a plain POST, nothing to note
+])
+def test_an_overridden_method_is_one_intent_with_the_method_it_names(method, headers):
+    plain = fingerprint(OVERRIDES.match("api.test", 443, "POST", "/api/b/things"), _view("POST", "/api/b/things", {}),
+                        KEY)
+    m = OVERRIDES.match("api.test", 443, method, "/api/b/things", headers=list(headers.items()))
+    got = fingerprint(m, _view(method, "/api/b/things", headers), KEY)
+    assert got.fingerprint == plain.fingerprint
+    attempt = build_attempt(m, _view(method, "/api/b/things", headers), KEY)
+    assert attempt.method == "POST"  # the receipt records the method it means
+    if method == "POST":
+        assert "method_override" not in got.intent
+    else:  # and how it was sent
+        header = next(iter(headers))
+        assert got.intent["method_override"] == {
+            "sent": method, "override": f"{dict((h.lower(), h) for h in (XO, XM, XMO))[header]}: POST",
+            "matched": "POST"}
+        (note,) = intent_notes(got.intent)
+        assert note.startswith(f"sent as {method} with ") and "fingerprinted as POST" in note
+
+
+def test_a_post_overridden_to_put_is_the_put():
+    assert OVERRIDES.match("api.test", 443, "POST", "/api/b/things/7") is None  # no rule for a plain POST there
+    put = OVERRIDES.match("api.test", 443, "PUT", "/api/b/things/7")
+    as_put = fingerprint(put, _view("PUT", "/api/b/things/7", {}), KEY)
+    over = OVERRIDES.match("api.test", 443, "POST", "/api/b/things/7", headers=[(XO, "PUT")])
+    got = fingerprint(over, _view("POST", "/api/b/things/7", {"x-http-method-override": "PUT"}), KEY)
+    assert got.fingerprint == as_put.fingerprint
+    other = fingerprint(put, _view("PUT", "/api/b/things/7", {}, body=b'{"title": "two"}'), KEY)
+    assert got.fingerprint != other.fingerprint  # the fields still decide
+
+
+def test_an_override_to_a_method_no_rule_has_is_refused_with_both_readings():
+    m = OVERRIDES.match("api.test", 443, "POST", "/api/b/things", headers=[(XO, "GET")])
+    assert m.operation.name == "things.create"
+    assert m.refused == (
+        "POST with X-HTTP-Method-Override: GET: over takes it as GET, which no operation matches, if it honours the "
+        "header, or as the POST that things.create matches if it ignores it; which one is a guess, so send the "
+        "request with the method you mean and without the header")
+
+
+def test_explain_matches_the_method_an_override_names():
+    headers = {"x-http-method-override": "POST", "content-type": "application/json"}
+    report = explain(OVERRIDES, "GET", "https://api.test/api/b/things", b'{"title": "one"}', headers, KEY)
+    assert report["match"]["operation"] == "things.create"
+    assert report["canonical"] == "POST https://api.test/api/b/things"
+    m = OVERRIDES.match("api.test", 443, "GET", "/api/b/things", headers=list(headers.items()))
+    assert report["fingerprint"]["value"] == fingerprint(m, _view("GET", "/api/b/things", headers), KEY).fingerprint
+    text = render(report)
+    assert "matched as POST https://api.test/api/b/things" in text
+    assert "note: sent as GET with X-HTTP-Method-Override: POST" in text
+
+
+def test_explain_shows_a_refusal():
+    report = explain(OVERRIDES, "GET", "https://strict.test/api/b/things", b"{}",
+                     {"x-http-method-override": "POST"}, KEY)
+    assert "method_override: refuse" in report["refused"]
+    assert "the proxy refuses this request and sends nothing: GET with X-HTTP-Method-Override: POST" in render(report)
+    conflict = explain(OVERRIDES, "GET", "https://api.test/api/b/things", b"{}",
+                       {"x-http-method-override": "POST", "x-http-method": "PUT"}, KEY)
+    assert "name different methods" in conflict["refused"]
+
+
+def test_explain_says_which_method_an_override_named_when_nothing_matches():
+    report = explain(OVERRIDES, "GET", "https://api.test/api/b/other", b"{}", {"x-http-method-override": "POST"}, KEY)
+    assert report["match"] is None
+    assert "nor does POST, which its method override headers name" in report["why"]
+
+
+GRAPHQL_RULES = RuleSet.of([load_rules("""\
+api: gql
+hosts: [gql.test]
+operations:
+  issue.create:
+    match: {method: POST, path: /graphql, graphql: issueCreate}
+""", "gql.yaml")])
+MUTATION = b'{"query": "mutation { issueCreate(input: {title: \\"x\\"}) { id } }"}'
+
+
+def test_a_graphql_mutation_sent_as_get_with_an_override_is_matched_by_its_body():
+    headers = [(XO, "POST")]
+    pending = GRAPHQL_RULES.match("gql.test", 443, "GET", "/graphql", headers=headers)
+    assert pending.pending and pending.refused is None  # requestheaders: the body decides
+    m = GRAPHQL_RULES.match("gql.test", 443, "GET", "/graphql", body=MUTATION, headers=headers)
+    assert m.operation.name == "issue.create" and m.graphql_args == {"input": {"title": "x"}}
+    query = b'{"query": "{ viewer { id } }"}'
+    assert GRAPHQL_RULES.match("gql.test", 443, "GET", "/graphql", body=query, headers=headers) is None
+    conflict = GRAPHQL_RULES.match("gql.test", 443, "GET", "/graphql", body=MUTATION, headers=[*headers, (XM, "PUT")])
+    assert "name different methods" in conflict.refused

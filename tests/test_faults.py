@@ -71,6 +71,7 @@ class SameWrite:
 # Targets: matched and fingerprinted in their canonical form (proxy_addon/canonical.py); each spelling
 # gets a receipt, the second is replayed (or blocked), the upstream sees one write, sent as written.
 _SW = "tests/test_canonical_requests.py::"
+_MO = "tests/test_method_override.py::"
 SAME_WRITE_TARGETS = [
     SameWrite("a percent-encoded unreserved character is the character", "POST /api/b/thing%73", "POST /api/b/things",
               _SW + "test_spellings_of_a_path_are_one_write[encoded-letter]"),
@@ -108,8 +109,17 @@ SAME_WRITE_TARGETS = [
               "https://api.test/...", "tests/test_canonical.py::test_equivalent_targets_are_one_fingerprint_and_the_raw_one_is_kept"),
     SameWrite("letter case in the path, only where the rule says `match.case_insensitive: true`",
               "POST /API/b/CASED", "POST /api/b/cased", _SW + "test_case_insensitive_true_makes_them_one_write"),
+    SameWrite("an overridden method is the method it names (`X-HTTP-Method-Override`, `X-HTTP-Method`, "
+              "`X-Method-Override`, any letter case)", "GET /api/b/things + X-HTTP-Method-Override: POST",
+              "POST /api/b/things", _MO + "test_an_overridden_write_gets_a_receipt_and_is_one_write_with_the_plain_one"
+              "[get-as-post]"),
+    SameWrite("...in either direction", "POST /api/b/things/7 + X-HTTP-Method-Override: PUT", "PUT /api/b/things/7",
+              _MO + "test_an_overridden_write_gets_a_receipt_and_is_one_write_with_the_plain_one[post-as-put]"),
+    SameWrite("...while the first is unresolved: blocked, not sent",
+              "GET /api/b/things + X-HTTP-Method-Override: POST (dropped)", "POST /api/b/things",
+              _MO + "test_a_second_write_while_the_first_is_unresolved_is_blocked[override-then-plain]"),
     SameWrite("any mix of these target spellings, with bodies in any key order, whitespace, Unicode normal form "
-              "(NFC, NFD) and content coding (identity, gzip, deflate), at random", "(hypothesis)", "(hypothesis)", "tests/test_same_write.py::test_equivalent_requests_are_one_fingerprint"),
+              "(NFC, NFD), content coding (identity, gzip, deflate) and method overrides, at random", "(hypothesis)", "(hypothesis)", "tests/test_same_write.py::test_equivalent_requests_are_one_fingerprint"),
 ]
 
 # Bodies: equivalent bodies (content codings, key order and whitespace, Unicode normal forms) are

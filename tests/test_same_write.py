@@ -12,9 +12,11 @@ and `fingerprint`. Each intent is sent as random equivalent requests:
   host in any letter case with or without a trailing dot, and numeric aliases of an IP
   host (1 to 4 parts, each decimal, octal or hex, or IPv4-mapped IPv6);
 - bodies: key order, whitespace, the title in NFC or NFD, identity, gzip or deflate
-  (zlib or raw) at any level.
+  (zlib or raw) at any level;
+- methods: `POST`, or another method with a method override header naming POST
+  (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`, the method in any letter case).
 
-Through a real proxy: tests/test_canonical_requests.py (targets).
+Through a real proxy: tests/test_canonical_requests.py (targets), tests/test_method_override.py (methods).
 """
 
 from __future__ import annotations
@@ -190,24 +192,37 @@ def spelled_body(draw, intent: Intent) -> tuple[bytes, str | None]:
 
 
 @st.composite
+def spelled_method(draw) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """POST, or another method with an override header naming POST (in any letter case)."""
+    method = draw(st.sampled_from(["POST", "GET", "PUT", "PATCH", "DELETE"]))
+    if method == "POST" and draw(st.booleans()):
+        return b"POST", []
+    header = draw(st.sampled_from(["X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"]))
+    header = draw(st.sampled_from([header, header.lower(), header.upper()]))
+    value = "".join(c.lower() if draw(st.booleans()) else c for c in "POST")
+    return method.encode(), [(header.encode(), value.encode())]
+
+
+@st.composite
 def spelled(draw, intent: Intent) -> http.Request:
     """One request for `intent`, as an agent might send it."""
     host = draw(spelled_host(intent.host))
     path = draw(spelled_path(intent.bucket, intent.q))
     body, coding = draw(spelled_body(intent))
+    method, override = draw(spelled_method())
     headers = [(b"Host", f"{host}:{intent.port}".encode()), (b"Content-Type", b"application/json"),
-               (b"api-key", b"the-same-key")]
+               (b"api-key", b"the-same-key"), *override]
     if coding:
         headers.append((b"Content-Encoding", coding.encode()))
-    return http.Request(host, intent.port, b"POST", intent.scheme.encode(), b"", path.encode(), b"HTTP/1.1",
+    return http.Request(host, intent.port, method, intent.scheme.encode(), b"", path.encode(), b"HTTP/1.1",
                         http.Headers(headers), body, None, 0, 0)
 
 
 def proxy_fingerprint(req: http.Request) -> str:
     """What the proxy does with a request, in its order (mitm/addon.py requestheaders, _body, _begin)."""
-    m = RULES.match(req.host, req.port, req.method, req.path)
-    assert m is not None, f"{req.host} {req.path} slipped past the rules"
-    assert m.operation.name == "things.create"
+    m = RULES.match(req.host, req.port, req.method, req.path, headers=req.headers.fields)
+    assert m is not None, f"{req.method} {req.host} {req.path} slipped past the rules"
+    assert m.operation.name == "things.create" and m.refused is None
     coding = req.headers.get("content-encoding")
     raw = req.raw_content or b""
     body = decode_body(raw, coding, limit=CAP) if codings(coding) else raw

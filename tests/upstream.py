@@ -33,6 +33,8 @@ progress now and the most at once (a held read counts while it waits).
 The upstream counts commits itself, per path: tests never guess. `NginxUpstream` routes (and
 counts) every spelling of a path as nginx does: `//api/./thing%73` is `/api/things`.
 `DecodingUpstream` decodes a request body's Content-Encoding (gzip, deflate, br, zstd) before reading it.
+`OverrideUpstream` handles a request as the method its X-HTTP-Method-Override (or X-HTTP-Method,
+X-Method-Override) names, as Rack and Express's method-override do: a GET naming POST commits.
 `up.received` counts the bytes read from every connection (a request refused before sending adds none).
 """
 
@@ -123,6 +125,10 @@ class Upstream:
         """The path a request target is routed (and counted) by: here, the path as sent."""
         return target.split("?")[0]
 
+    def method_of(self, handler: BaseHTTPRequestHandler) -> str:
+        """The method a request is handled as: its request line's here (OverrideUpstream reads override headers)."""
+        return handler.command
+
     @property
     def port(self) -> int:
         assert self.server
@@ -144,6 +150,12 @@ class Upstream:
 
             def log_message(self, *args):  # keep test output quiet
                 pass
+
+            def parse_request(self):  # then do_<command> handles it: the method up.method_of says
+                if not super().parse_request():
+                    return False
+                self.command = up.method_of(self)
+                return True
 
             def do_GET(self):
                 path = up.route(self.path)
@@ -375,6 +387,37 @@ class NginxUpstream(Upstream):
                       lambda m: chr(int(m[1], 16)) if chr(int(m[1], 16)) in unreserved else m[0].upper(), path)
         path = posixpath.normpath(re.sub(r"/+", "/", path) or "/")
         return path.lower() if self.fold_case else path
+
+
+class OverrideUpstream(Upstream):
+    """
+    An upstream that honours method override headers as web frameworks do: Rack's MethodOverride
+    (Rails, Sinatra) and Express's method-override read X-HTTP-Method-Override, Microsoft's and
+    some Java frameworks X-HTTP-Method, others X-Method-Override; the first of them present (in
+    that order) names the method, in any letter case, if it is one Rack knows. Rack and Express
+    honour them on a POST by default, Express on any method with `methods: null`, and so does this
+    upstream: a GET naming POST is handled, and committed, as a POST. `up.overrides` lists each
+    (method sent, method handled as, path). Written apart from proxy_addon/canonical.py.
+    """
+
+    HEADERS = ("X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override")
+    KNOWN = ("GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH", "LINK", "UNLINK")  # Rack::HTTP_METHODS
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.overrides: list[tuple[str, str, str]] = []
+
+    def method_of(self, handler: BaseHTTPRequestHandler) -> str:
+        sent = handler.command
+        value = next((handler.headers[h] for h in self.HEADERS if handler.headers.get(h)), "")
+        method = value.strip().upper()
+        if method not in self.KNOWN:
+            return sent
+        if method in ("GET", "HEAD") and sent not in ("GET", "HEAD"):  # a read: its body is read and dropped here
+            handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        with self.lock:
+            self.overrides.append((sent, method, self.route(handler.path)))
+        return method
 
 
 # Read answers that are 200 but cannot be judged (plan_read(path, "deepjson"), ...).

@@ -171,11 +171,13 @@ class Receipts:
             flow.metadata[META] = {"api": "*", "operation": "*", "params": {}}
             return
         req = flow.request
-        m = self.rules.match(req.host, req.port, req.method, req.path)
+        m = self.rules.match(req.host, req.port, req.method, req.path, headers=req.headers.fields)
         if m is None:
             return
         req.stream = False  # the receipt must be committed before any byte leaves
         flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
+        if m.refused:
+            flow.metadata[META]["refused"] = m.refused  # its method override headers: 400 in `request`, never sent
         if m.pending:
             flow.metadata[META]["pending"] = True  # a GraphQL rule: the body decides (request hook)
         self._bound_body(flow, flow.metadata[META])
@@ -206,11 +208,15 @@ class Receipts:
             return
         if meta.pop("pending", False) and self.rules is not None and not self.config_error:
             req = flow.request
-            m = self.rules.match(req.host, req.port, req.method, req.path, body=body)
+            m = self.rules.match(req.host, req.port, req.method, req.path, body=body, headers=req.headers.fields)
             if m is None:  # a GraphQL query, or a mutation no rule names: passed through untouched
                 del flow.metadata[META]
                 return
             meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
+            meta["refused"] = m.refused  # the mutation's operation decides, as for the rest
+        if meta.get("refused"):  # method override headers the rules cannot take (RuleSet.match): 400, no receipt
+            self._refuse_override(flow, meta)
+            return
         try:
             async with self.drain.track(flow, meta):
                 await self._begin(flow, meta, body)
@@ -478,6 +484,15 @@ class Receipts:
         meta["answer"] = "bad_header"
         flow.marked = MARKERS["refused"]
         flow.comment = f"NOT SENT: the {header} header {problem}"
+
+    @staticmethod
+    def _refuse_override(flow: http.HTTPFlow, meta: dict) -> None:
+        """Method override headers that name different methods, or that the rule refuses: 400, nothing sent."""
+        logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {meta['refused']}")
+        flow.response = response_of(answers.method_override_refused(meta["api"], meta["operation"], meta["refused"]))
+        meta["answer"] = "method_override_refused"
+        flow.marked = MARKERS["refused"]
+        flow.comment = f"NOT SENT: {meta['refused']}"
 
     def _answer_unavailable(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
         logger.error(

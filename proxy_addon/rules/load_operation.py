@@ -22,6 +22,7 @@ from proxy_addon.rules.model import (
     ALREADY_EXISTS,
     IDENT,
     KEYS,
+    METHOD_OVERRIDE,
     METHODS,
     AfterSuccess,
     FingerprintSpec,
@@ -44,7 +45,7 @@ def load_operation(
     f = f"operations.{name}"
     op = ctx.mapping(node, f, KEYS["operation"], ("match",))
     description = ctx.string(op["description"][1], f"{f}.description") if "description" in op else None
-    method, path, graphql = _match(ctx, f, op["match"][1])
+    method, path, graphql, method_override = _match(ctx, f, op["match"][1])
     fp = load_fingerprint(ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path, credential_headers)
     external_id, external_id_header = _external_id(ctx, f, op)
     after_success = _after_success(ctx, f, op)
@@ -79,13 +80,22 @@ def load_operation(
         classify_rules=classify_rules,
         external_id_header=external_id_header,
         description=description,
+        method_override=method_override,
         **idempotency,
     )
 
 
-def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str, PathTemplate, str | None]:
-    """`match:`: the method, the path template (case-sensitive unless `case_insensitive: true`) and, for a
-    GraphQL mutation, its root field."""
+def method_override(ctx: Ctx, node: yaml.Node, field_: str) -> str:
+    """`method_override:` honour (match the method X-HTTP-Method-Override names) or refuse (answer 400)."""
+    value = ctx.string(node, field_)
+    if value not in METHOD_OVERRIDE:
+        raise ctx.error(node, field_, f"{value!r} is not one of {', '.join(METHOD_OVERRIDE)}")
+    return value
+
+
+def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str, PathTemplate, str | None, str]:
+    """`match:`: the method, the path template (case-sensitive unless `case_insensitive: true`), for a
+    GraphQL mutation its root field, and what a method override header gets (the file's unless it says)."""
     m = ctx.mapping(node, f"{f}.match", KEYS["match"], ("method", "path"))
     method_node = m["method"][1]
     method = ctx.string(method_node, f"{f}.match.method").upper()
@@ -107,7 +117,12 @@ def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str, PathTemplate, str | 
             )
         if method != "POST":
             raise ctx.error(m["graphql"][1], f"{f}.match.graphql", "GraphQL mutations are POSTs; use method: POST")
-    return method, path, graphql
+    override = (
+        method_override(ctx, m["method_override"][1], f"{f}.match.method_override")
+        if "method_override" in m
+        else ctx.method_override
+    )
+    return method, path, graphql, override
 
 
 def _external_id(ctx: Ctx, f: str, op: dict[str, Entry]) -> tuple[str | tuple[str, ...] | None, str | None]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from proxy_addon.errors import RulesError
-from proxy_addon.rules.load_operation import load_operation
+from proxy_addon.rules.load_operation import load_operation, method_override
 from proxy_addon.rules.model import IDENT, KEYS, Operation, PathTemplate, RuleFile, RuleSet, parse_path_template
 from proxy_addon.rules.nodes import HEADER, Ctx, Entry, node_kind
 
@@ -141,6 +141,8 @@ def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile |
     hosts = _hosts(ctx, top)
     credentials = _credentials(ctx, top)
     ctx.post_reads = _post_reads(ctx, top)
+    if "method_override" in top:
+        ctx.method_override = method_override(ctx, top["method_override"][1], "method_override")
     operations = _operations(ctx, top, api, credentials, problems)
     if problems:
         return None

@@ -6,7 +6,9 @@ The rules model: the frozen values a rules file loads into, and how a request fi
 
 `match` takes the host and path as sent and matches their canonical form (canonical.py):
 `//api/./articles`, `/api/%61rticles` and `DEV.TO.` are `/api/articles` on `dev.to`. Paths
-match case-sensitively unless the operation says `match.case_insensitive: true`.
+match case-sensitively unless the operation says `match.case_insensitive: true`. Given the
+request's headers, it matches the method a method override header names (`GET` with
+`X-HTTP-Method-Override: POST` is a POST), and refuses what it cannot take (`Match.refused`).
 
 Nothing here reads YAML (see loader.py); graphql-core loads only when a GraphQL rule meets a body.
 """
@@ -15,15 +17,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from proxy_addon.canonical import canonical_encoding, canonical_host, canonical_path, ip_literal
+from proxy_addon.canonical import canonical_encoding, canonical_host, canonical_path, ip_literal, method_overrides
 from proxy_addon.states import State
 
 AfterSuccess = Literal["replay", "block", "allow"]
 AFTER_SUCCESS: tuple[str, ...] = ("replay", "block", "allow")
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS")
+METHOD_OVERRIDE = ("honour", "refuse")  # `method_override:` honour (the default) or refuse X-HTTP-Method-Override
 CLASSIFIABLE = (State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN)
 ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the effect may already exist; read to decide
 
@@ -31,7 +34,7 @@ ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the eff
 # The keys each mapping of a rules file may have, in the order errors list them.
 # proxy_addon/rules.schema.json describes the same keys (a test keeps them in step).
 KEYS: dict[str, tuple[str, ...]] = {
-    "file": ("api", "hosts", "credentials", "post_reads", "operations"),
+    "file": ("api", "hosts", "credentials", "post_reads", "method_override", "operations"),
     "credentials": ("header", "env", "scheme"),
     "operation": (
         "description",
@@ -44,7 +47,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "idempotency_key",
         "approve",
     ),
-    "match": ("method", "path", "graphql", "case_insensitive"),
+    "match": ("method", "path", "graphql", "case_insensitive", "method_override"),
     "fingerprint": ("path", "body", "query", "headers"),
     "external_id": ("header",),
     "classify_rule": ("status", "body", "headers", "state", "reason"),
@@ -174,6 +177,7 @@ class Operation:
     credentials_scheme: str | None = None  # CLI reads send "<scheme> $VAR"
     line: int = 0
     description: str | None = None
+    method_override: str = "honour"  # refuse: a request with a method override header gets 400 (METHOD_OVERRIDE)
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,7 @@ class Match:
     params: dict[str, str]
     pending: bool = False  # a GraphQL operation: the body decides (RuleSet.match with body=...)
     graphql_args: dict[str, Any] | None = None  # the root field's arguments, variables substituted
+    refused: str | None = None  # why the proxy answers 400 and sends nothing (its method override headers)
 
 
 @dataclass(frozen=True)
@@ -243,17 +248,71 @@ class RuleSet:
                 return next((op for op in f.operations if op.name == name), None)
         return None
 
-    def match(self, host: str, port: int, method: str, path: str, body: bytes | None = None) -> Match | None:
+    def match(
+        self,
+        host: str,
+        port: int,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Iterable[tuple[str | bytes, str | bytes]] | None = None,
+    ) -> Match | None:
         """
         The first operation whose host, method and path template fit, or None. A GraphQL
         operation (`match.graphql`) also needs the body: without one, the first such candidate
         comes back `pending`; with one, only the mutation with that root field fits. The host
         and path are taken as sent: their canonical forms are matched (module docstring).
+
+        `headers` (every (name, value) pair): a method override header (canonical.OVERRIDE_HEADERS)
+        names the method matched, as a server that honours it takes it. The match is `refused`
+        (the proxy answers 400, sends nothing) when that cannot be done without a guess: the headers
+        name different methods; or the method named matches no operation while the method sent
+        does (a server that ignores the header takes it as that write, one that honours it as
+        something else); or an operation either method matches says `method_override: refuse`.
+        None when neither method matches: the request is none of the rules' business. So an
+        override adds receipts or is refused, never skips one.
         """
         candidates = self._candidates(host, port)
         if not candidates:
             return None
         path = canonical_path(path).split("?", 1)[0]
+        found = method_overrides(headers) if headers is not None else []
+        named = list(dict.fromkeys(m for _, m in found))
+        if not named or named == [method]:
+            return self._match(candidates, method, path, body)
+        hits = [(m, x) for m in dict.fromkeys([*named, method]) if (x := self._match(candidates, m, path, body))]
+        if not hits:
+            return None
+        as_method, first = hits[0]  # the method named, if an operation has it, else the method sent
+        shown = ", ".join(f"{h}: {m}" for h, m in found[:4]) + (", …" if len(found) > 4 else "")
+        refusing = next((x.operation for _, x in hits if x.operation.method_override == "refuse"), None)
+        if refusing is not None:
+            why = (
+                f"{method} with {shown}: {refusing.api} {refusing.name} does not take method override headers "
+                f"(method_override: refuse, {refusing.source}:{refusing.line}); send the request with the method "
+                "you mean and without them"
+            )
+            return replace(first, refused=why)
+        if len(named) > 1:
+            why = (
+                f"{method} with method override headers that name different methods ({shown}): which one "
+                f"{first.operation.api} would take is a guess; send one of them, or none"
+            )
+            return replace(first, refused=why)
+        if as_method != named[0]:
+            why = (
+                f"{method} with {shown}: {first.operation.api} takes it as {named[0]}, which no operation matches, "
+                f"if it honours the header, or as the {method} that {first.operation.name} matches if it ignores "
+                "it; which one is a guess, so send the request with the method you mean and without the header"
+            )
+            return replace(first, refused=why)
+        return first
+
+    @staticmethod
+    def _match(
+        candidates: tuple[tuple[RuleFile, Operation], ...], method: str, path: str, body: bytes | None
+    ) -> Match | None:
+        """The first candidate with this method whose template fits the canonical `path` (no query string)."""
         mutation: dict[str, dict[str, Any]] | None = None
         parsed = False
         for _, op in candidates:

@@ -33,6 +33,7 @@ class Ctx:
         self.source = source
         self.post_reads: tuple[PathTemplate, ...] = ()
         self.credential_headers: tuple[str, ...] = ()
+        self.method_override = "honour"  # the file's `method_override:`, each operation's default
 
     def error(self, node: yaml.Node | None, field_: str, message: str) -> RulesError:
         line = node.start_mark.line + 1 if node is not None else None
