@@ -244,7 +244,7 @@ def send_chunked(proxy: Proxy, url: str, pieces: list[bytes], content_type: str)
 # --- 2. odd bodies through the real proxy ---------------------------------------------------------
 
 # (body, content type, the intent's body view besides "path"), sent by one client, retried by another.
-# "sha:<fallback>": hashed whole, and the intent says which fallback was used (fingerprint.FALLBACKS).
+# "sha:<fallback>": hashed whole, and the intent says which fallback was used (intent_body.FALLBACKS).
 BODIES = {
     "non-utf8-as-json": (b"\xff\xfe\x00garbage", "application/json", "sha:not_json"),
     "non-utf8-as-form": (b"\xff\xfe\x00garbage=1", FORM, "sha:bad_form"),

@@ -15,7 +15,8 @@ import pytest
 from proxy_addon import gql, identity
 from proxy_addon.classify import classify_response, dig_all, response_external_id
 from proxy_addon.errors import RulesError
-from proxy_addon.fingerprint import RequestView, fingerprint, multipart_parts
+from proxy_addon.fingerprint import RequestView, fingerprint
+from proxy_addon.intent_body import multipart_parts
 from proxy_addon.errors import ReconcileError
 from proxy_addon.judge import judge
 from proxy_addon.reads import ReadRequest, plan_read

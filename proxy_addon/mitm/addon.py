@@ -20,25 +20,23 @@ Hooks, one job each:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 
 import httpx
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from proxy_addon import answers, identity, terminal
-from proxy_addon.bodies import codings, decode_body
-from proxy_addon.classify import Outcome, answer_outcome, error_outcome, head_outcome
-from proxy_addon.errors import BadEncoding, BodyTooLarge, ReceiptsError, RulesError, StoreError
+from proxy_addon import answers, terminal
+from proxy_addon.classify import Outcome, error_outcome
+from proxy_addon.errors import ReceiptsError, RulesError, StoreError
 from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
-from proxy_addon.mitm import exchange, flows, internals, options
+from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body
 from proxy_addon.mitm.approval import await_approval
 from proxy_addon.mitm.drain import Drain
-from proxy_addon.mitm.flows import MARKERS, META, headers_of, mark, request_view, response_of
+from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view, response_of
 from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
@@ -180,30 +178,13 @@ class Receipts:
             flow.metadata[META]["refused"] = m.refused  # its method override headers: 400 in `request`, never sent
         if m.pending:
             flow.metadata[META]["pending"] = True  # a GraphQL rule: the body decides (request hook)
-        self._bound_body(flow, flow.metadata[META])
-
-    @staticmethod
-    def _bound_body(flow: http.HTTPFlow, meta: dict) -> None:
-        """
-        Collect a matched request's body within receipts_body_cap (internals.BoundedBody): past
-        the cap, or all of it when its Content-Length is above, it is read and dropped, and the
-        `request` hook answers 413.
-        """
-        cap = ctx.options.receipts_body_cap
-        length = flow.request.headers.get("content-length", "").strip()
-        if length.isdigit() and int(length) > cap:
-            meta["body_over_cap"] = int(length)
-
-        def overflow(received: int) -> None:
-            meta["body_over_cap"] = max(received, meta.get("body_over_cap", 0))
-
-        internals.bound_request_body(flow, 0 if "body_over_cap" in meta else cap, overflow)
+        request_body.bound(flow, flow.metadata[META], ctx.options.receipts_body_cap)
 
     async def request(self, flow: http.HTTPFlow) -> None:
         meta = flow.metadata.get(META)
         if meta is None or flow.response or flow.error or not flow.live:
             return
-        body = await self._body(flow, meta)
+        body = await request_body.decoded(flow, meta, ctx.options.receipts_body_cap, configured=not self.config_error)
         if body is None:  # refused for its body (413, 400): never sent, whatever the rules say by now
             return
         if meta.pop("pending", False) and self.rules is not None and not self.config_error:
@@ -223,33 +204,6 @@ class Receipts:
         except Exception as e:  # fail closed: whatever broke, the request is not forwarded
             logger.exception("receipt-proxy: internal error before forwarding")
             await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
-
-    async def _body(self, flow: http.HTTPFlow, meta: dict) -> bytes | None:
-        """
-        The request's body with its Content-Encoding decoded (bodies.py), at most receipts_body_cap
-        bytes as sent and decoded; None when the request was refused for it (answered 413 or 400).
-        """
-        raw = flow.request.raw_content or b""
-        if self.config_error:
-            return raw  # answered 503 (_begin)
-        cap = ctx.options.receipts_body_cap
-        try:
-            if "body_over_cap" in meta or len(raw) > cap:
-                raise BodyTooLarge(cap)
-            coding = flow.request.headers.get("content-encoding")
-            if not codings(coding):
-                return raw
-            return await asyncio.to_thread(decode_body, raw, coding, limit=cap)  # a large body: off the event loop
-        except (BodyTooLarge, BadEncoding) as e:
-            too_large = isinstance(e, BodyTooLarge)
-            logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {e}")
-            flow.response = response_of(
-                answers.body_refused(meta["api"], meta["operation"], too_large=too_large, detail=str(e))
-            )
-            meta["answer"] = "body_too_large" if too_large else "bad_encoding"
-            flow.marked = MARKERS["refused"]
-            flow.comment = f"NOT SENT: {e}"
-            return None
 
     async def _begin(self, flow: http.HTTPFlow, meta: dict, body: bytes) -> None:
         if self.drain.refuses(flow, meta):  # stopping: new matched writes are not sent (drain.py)
@@ -297,26 +251,13 @@ class Receipts:
             receipt = await await_approval(flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout)
             if receipt.state is not State.SUBMITTED:
                 return
-        self._add_key(flow, op, receipt, given_key, body)
+        forward.add_key(flow, op, receipt, given_key, body)
         mark(flow, receipt.state, receipt)
         await self._debug_pause("after_commit", receipt.operation_id)
         if self._client is not None:
             await self._exchange(flow, meta, op)
         else:
             self._deadlines.arm(flow, ctx.options.receipts_upstream_timeout)
-
-    @staticmethod
-    def _add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str | None, body: bytes) -> None:
-        """Put the receipt's idempotency key where the API reads it, unless the agent sent its own."""
-        if not receipt.idempotency_key:
-            return
-        header = op.idempotency_header
-        if header and header.lower() not in headers_of(flow.request):
-            flow.request.headers[header] = receipt.idempotency_key
-        if op.idempotency_body and given_key is None:
-            keyed = identity.with_body_key(op, body, receipt.idempotency_key)  # `body` decoded: re-encoded here
-            if keyed is not None:
-                flow.request.content = keyed
 
     async def _exchange(self, flow: http.HTTPFlow, meta: dict, op: Operation) -> None:
         """
@@ -343,34 +284,7 @@ class Receipts:
             rest = await result.read_rest(limit=opts.receipts_response_max, wanted=lambda: flow.client_conn.connected)
         finally:
             await result.aclose()
-        resp = flow.response
-        if rest.body is not None:
-            resp.raw_content = rest.body
-            resp.headers["content-length"] = str(len(rest.body))
-            return
-        if rest.why == "agent_left":
-            logger.warning(
-                f"receipt {meta['operation_id']}: the agent left; stopped reading the answer after "
-                f"{rest.received} bytes and closed the upstream connection (recorded as {meta['state']})"
-            )
-        else:
-            logger.warning(
-                f"receipt {meta['operation_id']}: the answer (HTTP {resp.status_code}) was not passed to the agent: "
-                f"{rest.why} after {rest.received} bytes{f' ({rest.detail})' if rest.detail else ''}; "
-                f"recorded as {meta['state']} from its status"
-            )
-        flow.response = response_of(
-            answers.response_not_passed(
-                meta["operation_id"],
-                State(meta["state"]),
-                resp.status_code,
-                rest.why,
-                received=rest.received,
-                limit=opts.receipts_response_max,
-                timeout=timeout,
-                detail=rest.detail,
-            )
-        )
+        forward.pass_rest(flow, meta, rest, limit=opts.receipts_response_max, timeout=timeout)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         meta = self._awaiting_outcome(flow)
@@ -386,25 +300,7 @@ class Receipts:
         resp = flow.response
         assert resp is not None
         op = self._operation(meta)
-        cap = ctx.options.receipts_response_cap
-        raw = resp.raw_content or b""
-        body: bytes | None = None
-        if complete:
-            try:
-                body = decode_body(raw, resp.headers.get("content-encoding"), limit=cap)
-            except BodyTooLarge:
-                body = None
-            except BadEncoding:
-                body = raw  # as sent: what the agent gets too
-        status, items, headers = resp.status_code, resp.headers.items(multi=True), headers_of(resp)
-        if body is not None:
-            recorded = answers.recorded(status, items, body, cap)
-            outcome = answer_outcome(status, resp.reason, headers, body, op, recorded)
-        else:
-            kept = b"" if codings(resp.headers.get("content-encoding")) else raw[:cap]
-            recorded = dataclasses.replace(answers.recorded(status, items, kept, cap), truncated=True)
-            why = f"its body is larger than receipts_response_cap, {cap} bytes"
-            outcome = head_outcome(status, resp.reason, headers, op, recorded, why)
+        outcome = forward.outcome_of(resp, op, cap=ctx.options.receipts_response_cap, complete=complete)
         receipt = await self._record(flow, meta, outcome, op)
         if receipt is not None and outcome.evidence and receipt.external_id:
             resp.headers["X-Receipt-External-Id"] = receipt.external_id
@@ -480,28 +376,24 @@ class Receipts:
     def _refuse_header(flow: http.HTTPFlow, meta: dict, header: str, problem: str) -> None:
         """A header field no HTTP client can send (fields.py): 400 naming it, never its value; nothing sent."""
         logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: its {header} header {problem}")
-        flow.response = response_of(answers.bad_header(meta["api"], meta["operation"], header, problem))
-        meta["answer"] = "bad_header"
-        flow.marked = MARKERS["refused"]
-        flow.comment = f"NOT SENT: the {header} header {problem}"
+        answer = answers.bad_header(meta["api"], meta["operation"], header, problem)
+        refuse(flow, meta, answer, "bad_header", f"the {header} header {problem}")
 
     @staticmethod
     def _refuse_override(flow: http.HTTPFlow, meta: dict) -> None:
         """Method override headers that name different methods, or that the rule refuses: 400, nothing sent."""
         logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {meta['refused']}")
-        flow.response = response_of(answers.method_override_refused(meta["api"], meta["operation"], meta["refused"]))
-        meta["answer"] = "method_override_refused"
-        flow.marked = MARKERS["refused"]
-        flow.comment = f"NOT SENT: {meta['refused']}"
+        answer = answers.method_override_refused(meta["api"], meta["operation"], meta["refused"])
+        refuse(flow, meta, answer, "method_override_refused", meta["refused"])
 
     def _answer_unavailable(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
         logger.error(
             f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded, no receipt could be written: {why}"
         )
-        flow.response = response_of(answers.unavailable(meta["api"], meta["operation"], why))
-        meta["answer"] = "store_unavailable"
-        flow.marked = MARKERS["store_unavailable"]
-        flow.comment = f"NOT SENT: no receipt could be written ({why})"
+        answer = answers.unavailable(meta["api"], meta["operation"], why)
+        refuse(
+            flow, meta, answer, "store_unavailable", f"no receipt could be written ({why})", marker="store_unavailable"
+        )
 
     async def _debug_pause(self, point: str, operation_id: str) -> None:
         pause = options.parse_debug_pause(ctx.options.receipts_debug_pause)

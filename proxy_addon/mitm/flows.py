@@ -107,3 +107,11 @@ def refresh(receipt: Receipt) -> None:
         f.metadata[META]["state"] = str(receipt.state)
     mark(f, receipt.state, receipt)
     ctx.master.addons.trigger(hooks.UpdateHook([f]))
+
+
+def refuse(flow: http.HTTPFlow, meta: dict, answer: Answer, kind: str, why: str, *, marker: str = "refused") -> None:
+    """Answer a matched request that is not sent: the proxy's answer, its kind in the metadata, the flow marked."""
+    flow.response = response_of(answer)
+    meta["answer"] = kind
+    flow.marked = MARKERS[marker]
+    flow.comment = f"NOT SENT: {why}"

@@ -1,0 +1,97 @@
+"""
+A forwarded write's answer, between the exchange and the record: the key the proxy adds
+before sending, what an answer means (read up to receipts_response_cap, else from its status
+and headers), and what the agent gets of an answer past that cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from mitmproxy import http
+
+from proxy_addon import answers, identity
+from proxy_addon.bodies import codings, decode_body
+from proxy_addon.classify import Outcome, answer_outcome, head_outcome
+from proxy_addon.errors import BadEncoding, BodyTooLarge
+from proxy_addon.mitm.exchange import Rest
+from proxy_addon.mitm.flows import headers_of, response_of
+from proxy_addon.rules import Operation
+from proxy_addon.states import State
+from proxy_addon.store import Receipt
+
+logger = logging.getLogger(__name__)
+
+
+def add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str | None, body: bytes) -> None:
+    """Put the receipt's idempotency key where the API reads it, unless the agent sent its own."""
+    if not receipt.idempotency_key:
+        return
+    header = op.idempotency_header
+    if header and header.lower() not in headers_of(flow.request):
+        flow.request.headers[header] = receipt.idempotency_key
+    if op.idempotency_body and given_key is None:
+        keyed = identity.with_body_key(op, body, receipt.idempotency_key)  # `body` decoded: re-encoded here
+        if keyed is not None:
+            flow.request.content = keyed
+
+
+def outcome_of(resp: http.Response, op: Operation | None, *, cap: int, complete: bool = True) -> Outcome:
+    """
+    What an answer means. Its body, decoded, is read up to `cap`; past that (or when `complete`
+    is False: only its first bytes are there) the outcome comes from the status and headers,
+    and the recorded answer is truncated.
+    """
+    raw = resp.raw_content or b""
+    body: bytes | None = None
+    if complete:
+        try:
+            body = decode_body(raw, resp.headers.get("content-encoding"), limit=cap)
+        except BodyTooLarge:
+            body = None
+        except BadEncoding:
+            body = raw  # as sent: what the agent gets too
+    status, items, headers = resp.status_code, resp.headers.items(multi=True), headers_of(resp)
+    if body is not None:
+        recorded = answers.recorded(status, items, body, cap)
+        outcome = answer_outcome(status, resp.reason, headers, body, op, recorded)
+    else:
+        kept = b"" if codings(resp.headers.get("content-encoding")) else raw[:cap]
+        recorded = dataclasses.replace(answers.recorded(status, items, kept, cap), truncated=True)
+        why = f"its body is larger than receipts_response_cap, {cap} bytes"
+        outcome = head_outcome(status, resp.reason, headers, op, recorded, why)
+    return outcome
+
+
+def pass_rest(flow: http.HTTPFlow, meta: dict, rest: Rest, *, limit: int, timeout: float) -> None:
+    """Give the agent the rest of an answer past the record cap, or say why it is not passed."""
+    resp = flow.response
+    assert resp is not None
+    if rest.body is not None:
+        resp.raw_content = rest.body
+        resp.headers["content-length"] = str(len(rest.body))
+        return
+    if rest.why == "agent_left":
+        logger.warning(
+            f"receipt {meta['operation_id']}: the agent left; stopped reading the answer after "
+            f"{rest.received} bytes and closed the upstream connection (recorded as {meta['state']})"
+        )
+    else:
+        logger.warning(
+            f"receipt {meta['operation_id']}: the answer (HTTP {resp.status_code}) was not passed to the agent: "
+            f"{rest.why} after {rest.received} bytes{f' ({rest.detail})' if rest.detail else ''}; "
+            f"recorded as {meta['state']} from its status"
+        )
+    flow.response = response_of(
+        answers.response_not_passed(
+            meta["operation_id"],
+            State(meta["state"]),
+            resp.status_code,
+            rest.why,
+            received=rest.received,
+            limit=limit,
+            timeout=timeout,
+            detail=rest.detail,
+        )
+    )
