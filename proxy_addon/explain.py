@@ -23,7 +23,7 @@ from proxy_addon import gql
 from proxy_addon.bodies import codings, decode_body
 from proxy_addon.canonical import canonical_host, canonical_path, method_overrides
 from proxy_addon.errors import BadEncoding, BodyTooLarge
-from proxy_addon.fingerprint import NOTES, RequestView, fingerprint, intent_notes
+from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes
 from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
 from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
 
@@ -143,6 +143,16 @@ def _duplicates(op: Operation) -> list[str]:
     return lines
 
 
+def _decoded(body: bytes, encoding: str | None, limit: int) -> tuple[bytes, str | None]:
+    """The body as the proxy fingerprints it (its Content-Encoding decoded), or b"" and why it is refused."""
+    if not codings(encoding):
+        return body, None
+    try:
+        return decode_body(body, encoding, limit=limit), None
+    except (BadEncoding, BodyTooLarge) as e:
+        return b"", str(e)
+
+
 def explain(
     rules: RuleSet,
     method: str,
@@ -156,12 +166,8 @@ def explain(
     """What the proxy would do with this request, as a JSON-able report (`render` prints it).
     A body with a Content-Encoding is decoded first, as the proxy does (bodies.decode_body)."""
     headers = {k.lower(): v for k, v in (headers or {}).items()}
-    encoding, refused, raw_size = headers.get("content-encoding"), None, len(body)
-    if codings(encoding):
-        try:
-            body = decode_body(body, encoding, limit=body_limit)
-        except (BadEncoding, BodyTooLarge) as e:
-            body, refused = b"", str(e)
+    encoding, raw_size = headers.get("content-encoding"), len(body)
+    body, refused = _decoded(body, encoding, body_limit)
     method = method.upper()
     u = urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
@@ -204,7 +210,12 @@ def explain(
         report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
         report["refused"] = refused
         return report
-    intent = fingerprint(m, view, key)
+    _describe(report, op, fingerprint(m, view, key))
+    return report
+
+
+def _describe(report: dict[str, Any], op: Operation, intent: Intent) -> None:
+    """The matched operation's part of the report: the fingerprint, classification, identity and duplicates."""
     report["match"] = {
         "api": op.api,
         "operation": op.name,
@@ -238,7 +249,6 @@ def explain(
     report["duplicates"] = _duplicates(op)
     if op.approve:
         report["duplicates"].insert(0, "each write waits for an operator's approval in mitmweb before it is sent")
-    return report
 
 
 def render(report: dict[str, Any]) -> str:
