@@ -34,20 +34,26 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mitmproxy import ctx, http
 
 from proxy_addon import answers
 from proxy_addon.classify import Outcome
 from proxy_addon.errors import StoreError
+from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.mitm import internals
 from proxy_addon.mitm.flows import MARKERS, META, mark, response_of
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
 
-if TYPE_CHECKING:
-    from proxy_addon.mitm.addon import Receipts
+
+class Holder(Protocol):
+    """What the drain needs of the receipts addon (addon.Receipts): its gate and its store's thread."""
+
+    gate: Gate | None
+    calls: StoreThread | None
+
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +79,7 @@ def stopping_answer(api: str, operation: str, detail: str, receipt: Receipt | No
 class Drain:
     """The stop sequence: refuse new matched writes, let those in flight end (bounded), then exit."""
 
-    def __init__(self, receipts: Receipts) -> None:
+    def __init__(self, receipts: Holder) -> None:
         self.receipts = receipts
         self.stopping = False
         self._flows: set[http.HTTPFlow] = set()  # matched flows, until they are answered
