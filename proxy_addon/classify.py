@@ -7,8 +7,11 @@ transport failure to a state lives here.
     outcome = failure_outcome(exc)                                 # our own exchange failed (httpx)
     outcome = error_outcome(message, tcp_setup=..., ...)           # mitmproxy's forwarding failed
 
-Responses: 2xx and 3xx → succeeded; 408 → outcome_unknown; other 4xx → rejected;
-5xx → outcome_unknown. An operation's `classify:` overrides this by status, or by
+Responses: 2xx and 3xx → succeeded; 408 → outcome_unknown; 409 → already_exists (a conflict
+may be with this very effect, made by an earlier attempt or one still running: a read decides,
+or manual review); other 4xx → rejected (refused before executing: validation, auth, rate
+limits); 5xx → outcome_unknown. Only `rejected` renews an idempotency key, so the defaults err
+toward "maybe executed"; docs/rules.md has the table. An operation's `classify:` overrides this by status, or by
 status, body fields and headers (Slack's 200 `{"ok": false}`, GraphQL's `errors`), and
 may call an answer `already_exists`: evidence that the effect may exist, to be read.
 
@@ -282,6 +285,8 @@ def classify_status(status: int, op: Operation | None = None) -> State | str:
         return State.SUCCEEDED
     if status == 408:
         return State.OUTCOME_UNKNOWN
+    if status == 409:  # a conflict may be with the effect itself (docs/rules.md, "Defaults")
+        return ALREADY_EXISTS
     if status < 500:
         return State.REJECTED
     return State.OUTCOME_UNKNOWN

@@ -61,7 +61,7 @@ from proxy_addon.intent_body import (
     one_value,
 )
 from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older callers import it from here
-from proxy_addon.redaction import credential_names, redact_url
+from proxy_addon.redaction import FALLBACK_CREDENTIALS, redact_url
 from proxy_addon.rules import Match
 from proxy_addon.store import Attempt
 
@@ -98,12 +98,19 @@ class Intent:
 
 
 def principal_of(match: Match, headers: Mapping[str, str], key: bytes) -> str:
-    """A keyed hash of the first credential present: the rule's header, Authorization, then Cookie."""
-    for name in credential_names(match.operation.credential_headers):
-        value = headers.get(name)
-        if value and value.strip():
-            return keyed_hash(key, name, canonical_credential(name, value))
-    return "anonymous"
+    """
+    A keyed hash of who sends the request. Every credential header the rule names that is
+    present enters it, in the rule's order: a key and the account it acts for
+    (`Stripe-Account`, SendGrid's `on-behalf-of`, `OpenAI-Project`), so identical writes
+    for two accounts are two principals. One header alone hashes as it always did. When the
+    rule names none, or none of them is present: the first of Authorization, then Cookie.
+    """
+    present = [(n, v) for n in match.operation.credential_headers if (v := headers.get(n)) and v.strip()]
+    if not present:
+        present = [(n, v) for n in FALLBACK_CREDENTIALS if (v := headers.get(n)) and v.strip()][:1]
+    if not present:
+        return "anonymous"
+    return keyed_hash(key, *(part for name, value in present for part in (name, canonical_credential(name, value))))
 
 
 def canonical_credential(name: str, value: str) -> str:

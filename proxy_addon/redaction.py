@@ -12,7 +12,8 @@ template writes) and does not look like a credential. Every other value is REDAC
 whatever its name (`?jwt=`, `?x_thing=`), and a bare `?value` with no name too.
 
 The credential order is the same everywhere: the rule's own credential headers, then
-`Authorization`, then `Cookie`. The principal hashes the first one present; reads send them all.
+`Authorization`, then `Cookie`. The principal hashes every one of the rule's own that is
+present (else the first of the other two: fingerprint.principal_of); reads send them all.
 """
 
 from __future__ import annotations

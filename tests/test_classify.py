@@ -7,7 +7,7 @@ import functools
 import pytest
 
 from proxy_addon.classify import classify_error, classify_status, external_id_of
-from proxy_addon.rules import RuleSet, load_rules
+from proxy_addon.rules import ALREADY_EXISTS, RuleSet, load_rules
 from proxy_addon.states import State
 
 S, R, U, N = State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN, State.NOT_SENT
@@ -37,8 +37,9 @@ def op(path: str, classify: str = "{409: succeeded, 4xx: outcome_unknown}"):
 
 DEFAULTS = [
     (200, S), (201, S), (202, S), (204, S), (301, S), (302, S), (304, S),
-    (400, R), (401, R), (403, R), (404, R), (409, R), (410, R), (422, R), (429, R), (499, R),
+    (400, R), (401, R), (403, R), (404, R), (410, R), (422, R), (429, R), (499, R),  # refused before executing
     (408, U),
+    (409, ALREADY_EXISTS),  # maybe executed: the conflict may be with this very effect; a read decides
     (500, U), (502, U), (503, U), (504, U), (599, U),
 ]
 

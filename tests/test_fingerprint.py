@@ -21,6 +21,7 @@ from proxy_addon.fingerprint import (
     principal_of,
 )
 from proxy_addon.rules import RuleSet, load_rules
+from proxy_addon.intent_body import keyed_hash
 
 KEY = b"0123456789abcdef" * 4
 OTHER_KEY = b"fedcba9876543210" * 4
@@ -211,6 +212,45 @@ def test_principal_follows_the_credential(a, b, same):
     assert (ia.fingerprint == ib.fingerprint) is same
     for i in (ia, ib):
         assert i.principal == "anonymous" or re.fullmatch(r"hmac:[0-9a-f]{32}", i.principal), i.principal
+
+
+ACCOUNT_RULES = """\
+api: pay
+hosts: [api.pay.test]
+credentials: {header: [Authorization, Stripe-Account]}
+operations:
+  charges.create:
+    match: {method: POST, path: /v1/charges}
+"""
+
+ACCOUNT_CASES = [
+    # id, headers A, headers B, same principal?
+    ("two-accounts-one-key", {"authorization": "Bearer A", "stripe-account": "acct_1"},
+     {"authorization": "Bearer A", "stripe-account": "acct_2"}, False),
+    ("one-account-twice", {"authorization": "Bearer A", "stripe-account": "acct_1"},
+     {"authorization": "Bearer A", "stripe-account": "acct_1"}, True),
+    ("account-vs-none", {"authorization": "Bearer A", "stripe-account": "acct_1"}, {"authorization": "Bearer A"}, False),
+    ("two-keys-one-account", {"authorization": "Bearer A", "stripe-account": "acct_1"},
+     {"authorization": "Bearer B", "stripe-account": "acct_1"}, False),
+    ("each-value-canonical", {"authorization": "Bearer A", "stripe-account": "acct_1"},
+     {"authorization": "bearer  A", "stripe-account": " acct_1 "}, True),
+    ("empty-account-is-absent", {"authorization": "Bearer A", "stripe-account": ""}, {"authorization": "Bearer A"}, True),
+]
+
+
+@pytest.mark.parametrize("a, b, same", [pytest.param(a, b, s, id=i) for i, a, b, s in ACCOUNT_CASES])
+def test_every_credential_header_of_the_rule_enters_the_principal(a, b, same):
+    m = RuleSet.of([load_rules(ACCOUNT_RULES, "pay.yaml")]).match("api.pay.test", 443, "POST", "/v1/charges")
+    assert m is not None
+    assert (principal_of(m, a, KEY) == principal_of(m, b, KEY)) is same
+
+
+def test_a_lone_credential_header_hashes_as_before():
+    # Receipts recorded before account headers counted keep their principal: one header alone
+    # is hashed as (name, value), as it always was.
+    m = RuleSet.of([load_rules(ACCOUNT_RULES, "pay.yaml")]).match("api.pay.test", 443, "POST", "/v1/charges")
+    assert m is not None
+    assert principal_of(m, {"authorization": "Bearer A"}, KEY) == keyed_hash(KEY, "authorization", "bearer A")
 
 
 @pytest.mark.parametrize(
