@@ -3,9 +3,10 @@ The email packs against fake APIs: rules/resend.yaml, rules/postmark.yaml and
 rules/sendgrid.yaml, one module-scoped proxy each.
 
 - Resend: the proxy adds an Idempotency-Key, so an unknown outcome is safe to retry
-  with the same key (no read); 409 concurrent_idempotent_requests is already_exists
-  (the receipt reconciles with GET /emails at once); 409 invalid_idempotent_request is
-  a rejection.
+  with the same key (no read); 409 concurrent_idempotent_requests is outcome_unknown (the
+  retry reuses the key); 409 invalid_idempotent_request is already_exists (the receipt
+  reconciles with GET /emails at once), never a rejection: the first request with that key
+  may have sent the email.
 - Postmark: 200 with ErrorCode 0 and MessageID; 422 with an ErrorCode is a rejection;
   the outbound message search can prove success, never absence.
 - SendGrid: 202 with an empty body and the id in X-Message-Id; no read at all.
@@ -97,7 +98,6 @@ def test_resend_keeps_the_agents_own_idempotency_key(resend):
 @pytest.mark.parametrize("error", [
     resend_error(422, "missing_required_field", "Missing `to` field."),
     resend_error(400, "validation_error", "Invalid `to` field."),
-    resend_error(409, "invalid_idempotent_request", "Same idempotency key used with a different request payload."),
     resend_error(429, "rate_limit_exceeded", "Too many requests."),
     resend_error(429, "daily_quota_exceeded", "You have reached your daily email sending quota."),
 ], ids=lambda e: e[1]["name"])
@@ -135,16 +135,18 @@ def test_resend_unknown_outcome_is_retried_with_the_same_key_without_a_read(rese
     assert len(gets(resend, EMAILS)) == reads_before  # the key made it safe: no read
 
 
-def test_resend_concurrent_idempotent_request_reconciles_and_finds_the_email(resend):
+INVALID_IDEMPOTENT = ("invalid_idempotent_request", "Same idempotency key used with a different request payload.")
+CONCURRENT = ("concurrent_idempotent_requests", "Same idempotency key used while original request is still in progress.")
+
+
+def test_resend_invalid_idempotent_request_reconciles_and_finds_the_email(resend):
     t = tag()
     email = resend_email(t)
-    resend.api.on("POST", EMAILS, *resend_error(
-        409, "concurrent_idempotent_requests", "Same idempotency key used while original request is still in progress."),
-        times=1)
+    resend.api.on("POST", EMAILS, *resend_error(409, *INVALID_IDEMPOTENT), times=1)
     resend.api.on("GET", EMAILS, 200, resend_listing(email, f"email-{t}", {
         "id": "someone-else", "to": ["other@example.com"], "from": email["from"], "subject": email["subject"]}), times=1)
     r = resend.send("POST", EMAILS, json=email)
-    assert r.status_code == 409 and r.json()["name"] == "concurrent_idempotent_requests"  # the API's answer
+    assert r.status_code == 409 and r.json()["name"] == "invalid_idempotent_request"  # the API's answer
 
     [read] = gets(resend, EMAILS, "limit=100")[-1:]
     assert read.headers["authorization"] == RESEND_KEY
@@ -161,12 +163,10 @@ def test_resend_concurrent_idempotent_request_reconciles_and_finds_the_email(res
     assert len(writes(resend, EMAILS, t)) == 1
 
 
-def test_resend_concurrent_request_not_listed_goes_to_manual_review(resend):
+def test_resend_invalid_idempotent_request_not_listed_goes_to_manual_review(resend):
     t = tag()
     email = resend_email(t)
-    resend.api.on("POST", EMAILS, *resend_error(
-        409, "concurrent_idempotent_requests", "Same idempotency key used while original request is still in progress."),
-        times=1)
+    resend.api.on("POST", EMAILS, *resend_error(409, *INVALID_IDEMPOTENT), times=1)
     resend.api.on("GET", EMAILS, 200, {"object": "list", "has_more": True, "data": []}, times=1)
     r = resend.send("POST", EMAILS, json=email)
     receipt = resend.receipt(r)
@@ -176,6 +176,51 @@ def test_resend_concurrent_request_not_listed_goes_to_manual_review(resend):
     retry = resend.send("POST", EMAILS, json=email)
     assert retry.status_code == 409 and retry.json()["error"] == "duplicate_unresolved"
     assert len(writes(resend, EMAILS, t)) == 1
+
+
+def test_resend_invalid_idempotent_request_on_a_retry_never_gets_a_fresh_key(resend):
+    """
+    The first send is lost (outcome unknown); the retry within 24 h reuses its key and differs
+    outside the fingerprint, so Resend answers invalid_idempotent_request: the first request
+    reached Resend and may have sent the email. Not a refusal: no attempt after it goes out
+    with a fresh key (that would be a second email).
+    """
+    t = tag()
+    email = resend_email(t)
+    resend.api.drop("POST", EMAILS)
+    first = resend.send("POST", EMAILS, json=email)
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    resend.api.on("POST", EMAILS, *resend_error(409, *INVALID_IDEMPOTENT), times=1)
+    resend.api.on("GET", EMAILS, 200, {"object": "list", "has_more": False, "data": []}, times=1)
+    retry = resend.send("POST", EMAILS, json={**email, "tags": [{"name": "attempt", "value": "2"}]})
+    assert retry.status_code == 409 and retry.json()["name"] == "invalid_idempotent_request"
+    second = resend.receipt(retry)
+    assert second.retry_of == first.headers["x-receipt-id"]
+    assert second.state is not State.REJECTED and second.state is State.MANUAL_REVIEW  # not listed: not provable
+    assert State.REJECTED not in to_states(resend, second.operation_id)
+    third = resend.send("POST", EMAILS, json=email)
+    assert third.status_code == 409 and third.json()["error"] == "duplicate_unresolved"
+    sent = writes(resend, EMAILS, t)
+    assert len(sent) == 2  # the lost one and the retry with its key; never a third with a new key
+    assert {s.headers["idempotency-key"] for s in sent} == {resend.receipt(first).idempotency_key}
+
+
+def test_resend_concurrent_idempotent_request_is_unknown_and_the_retry_reuses_the_key(resend):
+    t = tag()
+    email = resend_email(t)
+    reads_before = len(gets(resend, EMAILS))
+    resend.api.on("POST", EMAILS, *resend_error(409, *CONCURRENT), times=1)
+    first = resend.send("POST", EMAILS, json=email)
+    assert first.status_code == 409 and first.json()["name"] == "concurrent_idempotent_requests"
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    assert resend.receipt(first).state is State.OUTCOME_UNKNOWN
+    resend.api.on("POST", EMAILS, 200, {"id": f"email-{t}"}, times=1)  # Resend answers from the first request
+    retry = resend.send("POST", EMAILS, json=email)
+    assert retry.status_code == 200 and retry.headers["x-receipt-state"] == "succeeded"
+    assert resend.receipt(first).state is State.SAFE_TO_RETRY
+    sent = writes(resend, EMAILS, t)
+    assert len(sent) == 2 and sent[0].headers["idempotency-key"] == sent[1].headers["idempotency-key"]
+    assert len(gets(resend, EMAILS)) == reads_before  # within the key's 24 h: no read needed
 
 
 # =============================================================================================
@@ -350,3 +395,20 @@ def test_sendgrid_unknown_outcome_blocks_retries_without_any_read(sendgrid, faul
     assert receipt.state is State.OUTCOME_UNKNOWN and receipt.external_id is None
     assert len(sendgrid.api.requests("GET")) == reads_before  # no read: nothing can prove anything
     assert len(writes(sendgrid, SEND, t)) == 1
+
+
+def test_sendgrid_two_subusers_are_two_principals_and_one_subuser_twice_is_one_send(sendgrid):
+    t = tag()
+    sendgrid.api.on("POST", SEND, lambda seen: (202, {"X-Message-Id": f"sgid-{seen.headers.get('on-behalf-of')}-{t}"},
+                                                b""), times=2)
+    a1 = sendgrid.send("POST", SEND, json=sg_mail(t), headers={"on-behalf-of": "subuser-a"})
+    b1 = sendgrid.send("POST", SEND, json=sg_mail(t), headers={"on-behalf-of": "subuser-b"})
+    assert (a1.headers["x-receipt-state"], b1.headers["x-receipt-state"]) == ("succeeded", "succeeded")
+    assert "x-receipt-replayed" not in b1.headers  # two subusers: two sends allowed
+    ra, rb = sendgrid.receipt(a1), sendgrid.receipt(b1)
+    assert ra.operation_id != rb.operation_id and ra.principal != rb.principal
+    assert (ra.external_id, rb.external_id) == (f"sgid-subuser-a-{t}", f"sgid-subuser-b-{t}")
+    a2 = sendgrid.send("POST", SEND, json=sg_mail(t), headers={"on-behalf-of": "subuser-a"})
+    assert a2.headers.get("x-receipt-replayed") == "true" and a2.headers["x-message-id"] == f"sgid-subuser-a-{t}"
+    sent = writes(sendgrid, SEND, t)
+    assert [s.headers.get("on-behalf-of") for s in sent] == ["subuser-a", "subuser-b"]  # one subuser twice: one send

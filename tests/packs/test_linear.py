@@ -85,6 +85,9 @@ class FakeLinear:
         issue = self._create(inp)
         if step == "commit_drop":
             return 0, {}, None
+        if step.startswith("commit_type:"):  # the issue was made, then the answer is an error of this type
+            return 200, {}, {"errors": [{"message": "Something went wrong", "extensions": {
+                "type": step.partition(":")[2], "userPresentableMessage": "Something went wrong."}}], "data": None}
         if step == "commit_internal":
             return 200, {}, {"errors": [{"message": "Internal server error", "extensions": {
                 "type": "internal error", "userPresentableMessage": "An unexpected error occurred."}}], "data": None}
@@ -236,6 +239,22 @@ def test_internal_errors_5xx_and_lost_connections_are_unknown(linear, step):
     assert r.headers["x-receipt-state"] == "outcome_unknown"
     assert linear.receipt(r).state is State.OUTCOME_UNKNOWN
     assert len(mutations(linear, title)) == 1
+
+
+@pytest.mark.parametrize("error_type", ["network error", "unknown", "other"])
+def test_errors_that_do_not_say_refused_are_unknown_and_never_make_a_second_issue(linear, error_type):
+    title = fresh()
+    linear.fake.plan(title, f"commit_type:{error_type}", "ok")      # Linear made the issue, then answered an error
+    r = linear.send("POST", GQL, json=sdk_body(title))
+    assert r.headers["x-receipt-state"] == "outcome_unknown"
+    assert linear.receipt(r).state is State.OUTCOME_UNKNOWN         # not rejected: no new id for the retry
+    issue_id = sent_input(mutations(linear, title)[0])["id"]
+    assert issue_id in linear.fake.issues
+    retry = linear.send("POST", GQL, json=sdk_body(title))           # the read by id finds it
+    assert retry.headers["x-receipt-state"] == "succeeded"
+    assert retry.headers["x-receipt-id"] == r.headers["x-receipt-id"]
+    assert len(mutations(linear, title)) == 1                        # never a second issueCreate
+    assert [i for i in linear.fake.issues.values() if i["title"] == title] == [linear.fake.issues[issue_id]]
 
 
 # --- reconcile: a read by the proxy-chosen id ---------------------------------------------------

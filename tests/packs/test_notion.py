@@ -82,6 +82,8 @@ class FakeNotion:
             return 0, {}, None
         if step == "commit_504":
             return error(504, "gateway_timeout", "Notion timed out while attempting to complete this request.")
+        if step == "commit_529":
+            return error(529, "service_overload", "Notion is unavailable due to high load. Please try again later.")
         return 200, {}, page
 
     def query(self, seen: Seen):
@@ -185,6 +187,18 @@ def test_5xx_and_lost_connections_are_unknown(notion, step):
     r = notion.send("POST", PAGES, json=in_data_source(ds, title))
     assert r.headers["x-receipt-state"] == "outcome_unknown"
     assert notion.receipt(r).state is State.OUTCOME_UNKNOWN
+
+
+def test_529_service_overload_is_unknown_by_the_packs_own_rule_and_never_sent_twice(notion):
+    ds, title = fresh()
+    notion.fake.plan(title, "commit_529")
+    r = notion.send("POST", PAGES, json=in_data_source(ds, title))
+    assert r.status_code == 529 and r.headers["x-receipt-state"] == "outcome_unknown"
+    assert notion.receipt(r).state is State.OUTCOME_UNKNOWN
+    assert any("service_overload" in why for _, _, why in notion.history(r))  # the pack says so, not a default
+    retry = notion.send("POST", PAGES, json=in_data_source(ds, title))  # the page exists: the query finds it
+    assert retry.headers["x-receipt-state"] == "succeeded" and retry.headers["x-receipt-id"] == r.headers["x-receipt-id"]
+    assert len(writes(notion, title)) == 1
 
 
 # --- reconcile: the data source query by title ----------------------------------------------------

@@ -418,3 +418,66 @@ def test_the_secret_key_never_reaches_the_receipts_database(stripe, fakes):
     db = stripe.proxy.db
     stored = b"".join(p.read_bytes() for p in (db, db.with_name(db.name + "-wal")) if p.exists())
     assert SECRET.split()[1].encode() not in stored
+
+
+# --- issue 16: a 409 is never a refusal; connected accounts are principals of their own ------
+
+# Stripe's concurrent-request 409 as it appears in practice: invalid_request_error, not
+# idempotency_error (rules/stripe.yaml says where that comes from).
+IN_USE_AS_INVALID_REQUEST = error(
+    "invalid_request_error", "idempotency_key_in_use",
+    "There is currently another in-progress request using this Idempotent Key: receipt-x. Please try again later.")
+
+
+def test_key_in_use_409_with_invalid_request_error_is_not_a_refusal_and_no_fresh_key_goes_out(stripe, fakes):
+    order = "ord_in_use_invalid_request"
+    # The request holding the key is still creating the intent at Stripe; this one gets the 409.
+    existing = {"id": "pi_InUse0002", "object": "payment_intent", "amount": 2000, "currency": "usd",
+                "metadata": {"order_id": order}, "created": int(time.time()) + 1}
+    with fakes[PI].lock:
+        fakes[PI].objects.append(existing)
+    stripe.api.on("POST", PI, 409, IN_USE_AS_INVALID_REQUEST, times=1)
+    r = stripe.send("POST", PI, data=pi_form(order))
+    assert r.status_code == 409 and r.json() == IN_USE_AS_INVALID_REQUEST  # the agent gets Stripe's answer
+    receipt = stripe.receipt(r)
+    assert receipt.state is not State.REJECTED
+    assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "pi_InUse0002")  # the read found it
+    steps = history(stripe, r)
+    assert "rejected" not in [to for _, to, _ in steps], steps
+    assert any("idempotency_key_in_use" in why for _, _, why in steps), steps  # the pack's rule, by status
+    # The agent tries again: never a new attempt with a fresh key, never a second intent.
+    again = stripe.send("POST", PI, data=pi_form(order))
+    assert (again.status_code, again.json()["error"]) == (409, "duplicate_succeeded")
+    assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 1
+    assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
+
+
+def test_two_connected_accounts_are_two_principals_and_one_account_twice_is_one_write(stripe, fakes):
+    order = "ord_connect_same_body"
+    a1 = stripe.send("POST", PI, data=pi_form(order), headers={"Stripe-Account": "acct_1ConnA"})
+    b1 = stripe.send("POST", PI, data=pi_form(order), headers={"Stripe-Account": "acct_1ConnB"})
+    assert (a1.status_code, b1.status_code) == (200, 200)
+    assert "x-receipt-replayed" not in b1.headers and b1.json()["id"] != a1.json()["id"]  # two writes allowed
+    ra, rb = stripe.receipt(a1), stripe.receipt(b1)
+    assert ra.operation_id != rb.operation_id and ra.principal != rb.principal
+    assert ra.idempotency_key != rb.idempotency_key
+    a2 = stripe.send("POST", PI, data=pi_form(order), headers={"Stripe-Account": "acct_1ConnA"})
+    assert a2.headers.get("x-receipt-replayed") == "true" and a2.json()["id"] == a1.json()["id"]  # one write
+    sent = posts(stripe, PI, **{"metadata[order_id]": order})
+    assert [s.headers.get("stripe-account") for s in sent] == ["acct_1ConnA", "acct_1ConnB"]
+    assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 2
+    assert "acct_1Conn" not in (stripe.proxy.db.read_bytes().decode("latin-1"))  # never stored, only hashed
+
+
+def test_a_connected_accounts_read_looks_in_that_account(stripe, fakes):
+    order = "ord_connect_read"
+    stripe.api.drop("POST", PI)  # never executed
+    first = stripe.send("POST", PI, data=pi_form(order), headers={"Stripe-Account": "acct_1ConnRead"})
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    backdate(stripe, first, hours=25)  # past the key's 24 h: the list read decides
+    n = len(reads(stripe, PI))
+    retry = stripe.send("POST", PI, data=pi_form(order), headers={"Stripe-Account": "acct_1ConnRead"})
+    assert retry.status_code == 200
+    (read,) = reads(stripe, PI)[n:]
+    assert (read.headers["authorization"], read.headers.get("stripe-account")) == (SECRET, "acct_1ConnRead")
+    assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 2  # the dropped one, then the resend
