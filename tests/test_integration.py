@@ -396,3 +396,21 @@ def test_upstream_proxy_mode_is_kept_for_matched_requests(tmp_path, confdir, ups
             proxy.stop()
         hop.terminate()
         hop.wait(timeout=10)
+
+
+def test_an_unruled_409_is_not_a_refusal_and_the_retry_is_blocked(clients, proxy, upstream, bucket):
+    """
+    A 409 with no rule of its own is `already_exists` (maybe executed), never `rejected`:
+    the retry is not forwarded with a fresh key. plain.create has no read: manual review.
+    """
+    url = plain(upstream, bucket)
+    upstream.plan(f"/api/{bucket}/plain", "409")
+    first = clients.send("requests", "POST", url, {"title": "conflict"})
+    assert (first.status, first.headers["x-receipt-state"]) == (409, "manual_review")
+    (r,) = settled(proxy, bucket)
+    assert r.state == "manual_review"
+    reasons = events_and_reasons(proxy, r.operation_id)
+    assert any("evidence that the effect may already exist" in why for why in reasons), reasons
+    retry = clients.send("requests", "POST", url, {"title": "conflict"})
+    assert (retry.status, retry.json()["error"], retry.json()["state"]) == (409, "duplicate_unresolved", "manual_review")
+    assert upstream.seen(f"/api/{bucket}/plain") == 1  # never sent again
