@@ -83,8 +83,14 @@ def _with_param(url: str, name: str, value: str) -> str:
     return f"{base}?{'&'.join([*kept, f'{quote(name, safe="[]")}={quote(value, safe="")}'])}"
 
 
-def _with_body(body: bytes, dotted: str, value: Any) -> bytes:
-    doc = json.loads(body)
+def _with_body(body: bytes, dotted: str, value: Any) -> bytes | None:
+    """The POST read's JSON body with `value` at the dotted path; None when the body is no JSON object."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
     node = doc
     *path, last = dotted.split(".")
     for part in path:
@@ -128,8 +134,9 @@ def next_page(spec: ReconcileSpec, read: ReadRequest, doc: Any, headers: Mapping
             return None  # no cursor: the list ended
         return f"the answer says the list goes on but has no value at {pages.from_} to ask for the next page"
     if read.body is not None:
-        return ReadRequest(
-            read.method, read.url, _with_body(read.body, pages.param, value), read.headers, keep=read.keep
-        )
+        body = _with_body(read.body, pages.param, value)
+        if body is None:
+            return f"the read's body is not a JSON object: {pages.param} cannot be set in it"
+        return ReadRequest(read.method, read.url, body, read.headers, keep=read.keep)
     text = value if isinstance(value, str) else json.dumps(value)
     return ReadRequest(read.method, _with_param(read.url, pages.param, text), None, read.headers, keep=read.keep)
