@@ -8,12 +8,14 @@ for is the oldest, so it is on the last page. The upstream counts the reads and 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 
 import pytest
 
 from proxy_addon.store import Store
-from tests.conftest import Clients, Proxy, wait_for
+from tests.conftest import ROOT, SECRETS, Clients, Proxy, wait_for
 
 RULES = """\
 api: paged
@@ -164,3 +166,20 @@ def test_a_walk_cut_by_max_proves_nothing(paged_proxy, upstream, bucket):
     r, history = receipt_of(paged_proxy, path, "mine")
     assert r.state == "outcome_unknown" and r.failed_reads == 1
     assert any("past pages.max (2 pages)" in h for h in history)
+
+
+def test_receipts_reconcile_walks_the_same_pages(paged_proxy, upstream, bucket):
+    """The CLI reads through the same reconcile path: the write on page 3 is found."""
+    path = f"/api/{bucket}/things"
+    unknown(paged_proxy, upstream, path, "cli", "drop", 5)
+    r, _ = receipt_of(paged_proxy, path, "cli")
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy_addon.cli", "--db", str(paged_proxy.db), "reconcile", r.operation_id,
+         "--rules", str(paged_proxy.rules), "--header", f"api-key: {SECRETS['api-key']}", "--json"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    (result,) = json.loads(out.stdout)
+    assert (result["operation_id"], result["state"]) == (r.operation_id, "succeeded")
+    assert upstream.reads(path) == 3
+    assert made(upstream, path, "cli") == 1
