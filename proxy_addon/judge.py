@@ -11,6 +11,10 @@ What a reconcile read proves: found, absent (and whether that is proof), or noth
   outcome_unknown, with the answer's Retry-After if it has one. It proves nothing, so it
   changes nothing; reconcile.py decides when the next read may run and when enough reads
   have failed for the receipt to go to manual_review;
+- not found on a page whose list goes on: with `pages:` declared, a verdict that names the next
+  page's read (`next_read`; reconcile.py walks up to `pages.max` pages); without, or when the next
+  page cannot be asked for, a failed verdict (manual_review for a read that never proves
+  absence): a list cut short proves nothing;
 - a read that can never be made or judged for this receipt (a template with no value in it)
   → manual_review at once, as a failed verdict.
 """
@@ -27,6 +31,7 @@ from typing import Any
 from proxy_addon.classify import external_id_of, rule_fits
 from proxy_addon.errors import ReconcileError
 from proxy_addon.jsonpath import NOT_JSON, dig, id_in, parse_json, text_of
+from proxy_addon.pages import next_page
 from proxy_addon.reads import ReadRequest, render
 from proxy_addon.rules import TEMPLATE_VAR, ReconcileSpec
 from proxy_addon.states import State
@@ -42,6 +47,7 @@ class Verdict:
     # answer's Retry-After (judge), then the time before which no new read is tried (reconcile)
     retry_after: dt.datetime | None = None
     failed: bool = False  # the read failed or its answer could not be judged: nothing was learned
+    next_read: ReadRequest | None = None  # not found on this page; the list continues with this read
 
 
 def failed(reason: str, retry_after: dt.datetime | None = None) -> Verdict:
@@ -83,9 +89,10 @@ def judge(
     *,
     headers: Mapping[str, str] | None = None,
     now: dt.datetime | None = None,
+    page: int = 1,
 ) -> Verdict:
-    """What the read proves."""
-    said = f"read {read.method} {read.shown} → HTTP {status}"
+    """What the read (its `page`-th page) proves."""
+    said = f"read {read.method} {read.shown} → HTTP {status}" + (f" (page {page})" if page > 1 else "")
     now = now or utcnow()
     wait = retry_after_of(headers, now)  # a failed read's answer may say when to ask again (429, 503)
     if spec.absent_when is not None and rule_fits(spec.absent_when, status, headers or {}, body):
@@ -118,7 +125,15 @@ def judge(
                 f"{said}: found among {len(items)} items" + (f" ({label}={found})" if found else ""),
                 found,
             )
-    return absent(spec, f"{said}: not found among {len(items)} items", receipt, now)
+    said = f"{said}: not found among {len(items)} items"
+    more = next_page(spec, read, doc, headers or {})
+    if isinstance(more, ReadRequest):
+        return Verdict(State.OUTCOME_UNKNOWN, f"{said}; the list goes on", next_read=more)
+    if more is not None and spec.absence_provable:  # a list cut short: as a failed read
+        return failed(f"{said}, but {more}: nothing is proven", wait)
+    if more is not None:  # the read never proves absence: a human decides, as for any "not found"
+        return absent(spec, f"{said}, and {more}", receipt, now)
+    return absent(spec, said, receipt, now)
 
 
 def _by_status(

@@ -12,7 +12,9 @@ receipt after the other. One call, every branch:
 2. decide without a read when a read is not needed or not possible: the API deduplicates by
    the receipt's idempotency key and still remembers it → safe_to_retry; no rule, or no
    `reconcile:` spec → manual_review;
-3. otherwise plan the read, send it (same TLS and upstream proxy as forwarding), judge it;
+3. otherwise plan the read, send it (same TLS and upstream proxy as forwarding), judge it; a
+   read with `pages:` is walked page by page, at most `pages.max`: found on any page → succeeded,
+   "not found" proves absence only at the list's end, and a walk cut by `max` is a failed read;
 4. record the verdict: reconciling → its state, with the evidence in the history.
 
 Whatever fails on the way (a timeout, a TLS error, 429, 5xx, an answer that cannot be judged,
@@ -45,7 +47,7 @@ from typing import Any, TypeVar
 import httpx
 
 from proxy_addon.errors import ReconcileError
-from proxy_addon.judge import Verdict, failed, judge, unreadable
+from proxy_addon.judge import Verdict, absent, failed, judge, unreadable
 from proxy_addon.reads import ReadSettings, describe, perform_read, plan_read
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
@@ -241,14 +243,22 @@ async def _decide(
         read = plan_read(op, receipt)
     except ReconcileError as e:  # a template with no value in this receipt: no read will ever be made
         return unreadable(f"read failed: {e}")
-    try:
-        status, headers, body = await perform_read(read, credentials, settings)
-    except ReconcileError as e:  # refused: not a read
-        return unreadable(f"read {read.method} {read.shown} failed: {e}")
-    except httpx.HTTPError as e:
-        return failed(f"read {read.method} {read.shown} failed: {describe(e)}")
-    now = await calls(lambda s: s.clock())  # when the answer came: its Retry-After counts from here
-    return judge(op.reconcile, read, receipt, status, body, headers=headers, now=now)
+    spec = op.reconcile
+    most = spec.pages.max if spec.pages is not None else 1
+    for page in range(1, most + 1):  # a read's pages: found on any → succeeded; absent only at the list's end
+        try:
+            status, headers, body = await perform_read(read, credentials, settings)
+        except ReconcileError as e:  # refused: not a read
+            return unreadable(f"read {read.method} {read.shown} failed: {e}")
+        except httpx.HTTPError as e:
+            return failed(f"read {read.method} {read.shown} failed: {describe(e)}")
+        now = await calls(lambda s: s.clock())  # when the answer came: its Retry-After counts from here
+        verdict = judge(spec, read, receipt, status, body, headers=headers, now=now, page=page)
+        if verdict.next_read is None:
+            return verdict
+        read = verdict.next_read
+    cut = f"{verdict.reason}, past pages.max ({most} pages): a walk cut short proves nothing"
+    return failed(cut) if spec.absence_provable else absent(spec, cut)
 
 
 async def _finish(

@@ -24,7 +24,9 @@ Faults, one per request, in the order planned (then "ok"):
               written, and whether the peer closed the connection or stopped reading (5 s) without closing;
               `up.endless_rate` (bytes per second, None: as fast as it can) slows it
 Upstream(keep_bodies=False) records each write's size and sha256 but not its body (large bodies).
-Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`);
+Reads: GET of a write path lists what its commits created (`[{"id": 1, ...}]`), in pages when
+it asks (`?limit=N&starting_after=<id>`: Stripe's has_more, newest first; `?per_page=N&page=k`:
+a Link rel="next" header; both newest first);
 GET of `<path>/<id>` answers that item or 404. `plan_read(path, "500")` or "hang" breaks a read
 ("held" answers it once `let_go(path)` is called);
 "deepjson", "badutf8" and "notjson" answer 200 with a body that cannot be judged; a read's "429"
@@ -182,6 +184,8 @@ class Upstream:
                     self._answer(int(fault), {"error": f"status {fault}"}, READ_RETRY_AFTER.get(fault))
                 elif fault in UNJUDGEABLE:
                     self._raw(200, UNJUDGEABLE[fault])
+                elif (paged := _paged(self.path, items, up.url)) is not None:  # ?limit= or ?per_page=
+                    self._answer(200, *paged)
                 elif items or path in up.items:
                     self._answer(200, items)
                 elif item is not None:
@@ -426,6 +430,34 @@ UNJUDGEABLE = {
     "badutf8": b'[{"title": "\xff\xfe"}]',
     "notjson": b"<html>not json</html>",
 }
+
+
+def _paged(target: str, items: list[dict], base: str) -> tuple[dict | list, dict] | None:
+    """
+    A list read that asks for pages: `?limit=N[&starting_after=<id>]` answers Stripe's way, newest
+    first: {"object": "list", "data": [...], "has_more": bool}; `?per_page=N[&page=k]` answers
+    GitHub's way, newest first too: a plain list and `Link: <...&page=k+1>; rel="next"` while more
+    follow. None: the read asks for no page (the whole list, as before).
+    """
+    from urllib.parse import parse_qs, urlencode, urlsplit
+
+    split = urlsplit(target)
+    q = {k: v[0] for k, v in parse_qs(split.query).items()}
+    if "limit" in q:
+        newest = list(reversed(items))
+        after = q.get("starting_after")
+        if after is not None:
+            at = next((i for i, x in enumerate(newest) if str(x["id"]) == after), None)
+            newest = newest[at + 1:] if at is not None else []
+        n = int(q["limit"])
+        return {"object": "list", "data": newest[:n], "has_more": len(newest) > n}, {}
+    if "per_page" in q:
+        n, k = int(q["per_page"]), int(q.get("page", "1"))
+        headers = {}
+        if len(items) > n * k:
+            headers["Link"] = f'<{base}{split.path}?{urlencode({**q, "page": k + 1})}>; rel="next"'
+        return list(reversed(items))[n * (k - 1):n * k], headers
+    return None
 
 
 def _query_fault(path: str) -> str:

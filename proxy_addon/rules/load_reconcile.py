@@ -5,6 +5,9 @@ Loading `reconcile:`: the read that looks for an operation's effect, never anoth
       read: {url: "/api/articles/me?per_page=100"}        # GET or HEAD; POST only to a path in post_reads
       find: {title: "{intent.article.title}"}              # templates name what the fingerprint records
       absence_provable: true
+      pages: {next: {more: has_more, from: data.-1.id, param: starting_after}, max: 5}
+      # or: pages: {next: link}   (the answer's Link: <...>; rel="next", GitHub)
+      # or, with a comment giving the reason:  complete_in_one_page: true
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ import yaml
 
 from proxy_addon.redaction import is_secret_header
 from proxy_addon.rules.load_classify import load_classify_rule
-from proxy_addon.rules.model import KEYS, TEMPLATE_VAR, FingerprintSpec, ReconcileSpec, template_variables
+from proxy_addon.rules.model import (
+    KEYS,
+    MAX_PAGES,
+    PAGES_LIMIT,
+    TEMPLATE_VAR,
+    FingerprintSpec,
+    PagesSpec,
+    ReconcileSpec,
+    template_variables,
+)
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, node_kind, scalar_value
 
 
@@ -50,7 +62,11 @@ def load_reconcile(
     rec_external_id = (
         ctx.fields(rec["external_id"][1], f"{f}.external_id", allowed) if "external_id" in rec else external_id
     )
+    pages = _pages(ctx, rec, f, method, bool(find or bounds))
+    one_page = _complete_in_one_page(ctx, rec, f, pages)
     return ReconcileSpec(
+        pages=pages,
+        complete_in_one_page=one_page,
         method=method,
         url=url,
         find=tuple(find),
@@ -208,3 +224,69 @@ def _absence(ctx: Ctx, rec: dict[str, Entry], f: str) -> tuple[bool, int, bool]:
             "needs absence_provable: true; a retry is safe only when absence is proven",
         )
     return provable, settle, retry
+
+
+_PARAM = re.compile(r"^[A-Za-z0-9_\-\[\]]+\Z")
+
+
+def _pages(ctx: Ctx, rec: dict[str, Entry], f: str, method: str, finds: bool) -> PagesSpec | None:
+    """`pages:` how the read's list continues: `next: link`, or `next: {more, from, param}`; `max` pages."""
+    if "pages" not in rec:
+        return None
+    where = f"{f}.pages"
+    pnode = rec["pages"][1]
+    pages = ctx.mapping(pnode, where, KEYS["pages"], ("next",))
+    if not finds:
+        raise ctx.error(pnode, where, "only a read with find has pages to walk; leave pages out")
+    top = MAX_PAGES
+    if "max" in pages:
+        mnode = pages["max"][1]
+        if mnode.tag != "tag:yaml.org,2002:int" or not 1 <= int(mnode.value) <= PAGES_LIMIT:
+            raise ctx.error(mnode, f"{where}.max", f"expected a whole number from 1 to {PAGES_LIMIT}")
+        top = int(mnode.value)
+    nnode = pages["next"][1]
+    if isinstance(nnode, yaml.ScalarNode):
+        if nnode.value != "link" or nnode.tag != "tag:yaml.org,2002:str":
+            raise ctx.error(nnode, f"{where}.next", "expected link, or a mapping {more, from, param}")
+        if method != "GET":
+            raise ctx.error(nnode, f"{where}.next", "a Link header's next page is a GET; this read is " + method)
+        return PagesSpec(link=True, max=top)
+    nxt = ctx.mapping(nnode, f"{where}.next", KEYS["pages_next"], ("from", "param"))
+    more = ctx.string(nxt["more"][1], f"{where}.next.more") if "more" in nxt else None
+    from_ = ctx.string(nxt["from"][1], f"{where}.next.from")
+    param = ctx.string(nxt["param"][1], f"{where}.next.param")
+    for name, value in (("more", more), ("from", from_)):
+        if value is not None and not DOTTED.match(value):
+            raise ctx.error(nxt[name][1], f"{where}.next.{name}", f"{value!r} is not a dotted field path")
+    if method == "POST":
+        if not DOTTED.match(param):
+            raise ctx.error(nxt["param"][1], f"{where}.next.param", f"{param!r} is not a dotted path of the body")
+    elif not _PARAM.match(param):
+        raise ctx.error(nxt["param"][1], f"{where}.next.param", f"{param!r} is not a query parameter name")
+    return PagesSpec(more=more, from_=from_, param=param, max=top)
+
+
+def _complete_in_one_page(ctx: Ctx, rec: dict[str, Entry], f: str, pages: PagesSpec | None) -> bool:
+    """`complete_in_one_page: true`: the rule vouches that one page holds every match; a comment says why."""
+    if "complete_in_one_page" not in rec:
+        return False
+    knode, vnode = rec["complete_in_one_page"]
+    where = f"{f}.complete_in_one_page"
+    value = ctx.boolean(vnode, where)
+    if value and pages is not None:
+        raise ctx.error(knode, where, "a read that declares pages is not one page; leave one of them out")
+    if value and not _has_comment(knode):
+        raise ctx.error(knode, where, "say why one page holds every match in a comment (on this line or the one above)")
+    return value
+
+
+def _has_comment(node: yaml.Node) -> bool:
+    """Whether the key's line, or the line above it, carries a YAML comment."""
+    buffer = getattr(node.start_mark, "buffer", None)
+    if not isinstance(buffer, str):
+        return False
+    lines = buffer.split("\n")
+    line = node.start_mark.line
+    here = lines[line] if line < len(lines) else ""
+    above = lines[line - 1].strip() if line > 0 else ""
+    return " #" in here or above.startswith("#")

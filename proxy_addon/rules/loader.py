@@ -69,8 +69,29 @@ def load_rules_path(path: str | Path) -> RuleSet:
 
 
 def check_rules_path(path: str | Path) -> tuple[list[Path], list[RulesError]]:
-    """The files checked and every problem found in them (`receipts rules check`)."""
-    files, _, problems = _load_path(path)
+    """The files checked and every problem found in them (`receipts rules check`), with the
+    checks only `rules check` makes: a read that proves absence says how its list continues."""
+    files, loaded, problems = _load_path(path)
+    for rf in loaded:
+        for op in rf.operations:
+            spec = op.reconcile
+            if (
+                spec is not None
+                and (spec.find or spec.bounds)  # a list read; a read without find is judged by its status
+                and spec.absence_provable
+                and spec.pages is None
+                and not spec.complete_in_one_page
+            ):
+                problems.append(
+                    RulesError(
+                        "absence_provable: true on a read that declares no pages: a list cut after its "
+                        "first page proves nothing; declare pages (next: link, or next: {more, from, param}), "
+                        "or complete_in_one_page: true with a comment giving the reason",
+                        source=rf.source,
+                        line=op.line or None,
+                        field=f"operations.{op.name}.reconcile.absence_provable",
+                    )
+                )
     return files, problems
 
 

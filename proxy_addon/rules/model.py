@@ -62,8 +62,12 @@ KEYS: dict[str, tuple[str, ...]] = {
         "settle",
         "retry_when_absent",
         "external_id",
+        "pages",
+        "complete_in_one_page",
     ),
     "read": ("method", "url", "headers", "body"),
+    "pages": ("next", "max"),
+    "pages_next": ("more", "from", "param"),
     "idempotency_key": ("header", "body", "format", "ttl"),
 }
 
@@ -134,6 +138,21 @@ class ClassifyRule:
     line: int = 0
 
 
+MAX_PAGES = 5  # `pages.max` when the rule says none
+PAGES_LIMIT = 100  # the largest `pages.max` a rule may ask for
+
+
+@dataclass(frozen=True)
+class PagesSpec:
+    """How a reconcile read's list continues (`reconcile.pages`); at most `max` pages are read."""
+
+    link: bool = False  # the next page is the answer's `Link: <url>; rel="next"` (GitHub)
+    more: str | None = None  # dotted field of the answer: true while more pages follow (has_more)
+    from_: str | None = None  # dotted field whose value names the next page: "data.-1.id", next_cursor
+    param: str | None = None  # GET: the query parameter it goes in; POST: a dotted path in the JSON body
+    max: int = MAX_PAGES
+
+
 @dataclass(frozen=True)
 class ReconcileSpec:
     """How to look for an operation's effect with a read (never another write)."""
@@ -150,6 +169,8 @@ class ReconcileSpec:
     absent_when: ClassifyRule | None = None  # an answer that says "no such object" (a GraphQL error, a 404)
     headers: tuple[tuple[str, str], ...] = ()  # (name, value template) sent with the read, never credentials
     bounds: tuple[tuple[str, str, str], ...] = ()  # (field, "gte"|"lte", template): `find` by a range, like created_at
+    pages: PagesSpec | None = None  # how the list continues; None: one page is read
+    complete_in_one_page: bool = False  # the rule says one page holds every match (with a reason comment)
 
 
 @dataclass(frozen=True)

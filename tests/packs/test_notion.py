@@ -297,3 +297,28 @@ def test_the_shipped_pack_loads(tmp_path):
     rules = load_rules_path(PACKS / "notion.yaml")
     assert [t.template for t in rules.files[0].post_reads] == ["/v1/data_sources/{data_source_id}/query", "/v1/search"]
     assert rules.operations[0].reconcile.absence_provable is False
+
+
+def test_the_query_follows_next_cursor_and_finds_the_page_on_page_2(notion):
+    """rules/notion.yaml `pages:`: has_more + next_cursor, sent back as the body's start_cursor."""
+    ds, title = fresh()
+    notion.fake.plan(title, "commit_504", "ok")
+    first = notion.send("POST", PAGES, json=in_data_source(ds, title))
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    page_id = notion.fake.pages[-1]["id"]
+
+    def paged(seen: Seen):
+        if seen.json().get("start_cursor") == "cursor-2":
+            return notion.fake.query(seen)
+        return 200, {}, {"object": "list", "results": [], "next_cursor": "cursor-2", "has_more": True,
+                         "type": "page_or_database", "page_or_database": {}}
+
+    notion.api.on("POST", f"/v1/data_sources/{ds}/query", paged, times=2)
+    retry = notion.send("POST", PAGES, json=in_data_source(ds, title))
+    assert retry.headers["x-receipt-state"] == "succeeded"
+    one, two = queries(notion, ds)
+    assert "start_cursor" not in one.json() and two.json()["start_cursor"] == "cursor-2"
+    assert two.json()["filter"] == one.json()["filter"] and two.headers["notion-version"] == VERSION
+    assert len(writes(notion, title)) == 1
+    receipt = notion.receipt(first)
+    assert receipt.state is State.SUCCEEDED and receipt.external_id == page_id

@@ -481,3 +481,50 @@ def test_a_connected_accounts_read_looks_in_that_account(stripe, fakes):
     (read,) = reads(stripe, PI)[n:]
     assert (read.headers["authorization"], read.headers.get("stripe-account")) == (SECRET, "acct_1ConnRead")
     assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 2  # the dropped one, then the resend
+
+
+# --- pagination: a list read follows has_more (rules/stripe.yaml `pages:`) ---------------------
+
+def _other_intents(start: int, n: int = 100) -> list[dict]:
+    """A full page of intents that are not the attempt's: newer ones, made by others since."""
+    return [{"id": f"pi_other_{i:04d}", "object": "payment_intent", "amount": 999, "currency": "usd",
+             "created": int(time.time()), "metadata": {"order_id": "someone-else"}} for i in range(start, start + n)]
+
+
+@pytest.mark.parametrize("ending", ["on-page-2", "never"])
+def test_a_dropped_answer_then_a_full_page_with_more_after_it_makes_no_second_write(stripe, fakes, ending):
+    """The >100 payment intents bug: the attempt's own intent, the oldest since submitted_at, is
+    past the first full page (has_more: true). Found on page 2 → succeeded; a list longer than
+    pages.max (5) → not proven, the retry is blocked. Never a second payment intent."""
+    order = f"ord_paged_{ending}"
+    stripe.api.on("POST", PI, lambda seen: fakes[PI].create(seen, then_drop=True), times=1)
+    first = stripe.send("POST", PI, data=pi_form(order))
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    (made,) = fakes[PI].matching(**{"metadata.order_id": order})
+    backdate(stripe, first, hours=25)  # the key is past Stripe's 24 hours: only the read decides
+
+    def page(seen: Seen):
+        after = parse_qs(urlsplit(seen.path).query).get("starting_after", [None])[0]
+        start = 0 if after is None else int(after.rsplit("_", 1)[1]) + 1
+        if ending == "on-page-2" and after is not None:
+            return 200, {}, {"object": "list", "url": PI, "has_more": False, "data": [made]}
+        return 200, {}, {"object": "list", "url": PI, "has_more": True, "data": _other_intents(start)}
+
+    n = len(reads(stripe, PI))
+    stripe.api.on("GET", PI, page, times=2 if ending == "on-page-2" else 5)
+    retry = stripe.send("POST", PI, data=pi_form(order))
+    receipt = stripe.receipt(first)
+    walked = reads(stripe, PI)[n:]
+    assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 1  # no second write
+    assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
+    if ending == "on-page-2":
+        assert (retry.status_code, retry.json()["error"], retry.json()["external_id"]) == (
+            409, "duplicate_succeeded", made["id"])
+        assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, made["id"])
+        assert len(walked) == 2
+        assert parse_qs(urlsplit(walked[1].path).query)["starting_after"] == ["pi_other_0099"]
+    else:
+        assert (retry.status_code, retry.json()["error"]) == (409, "duplicate_unresolved")
+        assert receipt.state is State.OUTCOME_UNKNOWN
+        assert len(walked) == 5  # pages.max
+        assert "past pages.max (5 pages)" in history(stripe, first)[-1][2]
