@@ -42,7 +42,7 @@ import hashlib
 import logging
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +105,12 @@ def principal_of(match: Match, headers: Mapping[str, str], key: bytes) -> str:
     for two accounts are two principals. One header alone hashes as it always did. When the
     rule names none, or none of them is present: the first of Authorization, then Cookie.
     """
-    present = [(n, v) for n in match.operation.credential_headers if (v := headers.get(n)) and v.strip()]
+    return principal(match.operation.credential_headers, headers, key)
+
+
+def principal(credential_headers: Sequence[str], headers: Mapping[str, str], key: bytes) -> str:
+    """The principal of these credential headers (lower-case names) for a rule naming `credential_headers`."""
+    present = [(n, v) for n in credential_headers if (v := headers.get(n)) and v.strip()]
     if not present:
         present = [(n, v) for n in FALLBACK_CREDENTIALS if (v := headers.get(n)) and v.strip()][:1]
     if not present:

@@ -32,9 +32,11 @@ from proxy_addon.cli.values import (
     sendable,
 )
 from proxy_addon.errors import IllegalTransition, RulesError
-from proxy_addon.paths import default_rules
+from proxy_addon.fingerprint import principal
+from proxy_addon.paths import default_rules, key_path
 from proxy_addon.reads import ReadSettings
 from proxy_addon.reconcile import Reconciled, reconcile, retry_after
+from proxy_addon.redaction import credential_names
 from proxy_addon.rules import Operation, RuleSet, load_rules_path
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, Store, iso
@@ -135,6 +137,7 @@ async def _reconcile_all(
         return fn(store)
 
     results, errors = [], 0
+    key = _installation_key(store)
     for n, operation_id in enumerate(ids, 1):
         before = store.get(operation_id)
         if len(ids) > 1:
@@ -154,10 +157,13 @@ async def _reconcile_all(
             deadline=args.read_deadline,
             backoff=args.read_backoff,
         )
+        credentials = headers or _env_credentials(op)
+        if (mismatch := _not_the_writes(before, op, credentials, key)) is not None:
+            errors += 1
+            print(f"Error: {operation_id} not read: {mismatch}", file=sys.stderr)
+            continue
         try:
-            done = await reconcile(
-                calls, op, operation_id, headers or _env_credentials(op), settings=settings, actor=cli_actor()
-            )
+            done = await reconcile(calls, op, operation_id, credentials, settings=settings, actor=cli_actor())
         except IllegalTransition as e:
             errors += 1
             print(f"Error: {e}", file=sys.stderr)
@@ -166,6 +172,36 @@ async def _reconcile_all(
         if not args.json:
             print(f"{operation_id}  {before.state} → {done.receipt.state}  {done.verdict.reason}")
     return results, errors
+
+
+def _installation_key(store: Store) -> bytes | None:
+    """The proxy's HMAC key beside the database (read-only), to tell whose credentials a read carries."""
+    try:
+        key = key_path(store.path).read_bytes().strip() if store.path else b""
+    except OSError:
+        return None
+    return key if len(key) >= 32 else None
+
+
+def _not_the_writes(
+    receipt: Receipt, op: Operation | None, credentials: dict[str, str], key: bytes | None
+) -> str | None:
+    """
+    Why a read with these credentials could look in the wrong place, or None. A write made for
+    one account (a key, plus Stripe-Account or on-behalf-of) is only found, or proven absent,
+    by a read for that account: credentials whose principal is not the write's are refused.
+    Without credentials (the read answers 401, a failed read) or without the key, nothing is checked.
+    """
+    if op is None or key is None or not credentials or not receipt.principal.startswith("hmac:"):
+        return None
+    if principal(op.credential_headers, credentials, key) == receipt.principal:
+        return None
+    names = ", ".join(credential_names(op.credential_headers))
+    return (
+        "the credentials given are not those the write was sent with (another key, or another account), so a "
+        f"read with them could look in the wrong place and prove nothing, or prove it absent; pass the write's "
+        f"own credential headers ({names}) with --header"
+    )
 
 
 def _result(before: Receipt, done: Reconciled) -> dict[str, Any]:
