@@ -453,3 +453,48 @@ def test_the_token_never_reaches_the_receipts_database(gh):
     db = gh.proxy.db
     stored = b"".join(p.read_bytes() for p in (db, db.with_name(db.name + "-wal")) if p.exists())
     assert TOKEN.split()[1].encode() not in stored
+
+
+# --- pulls.create: the read follows Link rel="next" (issue 16) -------------------------------------
+
+
+@pytest.mark.parametrize("ending", ["on-page-2", "never"])
+def test_pull_request_lost_answer_then_a_full_page_with_a_next_link_makes_no_second_write(gh, ending):
+    """The pack declares `pages: {next: link, max: 5}`: a dropped answer, then a read whose
+    first page (100 other pull requests, a Link rel="next") lacks the attempt's own. Found on
+    page 2 → succeeded; a Link chain past pages.max (5) → not proven, the retry is blocked.
+    Never a second pull request. (Without `pages` in the pack, page 1's next link proves nothing:
+    the page-2 case fails.)"""
+    repo = f"pulls-paged-{ending}"
+    path = f"/repos/octo/{repo}/pulls"
+    body = {"title": f"Paged {ending}", "head": f"paged-{ending}", "base": "main"}
+    first = lose_answer(gh, path, body)
+    mine = pull(5000, repo, body["head"], body["base"], body["title"])
+
+    def page(seen: Seen):
+        number = int(query_of(seen).get("page", ["1"])[0])
+        if ending == "on-page-2" and number == 2:
+            return 200, {}, [mine]  # the last page: no Link next
+        others = [pull(number * 1000 + i, repo, f"other-{number}-{i}", "main", "Other") for i in range(100)]
+        nxt = f"{gh.api.origin}{path}?state=open&per_page=100&page={number + 1}"
+        return 200, {"Link": f'<{nxt}>; rel="next", <{gh.api.origin}{path}?page=99>; rel="last"'}, others
+
+    gh.api.on("GET", path, page, times=2 if ending == "on-page-2" else 5)
+    gh.api.on("POST", path, 201, pull(5001, repo, body["head"], body["base"], body["title"]))  # a second one, if sent
+    retry = gh.send("POST", path, json=body)
+    walked = gets(gh, path)
+    receipt = gh.receipt(first)
+    assert gh.api.count("POST", path) == 1  # no second write
+    if ending == "on-page-2":
+        assert (retry.status_code, retry.json()["error"], retry.json()["external_id"]) == (
+            409, "duplicate_succeeded", "5000")
+        assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "5000")
+        assert len(walked) == 2
+        assert query_of(walked[1])["page"] == ["2"]
+        assert walked[1].headers["authorization"] == TOKEN  # every page with the request's token
+        went_through_reconciling(gh, first, "succeeded")
+    else:
+        assert (retry.status_code, retry.json()["error"]) == (409, "duplicate_unresolved")
+        assert receipt.state is State.OUTCOME_UNKNOWN
+        assert len(walked) == 5  # pages.max
+        assert "past pages.max (5 pages)" in history(gh, first)[-1][2]
