@@ -294,6 +294,40 @@ def test_an_older_identical_upload_is_not_taken_for_an_unknown_one(openai):
     assert len(seen(openai, "POST", "/v1/files", name)) == 1
 
 
+def test_an_unknown_upload_on_the_second_page_of_the_files_list_succeeds_without_a_second_upload(openai):
+    """The pack's files read follows `has_more` with `after` = the last file's id (issue 16): a
+    dropped answer, then a first page of other files that says has_more, and the upload on
+    page 2 → succeeded, one upload. (Without `pages` the first page's has_more proves nothing:
+    manual review.)"""
+    name = f"requests-{tag()}.jsonl"
+    content = jsonl(name)
+    openai.fake.plan(name, "commit_drop", "ok")
+    first = upload(openai, name, content)
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    mine = openai.fake.files[-1]
+    others = [{**mine, "id": f"file-other{i:04d}", "filename": f"other-{i}.jsonl"} for i in range(100)]
+
+    def page(s: Seen):
+        after = parse_qs(urlsplit(s.path).query).get("after", [None])[0]
+        data, more = (others, True) if after is None else ([mine], False)
+        return 200, {}, {"object": "list", "data": data, "first_id": data[0]["id"], "last_id": data[-1]["id"],
+                         "has_more": more}
+
+    reads_before = len(seen(openai, "GET", "/v1/files"))
+    openai.api.on("GET", "/v1/files", page, times=2)
+    retry = upload(openai, name, content)
+    assert retry.status_code == 409 and retry.headers["x-receipt-state"] == "succeeded"
+    assert retry.json()["external_id"] == mine["id"]
+    walked = seen(openai, "GET", "/v1/files")[reads_before:]
+    assert len(walked) == 2
+    assert parse_qs(urlsplit(walked[1].path).query) == {"purpose": ["batch"], "order": ["desc"], "limit": ["10000"],
+                                                        "after": ["file-other0099"]}
+    assert walked[1].headers["authorization"] == KEY and walked[1].headers["openai-project"] == PROJECT
+    assert len(seen(openai, "POST", "/v1/files", name)) == 1  # no second upload
+    receipt = openai.receipt(first)
+    assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, mine["id"])
+
+
 # --- batches: a receipt key in metadata -----------------------------------------------------------
 
 def batch(input_file_id: str, **metadata: str) -> dict:
