@@ -223,6 +223,37 @@ def test_resend_concurrent_idempotent_request_is_unknown_and_the_retry_reuses_th
     assert len(gets(resend, EMAILS)) == reads_before  # within the key's 24 h: no read needed
 
 
+def test_resend_email_on_the_second_page_of_the_list_is_found_without_a_second_send(resend):
+    """rules/resend.yaml follows GET /emails's pages (has_more, after = the last email's id;
+    issue 16): a 409 invalid_idempotent_request, then a first page of 100 other emails that
+    says has_more, and the email on page 2 → succeeded, one send. (Before, the first page's
+    has_more was not followed and proved nothing: manual review.)"""
+    t = tag()
+    email = resend_email(t)
+    others = [{"id": f"other-{t}-{i:03d}", "to": ["other@example.com"], "from": email["from"],
+               "subject": "something else"} for i in range(100)]
+
+    def page(seen: Seen):
+        after = parse_qs(urlsplit(seen.path).query).get("after", [None])[0]
+        if after is None:
+            return 200, {}, {"object": "list", "has_more": True, "data": others}
+        return 200, {}, resend_listing(email, f"email-{t}")
+
+    reads_before = len(gets(resend, EMAILS))
+    resend.api.on("POST", EMAILS, *resend_error(409, *INVALID_IDEMPOTENT), times=1)
+    resend.api.on("GET", EMAILS, page, times=2)
+    r = resend.send("POST", EMAILS, json=email)
+    assert r.status_code == 409 and r.json()["name"] == "invalid_idempotent_request"
+    receipt = resend.receipt(r)
+    assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, f"email-{t}")
+    walked = gets(resend, EMAILS)[reads_before:]
+    assert len(walked) == 2
+    assert parse_qs(urlsplit(walked[1].path).query) == {"limit": ["100"], "after": [f"other-{t}-099"]}
+    assert walked[1].headers["authorization"] == RESEND_KEY
+    again = resend.send("POST", EMAILS, json=email)
+    assert again.status_code == 409 and again.json()["error"] == "duplicate_succeeded"
+    assert len(writes(resend, EMAILS, t)) == 1  # no second email
+
 # =============================================================================================
 # Postmark
 # =============================================================================================
