@@ -219,6 +219,20 @@ def test_an_article_with_the_same_title_but_another_body_is_not_taken_for_it(dev
     assert devto.receipt(first).external_id is None
 
 
-def test_an_update_answered_409_is_rejected(devto):
-    r = devto.send("PUT", "/api/articles/1234", json={"article": {"title": f"t {uuid.uuid4().hex}"}})
-    assert r.status_code == 409 and r.headers["x-receipt-state"] == "rejected"
+def test_an_update_answered_409_may_have_been_applied_so_it_is_never_sent_again(devto):
+    """A 409 to PUT /api/articles/{id} is not documented as a refusal before executing (issue 16):
+    the pack no longer says `409: rejected` (which let the retry go out again), so the default
+    already_exists holds, and with no read for updates the receipt goes to manual review and
+    the retry is blocked: one PUT."""
+    article_id = str(5000 + uuid.uuid4().int % 1000)
+    path = f"/api/articles/{article_id}"
+    body = {"article": {"title": f"t {uuid.uuid4().hex}"}}
+    r = devto.send("PUT", path, json=body)
+    assert r.status_code == 409 and r.json() == {"error": "conflict", "status": 409}  # the API's own answer
+    assert r.headers["x-receipt-state"] == "manual_review"
+    assert State.REJECTED not in to_states(devto, r)
+    retry = devto.send("PUT", path, json=body)
+    assert (retry.status_code, retry.json()["error"], retry.json()["state"]) == (
+        409, "duplicate_unresolved", "manual_review")
+    assert retry.headers["x-receipt-id"] == r.headers["x-receipt-id"]
+    assert devto.api.count("PUT", path) == 1

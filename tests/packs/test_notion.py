@@ -82,6 +82,8 @@ class FakeNotion:
             return 0, {}, None
         if step == "commit_504":
             return error(504, "gateway_timeout", "Notion timed out while attempting to complete this request.")
+        if step == "commit_conflict":
+            return error(409, "conflict_error", "Conflict occurred while saving. Please try again.")
         if step == "commit_529":
             return error(529, "service_overload", "Notion is unavailable due to high load. Please try again later.")
         return 200, {}, page
@@ -168,7 +170,7 @@ def test_the_same_title_in_another_data_source_is_another_intent(notion):
     assert len(writes(notion, title)) == 2
 
 
-@pytest.mark.parametrize("step", ["validation", "conflict", "rate_limited"])
+@pytest.mark.parametrize("step", ["validation", "rate_limited"])
 def test_notion_refusals_are_rejected_and_a_retry_is_sent(notion, step):
     ds, title = fresh()
     notion.fake.plan(title, step, "ok")
@@ -188,6 +190,31 @@ def test_5xx_and_lost_connections_are_unknown(notion, step):
     assert r.headers["x-receipt-state"] == "outcome_unknown"
     assert notion.receipt(r).state is State.OUTCOME_UNKNOWN
 
+
+@pytest.mark.parametrize("created", [True, False], ids=["page-created", "nothing-created"])
+def test_409_conflict_error_is_not_a_refusal_the_query_decides_and_nothing_is_sent_twice(notion, created):
+    """409 conflict_error ("the transaction could not be completed, potentially due to a data
+    collision") does not say the page was not created (issue 16): already_exists, the data
+    source query runs at once. Found → succeeded; not found → manual review (the query cannot
+    prove absence). Never `rejected`, which sent the retry as a new page."""
+    ds, title = fresh()
+    notion.fake.plan(title, "commit_conflict" if created else "conflict", "ok")
+    r = notion.send("POST", PAGES, json=in_data_source(ds, title))
+    assert r.status_code == 409 and r.json()["code"] == "conflict_error"  # Notion's own answer
+    receipt = notion.receipt(r)
+    assert State.REJECTED not in to_states(notion, r)
+    assert State.RECONCILING in to_states(notion, r)
+    assert any("conflict_error" in why for _, _, why in notion.history(r))  # the pack's rule, not a default
+    assert len(queries(notion, ds)) == 1
+    if created:
+        assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, notion.fake.pages[-1]["id"])
+        assert r.headers["x-receipt-state"] == "succeeded"
+    else:
+        assert receipt.state is State.MANUAL_REVIEW and r.headers["x-receipt-state"] == "manual_review"
+    retry = notion.send("POST", PAGES, json=in_data_source(ds, title))
+    assert retry.status_code == 409 and retry.headers["x-receipt-id"] == r.headers["x-receipt-id"]
+    assert retry.json()["error"] == ("duplicate_succeeded" if created else "duplicate_unresolved")
+    assert len(writes(notion, title)) == 1
 
 def test_529_service_overload_is_unknown_by_the_packs_own_rule_and_never_sent_twice(notion):
     ds, title = fresh()
