@@ -25,7 +25,7 @@ from proxy_addon.canonical import canonical_host, canonical_path, method_overrid
 from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes
 from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
-from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
+from proxy_addon.rules import Check, ClassifyRule, Operation, ReconcileSpec, RuleSet
 
 SHOWN = 120  # characters of a value shown
 BODY_LIMIT = 256 * 1024 * 1024  # bytes a --body may decode to (the proxy's own bound is receipts_body_cap)
@@ -140,7 +140,37 @@ def _duplicates(op: Operation) -> list[str]:
             )
         )
         lines.append(f"{when}: the duplicate triggers a read, {spec.method} {spec.url}: found → succeeded; {absence}")
+        pages = _pages(spec)
+        if pages:
+            lines.append(f"the read's list: {pages}")
     return lines
+
+
+def _pages(spec: ReconcileSpec) -> str | None:
+    """How the read's list continues (`reconcile.pages`), or None for a read that is no list."""
+    pages = spec.pages
+    if pages is None:
+        if spec.complete_in_one_page:
+            return "one page; the rule vouches that it holds every match (complete_in_one_page)"
+        if not (spec.find or spec.items or spec.bounds):
+            return None
+        return (
+            "one page (no pages declared); an answer that says there is more (has_more, a next cursor, "
+            'a Link rel="next") proves nothing'
+        )
+    if pages.link:
+        how = "follows the answer's Link rel=\"next\" (on the read's own origin)"
+    else:
+        where = f"the body field {pages.param}" if spec.body is not None else f"the query parameter {pages.param}"
+        how = (
+            f"while {pages.more} is true, the next page asks with {pages.from_} as {where}"
+            if pages.more
+            else f"while {pages.from_} has a value, the next page asks with it as {where}"
+        )
+    return (
+        f"{how}, at most {pages.max} pages (pages.max); found on any page → succeeded, "
+        '"not found" counts only when the walk reached the list\'s end (a walk cut at the max proves nothing)'
+    )
 
 
 def _decoded(body: bytes, encoding: str | None, limit: int) -> tuple[bytes, str | None]:

@@ -16,8 +16,8 @@ import yaml
 
 from proxy_addon import cli
 from proxy_addon.errors import RulesError
-from proxy_addon.explain import explain
-from proxy_addon.rules import KEYS, load_rules, load_rules_path
+from proxy_addon.explain import explain, render
+from proxy_addon.rules import KEYS, RuleSet, load_rules, load_rules_path
 from tests.conftest import ROOT
 
 SCHEMA_PATH = ROOT / "proxy_addon" / "rules.schema.json"
@@ -167,3 +167,62 @@ def test_rules_check_prints_every_problem_with_file_and_line(tmp_path, capsys):
     assert "2 problems" in captured.err
     assert f"ok  {good}: 1 operations" in captured.out
     assert str(bad) not in captured.out
+
+
+# --- rules explain shows how a read's list continues (issue 16) --------------------------------
+
+
+def _read_lines(report) -> list[str]:
+    return [d for d in report["duplicates"] if d.startswith("the read's list: ")]
+
+
+@pytest.mark.parametrize("pack, name, expected", [
+    ("stripe.yaml", "payment_intents.create",
+     "while has_more is true, the next page asks with data.-1.id as the query parameter starting_after, "
+     "at most 5 pages (pages.max)"),
+    ("github.yaml", "pulls.create", 'follows the answer\'s Link rel="next" (on the read\'s own origin), at most 5 pages'),
+    ("notion.yaml", "pages.create",
+     "while has_more is true, the next page asks with next_cursor as the body field start_cursor, at most 5 pages"),
+    ("dev.to.yaml", "articles.create", "one page; the rule vouches that it holds every match (complete_in_one_page)"),
+    ("github.yaml", "issues.create", "one page (no pages declared); an answer that says there is more"),
+])
+def test_rules_explain_shows_how_the_reads_list_continues(pack, name, expected):
+    path = ROOT / "rules" / pack
+    rules = load_rules_path(ROOT / "rules")
+    rf = next(f for f in rules.files if f.source == str(path))
+    op = next(o for o in rf.operations if o.name == name)
+    report = explain(rules, *_sample(rf, op), b"k" * 32)
+    (line,) = _read_lines(report)
+    assert expected in line, line
+    if "pages.max" in line:
+        assert '"not found" counts only when the walk reached the list\'s end' in line
+    assert line in render(report)
+
+
+def test_rules_explain_shows_a_cursor_without_a_more_flag_and_its_max_and_no_list_for_a_read_by_id():
+    rules = load_rules_path_text("""
+api: t
+hosts: [api.t.test]
+operations:
+  things.create:
+    match: {method: POST, path: /things}
+    fingerprint: {body: [name]}
+    reconcile:
+      read: {method: GET, url: "/things?limit=10"}
+      items: results
+      find: {name: "{intent.name}"}
+      pages: {next: {from: next_page_token, param: page_token}, max: 3}
+  things.put:
+    match: {method: PUT, path: "/things/{id}"}
+    reconcile:
+      read: {method: GET, url: "/things/{path.id}"}
+      absence_provable: true
+""")
+    (line,) = _read_lines(explain(rules, "POST", "https://api.t.test/things", b"{}", {}, b"k" * 32))
+    assert line.startswith("the read's list: while next_page_token has a value, the next page asks with it as "
+                           "the query parameter page_token, at most 3 pages (pages.max)"), line
+    assert _read_lines(explain(rules, "PUT", "https://api.t.test/things/7", b"{}", {}, b"k" * 32)) == []
+
+
+def load_rules_path_text(text: str) -> RuleSet:
+    return RuleSet.of([load_rules(text, "inline.yaml")])
