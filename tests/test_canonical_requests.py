@@ -22,6 +22,7 @@ import pytest
 from proxy_addon.store import Store
 from tests.conftest import RECORDED_TOKEN, SECRETS, SECRETS_HEADERS, Answer, Clients, Proxy
 from tests.upstream import NginxUpstream
+from tests.test_integration import events_of
 
 RULES = """\
 api: canon-api
@@ -110,14 +111,6 @@ def receipts_of(proxy: Proxy, bucket: str) -> list:
     store = Store.open(proxy.db, create=False)
     try:
         return [r for r in store.list(limit=None) if bucket in r.target]
-    finally:
-        store.close()
-
-
-def events_of(proxy: Proxy, operation_id: str) -> list[tuple[str, str | None, str]]:
-    store = Store.open(proxy.db, create=False)
-    try:
-        return [(e.event, e.from_state, e.to_state) for e in store.events(operation_id)]
     finally:
         store.close()
 

@@ -14,7 +14,7 @@ mitmproxy and raises `RulesError` naming the file, the line and the field.
         fingerprint: {body: [article.title, article.body_markdown]}
         external_id: id
 
-model.py holds what a file loads into and the matching; loader.py reads files and folders,
+model.py holds what a file loads into; ruleset.py the matching; loader.py reads files and folders,
 with nodes.py (strict YAML values), load_operation.py, load_classify.py and load_reconcile.py.
 """
 
@@ -42,11 +42,10 @@ from proxy_addon.rules.model import (
     PathTemplate,
     ReconcileSpec,
     RuleFile,
-    RuleSet,
-    host_pattern,
     parse_path_template,
     template_variables,
 )
+from proxy_addon.rules.ruleset import RuleSet, host_pattern
 
 __all__ = [
     "AFTER_SUCCESS",

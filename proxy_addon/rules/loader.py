@@ -15,8 +15,9 @@ import yaml
 
 from proxy_addon.errors import RulesError
 from proxy_addon.rules.load_operation import load_operation, method_override
-from proxy_addon.rules.model import IDENT, KEYS, Operation, PathTemplate, RuleFile, RuleSet, parse_path_template
+from proxy_addon.rules.model import IDENT, KEYS, Operation, PathTemplate, RuleFile, parse_path_template
 from proxy_addon.rules.nodes import HEADER, Ctx, Entry, node_kind
+from proxy_addon.rules.ruleset import RuleSet
 
 _OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:[0-9]{1,5})?\Z")
