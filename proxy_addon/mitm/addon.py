@@ -34,7 +34,7 @@ from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
 from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body
-from proxy_addon.mitm.approval import await_approval
+from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
 from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view, response_of
 from proxy_addon.reconcile import retry_after
@@ -63,6 +63,7 @@ class Receipts:
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
         self._read_store: Store | None = None
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
+        self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class Receipts:
         )
 
     async def done(self) -> None:
+        self.approvals.close()
         if self._read_store is not None:
             self._read_store.close()
         if self._client is not None:
@@ -248,7 +250,9 @@ class Receipts:
         assert self.calls is not None
         meta["retry_of"] = receipt.retry_of
         if receipt.state is State.AWAITING_APPROVAL:
-            receipt = await await_approval(flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout)
+            receipt = await await_approval(
+                flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout, self.approvals
+            )
             if receipt.state is not State.SUBMITTED:
                 return
         forward.add_key(flow, op, receipt, given_key, body)
