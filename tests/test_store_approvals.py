@@ -104,7 +104,7 @@ def test_a_write_whose_proxy_stopped_cannot_be_decided(store):
     rid = held(store, instance="dead-1")
     asked: list = []
     before = tables(store)
-    with pytest.raises(IllegalTransition, match="the proxy that held it .instance dead-1. has stopped"):
+    with pytest.raises(IllegalTransition, match=r"the proxy that held it \(instance dead-1\) has stopped"):
         store.decide_approval(rid, approve=True, note="", actor="cli:alice",
                               is_alive=lambda i: asked.append(i) or False)
     assert asked == ["dead-1"]
@@ -154,50 +154,52 @@ def test_a_decision_that_lost_to_mitmweb_stays_unused(store):
     assert store.approval_decision(rid).consumed_at is None
 
 
+def race(path, rid: str, fp: str) -> list[str]:
+    """The proxy applying the CLI's denial and mitmweb's resume, on two connections released together."""
+    setup = Store.open(path)
+    d = setup.decide_approval(rid, approve=False, note="no", actor="cli:bob")
+    setup.close()
+    barrier = threading.Barrier(2)
+    won: list[str] = []
+
+    def run(name, fn):
+        s = Store.open(path)
+        try:
+            barrier.wait(timeout=10)
+            fn(s)
+            won.append(name)
+        except IllegalTransition:
+            pass
+        finally:
+            s.close()
+
+    threads = [
+        threading.Thread(target=run, args=("cli", lambda s: s.apply_approval(
+            d, fingerprint=fp, reason="denied by operator: no"))),
+        threading.Thread(target=run, args=("mitmweb", lambda s: s.transition(
+            rid, State.SUBMITTED, reason="approved by operator", actor="mitmweb operator",
+            expect=[State.AWAITING_APPROVAL]))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=15)
+    return won
+
+
 def test_the_cli_and_mitmweb_racing_exactly_one_wins(tmp_path):
     """Two connections (the CLI's decision applied by the proxy, and mitmweb's resume) at once, many times."""
     path = tmp_path / "race.db"
-    setup = Store.open(path)
+    store = Store.open(path)
     for round_ in range(20):
         fp = f"sha256:{round_:064x}"
-        rid = held(setup, fp)
-        d = setup.decide_approval(rid, approve=False, note="no", actor="cli:bob")
-        barrier = threading.Barrier(2)
-        won: list[str] = []
-
-        def cli():
-            s = Store.open(path)
-            try:
-                barrier.wait(timeout=10)
-                s.apply_approval(d, fingerprint=fp, reason="denied by operator: no")
-                won.append("cli")
-            except IllegalTransition:
-                pass
-            finally:
-                s.close()
-
-        def mitmweb():
-            s = Store.open(path)
-            try:
-                barrier.wait(timeout=10)
-                s.transition(rid, State.SUBMITTED, reason="approved by operator", actor="mitmweb operator",
-                             expect=[State.AWAITING_APPROVAL])
-                won.append("mitmweb")
-            except IllegalTransition:
-                pass
-            finally:
-                s.close()
-
-        threads = [threading.Thread(target=cli), threading.Thread(target=mitmweb)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=15)
+        rid = held(store, fp)
+        won = race(path, rid, fp)
         assert len(won) == 1, won
-        r, used = setup.get(rid), setup.approval_decision(rid).consumed_at is not None
+        r, used = store.get(rid), store.approval_decision(rid).consumed_at is not None
         assert (r.state, used) == ((State.REJECTED, True) if won == ["cli"] else (State.SUBMITTED, False))
-        assert [e.to_state for e in setup.events(rid)] == [State.AWAITING_APPROVAL, r.state]
-    setup.close()
+        assert [e.to_state for e in store.events(rid)] == [State.AWAITING_APPROVAL, r.state]
+    store.close()
 
 
 def test_the_table_keeps_one_decision_per_receipt_of_two_kinds(store):

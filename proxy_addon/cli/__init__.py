@@ -83,7 +83,7 @@ examples:
   receipts blocked --since 2h
   receipts reconcile --all --header 'api-key: ...'
   receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" --external-id 1234567
-  receipts pending
+  receipts pending --json
   receipts approve 20261129T190502Z-7c1e02d9aa --note "refund agreed"
   receipts deny 20261129T190502Z-7c1e02d9aa --note "amount too high, ask finance"
   receipts export --since 2026-11-01 > receipts.jsonl
