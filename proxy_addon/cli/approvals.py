@@ -20,7 +20,7 @@ from pathlib import Path
 from proxy_addon import instances
 from proxy_addon.cli.output import operation_name, print_json, print_table, receipt_json
 from proxy_addon.cli.values import UsageError, age, cli_actor, positive_int
-from proxy_addon.errors import ReceiptsError
+from proxy_addon.errors import ReceiptsError, StoreError
 from proxy_addon.states import State
 from proxy_addon.store import ApprovalDecision, Receipt, Store
 
@@ -29,9 +29,17 @@ FINGERPRINT = re.compile(r"(?:sha256:)?([0-9a-fA-F]{8,64})")
 SHOWN = 12  # hex digits of the fingerprint `pending` shows
 
 
+def _running(db: Path, instance: str | None) -> bool:
+    """Whether the proxy instance that holds a write still runs (its lock is held)."""
+    try:
+        return instances.alive(db, instance, tidy=False)
+    except OSError as e:
+        raise StoreError(f"cannot tell whether the proxy {instance} still runs: {e}") from e
+
+
 def _proxy(store: Store, r: Receipt) -> str | None:
     """`pid:N` of the running proxy that holds the write, or None when it has stopped."""
-    if not instances.alive(Path(store.location), r.instance, tidy=False):
+    if not _running(Path(store.location), r.instance):
         return None
     return f"pid:{(r.instance or '').split('-')[0]}"
 
@@ -159,7 +167,7 @@ def _decide(store: Store, args: argparse.Namespace, *, approve: bool) -> int:
         note=note,
         actor=cli_actor(),
         fingerprint=_fingerprint(args.fingerprint),
-        is_alive=lambda instance: instances.alive(db, instance, tidy=False),
+        is_alive=lambda instance: _running(db, instance),
     )
     if args.wait == 0:
         print(f"{d.operation_id} {d.decision} by {d.actor}: recorded for the proxy that holds it")

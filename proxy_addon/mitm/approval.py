@@ -122,10 +122,11 @@ class Approvals:
             return
         try:
             found: dict[str, ApprovalDecision] = await calls(lambda s: s.approval_decisions(ids))
-        except StoreError as e:
-            if str(e) != self._failing:
-                logger.warning(f"receipt-proxy: could not look for approval decisions: {e}")
-            self._failing = str(e)
+        except Exception as e:  # a store error, or any surprise: the looks go on, and say it once
+            why = str(e) if isinstance(e, StoreError) else f"{type(e).__name__}: {e}"
+            if why != self._failing:
+                logger.warning(f"receipt-proxy: could not look for approval decisions: {why}")
+            self._failing = why
             return
         self._failing = None
         for operation_id, d in found.items():

@@ -58,11 +58,6 @@ def held(tmp_path, alice):
     os.close(fd)
 
 
-@pytest.fixture
-def alice(monkeypatch):
-    monkeypatch.setenv("LOGNAME", "alice")
-
-
 def everything(path: Path) -> tuple[list, ...]:
     """Every table the commands could write: to show that a refusal wrote nothing."""
     conn = sqlite3.connect(path)

@@ -134,3 +134,33 @@ async def test_nothing_is_looked_up_while_no_write_is_held(setup):
     f.resume()
     await asyncio.wait_for(task, 2)
     await asyncio.wait_for(looking, approval.POLL * 2 + 1)  # the looks stop with the last held write
+
+
+async def test_a_look_that_fails_is_said_once_and_the_next_ones_still_apply_the_decision(setup, caplog):
+    """The store cannot be read for a while (locked, say): the held write waits; once it can, the decision applies."""
+    from proxy_addon.errors import StoreError
+
+    addon, _, tmp = setup
+    real, failures = addon.calls, []
+
+    async def calls(fn):
+        if len(failures) < 3 and "approval_decisions" in fn.__code__.co_names:  # the looks, not the rest
+            failures.append(1)
+            raise StoreError("cannot read the receipts database r.db: database is locked")
+        return await real(fn)
+
+    addon.calls = calls
+    try:
+        f = order("C-7", path="/v1/refunds")
+        task = await held(addon, f)
+        operation_id = f.metadata["receipts"]["operation_id"]
+        decide(tmp, operation_id, approve=True)
+        with caplog.at_level(logging.WARNING):
+            await asyncio.wait_for(task, approval.POLL * 6)
+    finally:
+        addon.calls = real
+    assert len(failures) == 3
+    said = [m for m in caplog.messages if "could not look for approval decisions" in m]
+    assert said == ["receipt-proxy: could not look for approval decisions: cannot read the receipts database r.db: "
+                    "database is locked"]
+    assert f.response is None and receipt_and_decision(tmp, operation_id)[0].state == "submitted"
