@@ -229,12 +229,12 @@ class Receipts:
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "replay":
-            self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED from ")
+            self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED")
             logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
         elif decision.kind != "forward":
             blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
             prefix = (
-                "BLOCKED reused Idempotency-Key of " if decision.kind == "key_conflict" else "BLOCKED duplicate of "
+                "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
             )
             self._answer(flow, blocked, "blocked", receipt, prefix)
             logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
@@ -356,7 +356,7 @@ class Receipts:
             credentials=credentials_from(op.credential_headers, headers_of(flow.request)) if op is not None else None,
         )
         if receipt is None:
-            flow.comment = f"receipt {meta['operation_id']}: NOT RECORDED as {outcome.state}: the store refused it"
+            flow.comment = f"NOT RECORDED as {outcome.state}: the store refused it · receipt {meta['operation_id']}"
             return None
         meta["state"] = str(receipt.state)
         mark(flow, receipt.state, receipt)
