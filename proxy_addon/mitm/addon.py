@@ -233,9 +233,7 @@ class Receipts:
             logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
         elif decision.kind != "forward":
             blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
-            prefix = (
-                "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
-            )
+            prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
             self._answer(flow, blocked, "blocked", receipt, prefix)
             logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
         else:
