@@ -52,6 +52,7 @@ class Receipts:
     def __init__(self) -> None:
         self.rules: RuleSet | None = None
         self.rules_sig: tuple = ()
+        self.rules_problem: str | None = None  # a failed reload's first problem (file:line): flows say so (watch.py)
         self.installation: Installation | None = None
         self.calls: StoreThread | None = None
         self.gate: Gate | None = None
@@ -174,6 +175,8 @@ class Receipts:
             return
         req.stream = False  # the receipt must be committed before any byte leaves
         flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
+        if self.rules_problem:  # the rules on disk did not load: the last good ones decide this flow
+            flow.metadata[META]["rules_problem"] = self.rules_problem
         if m.refused:
             flow.metadata[META]["refused"] = m.refused  # its method override headers: 400 in `request`, never sent
         if m.pending:

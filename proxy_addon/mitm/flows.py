@@ -64,7 +64,13 @@ def comment(receipt: Receipt, prefix: str = "") -> str:
 
 def mark(f: mflow.Flow, marker_key: Any, receipt: Receipt, prefix: str = "") -> None:
     f.marked = MARKERS[marker_key]
-    f.comment = comment(receipt, prefix)
+    f.comment = comment(receipt, prefix) + stale_rules(f)
+
+
+def stale_rules(f: mflow.Flow) -> str:
+    """What a flow matched while the rules on disk did not load says at the end of its comment (watch.py)."""
+    where = (f.metadata.get(META) or {}).get("rules_problem")
+    return f" · on the last good rules: {where} did not load (see the event log)" if where else ""
 
 
 def meta_of(f: mflow.Flow | None) -> dict | None:

@@ -60,7 +60,7 @@ def check_rules(text: str, source: str = "<rules>") -> list[RulesError]:
     """Every problem of one rules file, in line order, with the checks only `rules check` makes."""
     problems: list[RulesError] = []
     _load(text, source, problems, strict=True)
-    return problems
+    return sorted(problems, key=lambda p: p.line or 0)
 
 
 def load_rules_path(path: str | Path) -> RuleSet:
@@ -72,11 +72,13 @@ def load_rules_path(path: str | Path) -> RuleSet:
     return RuleSet.of(loaded)
 
 
-def check_rules_path(path: str | Path) -> tuple[list[Path], list[RulesError]]:
+def check_rules_path(path: str | Path, *, strict: bool = True) -> tuple[list[Path], list[RulesError]]:
     """The files checked and every problem found in them (`receipts rules check`), with the
-    checks only `rules check` makes: a read that proves absence says how its list continues."""
-    files, _, problems = _load_path(path, strict=True)
-    return files, problems
+    checks only `rules check` makes (a read that proves absence says how its list continues)
+    unless `strict` is false: then only the problems that keep `load_rules_path` from loading."""
+    files, _, problems = _load_path(path, strict=strict)
+    order = {str(f): i for i, f in enumerate(files)}  # file by file, each from its top line down
+    return files, sorted(problems, key=lambda p: (order.get(p.source, -1), p.line or 0))
 
 
 def rules_files(path: str | Path) -> list[Path]:
@@ -131,16 +133,14 @@ def _load_path(path: str | Path, *, strict: bool = False) -> tuple[list[Path], l
 
 def _load(text: str, source: str, problems: list[RulesError], *, strict: bool = False) -> RuleFile | None:
     """One file: every problem found goes to `problems` (`strict`: with the checks only `rules check`
-    makes, in line order); the RuleFile if there was none."""
+    makes); the RuleFile if there was none."""
     ctx = Ctx(source, strict=strict)
     try:
         rf = _load_file(ctx, text)
     except RulesError as e:  # the file could not be read on past this one
         ctx.report(e)
         rf = None
-    # `rules check` lists a file's problems top to bottom; loading raises the first found (a
-    # key out of place before what its absence left empty).
-    problems.extend(sorted(ctx.problems, key=lambda p: p.line or 0) if strict else ctx.problems)
+    problems.extend(ctx.problems)  # as found: loading raises the first (a key out of place before what it left empty)
     return rf if not ctx.problems else None
 
 
