@@ -276,6 +276,27 @@ def _body_names(ctype: str, body: bytes) -> tuple[str, list[str]] | None:
     return None
 
 
+def _hint(fallback: str, held: tuple[str, list[str]] | None, ctype: str) -> str | None:
+    """What to change so that the named fields are read: the Content-Type, or how names are read."""
+    if held is None:
+        return None
+    if held[0] == "JSON object" and ctype not in ("application/json", ""):
+        return "the body is a JSON object: send it with Content-Type: application/json"
+    if held[0] == "form" and ctype != "application/x-www-form-urlencoded":
+        return (
+            "the body is form-encoded: send it with Content-Type: application/x-www-form-urlencoded "
+            "(rules explain --form), or send JSON with Content-Type: application/json"
+        )
+    if fallback != "no_named_field":
+        return None
+    if held[0] == "form":
+        return (
+            "a form field is read by its whole name (fingerprint.body: [metadata[order_id]] reads "
+            "metadata[order_id]=…); if the API takes JSON, send JSON with Content-Type: application/json"
+        )
+    return 'a name in fingerprint.body is a dotted path into the JSON: article.title reads {"article": {"title": …}}'
+
+
 def _body_warnings(op: Operation, intent: Mapping[str, Any], headers: Mapping[str, str], body: bytes) -> list[str]:
     """
     Why the fingerprint's named body fields cannot be applied to this body, and what to do: the
@@ -299,29 +320,20 @@ def _body_warnings(op: Operation, intent: Mapping[str, Any], headers: Mapping[st
                 more = "…" if len(held[1]) > _NAMES_SHOWN else ""
                 why += f" (read as a {held[0]}, its fields are: {', '.join(held[1][:_NAMES_SHOWN])}{more})"
         declared = f"Content-Type {ctype}" if ctype else "no Content-Type"
-        warnings.append(
-            f"the fingerprint's named fields ({named}) cannot be read from this body ({declared}): {why}. "
-            "The intent is the SHA-256 of the whole body instead: a repeat is recognised only when it is the "
+        instead = (
+            "The intent is the SHA-256 of the empty body instead: every request of this operation without a body "
+            "(the same path and credentials) is one intent"
+            if fallback == "empty"
+            else "The intent is the SHA-256 of the whole body instead: a repeat is recognised only when it is the "
             "same byte for byte (another key order, spacing or value of a field the rule leaves out makes another "
             "intent)"
         )
-        if held is not None and held[0] == "JSON object" and ctype not in ("application/json", ""):
-            warnings.append("the body is a JSON object: send it with Content-Type: application/json")
-        elif held is not None and held[0] == "form" and ctype != "application/x-www-form-urlencoded":
-            warnings.append(
-                "the body is form-encoded: send it with Content-Type: application/x-www-form-urlencoded "
-                "(rules explain --form), or send JSON with Content-Type: application/json"
-            )
-        elif fallback == "no_named_field" and held is not None and held[0] == "form":
-            warnings.append(
-                "a form field is read by its whole name (fingerprint.body: [metadata[order_id]] reads "
-                "metadata[order_id]=…); if the API takes JSON, send JSON with Content-Type: application/json"
-            )
-        elif fallback == "no_named_field" and held is not None:
-            warnings.append(
-                "a name in fingerprint.body is a dotted path into the JSON: "
-                'article.title reads {"article": {"title": …}}'
-            )
+        warnings.append(
+            f"the fingerprint's named fields ({named}) cannot be read from this body ({declared}): {why}. {instead}"
+        )
+        hint = None if op.graphql else _hint(fallback, held, ctype)  # GraphQL: paths into the mutation's arguments
+        if hint:
+            warnings.append(hint)
     if missing := intent.get("missing"):
         warnings.append(
             f"named fields not in this body: {', '.join(missing)}; each counts as null, so the same request with "
