@@ -94,7 +94,7 @@ class Receipts:
                 rules = load_rules_path(opts.receipts_rules)
             except RulesError as e:
                 raise exceptions.OptionsError(f"receipts_rules: {e}") from None
-            self.rules, self.rules_sig = rules, sig
+            self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
         if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._store_config:
             self._open_store()
