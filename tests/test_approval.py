@@ -97,9 +97,9 @@ def test_a_resolution_from_the_cli_shows_in_mitmweb(tmp_path, confdir, upstream,
 
         def flow():
             return next((f for f in web.get(f"{base}/flows", timeout=5).json()
-                         if f.get("comment", "").startswith(f"receipt {operation_id}")), None)
+                         if f.get("comment", "").endswith(f"· receipt {operation_id}")), None)
 
-        settled = wait_for(lambda: (f := flow()) and f["comment"].endswith("· succeeded") and f,
+        settled = wait_for(lambda: (f := flow()) and f["comment"].startswith("succeeded · ") and f,
                            timeout=10, what="the flow's comment to follow the CLI's resolution")
         assert settled["marked"] == "✅"
 
@@ -125,7 +125,7 @@ def test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent(tmp_path, confd
         if edit == "put":  # and, once the watch has refreshed it (once a second), it still says it is held
             time.sleep(1.5)
             shown = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["id"] == flow["id"])
-            assert shown["comment"].startswith("AWAITING APPROVAL (resume to send, kill to deny): receipt ")
+            assert shown["comment"].startswith("AWAITING APPROVAL (resume to send, kill to deny) · test-api ")
             change = {"request": {"content": '{"amount": 1000000}'}}
             assert web.put(f"{base}/flows/{flow['id']}", json=change, timeout=5).status_code == 200
         else:

@@ -52,6 +52,7 @@ class Receipts:
     def __init__(self) -> None:
         self.rules: RuleSet | None = None
         self.rules_sig: tuple = ()
+        self.rules_problem: str | None = None  # a failed reload's first problem (file:line): flows say so (watch.py)
         self.installation: Installation | None = None
         self.calls: StoreThread | None = None
         self.gate: Gate | None = None
@@ -94,7 +95,7 @@ class Receipts:
                 rules = load_rules_path(opts.receipts_rules)
             except RulesError as e:
                 raise exceptions.OptionsError(f"receipts_rules: {e}") from None
-            self.rules, self.rules_sig = rules, sig
+            self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
         if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._store_config:
             self._open_store()
@@ -176,6 +177,8 @@ class Receipts:
             return
         req.stream = False  # the receipt must be committed before any byte leaves
         flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
+        if self.rules_problem:  # the rules on disk did not load: the last good ones decide this flow
+            flow.metadata[META]["rules_problem"] = self.rules_problem
         if m.refused:
             flow.metadata[META]["refused"] = m.refused  # its method override headers: 400 in `request`, never sent
         if m.pending:
@@ -231,13 +234,11 @@ class Receipts:
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "replay":
-            self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED from ")
+            self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED")
             logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
         elif decision.kind != "forward":
             blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
-            prefix = (
-                "BLOCKED reused Idempotency-Key of " if decision.kind == "key_conflict" else "BLOCKED duplicate of "
-            )
+            prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
             self._answer(flow, blocked, "blocked", receipt, prefix)
             logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
         else:
@@ -360,7 +361,7 @@ class Receipts:
             credentials=credentials_from(op.credential_headers, headers_of(flow.request)) if op is not None else None,
         )
         if receipt is None:
-            flow.comment = f"receipt {meta['operation_id']}: NOT RECORDED as {outcome.state}: the store refused it"
+            flow.comment = f"NOT RECORDED as {outcome.state}: the store refused it · receipt {meta['operation_id']}"
             return None
         meta["state"] = str(receipt.state)
         mark(flow, receipt.state, receipt)
