@@ -257,7 +257,7 @@ def test_the_readme_recipe_for_scripts_and_the_cli_both_decide_held_writes(tmp_p
                              timeout=30, env={**os.environ, "NO_PROXY": "*", "no_proxy": "*"})
         assert ran.returncode == 0, ran.stderr
         listed = ran.stdout.splitlines()[0]
-        assert listed.startswith(f"{flow['id']}  AWAITING APPROVAL (resume to send, kill to deny): receipt ")
+        assert listed.startswith(f"{flow['id']}  AWAITING APPROVAL (resume to send, kill to deny) · ")
         first.join(timeout=30)
         assert answers[10].status_code == 201 and upstream.commits(path) == 1
 
@@ -274,7 +274,7 @@ def test_the_readme_recipe_for_scripts_and_the_cli_both_decide_held_writes(tmp_p
 
         def shown():
             f = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["id"] == flow["id"])
-            return f if f["comment"].endswith("· succeeded (201)") else None
+            return f if f["comment"].startswith("succeeded (201) · ") else None
 
         f = wait_for(shown, timeout=10, what="mitmweb to show the approved write's outcome")
         assert not f["intercepted"] and f["marked"] == "✅"

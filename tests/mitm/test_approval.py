@@ -62,7 +62,7 @@ async def test_a_denial_from_the_cli_answers_403_with_the_note(setup):
     body = f.response.json()
     assert (body["error"], body["reason"], body["sent"]) == (
         "denied_by_operator", "denied by operator: amount too high", False)
-    assert f.marked == MARKERS["rejected"] and f.comment.endswith("· rejected (denied by operator: amount too high)")
+    assert f.marked == MARKERS["rejected"] and f.comment.startswith("rejected (denied by operator: amount too high) · ")
     r, d, events = receipt_and_decision(tmp, operation_id)
     assert (r.state, r.error, d.consumed_at is not None) == ("rejected", "denied by operator: amount too high", True)
     assert (events[-1].actor, events[-1].reason) == ("cli:bob", "denied by operator: amount too high")
