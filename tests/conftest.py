@@ -157,7 +157,9 @@ class Proxy:
         return self.confdir / "mitmproxy-ca-cert.pem"
 
 
-WEB_URL = re.compile(r"Web server listening at (http://127\.0\.0\.1:\d+/\?token=[0-9a-f]+)")
+# scripts/run's banner line with mitmweb's URL and the token it chose (mitmweb's own line then has none).
+WEB_URL = re.compile(r"^Web UI: (http://127\.0\.0\.1:\d+/\?token=[0-9a-f]+) ", re.M)
+WEB_LISTENING = "Web server listening at http://127.0.0.1:"
 
 
 class ScriptsRun:
@@ -210,8 +212,10 @@ class ScriptsRun:
         if self.proc.poll() is not None:
             if "Web server failed to listen" in text and "Address already in use" in text:
                 return True
+            if "error: RECEIPT_PROXY_WEB_PORT=" in text and "is taken" in text:  # scripts/run's own check
+                return True
             raise AssertionError(f"scripts/run exited with {self.proc.returncode}:\n{text}")
-        listening, web = LISTENING.search(text), WEB_URL.search(text)
+        listening, web = LISTENING.search(text), WEB_LISTENING in text and WEB_URL.search(text)
         if "receipt-proxy: ready" not in text or not listening or not (self.headless or web):
             return None
         self.proxy_url = f"http://127.0.0.1:{listening.group(1)}"
