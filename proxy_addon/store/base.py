@@ -87,6 +87,8 @@ class Backend(abc.ABC):
 
     dialect: ClassVar[Dialect]
     clock: Clock
+    path: str | None = None  # the SQLite file (None for a server's database)
+    reconnects: ClassVar[bool] = False  # whether a write that failed for a lost connection may be tried again
 
     @abc.abstractmethod
     def close(self) -> None: ...
