@@ -179,6 +179,7 @@ class PostgresStore(ReceiptStore):
                 f"cannot {what} the receipts database {self.location}: cannot connect: {_message(e)}"
             ) from e
         try:
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.lock_timeout * 1000)}ms",))
             row = conn.execute("SHOW synchronous_commit").fetchone()
             if row and row["synchronous_commit"] == "off":  # a commit must be durable before we forward
                 conn.execute("SET synchronous_commit TO on")
@@ -196,10 +197,8 @@ class PostgresStore(ReceiptStore):
         conn = self._connection(writing=True)
         self._writing = True
         try:
-            try:
-                conn.execute("BEGIN")
-                conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(self.lock_timeout * 1000)}ms",))
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            try:  # one round trip (lock_timeout is the session's, set on connecting)
+                conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})".encode())
             except psycopg.Error as e:
                 self._rollback(e)
                 raise self._failure(e) from e
