@@ -278,7 +278,9 @@ def _describe(report: dict[str, Any], op: Operation, intent: Intent) -> None:
         report["external_id"] = op.external_id if isinstance(op.external_id, str) else " + ".join(op.external_id)
     report["duplicates"] = _duplicates(op)
     if op.approve:
-        report["duplicates"].insert(0, "each write waits for an operator's approval in mitmweb before it is sent")
+        report["duplicates"].insert(
+            0, "each write waits for an operator's approval (mitmweb, receipts approve) before it is sent"
+        )
 
 
 def render(report: dict[str, Any]) -> str:

@@ -42,6 +42,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "load_rules_path": ("proxy_addon.rules.loader", "load_rules_path"),
     },
     "proxy_addon.store": {
+        "ApprovalDecision": ("proxy_addon.store.records", "ApprovalDecision"),
         "Attempt": ("proxy_addon.store.records", "Attempt"),
         "Backend": ("proxy_addon.store.base", "Backend"),
         "Clock": ("proxy_addon.store.records", "Clock"),
@@ -106,9 +107,9 @@ ALL = {
         "load_rules", "load_rules_path",
     ],
     "proxy_addon.store": [
-        "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "PostgresStore", "Receipt",
-        "ReceiptStore", "RecordedResponse", "SQLiteStore", "Store", "UniqueViolation", "is_postgres", "iso",
-        "new_operation_id", "open_store", "utcnow",
+        "ApprovalDecision", "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event",
+        "PostgresStore", "Receipt", "ReceiptStore", "RecordedResponse", "SQLiteStore", "Store", "UniqueViolation",
+        "is_postgres", "iso", "new_operation_id", "open_store", "utcnow",
     ],
     "proxy_addon.rules": [
         "AFTER_SUCCESS", "ALREADY_EXISTS", "CLASSIFIABLE", "KEYS", "METHODS", "TEMPLATE_VAR", "AfterSuccess", "Check",

@@ -34,7 +34,7 @@ from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
 from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body
-from proxy_addon.mitm.approval import await_approval
+from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
 from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view, response_of
 from proxy_addon.reconcile import retry_after
@@ -70,6 +70,7 @@ class Receipts:
         self._read_store: ReceiptStore | None = None
         self._listener: Listener | None = None  # PostgreSQL: LISTEN for receipts other proxies change
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
+        self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -169,6 +170,7 @@ class Receipts:
     async def done(self) -> None:
         if self._listener is not None:
             self._listener.stop()
+        self.approvals.close()
         if self._read_store is not None:
             self._read_store.close()
         if self._client is not None:
@@ -267,7 +269,9 @@ class Receipts:
         assert self.calls is not None
         meta["retry_of"] = receipt.retry_of
         if receipt.state is State.AWAITING_APPROVAL:
-            receipt = await await_approval(flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout)
+            receipt = await await_approval(
+                flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout, self.approvals
+            )
             if receipt.state is not State.SUBMITTED:
                 return
         forward.add_key(flow, op, receipt, given_key, body)

@@ -223,6 +223,28 @@ def m006_failed_reads(db: Schema) -> None:
 
 
 @migration
+def m007_approval_decisions(db: Schema) -> None:
+    # An operator's decision on a write held for approval, made from another process (`receipts
+    # approve` / `receipts deny`) for the proxy that holds the write to apply. One per receipt
+    # (the primary key): a receipt is decided once. Bound to the intent fingerprint the operator
+    # decided on; `consumed_at` is set in the transaction that moves the receipt on. Portable
+    # SQL: the same statement creates it in PostgreSQL (its foreign key deferrable there, for `prune`).
+    db.execute(
+        f"""
+        CREATE TABLE approval_decisions (
+            operation_id TEXT PRIMARY KEY REFERENCES receipts(operation_id){" DEFERRABLE" if db.postgres else ""},
+            intent_fingerprint TEXT NOT NULL,
+            decision TEXT NOT NULL CHECK (decision IN ('approved', 'denied')),
+            note TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            decided_at TEXT NOT NULL,
+            consumed_at TEXT
+        )
+        """
+    )
+
+
+@migration
 def m008_instance_leases(db: Schema) -> None:
     # Proxies on several machines cannot see each other's flock: on PostgreSQL each instance
     # holds a lease row it renews (a heartbeat), in the server's time, and a live instance
