@@ -3,7 +3,7 @@ The contract a receipts backend keeps, and the primitives it implements.
 
 The receipts logic is written once, over these primitives: `ReceiptReads` (reads.py) and
 `ReceiptStore` (receipts.py: decisions, transitions, retention, recovery). A backend
-subclasses ReceiptStore (sqlite.py: `SQLiteStore`) and provides:
+subclasses ReceiptStore (sqlite.py: `SQLiteStore`; postgres.py: `PostgresStore`) and provides:
 
     _write()                 a context manager: one serialized write transaction. It
                              commits when the block ends and rolls back on any exception,
