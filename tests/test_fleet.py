@@ -255,3 +255,39 @@ def test_a_proxy_with_another_key_refuses_to_join_the_fleet(pg_url, tmp_path, co
         assert "postgresql://postgres@127.0.0.1" in other.log()
     finally:
         first.stop()
+
+
+def test_mitmweb_on_postgresql_follows_a_resolution_from_the_cli(pg_url, tmp_path, confdir, upstream, bucket):
+    """scripts/run with RECEIPT_PROXY_DB=postgresql://…: the CLI settles a receipt in the shared store; the
+    flow in this instance's mitmweb follows within seconds (its marker and comment)."""
+    import subprocess
+    import sys
+
+    import requests
+
+    from tests.conftest import ScriptsRun
+    from tests.test_approval import operator
+
+    path = f"/api/{bucket}/plain"
+    run = ScriptsRun(tmp_path, confdir, log=tmp_path / "mitmweb.log", env={"RECEIPT_PROXY_DB": pg_url}).start()
+    try:
+        assert "receipts in postgresql://postgres@127.0.0.1" in run.log()
+        web, base = operator(run.web_url)
+        upstream.plan(path, "drop")
+        first = requests.post(upstream.url + path, json={"title": "settle me"}, timeout=30,
+                              proxies={"http": run.proxy_url, "https": run.proxy_url})
+        assert first.status_code == 502
+        operation_id = first.headers["x-receipt-id"]
+        subprocess.run([sys.executable, "-m", "proxy_addon.cli", "--db", pg_url, "resolve", operation_id,
+                        "--as", "succeeded", "--note", "checked the dashboard"],
+                       check=True, capture_output=True, timeout=30, cwd=Path(__file__).resolve().parents[1])
+
+        def flow():
+            return next((f for f in web.get(f"{base}/flows", timeout=5).json()
+                         if f.get("comment", "").startswith(f"receipt {operation_id}")), None)
+
+        settled = wait_for(lambda: (f := flow()) and f["comment"].endswith("· succeeded") and f,
+                           timeout=10, what="the flow's comment to follow the CLI's resolution")
+        assert settled["marked"] == "✅"
+    finally:
+        run.stop()
