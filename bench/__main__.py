@@ -69,6 +69,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "to compare the addon with itself under an option, e.g. --compare-set receipts_forward=mitmproxy")
     p.add_argument("--addon-set", action="append", default=[], metavar="NAME=VALUE",
                    help="an extra --set for the addon's mitmdump (repeatable), e.g. receipts_forward=mitmproxy")
+    p.add_argument("--postgres", action="store_true",
+                   help="also measure the addon on PostgreSQL (a throwaway PostgreSQL 15 started from Debian's binaries "
+                        "with fsync on, or RECEIPTS_TEST_PG) as the 'compare' path, and the 64-client throughput of 1 "
+                        "and 2 PostgreSQL instances behind HAProxy (TCP mode, docs/fleet/haproxy.cfg)")
     p.add_argument("--workdir", default=None, help="where the temporary folder goes (default: the system's temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, databases)")
     p.add_argument("--write-docs", action="store_true",
@@ -164,9 +168,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class _Stoppable:
+    def __init__(self, stop) -> None:
+        self.stop = stop
+
+
+def start_postgres(work: Path, running: list, log):
+    """A PostgreSQL for the bench (fsync on, as a real one), stopped with the other processes; its URL."""
+    from tests import pg
+
+    reason = pg.unavailable()
+    if reason:
+        raise SystemExit(f"--postgres: {reason}")
+    cluster = pg.Cluster.find(fsync=True)
+    running.append(_Stoppable(cluster.destroy))
+    log(f"postgres: {'RECEIPTS_TEST_PG' if not cluster.ours else 'a throwaway PostgreSQL (fsync on)'}")
+    return cluster
+
+
+def pg_addon(name: str, work: Path, a: argparse.Namespace, rules: Path, url: str) -> procs.Process:
+    return procs.mitmdump(name, work, Path(a.addon).resolve(), "receipt-proxy: ready", [
+        "--set", f"receipts_db={url}", "--set", f"receipts_rules={rules}",
+        "--set", f"receipts_secret={work / 'pg-secret.key'}", *[x for kv in a.addon_set for x in ("--set", kv)]])
+
+
 def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
     rules = work / "rules.yaml"
     rules.write_text(RULES)
+    pg_url = start_postgres(work, running, log).new_schema() if a.postgres else None
     up, up_port = procs.upstream(work)
     here = Path(__file__).resolve().parent
     proxies = {
@@ -174,6 +203,7 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
         "addon": procs.mitmdump("addon", work, Path(a.addon).resolve(), "receipt-proxy: ready", [
             "--set", f"receipts_db={work / 'receipts.db'}", "--set", f"receipts_rules={rules}",
             *[x for kv in a.addon_set for x in ("--set", kv)]]),
+        **({"compare": pg_addon("compare", work, a, rules, pg_url)} if pg_url else {}),
         **({"compare": procs.mitmdump("compare", work, Path(a.compare_addon or a.addon).resolve(), "receipt-proxy: ready", [
             "--set", f"receipts_db={work / 'compare' / 'receipts.db'}", "--set", f"receipts_rules={rules}",
             *[x for kv in a.addon_set + a.compare_set for x in ("--set", kv)]])} if a.compare_addon or a.compare_set else {}),
@@ -229,11 +259,81 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
             name: (report.cpu_seconds(pids[name]) - cpu0[name]) * 1000 / total for name in cpu0}
         for p, s in out["concurrent"].items():
             log(f"  {p:<9} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
+    if pg_url and a.concurrency:
+        out["fleet"] = run_fleet(a, work, running, log, rules, pg_url, hb, proxies)
     stats = hb.upstream_stats()
     hb.checks.append(f"the upstream saw {stats.get('expect', 0)} requests with an Expect header, "
                      f"out of {sum(v for k, v in stats.items() if k.startswith('path:'))}")
     out["checks"] = hb.checks
     return out
+
+
+def postgres_cpu_seconds() -> float:
+    """CPU time of every process of the bench's PostgreSQL (run as the postgres user, or receipts-pg)."""
+    import pwd
+
+    uids = set()
+    for name in ("postgres", "receipts-pg"):
+        try:
+            uids.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            pass
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if d.stat().st_uid in uids:
+                    total += report.cpu_seconds(int(d.name))
+            except (OSError, ValueError):
+                pass
+    return total
+
+
+def run_fleet(a, work: Path, running: list, log, rules: Path, pg_url: str, hb: HttpBench, proxies: dict) -> dict:
+    """64 concurrent clients through HAProxy (TCP) in front of 1, then 2, addon instances on one PostgreSQL."""
+    haproxy = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+    if haproxy is None:
+        log("fleet: skipped, haproxy is not installed (apt-get install haproxy)")
+        return {"skipped": "haproxy is not installed"}
+    proxies["compare"].stop()  # free the CPU: the fleet's instances replace it
+    instances = [pg_addon(f"pg{i}", work, a, rules, pg_url) for i in (1, 2)]
+    for p in instances:
+        running.append(p.start())
+    for p in instances:
+        p.wait_ready()
+    fronts = {}
+    for n, name in ((1, "addon"), (2, "compare")):
+        port = procs.free_port()
+        servers = "".join(f"    server pg{i} 127.0.0.1:{p.port}\n" for i, p in enumerate(instances[:n], 1))
+        cfg = work / f"haproxy-{n}.cfg"
+        cfg.write_text("defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 330s\n"
+                       f"    timeout server 330s\nfrontend f\n    bind 127.0.0.1:{port}\n    default_backend b\n"
+                       f"backend b\n    balance leastconn\n{servers}")
+        ha = procs.Process(f"haproxy-{n}", [haproxy, "-db", "-f", str(cfg)], work / f"haproxy-{n}.log", "", port)
+        running.append(ha.start())
+        ha.wait_ready()
+        fronts[name] = f"http://127.0.0.1:{port}"
+    paths = {"direct": hb.paths["direct"], "baseline": hb.paths["baseline"],
+             "addon": BenchPath("addon", fronts["addon"]), "compare": BenchPath("compare", fronts["compare"])}
+    fleet = HttpBench(hb.upstream, paths, run_id=f"{hb.run_id}-fleet", log=log)
+    pids = {"baseline": proxies["baseline"].proc.pid, "pg1": instances[0].proc.pid, "pg2": instances[1].proc.pid}
+    log(f"fleet: {a.concurrency} concurrent httpx clients through HAProxy (TCP) to 1 and to 2 addon instances "
+        "on one PostgreSQL")
+    cpu0 = {k: report.cpu_seconds(v) for k, v in pids.items()}
+    pg0 = postgres_cpu_seconds()
+    stats = fleet.concurrent(a.concurrency, a.per_client, a.rounds)
+    total = a.concurrency * a.per_client * (a.rounds + 1)
+    # bare mitmdump served one path; the two instances served both HAProxy paths (2 × total requests)
+    cpu = {k: (report.cpu_seconds(v) - cpu0[k]) * 1000 / (total if k == "baseline" else 2 * total)
+           for k, v in pids.items()}
+    pg_ms = (postgres_cpu_seconds() - pg0) * 1000 / (2 * total)  # both HAProxy paths wrote receipts
+    names = {"direct": "direct", "baseline": "bare mitmdump", "addon": "HAProxy → 1 instance",
+             "compare": "HAProxy → 2 instances"}
+    for p, s in stats.items():
+        log(f"  {names[p]:<22} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
+    log(f"  CPU ms per request: bare mitmdump {cpu['baseline']:.2f}; the addon instances together "
+        f"{(cpu['pg1'] + cpu['pg2']):.2f} (pg1 {cpu['pg1']:.2f}, pg2 {cpu['pg2']:.2f}); PostgreSQL {pg_ms:.2f}")
+    return {"concurrent": stats, "cpu_ms_per_request": cpu, "postgres_cpu_ms_per_receipt": pg_ms}
 
 
 if __name__ == "__main__":

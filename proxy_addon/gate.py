@@ -44,6 +44,7 @@ Nothing here imports mitmproxy: the tests drive the gate directly.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -53,28 +54,31 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from proxy_addon.classify import Outcome
-from proxy_addon.errors import IllegalTransition, StoreError
+from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable
 from proxy_addon.reads import ReadSettings
 from proxy_addon.reconcile import reconcilable_now, reconcile
 from proxy_addon.rules import Operation, PathTemplate
 from proxy_addon.states import State
-from proxy_addon.store import Attempt, Decision, Receipt, Store
+from proxy_addon.store import Attempt, Decision, Receipt, ReceiptStore
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+RECORD_RETRY = 10.0  # seconds an outcome's write is retried after a lost connection (PostgreSQL)
+REMOTE_POLL = 5.0  # seconds between two reads of another process's receipt while LISTEN/NOTIFY wakes us
 
 
 class StoreThread:
     """One store on a thread of its own: calls run there one at a time, and the event loop never waits on SQLite."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: ReceiptStore):
         self.store = store
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="receipts-store")
 
-    async def __call__(self, fn: Callable[[Store], T]) -> T:
+    async def __call__(self, fn: Callable[[ReceiptStore], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self.store)
 
-    def wait(self, fn: Callable[[Store], T], timeout: float | None = None) -> T:
+    def wait(self, fn: Callable[[ReceiptStore], T], timeout: float | None = None) -> T:
         """Run a call from outside the event loop (or before it runs) and wait for its result."""
         return self._executor.submit(fn, self.store).result(timeout=timeout)
 
@@ -118,6 +122,10 @@ class Gate:
         self._reconciles: dict[str, asyncio.Task[Receipt | None]] = {}  # receipt id → the read in progress
         self._slots: asyncio.Semaphore | None = None  # at most reads_max reads at once (_read_slot)
         self._slots_max = 0
+        self._remote: dict[str, asyncio.Event] = {}  # receipt id → set when another process changed it (wake)
+        self._waiters: collections.Counter[str] = collections.Counter()  # receipt id → duplicates waiting on it
+        # Whether a listener (PostgreSQL's LISTEN) is calling `wake` now: polling then only backs it up.
+        self.listening: Callable[[], bool] = lambda: False
 
     def _now(self) -> Any:
         return self.calls.store.clock()
@@ -136,8 +144,8 @@ class Gate:
         """Decide what to do with a matched write; StoreError when the store cannot decide (do not forward)."""
         built: list[Attempt] = []
 
-        def decide(final: bool) -> Callable[[Store], Decision]:
-            def run(store: Store) -> Decision:
+        def decide(final: bool) -> Callable[[ReceiptStore], Decision]:
+            def run(store: ReceiptStore) -> Decision:
                 if not built:  # built once, on the store's thread (fingerprinting a large body)
                     built.append(attempt() if callable(attempt) else attempt)
                 # Only the answer a duplicate finally gets is recorded.
@@ -178,16 +186,7 @@ class Gate:
         (the answer says the effect may exist) is reconciled at once with the request's credentials.
         """
         try:
-            receipt = await self.calls(
-                lambda s: s.transition(
-                    operation_id,
-                    outcome.state,
-                    reason=outcome.reason,
-                    expect=[State.SUBMITTED],
-                    flow_id=flow_id,
-                    **outcome.fields(),
-                )
-            )
+            receipt = await self._record(operation_id, outcome, flow_id)
         except StoreError as e:
             logger.error(
                 "receipt %s: could not record %s (%s): %s; it stays submitted and becomes "
@@ -224,11 +223,54 @@ class Gate:
             receipt = settled if settled is not None else await self.calls(lambda s: s.get(operation_id))
         return receipt
 
+    async def _record(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt:
+        """
+        The outcome's transition. On a store that reconnects (PostgreSQL), a write that failed
+        for want of the database (a lost connection) is tried again for up to RECORD_RETRY
+        seconds; a retry that finds the outcome already recorded (the lost answer was to a
+        commit that happened) takes it. Failing that, the receipt stays submitted, and the
+        lease's expiry, or a restart, makes it outcome_unknown.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (RECORD_RETRY if getattr(self.calls.store, "reconnects", False) else 0)
+        delay, retried = 0.1, False
+        while True:
+            try:
+                return await self.calls(
+                    lambda s: s.transition(
+                        operation_id,
+                        outcome.state,
+                        reason=outcome.reason,
+                        expect=[State.SUBMITTED],
+                        flow_id=flow_id,
+                        **outcome.fields(),
+                    )
+                )
+            except IllegalTransition:
+                if retried:
+                    receipt = await self.calls(lambda s: s.get(operation_id))
+                    if receipt.state is outcome.state:
+                        return receipt
+                raise
+            except StoreUnavailable as e:
+                if loop.time() + delay > deadline:
+                    raise
+                logger.warning("receipt %s: recording %s failed (%s); trying again", operation_id, outcome.state, e)
+                await asyncio.sleep(delay)
+                delay, retried = min(delay * 2, 1.0), True
+
+    def wake(self, operation_id: str) -> None:
+        """Another process changed this receipt (PostgreSQL's NOTIFY): its waiting duplicates look again."""
+        event = self._remote.pop(operation_id, None)
+        if event is not None:
+            event.set()
+
     async def wait_for_outcome(self, operation_id: str, timeout: float) -> None:
         """
         Wait, without holding a thread, until a submitted receipt has an outcome or `timeout`
-        passes: on this process's own event, or by polling the store when another proxy
-        process sent the original.
+        passes: on this process's own event, or, when another proxy process sent the original,
+        until `wake` says it changed (LISTEN/NOTIFY on PostgreSQL), backed by polling the store
+        (every REMOTE_POLL seconds while a listener is connected, else every 0.2 s).
         """
         event = self._outcomes.get(operation_id)
         if event is not None:
@@ -237,11 +279,21 @@ class Gate:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
-            receipt = await self.calls(lambda s: s.get(operation_id))
-            if receipt.state is not State.SUBMITTED:
-                return
+        self._waiters[operation_id] += 1
+        try:
+            while loop.time() < deadline:
+                woken = self._remote.setdefault(operation_id, asyncio.Event())  # before the read: no wake is missed
+                poll = REMOTE_POLL if self.listening() else 0.2
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), min(poll, max(0.0, deadline - loop.time())))
+                receipt = await self.calls(lambda s: s.get(operation_id))
+                if receipt.state is not State.SUBMITTED:
+                    return
+        finally:
+            self._waiters[operation_id] -= 1
+            if not self._waiters[operation_id]:
+                del self._waiters[operation_id]
+                self._remote.pop(operation_id, None)
 
     def reads_in_progress(self) -> int:
         """

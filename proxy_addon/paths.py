@@ -34,5 +34,14 @@ def default_rules() -> str:
 
 
 def key_path(db: str | Path, secret: str | None = None) -> Path:
-    """The HMAC key: `secret` if given, else secret.key beside the database."""
-    return Path(secret).expanduser() if secret else Path(db).expanduser().parent / KEY_NAME
+    """
+    The HMAC key: `secret` if given, else secret.key beside the SQLite database, or for a
+    PostgreSQL database in $RECEIPT_PROXY_STATE_DIR, else in ~/.local/state/receipt-proxy.
+    """
+    if secret:
+        return Path(secret).expanduser()
+    from proxy_addon.store.postgres import is_postgres  # paths.py is imported before the store
+
+    if is_postgres(db):
+        return Path(os.environ.get("RECEIPT_PROXY_STATE_DIR") or STATE_DIR).expanduser() / KEY_NAME
+    return Path(db).expanduser().parent / KEY_NAME

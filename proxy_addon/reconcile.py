@@ -51,11 +51,11 @@ from proxy_addon.judge import Verdict, absent, failed, judge, unreadable
 from proxy_addon.reads import ReadSettings, describe, perform_read, plan_read
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, Store, iso
+from proxy_addon.store import Receipt, ReceiptStore, iso
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-StoreCalls = Callable[[Callable[[Store], T]], Awaitable[T]]  # runs a function of the store where the store lives
+StoreCalls = Callable[[Callable[[ReceiptStore], T]], Awaitable[T]]  # runs a function of the store where the store lives
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ async def reconcile(
     return Reconciled(done, verdict)
 
 
-def _claim(store: Store, operation_id: str, actor: str, reason: str) -> tuple[Receipt, State | None]:
+def _claim(store: ReceiptStore, operation_id: str, actor: str, reason: str) -> tuple[Receipt, State | None]:
     """Claim the receipt; with the state it was claimed from (the claim's own event, the newest to reconciling)."""
     claimed = store.claim_for_reconcile(operation_id, actor=actor, reason=reason)
     claims = [e for e in store.events(operation_id) if e.event == "transition" and e.to_state is State.RECONCILING]
@@ -266,7 +266,7 @@ async def _finish(
 ) -> tuple[Receipt, Verdict]:
     """Record the verdict (a failed read as `after_failed_read` says); the receipt after it, and the verdict."""
 
-    def record(store: Store) -> tuple[Receipt, Verdict]:
+    def record(store: ReceiptStore) -> tuple[Receipt, Verdict]:
         v = verdict
         fields: dict[str, Any] = {"external_id": v.external_id} if v.external_id else {}
         if v.failed:

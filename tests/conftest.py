@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import pg
 from tests.upstream import Upstream, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -374,6 +375,35 @@ def bucket() -> str:
     return f"b{uuid.uuid4().hex[:12]}"
 
 
+# --- PostgreSQL (tests/pg.py): one throwaway server per session, a fresh schema per test ---
+
+PG_SKIPPED: list[str] = []  # why the PostgreSQL tests skipped (said once more at the end of the run)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(tmp_path_factory):
+    """A PostgreSQL server: RECEIPTS_TEST_PG's, else one started from Debian's binaries; skips when neither."""
+    reason = pg.unavailable()
+    if reason:
+        if not PG_SKIPPED:
+            PG_SKIPPED.append(reason)
+        pytest.skip(f"PostgreSQL tests skipped: {reason}")
+    cluster = pg.Cluster.find()
+    try:
+        yield cluster
+    finally:
+        # For the marker secrets sweep (it reads *.db* files under the base temp dir): every row the tests wrote.
+        with contextlib.suppress(Exception):
+            (tmp_path_factory.getbasetemp() / "postgresql-rows.db").write_bytes(cluster.dump())
+        cluster.destroy()
+
+
+@pytest.fixture
+def pg_url(pg_cluster) -> str:
+    """A database URL of this test's own (a fresh schema on the session's PostgreSQL)."""
+    return pg_cluster.new_schema()
+
+
 # --- no marker secret in any receipts DB, WAL or proxy log: checked once, after the last test ---
 
 STARTED: list[Proxy] = []         # every Proxy this run started (Proxy.start)
@@ -424,7 +454,8 @@ def no_marker_secret_anywhere(tmp_path_factory):
     yield
     dbs, logs = receipts_files(tmp_path_factory.getbasetemp())
     for proxy in STARTED:  # the run's proxies, even one with its DB outside the base temp directory
-        dbs |= {f for f in (proxy.db, *(Path(f"{proxy.db}{x}") for x in ("-wal", "-shm", "-journal"))) if f.is_file()}
+        dbs |= {f for f in (Path(proxy.db), *(Path(f"{proxy.db}{x}") for x in ("-wal", "-shm", "-journal")))
+                if f.is_file()}
         logs.add(proxy.log_path)
     problems = marker_secrets_in(dbs | logs)
     if RECORDED_TOKEN:
@@ -440,6 +471,8 @@ def no_marker_secret_anywhere(tmp_path_factory):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if PG_SKIPPED:
+        terminalreporter.write_line(f"PostgreSQL tests skipped: {PG_SKIPPED[0]}", yellow=True, bold=True)
     if not SWEEP:
         return
     if SWEEP["problems"]:

@@ -143,3 +143,57 @@ def test_read_only_database_files(tmp_path, confdir, upstream, bucket):
         subprocess.run(["chattr", "-i", *map(str, files)], capture_output=True)
         proxy.stop()
     assert "read-only" not in {r.intent["body"]["title"] for r in receipts(proxy.db, bucket)[0]}
+
+
+@pytest.mark.parametrize(
+    "point, extra, fault, commits",
+    [
+        ("after_commit", ("--set", "receipts_debug_pause=after_commit:30"), None, 0),
+        ("upstream_holds", (), "hang", 1),
+        ("after_answer", ("--set", "receipts_debug_pause=after_answer:30"), None, 1),
+    ],
+    ids=["after-the-receipt-commit", "while-the-upstream-holds-the-write", "after-the-answer-before-the-update"],
+)
+def test_sigkill_then_restart_on_postgresql(point, extra, fault, commits, pg_url, tmp_path, confdir, upstream,
+                                            bucket):
+    """The same three kills on a PostgreSQL store: the restarted proxy recovers the receipt once the
+    killed instance's lease (2 s here) has expired, naming it; a duplicate is blocked; one write at most."""
+    from proxy_addon.store import open_store
+
+    def pg_receipts():
+        store = open_store(pg_url, create=False)
+        try:
+            return [r for r in store.list(limit=None) if bucket in r.target]
+        finally:
+            store.close()
+
+    lease = ("--set", "receipts_lease=2", "--set", "receipts_heartbeat=1", "--set", f"receipts_secret={tmp_path}/k")
+    proxy = Proxy(tmp_path, confdir, db=pg_url, extra=(*extra, *lease)).start()
+    path = f"/api/{bucket}/plain"
+    if fault:
+        upstream.plan(path, fault)
+    t = threading.Thread(target=lambda: Clients(proxy).send("requests", "POST", upstream.url + path,
+                                                            {"title": point}, timeout=20))
+    t.start()
+    if point == "upstream_holds":
+        wait_for(lambda: upstream.seen(path) == 1, what="the upstream to hold the write")
+    else:
+        wait_for(lambda: f"pausing at {point}" in proxy.log(), what=f"the proxy to pause at {point}")
+    [before] = pg_receipts()
+    assert before.state == "submitted"
+    proxy.stop(signal.SIGKILL)
+    t.join(timeout=25)
+
+    restarted = Proxy(tmp_path, confdir, db=pg_url, extra=lease).start()
+    try:
+        after = wait_for(lambda: [r for r in pg_receipts() if r.state != "submitted"], timeout=2 + 5,
+                         interval=0.2, what="the receipt to be recovered")
+        assert [r.operation_id for r in after] == [before.operation_id]  # nothing lost
+        assert after[0].state == "outcome_unknown"
+        assert before.instance in after[0].error and "lease expired" in after[0].error
+        dup = Clients(restarted).send("curl", "POST", upstream.url + path, {"title": point})
+        assert (dup.status, dup.json()["operation_id"]) == (409, before.operation_id)
+        assert upstream.commits(path) == commits
+        assert upstream.seen(path) == commits  # never a second write
+    finally:
+        restarted.stop()

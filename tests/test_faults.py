@@ -467,7 +467,30 @@ def events(store, operation_id: str) -> list[tuple[str, str | None, str]]:
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.id for f in FAULTS])
 def test_fault_matrix(fault: Fault, client: str, proxy, clients: Clients, fault_upstream, untrusted_upstream, bucket):
-    from proxy_addon.store import Store
+    cell(fault, client, proxy, clients, fault_upstream, untrusted_upstream, bucket)
+
+
+@pytest.fixture(scope="module")
+def pg_proxy(pg_cluster, tmp_path_factory, confdir, tls_upstream):
+    """A proxy on PostgreSQL (a schema of this module's own on the session's server)."""
+    from tests.conftest import Proxy
+
+    d = tmp_path_factory.mktemp("pg-proxy")
+    p = Proxy(d, confdir, db=pg_cluster.new_schema(), upstream_ca=tls_upstream.cert_path,
+              extra=("--set", f"receipts_secret={d / 'secret.key'}"))
+    p.start()
+    yield p
+    p.stop()
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.id for f in FAULTS])
+def test_fault_matrix_on_postgresql(fault: Fault, pg_proxy, fault_upstream, untrusted_upstream, bucket):
+    """Every fault once more, with one client, on a proxy whose receipts live in PostgreSQL."""
+    cell(fault, "requests", pg_proxy, Clients(pg_proxy), fault_upstream, untrusted_upstream, bucket)
+
+
+def cell(fault: Fault, client: str, proxy, clients: Clients, fault_upstream, untrusted_upstream, bucket) -> None:
+    from proxy_addon.store import open_store as open_store
 
     if fault.id == "connection-refused":
         base, up = f"http://127.0.0.1:{free_port()}", None
@@ -488,7 +511,7 @@ def test_fault_matrix(fault: Fault, client: str, proxy, clients: Clients, fault_
         assert first.headers["x-receipt-id"]
 
     def settled():
-        store = Store.open(proxy.db, create=False)
+        store = open_store(proxy.db, create=False)
         try:
             rs = [r for r in store.list(limit=None) if bucket in r.target]
             return rs if rs and all(r.state != "submitted" for r in rs) else None
@@ -502,7 +525,7 @@ def test_fault_matrix(fault: Fault, client: str, proxy, clients: Clients, fault_
 
     retry = clients.send(client, "POST", base + path, {"title": fault.id}, timeout=10.0)
     assert retry.status == fault.retry_status, retry
-    store = Store.open(proxy.db, create=False)
+    store = open_store(proxy.db, create=False)
     try:
         receipts = sorted((r for r in store.list(limit=None) if bucket in r.target), key=lambda r: r.submitted_at)
         first_events = events(store, receipt.operation_id)

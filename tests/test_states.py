@@ -18,7 +18,7 @@ import pytest
 
 from proxy_addon.errors import IllegalTransition, StoreError
 from proxy_addon.states import RETRYABLE, TRANSITIONS, UNRESOLVED, State, is_legal, sources_of
-from proxy_addon.store import Attempt, Store, iso
+from proxy_addon.store import Attempt, Store, iso, open_store
 from tests.conftest import T0, FakeClock
 
 
@@ -51,9 +51,11 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def store(tmp_path, clock):
-    s = Store.open(tmp_path / "receipts.db", clock=clock)
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path, clock):
+    """On each backend: one transition table, the same guards."""
+    db = request.getfixturevalue("pg_url") if request.param == "postgres" else tmp_path / "receipts.db"
+    s = open_store(db, clock=clock)
     yield s
     s.close()
 
@@ -81,7 +83,7 @@ def receipt_in(store: Store, clock: FakeClock, state: State) -> str:
 
 
 def event_count(store: Store) -> int:
-    return store.conn.execute("SELECT count(*) FROM receipt_events").fetchone()[0]
+    return store._rows("SELECT count(*) AS n FROM receipt_events")[0]["n"]
 
 
 # --- the table itself --------------------------------------------------------------------
@@ -188,4 +190,5 @@ def test_illegal_transition_raises_and_changes_nothing(store, clock, source, tar
     assert store.get(op).state is source
     assert store.events(op) == before_events
     assert event_count(store) == total_events
-    assert not store.conn.in_transaction  # the failed write was rolled back, not left open
+    # the failed write was rolled back, not left open
+    assert not (store.conn.in_transaction if isinstance(store, Store) else store.conn.info.transaction_status)

@@ -1,6 +1,10 @@
 """
 The receipts store: opening, begin_attempt decisions, transitions, append-only history,
 recovery, concurrency (threads and processes), and failing closed when it cannot write.
+
+Every test that takes `store` or `db` runs on both backends: SQLite, and PostgreSQL (a fresh
+schema on the session's throwaway server, tests/pg.py; skipped with one line when there is
+none). The tests of SQLite's own files, pragmas and locks take `db_path` and stay SQLite's.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pytest
 
 from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable, UnknownReceipt
 from proxy_addon.states import UNRESOLVED, State
-from proxy_addon.store import Attempt, RecordedResponse, Store, iso
+from proxy_addon.store import Attempt, RecordedResponse, Store, iso, open_store
 from tests.conftest import T0, FakeClock
 
 JOIN_TIMEOUT = 15.0
@@ -40,11 +44,34 @@ def db_path(tmp_path) -> Path:
     return tmp_path / "receipts.db"
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path) -> str:
+    """The receipts database of one test, on each backend: a SQLite file, or a PostgreSQL URL."""
+    if request.param == "postgres":
+        return request.getfixturevalue("pg_url")
+    return str(tmp_path / "receipts.db")
+
+
 @pytest.fixture
-def store(db_path, clock):
-    s = Store.open(db_path, clock=clock)
+def store(db, clock):
+    s = open_store(db, clock=clock)
     yield s
     s.close()
+
+
+def sql(store, statement: str, params=()):
+    """Run raw SQL on a store's own connection, as a tool outside the proxy would (`?` placeholders)."""
+    return store._rows(statement, params) if statement.lstrip().upper().startswith("SELECT") \
+        else store._execute(statement, params)
+
+
+def in_transaction(store) -> bool:
+    conn = store.conn
+    if isinstance(store, Store):
+        return conn.in_transaction
+    import psycopg
+
+    return conn is not None and not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
 def attempt(fp: str = "fp-1", *, flow_id: str | None = "flow-1", instance: str | None = "inst-1",
@@ -66,12 +93,12 @@ RESPONSE = RecordedResponse(
 )
 
 
-def n_receipts(store: Store) -> int:
-    return store.conn.execute("SELECT count(*) FROM receipts").fetchone()[0]
+def n_receipts(store) -> int:
+    return sql(store, "SELECT count(*) AS n FROM receipts")[0]["n"]
 
 
-def n_events(store: Store) -> int:
-    return store.conn.execute("SELECT count(*) FROM receipt_events").fetchone()[0]
+def n_events(store) -> int:
+    return sql(store, "SELECT count(*) AS n FROM receipt_events")[0]["n"]
 
 
 def forward(store: Store, fp: str = "fp-1", **kw) -> str:
@@ -140,7 +167,7 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m003_awaiting_approval_is_unresolved"),
         ("receipt-proxy", "m004_when_an_idempotency_key_was_first_sent"),
         ("receipt-proxy", "m005_raw_target"), ("receipt-proxy", "m006_failed_reads"),
-        ("receipt-proxy", "m007_approval_decisions")]
+        ("receipt-proxy", "m007_approval_decisions"), ("receipt-proxy", "m008_instance_leases")]
     forward(s)
     s.close()
 
@@ -154,12 +181,15 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
 
 
 def test_schema_unique_index_covers_exactly_unresolved(store):
-    sql = store.conn.execute(
-        "SELECT sql FROM sqlite_master WHERE name = 'receipts_one_unresolved_per_fingerprint'"
-    ).fetchone()[0]
-    assert "UNIQUE" in sql
+    if isinstance(store, Store):
+        text = sql(store, "SELECT sql FROM sqlite_master WHERE name = 'receipts_one_unresolved_per_fingerprint'")
+        index = text[0]["sql"]
+    else:
+        index = sql(store, "SELECT indexdef FROM pg_indexes WHERE indexname = "
+                           "'receipts_one_unresolved_per_fingerprint' AND schemaname = current_schema()")[0]["indexdef"]
+    assert "UNIQUE" in index
     for s in State:
-        assert (f"'{s}'" in sql) == (s in UNRESOLVED), s
+        assert (f"'{s}'" in index) == (s in UNRESOLVED), s
 
 
 def test_open_without_create_refuses_missing_file(tmp_path):
@@ -381,9 +411,9 @@ def test_different_fingerprints_never_interact(store, clock):
 # --- transition ----------------------------------------------------------------------------
 
 
-def test_expect_guard_lost_race_from_submitted(db_path, clock):
-    s1 = Store.open(db_path, clock=clock)
-    s2 = Store.open(db_path, clock=clock)  # another connection, as another thread/process would use
+def test_expect_guard_lost_race_from_submitted(db, clock):
+    s1 = open_store(db, clock=clock)
+    s2 = open_store(db, clock=clock)  # another connection, as another thread/process would use
     try:
         op = forward(s1)
         s1.transition(op, State.SUCCEEDED, reason="HTTP 201", expect=[State.SUBMITTED])
@@ -437,7 +467,7 @@ def test_unknown_receipt(store):
         store.get("nope")
     assert issubclass(UnknownReceipt, LookupError)
     assert n_events(store) == n
-    assert not store.conn.in_transaction
+    assert not in_transaction(store)
 
 
 def test_unknown_field_is_a_type_error(store):
@@ -460,14 +490,14 @@ def test_unknown_field_is_a_type_error(store):
     ],
     ids=["json-with-repeated-headers", "empty", "binary-truncated"],
 )
-def test_response_round_trips(db_path, clock, response):
-    s = Store.open(db_path, clock=clock)
+def test_response_round_trips(db, clock, response):
+    s = open_store(db, clock=clock)
     op = forward(s)
     r = s.transition(op, State.SUCCEEDED, reason="HTTP", http_status=response.status,
                      external_id="ext-42", response=response)
     assert r.response == response
     s.close()
-    s2 = Store.open(db_path, clock=clock)  # from disk, through a fresh connection
+    s2 = open_store(db, clock=clock)  # from disk, through a fresh connection
     try:
         got = s2.get(op).response
         assert got == response
@@ -505,7 +535,7 @@ def test_explicit_completed_at_wins(store, clock):
 
 
 @pytest.mark.parametrize(
-    "sql",
+    "statement",
     [
         "UPDATE receipt_events SET reason = 'rewritten'",
         "UPDATE receipt_events SET to_state = 'succeeded' WHERE id = 1",
@@ -514,19 +544,19 @@ def test_explicit_completed_at_wins(store, clock):
     ],
     ids=["update-all", "update-one", "delete-all", "delete-one"],
 )
-def test_receipt_events_is_append_only(store, sql):
+def test_receipt_events_is_append_only(store, statement):
     op = forward(store)
     store.transition(op, State.SUCCEEDED, reason="ok")
     before = store.events(op)
-    with pytest.raises(sqlite3.Error, match="append-only"):
-        store.conn.execute(sql)
+    with pytest.raises(StoreError, match="append-only"), store._write():
+        globals()["sql"](store, statement)
     assert store.events(op) == before
     assert len(before) == 2
 
 
 def test_unknown_stored_state_is_a_store_error(store):
     op = forward(store)
-    store.conn.execute("UPDATE receipts SET state = 'bogus' WHERE operation_id = ?", (op,))
+    sql(store, "UPDATE receipts SET state = 'bogus' WHERE operation_id = ?", (op,))
     with pytest.raises(StoreError, match=f"receipt {op} has unknown state 'bogus'") as info:
         store.get(op)
     assert not isinstance(info.value, UnknownReceipt)
@@ -537,7 +567,7 @@ def test_unknown_stored_state_is_a_store_error(store):
     with pytest.raises(StoreError, match="bogus"):
         store.begin_attempt(attempt())
     assert (n_receipts(store), n_events(store)) == (n, e)
-    assert not store.conn.in_transaction
+    assert not in_transaction(store)
 
 
 # --- reads ---------------------------------------------------------------------------------
@@ -602,8 +632,8 @@ def test_recover_in_flight(store, clock):
 # --- concurrency ---------------------------------------------------------------------------
 
 
-def test_threads_racing_on_one_fingerprint_forward_once(db_path):
-    Store.open(db_path).close()  # create and migrate first
+def test_threads_racing_on_one_fingerprint_forward_once(db):
+    open_store(db).close()  # create and migrate first
     n = 8
     barrier = threading.Barrier(n, timeout=JOIN_TIMEOUT)
     kinds: list[str] = []
@@ -611,7 +641,7 @@ def test_threads_racing_on_one_fingerprint_forward_once(db_path):
     lock = threading.Lock()
 
     def worker(i: int) -> None:
-        s = Store.open(db_path)
+        s = open_store(db)
         try:
             barrier.wait()
             d = s.begin_attempt(attempt("fp-race", flow_id=f"t{i}"))
@@ -631,7 +661,7 @@ def test_threads_racing_on_one_fingerprint_forward_once(db_path):
     assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert sorted(kinds) == ["blocked"] * (n - 1) + ["forward"]
-    s = Store.open(db_path)
+    s = open_store(db)
     try:
         assert n_receipts(s) == 1
         [r] = s.list()
@@ -643,9 +673,9 @@ def test_threads_racing_on_one_fingerprint_forward_once(db_path):
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
-    from proxy_addon.store import Attempt, Store
+    from proxy_addon.store import Attempt, open_store
     path, go, name, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    store = Store.open(path, create=False)
+    store = open_store(path, create=False)
     print("ready", flush=True)
     deadline = time.monotonic() + 10
     while not os.path.exists(go):
@@ -663,13 +693,13 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_processes_racing_on_one_fingerprint_forward_once(db_path, tmp_path):
-    Store.open(db_path).close()
+def test_processes_racing_on_one_fingerprint_forward_once(db, tmp_path):
+    open_store(db).close()
     go = tmp_path / "go"
     per_process = 5
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(db_path), str(go), f"p{i}", str(per_process)],
+            [sys.executable, "-c", CHILD, db, str(go), f"p{i}", str(per_process)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for i in range(2)
@@ -692,7 +722,7 @@ def test_processes_racing_on_one_fingerprint_forward_once(db_path, tmp_path):
     assert len(kinds) == 2 * per_process
     assert kinds.count("forward") == 1
     assert kinds.count("blocked") == 2 * per_process - 1
-    s = Store.open(db_path)
+    s = open_store(db)
     try:
         assert n_receipts(s) == 1
         [r] = s.list()
@@ -726,7 +756,8 @@ def test_read_only_file_is_unavailable(db_path, clock):
         s.close()
 
 
-def test_read_only_connection_is_unavailable(store, db_path, clock):
+def test_read_only_connection_is_unavailable(db_path, clock):
+    store = Store.open(db_path, clock=clock)
     op = forward(store, "fp-existing")
     ro = Store(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, isolation_level=None), clock=clock)
     try:
@@ -741,6 +772,7 @@ def test_read_only_connection_is_unavailable(store, db_path, clock):
     assert n_receipts(store) == 1
     assert store.get(op).state is State.SUBMITTED
     assert len(store.events(op)) == 1
+    store.close()
 
 
 def test_locked_database_is_unavailable_and_nothing_is_written(db_path, clock):
@@ -803,10 +835,10 @@ def test_an_attempt_awaiting_approval_blocks_duplicates_and_settles(store, clock
     assert store.get(d.receipt.operation_id).state is State.SUBMITTED
 
 
-def test_a_success_settled_after_the_answer_is_never_replayed(tmp_path):
+def test_a_success_settled_after_the_answer_is_never_replayed(db):
     """A 5xx recorded, then found by a read (or resolved by hand): a duplicate is blocked, not
     answered with the 5xx as if it were the success."""
-    store = Store.open(tmp_path / "r.db")
+    store = open_store(db)
     a = Attempt(api="x", operation="create", method="POST", target="https://x.test/a",
                 intent_fingerprint="sha256:settled", intent={}, principal="anonymous")
     r = store.begin_attempt(a).receipt
@@ -825,11 +857,11 @@ def test_a_success_settled_after_the_answer_is_never_replayed(tmp_path):
     store.close()
 
 
-def test_a_reused_idempotency_key_keeps_the_time_it_was_first_sent(tmp_path):
+def test_a_reused_idempotency_key_keeps_the_time_it_was_first_sent(db):
     """A retry after safe_to_retry reuses its predecessor's key; the key's age (which an API's
     ttl counts) runs from the first receipt that sent it, not from the retry."""
     clock = FakeClock()
-    store = Store.open(tmp_path / "r.db", clock=clock)
+    store = open_store(db, clock=clock)
     a = Attempt(api="x", operation="pay", method="POST", target="https://x.test/pay",
                 intent_fingerprint="sha256:keyed", intent={}, principal="anonymous", idempotency=True)
     first = store.begin_attempt(a).receipt

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from proxy_addon.errors import IllegalTransition, UnknownReceipt
+from proxy_addon.errors import IllegalTransition, StoreError, UnknownReceipt
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Store, iso
 from tests.conftest import FakeClock
@@ -25,9 +25,13 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def store(tmp_path, clock):
-    s = Store.open(tmp_path / "receipts.db", clock=clock)
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path, clock):
+    """On each backend (m007 is one migration for both)."""
+    from proxy_addon.store import open_store
+
+    db = request.getfixturevalue("pg_url") if request.param == "postgres" else tmp_path / "receipts.db"
+    s = open_store(db, clock=clock)
     yield s
     s.close()
 
@@ -42,10 +46,10 @@ def held(store: Store, fp: str = FP, instance: str = "inst-1") -> str:
 
 
 def tables(store: Store) -> tuple[list, list, list]:
-    q = store.conn.execute
-    return (q("SELECT * FROM receipts ORDER BY operation_id").fetchall(),
-            q("SELECT * FROM receipt_events ORDER BY id").fetchall(),
-            q("SELECT * FROM approval_decisions ORDER BY operation_id").fetchall())
+    q = store._rows
+    return (q("SELECT * FROM receipts ORDER BY operation_id"),
+            q("SELECT * FROM receipt_events ORDER BY id"),
+            q("SELECT * FROM approval_decisions ORDER BY operation_id"))
 
 
 def test_an_approval_is_recorded_then_used_once_with_the_transition(store, clock):
@@ -130,7 +134,7 @@ def test_a_decision_for_another_intent_is_never_applied(store):
         store.apply_approval(d, fingerprint="sha256:" + "cd" * 32, reason="approved")
     assert tables(store) == before
     # The row changed under the decision (a restore, a hand edit): refused as well.
-    store.conn.execute("UPDATE approval_decisions SET intent_fingerprint = ? WHERE operation_id = ?",
+    store._execute("UPDATE approval_decisions SET intent_fingerprint = ? WHERE operation_id = ?",
                        ("sha256:" + "cd" * 32, rid))
     changed = store.approval_decisions([rid])[rid]
     before = tables(store)
@@ -206,13 +210,15 @@ def test_the_table_keeps_one_decision_per_receipt_of_two_kinds(store):
     rid = held(store)
     q = "INSERT INTO approval_decisions (operation_id, intent_fingerprint, decision, note, actor, decided_at) " \
         "VALUES (?, ?, ?, '', 'x', 't')"
-    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
-        store.conn.execute(q, (rid, FP, "maybe"))
-    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-        store.conn.execute(q, ("no-such-receipt", FP, "approved"))
-    store.conn.execute(q, (rid, FP, "approved"))
-    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
-        store.conn.execute(q, (rid, FP, "denied"))
+    # Through the store's own write transaction, on each backend: the database refuses each.
+    for params, refusal in (((rid, FP, "maybe"), "(?i)check"), (("no-such-receipt", FP, "approved"), "(?i)foreign key"),
+                            ((rid, FP, "approved"), None), ((rid, FP, "denied"), "(?i)unique")):
+        if refusal is None:
+            with store._write():
+                store._execute(q, params)
+            continue
+        with pytest.raises(StoreError, match=refusal), store._write():
+            store._execute(q, params)
 
 
 def test_prune_removes_a_decision_with_its_receipt(store, clock):

@@ -14,7 +14,7 @@
     receipts rules explain POST URL --body F  what a request would match and fingerprint; nothing is sent
 
 Each subcommand is one entry in `COMMANDS`: a function adding its arguments, a function
-running it against an open Store, and its help. Errors a user can fix are one line,
+running it against an open ReceiptStore, and its help. Errors a user can fix are one line,
 `Error: ...`, on stderr, with exit status 1; argparse's own usage errors exit 2.
 
 The table is in commands.py; the commands in receipts.py (list, show, blocked, export,
@@ -46,7 +46,7 @@ from proxy_addon.cli.values import (
 )
 from proxy_addon.errors import ReceiptsError, StoreError
 from proxy_addon.paths import default_db
-from proxy_addon.store import Clock, Store, utcnow
+from proxy_addon.store import Clock, is_postgres, open_store, utcnow
 from proxy_addon.terminal import EscapingWriter
 
 __all__ = [
@@ -135,17 +135,20 @@ def _main(argv: list[str] | None, *, clock: Clock) -> int:
     if args.command is None:
         parser().print_help()
         return 0
-    db = Path(args.db or default_db()).expanduser()
+    given = args.db or default_db()
+    db: str | Path = given if is_postgres(given) else Path(given).expanduser()
     store = None
     try:
         command = COMMANDS[args.command]
         if isinstance(command, StorelessCommand):
             return command.run(args)
         try:
-            store = Store.open(db, create=False, clock=clock)
+            store = open_store(db, create=False, clock=clock)
         except StoreError as e:
             hint = (
-                "" if args.db or db.exists() else " (pass --db, or set $RECEIPT_PROXY_DB or $RECEIPT_PROXY_STATE_DIR)"
+                ""
+                if args.db or isinstance(db, str) or db.exists()
+                else " (pass --db, or set $RECEIPT_PROXY_DB or $RECEIPT_PROXY_STATE_DIR)"
             )
             raise StoreError(f"{e}{hint}") from e
         return command.run(store, args)

@@ -22,25 +22,30 @@ from proxy_addon.cli.output import operation_name, print_json, print_table, rece
 from proxy_addon.cli.values import UsageError, age, cli_actor, positive_int
 from proxy_addon.errors import ReceiptsError, StoreError
 from proxy_addon.states import State
-from proxy_addon.store import ApprovalDecision, Receipt, Store
+from proxy_addon.store import ApprovalDecision, PostgresStore, Receipt, ReceiptStore
 
 WAIT_POLL = 0.1  # seconds between two looks at the receipt while waiting for the proxy
 FINGERPRINT = re.compile(r"(?:sha256:)?([0-9a-fA-F]{8,64})")
 SHOWN = 12  # hex digits of the fingerprint `pending` shows
 
 
-def _running(db: Path, instance: str | None) -> bool:
-    """Whether the proxy instance that holds a write still runs (its lock is held)."""
+def _running(store: ReceiptStore, instance: str | None) -> bool:
+    """Whether the proxy instance that holds a write still runs (its lock is held; on PostgreSQL, its lease)."""
+    if isinstance(store, PostgresStore):
+        return bool(instance) and instance in store.live_instances()
+    db = Path(store.location)
     try:
         return instances.alive(db, instance, tidy=False)
     except OSError as e:
         raise StoreError(f"cannot tell whether the proxy {instance} still runs: {e}") from e
 
 
-def _proxy(store: Store, r: Receipt) -> str | None:
+def _proxy(store: ReceiptStore, r: Receipt) -> str | None:
     """`pid:N` of the running proxy that holds the write, or None when it has stopped."""
-    if not _running(Path(store.location), r.instance):
+    if not _running(store, r.instance):
         return None
+    if isinstance(store, PostgresStore):
+        return r.instance  # host-pid-token: the fleet spans machines
     return f"pid:{(r.instance or '').split('-')[0]}"
 
 
@@ -60,7 +65,7 @@ def pending_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
 
 
-def pending_run(store: Store, args: argparse.Namespace) -> int:
+def pending_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     now = store.clock()
     receipts = store.list(states=[State.AWAITING_APPROVAL], limit=args.limit)
     decided = store.approval_decisions([r.operation_id for r in receipts])
@@ -139,11 +144,11 @@ def deny_args(p: argparse.ArgumentParser) -> None:
     _decide_args(p, deny=True)
 
 
-def approve_run(store: Store, args: argparse.Namespace) -> int:
+def approve_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     return _decide(store, args, approve=True)
 
 
-def deny_run(store: Store, args: argparse.Namespace) -> int:
+def deny_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     return _decide(store, args, approve=False)
 
 
@@ -156,18 +161,17 @@ def _fingerprint(text: str | None) -> str | None:
     return f"sha256:{m[1].lower()}"
 
 
-def _decide(store: Store, args: argparse.Namespace, *, approve: bool) -> int:
+def _decide(store: ReceiptStore, args: argparse.Namespace, *, approve: bool) -> int:
     note = args.note.strip()
     if not approve and not note:
         raise UsageError("--note must say why the write is denied: the agent gets it in its 403")
-    db = Path(store.location)
     d = store.decide_approval(
         args.operation_id,
         approve=approve,
         note=note,
         actor=cli_actor(),
         fingerprint=_fingerprint(args.fingerprint),
-        is_alive=lambda instance: _running(db, instance),
+        is_alive=lambda instance: _running(store, instance),
     )
     if args.wait == 0:
         print(f"{d.operation_id} {d.decision} by {d.actor}: recorded for the proxy that holds it")

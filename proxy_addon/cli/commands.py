@@ -23,7 +23,7 @@ from proxy_addon.cli.receipts import (
 from proxy_addon.cli.reconcile import reconcile_args, reconcile_run
 from proxy_addon.cli.resolve import resolve_args, resolve_run
 from proxy_addon.cli.rules import rules_args, rules_run
-from proxy_addon.store import Store
+from proxy_addon.store import ReceiptStore
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class _Described:
 class Command(_Described):
     """A subcommand on the receipts database: `run` gets the open store."""
 
-    run: Callable[[Store, argparse.Namespace], int]
+    run: Callable[[ReceiptStore, argparse.Namespace], int]
     uses_store: ClassVar[bool] = True
 
 

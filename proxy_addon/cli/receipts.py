@@ -8,7 +8,7 @@ import json
 from proxy_addon.cli.output import event_json, operation_name, print_json, print_table, receipt_json, short_time
 from proxy_addon.cli.values import SINCE_HELP, UsageError, age, parse_age, parse_since, positive_int
 from proxy_addon.states import State
-from proxy_addon.store import Store
+from proxy_addon.store import ReceiptStore
 
 
 def list_args(p: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def list_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
 
 
-def list_run(store: Store, args: argparse.Namespace) -> int:
+def list_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     now = store.clock()
     since = parse_since(args.since, now)
     receipts = store.list(
@@ -37,7 +37,7 @@ def list_run(store: Store, args: argparse.Namespace) -> int:
         print_json([{**receipt_json(r), **dups[r.operation_id]} for r in receipts])
     elif not receipts:
         filtered = args.state or args.operation or since
-        print(f"no receipts in {store.path}" + (" match these filters" if filtered else ""))
+        print(f"no receipts in {store.location}" + (" match these filters" if filtered else ""))
     else:
         print_table(
             ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"],
@@ -64,7 +64,7 @@ def show_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON: the receipt, its events and its duplicates")
 
 
-def show_run(store: Store, args: argparse.Namespace) -> int:
+def show_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     r = store.get(args.operation_id)
     every = store.events(r.operation_id)
     events = [e for e in every if e.event not in ("blocked", "replayed")]
@@ -98,7 +98,7 @@ def blocked_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
 
 
-def blocked_run(store: Store, args: argparse.Namespace) -> int:
+def blocked_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     since = parse_since(args.since, store.clock())
     rows = store.duplicates(since=since, limit=args.limit)
     if args.json:
@@ -119,7 +119,7 @@ def blocked_run(store: Store, args: argparse.Namespace) -> int:
             ]
         )
     elif not rows:
-        print(f"no blocked or replayed duplicates in {store.path}" + (f" since {since}" if since else ""))
+        print(f"no blocked or replayed duplicates in {store.location}" + (f" since {since}" if since else ""))
     else:
         print_table(
             ["TIME", "KIND", "RECEIPT", "OPERATION", "STATE", "REASON"],
@@ -132,7 +132,7 @@ def export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
 
 
-def export_run(store: Store, args: argparse.Namespace) -> int:
+def export_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     since = parse_since(args.since, store.clock())
     for r, events in store.export(since=since):
         print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events]}))
@@ -149,7 +149,7 @@ def prune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="only say how many would be deleted")
 
 
-def prune_run(store: Store, args: argparse.Namespace) -> int:
+def prune_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     older_than = parse_age(args.older_than, "--older-than")
     try:
         ids = store.prune(older_than, dry_run=args.dry_run)

@@ -39,7 +39,7 @@ from proxy_addon.reconcile import Reconciled, reconcile, retry_after
 from proxy_addon.redaction import credential_names
 from proxy_addon.rules import Operation, RuleSet, load_rules_path
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, Store, iso
+from proxy_addon.store import Receipt, ReceiptStore, iso
 from proxy_addon.upstream import Upstream
 
 T = TypeVar("T")
@@ -103,7 +103,7 @@ def reconcile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
-def reconcile_run(store: Store, args: argparse.Namespace) -> int:
+def reconcile_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     if bool(args.operation_ids) == args.all:
         raise UsageError("name the receipts to reconcile, or pass --all")
     headers = _header_credentials(args.header)
@@ -131,9 +131,14 @@ def reconcile_run(store: Store, args: argparse.Namespace) -> int:
 
 
 async def _reconcile_all(
-    store: Store, rules: RuleSet, ids: list[str], headers: dict[str, str], upstream: Upstream, args: argparse.Namespace
+    store: ReceiptStore,
+    rules: RuleSet,
+    ids: list[str],
+    headers: dict[str, str],
+    upstream: Upstream,
+    args: argparse.Namespace,
 ) -> tuple[list[dict[str, Any]], int]:
-    async def calls(fn: Callable[[Store], T]) -> T:
+    async def calls(fn: Callable[[ReceiptStore], T]) -> T:
         return fn(store)
 
     results, errors = [], 0
@@ -174,10 +179,10 @@ async def _reconcile_all(
     return results, errors
 
 
-def _installation_key(store: Store) -> bytes | None:
+def _installation_key(store: ReceiptStore) -> bytes | None:
     """The proxy's HMAC key beside the database (read-only), to tell whose credentials a read carries."""
     try:
-        key = key_path(store.path).read_bytes().strip() if store.path else b""
+        key = key_path(store.path or store.location).read_bytes().strip()
     except OSError:
         return None
     return key if len(key) >= 32 else None

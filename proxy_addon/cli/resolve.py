@@ -6,7 +6,7 @@ import argparse
 
 from proxy_addon.cli.values import UsageError, cli_actor
 from proxy_addon.states import RESOLUTIONS, State
-from proxy_addon.store import Store
+from proxy_addon.store import ReceiptStore
 
 
 def resolve_args(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def resolve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--external-id", metavar="X", help="the id the API gave the created object (with --as succeeded)")
 
 
-def resolve_run(store: Store, args: argparse.Namespace) -> int:
+def resolve_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     if not args.note.strip():
         raise UsageError("--note must say how you know what happened")
     if args.external_id is not None and args.resolution != State.SUCCEEDED:

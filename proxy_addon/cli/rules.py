@@ -12,7 +12,7 @@ from proxy_addon.cli.values import UsageError
 from proxy_addon.errors import ReceiptsError, RulesError
 from proxy_addon.paths import default_db, default_rules, key_path
 from proxy_addon.rules import check_rules_path, load_rules_path
-from proxy_addon.store import Receipt, Store
+from proxy_addon.store import Receipt, is_postgres, open_store
 
 
 def rules_args(p: argparse.ArgumentParser) -> None:
@@ -138,11 +138,12 @@ def _installation_key() -> tuple[bytes, str | None]:
 
 
 def _existing_receipt(fingerprint: str) -> Receipt | None:
-    db = Path(default_db()).expanduser()
-    if not db.exists():
+    given = default_db()
+    db: str | Path = given if is_postgres(given) else Path(given).expanduser()
+    if isinstance(db, Path) and not db.exists():
         return None
     try:
-        store = Store.open(db, create=False)
+        store = open_store(db, create=False)
     except ReceiptsError:
         return None
     try:

@@ -41,9 +41,15 @@ from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, Store, utcnow
+from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, open_store, utcnow
+from proxy_addon.store.postgres import Listener
 
 logger = logging.getLogger(__name__)
+
+
+def _log_recovered(recovered: list[tuple[str, str]]) -> None:
+    for operation_id, state in recovered:
+        logger.warning(f"receipt {operation_id}: left behind by a stopped proxy; now {state}")
 
 
 class Receipts:
@@ -62,16 +68,17 @@ class Receipts:
         self._client_config: tuple | None = None
         self._closing: asyncio.Task | None = None  # the replaced client, closing
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
-        self._read_store: Store | None = None
+        self._read_store: ReceiptStore | None = None
+        self._listener: Listener | None = None  # PostgreSQL: LISTEN for receipts other proxies change
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
         self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def reader(self) -> Store | None:
+    def reader(self) -> ReceiptStore | None:
         """A connection for reads on the event loop's thread (the content view, commands)."""
         if self._read_store is None and self.installation is not None:
-            self._read_store = Store.open(self.installation.db, create=False)
+            self._read_store = open_store(self.installation.db, create=False)
         return self._read_store
 
     def load(self, loader: Loader) -> None:
@@ -112,6 +119,9 @@ class Receipts:
                 secret=opts.receipts_secret or None,
                 lock_timeout=opts.receipts_lock_timeout,
                 new_db=opts.receipts_new_db,
+                lease=opts.receipts_lease,
+                heartbeat=opts.receipts_heartbeat,
+                on_recovered=_log_recovered,
             )
         except (ReceiptsError, OSError, ValueError) as e:
             raise exceptions.OptionsError(f"receipts_db: {e}") from None
@@ -123,14 +133,21 @@ class Receipts:
         self.gate = Gate(
             self.calls, options.gate_settings(opts), post_reads=self._post_reads, on_change=self.refresh_flow
         )
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        if isinstance(inst.store, PostgresStore):  # duplicates waiting on another proxy's write are woken at once
+            loop, gate = asyncio.get_running_loop(), self.gate
+            self._listener = Listener(inst.store.dsn, lambda op: loop.call_soon_threadsafe(gate.wake, op))
+            self._listener.start()
+            gate.listening = self._listener.connected.is_set
         self._store_config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
-        for operation_id, state in self.calls.wait(inst.recover):
-            logger.warning(f"receipt {operation_id}: left behind by a stopped proxy; now {state}")
+        _log_recovered(self.calls.wait(inst.recover))
         if old_calls is not None:
             old_calls.close(wait=False)
         if old_inst is not None:
             old_inst.release()
-        logger.info(f"receipt-proxy: receipts in {inst.db} (instance {inst.instance})")
+        logger.info(f"receipt-proxy: receipts in {inst.store.location} (instance {inst.instance})")
 
     def _post_reads(self, api: str) -> tuple:
         return self.rules.post_reads(api) if self.rules else ()
@@ -152,6 +169,8 @@ class Receipts:
         )
 
     async def done(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
         self.approvals.close()
         if self._read_store is not None:
             self._read_store.close()

@@ -40,7 +40,9 @@ OPTIONS: list[Option] = [
         str,
         DEFAULT_DB,
         "Path of the SQLite receipts database (created with mode 0600), "
-        "e.g. --set receipts_db=~/.local/state/receipt-proxy/receipts.db",
+        "e.g. --set receipts_db=~/.local/state/receipt-proxy/receipts.db; or a PostgreSQL database shared by a "
+        "fleet of proxies: a postgresql:// URL or libpq conninfo (PG* variables fill the rest; keep the password "
+        "in PGPASSWORD or ~/.pgpass), e.g. --set receipts_db=postgresql://proxy@db.internal/receipts",
     ),
     Option(
         "receipts_rules",
@@ -81,6 +83,20 @@ OPTIONS: list[Option] = [
         int,
         5,
         "Seconds to wait for a locked receipts database before answering 503 (not sent)",
+    ),
+    Option(
+        "receipts_lease",
+        int,
+        15,
+        "PostgreSQL: seconds a proxy instance counts as alive after its last heartbeat; then any live instance "
+        "moves its in-flight receipts to outcome_unknown (never retried). Longer than receipts_heartbeat",
+    ),
+    Option(
+        "receipts_heartbeat",
+        int,
+        5,
+        "PostgreSQL: seconds between two heartbeats renewing this instance's lease (and recovering the receipts "
+        "of instances whose lease expired)",
     ),
     Option(
         "receipts_response_cap",
@@ -204,6 +220,8 @@ POSITIVE = (
     "receipts_read_deadline",
     "receipts_read_backoff",
     "receipts_reads_max",
+    "receipts_lease",
+    "receipts_heartbeat",
 )
 
 
@@ -231,6 +249,11 @@ def check(opts: Any) -> None:
     for name in POSITIVE:
         if getattr(opts, name) <= 0:
             raise exceptions.OptionsError(f"{name} must be a positive number, not {getattr(opts, name)}")
+    if opts.receipts_heartbeat >= opts.receipts_lease:
+        raise exceptions.OptionsError(
+            f"receipts_heartbeat ({opts.receipts_heartbeat}) must be shorter than receipts_lease "
+            f"({opts.receipts_lease}): a lease must outlast the time between two heartbeats"
+        )
     if opts.receipts_response_max < opts.receipts_response_cap:
         raise exceptions.OptionsError(
             f"receipts_response_max ({opts.receipts_response_max}) must be at least receipts_response_cap "

@@ -20,12 +20,12 @@ from mitmproxy.contentviews import Metadata
 
 from proxy_addon.fingerprint import intent_notes
 from proxy_addon.mitm.flows import meta_of
-from proxy_addon.store import Receipt, Store
+from proxy_addon.store import Receipt, ReceiptStore
 
 ANSWERED = ("blocked", "replay", "blocked_succeeded", "key_conflict", "denied")  # the proxy answered
 
 
-def describe(store: Store, operation_id: str, *, answer: str | None = None) -> str:
+def describe(store: ReceiptStore, operation_id: str, *, answer: str | None = None) -> str:
     """A receipt as readable text: its fields, intent and history."""
     r = store.get(operation_id)
     lines = []
@@ -73,7 +73,7 @@ class ReceiptView(contentviews.Contentview):
     name = "Receipt"
     syntax_highlight = "yaml"
 
-    def __init__(self, reader: Callable[[], Store | None]):
+    def __init__(self, reader: Callable[[], ReceiptStore | None]):
         self.reader = reader
 
     def prettify(self, data: bytes, metadata: Metadata) -> str:
@@ -94,7 +94,7 @@ class ReceiptWeb:
     """Registers the Receipt content view. mitmproxy 12 cannot unregister a view (contentviews.remove
     is a no-op); a reloaded script registers its view again under the same name, which replaces this one."""
 
-    def __init__(self, reader: Callable[[], Store | None]):
+    def __init__(self, reader: Callable[[], ReceiptStore | None]):
         self.view = ReceiptView(reader)
 
     def load(self, loader: Loader) -> None:

@@ -12,15 +12,20 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
     reads.py        the reads, written once over those primitives
     receipts.py     deciding attempts, guarded transitions, resolve, reconcile claims, prune, recovery
     sqlite.py       the SQLite backend (`SQLiteStore`, alias `Store`)
-    migrations.py   the SQLite schema, as recorded migrations
+    postgres.py     the PostgreSQL backend (`PostgresStore`), for a fleet of proxies on one store
+    migrations.py   the schema, as recorded migrations, in each backend's dialect
 
-`Store` is the SQLite backend: `Store.open(path, lock_timeout=..., clock=..., create=...)`,
-or `Store(conn, clock=..., path=...)` over an open sqlite3 connection.
+`open_store(db, ...)` opens either: a `postgresql://` URL or libpq conninfo is PostgreSQL, any
+other value a SQLite file. `Store` is the SQLite backend: `Store.open(path, lock_timeout=...,
+clock=..., create=...)`, or `Store(conn, clock=..., path=...)` over an open sqlite3 connection.
 """
 
 from __future__ import annotations
 
+import os
+
 from proxy_addon.store.base import Backend, Dialect, UniqueViolation
+from proxy_addon.store.postgres import PostgresStore, is_postgres
 from proxy_addon.store.receipts import ReceiptStore
 from proxy_addon.store.records import (
     ApprovalDecision,
@@ -39,6 +44,16 @@ from proxy_addon.store.sqlite import SQLiteStore
 
 Store = SQLiteStore
 
+
+def open_store(
+    db: str | os.PathLike[str], *, lock_timeout: float = 5.0, clock: Clock = utcnow, create: bool = True
+) -> ReceiptStore:
+    """The receipts store at `db`: PostgreSQL for a `postgresql://` URL or conninfo, else the SQLite file."""
+    if is_postgres(db):
+        return PostgresStore.open(os.fspath(db), lock_timeout=lock_timeout, clock=clock, create=create)
+    return SQLiteStore.open(os.fspath(db), lock_timeout=lock_timeout, clock=clock, create=create)
+
+
 __all__ = [
     "ApprovalDecision",
     "Attempt",
@@ -48,13 +63,16 @@ __all__ = [
     "DecisionKind",
     "Dialect",
     "Event",
+    "PostgresStore",
     "Receipt",
     "ReceiptStore",
     "RecordedResponse",
     "SQLiteStore",
     "Store",
     "UniqueViolation",
+    "is_postgres",
     "iso",
     "new_operation_id",
+    "open_store",
     "utcnow",
 ]

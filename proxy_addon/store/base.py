@@ -3,7 +3,7 @@ The contract a receipts backend keeps, and the primitives it implements.
 
 The receipts logic is written once, over these primitives: `ReceiptReads` (reads.py) and
 `ReceiptStore` (receipts.py: decisions, transitions, retention, recovery). A backend
-subclasses ReceiptStore (sqlite.py: `SQLiteStore`) and provides:
+subclasses ReceiptStore (sqlite.py: `SQLiteStore`; postgres.py: `PostgresStore`) and provides:
 
     _write()                 a context manager: one serialized write transaction. It
                              commits when the block ends and rolls back on any exception,
@@ -90,6 +90,8 @@ class Backend(abc.ABC):
 
     dialect: ClassVar[Dialect]
     clock: Clock
+    path: str | None = None  # the SQLite file (None for a server's database)
+    reconnects: ClassVar[bool] = False  # whether a write that failed for a lost connection may be tried again
 
     @abc.abstractmethod
     def close(self) -> None: ...

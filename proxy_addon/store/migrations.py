@@ -1,27 +1,98 @@
 """
-The SQLite schema, as sqlite-utils migrations (recorded by name in `_sqlite_migrations`).
+The schema, as named migrations that run on both backends (dialect-aware, one list).
+
+Each `m00N_...` function takes a `Schema`: `schema.execute(sql)` runs a statement, and
+`schema.postgres` says which dialect to write where they differ (types, identity columns,
+triggers). On SQLite they are sqlite-utils migrations, recorded by name in
+`_sqlite_migrations`; `SQLiteStore.open` applies what is pending inside `BEGIN IMMEDIATE`, so
+concurrent openers migrate once. On PostgreSQL, `apply_postgres` records them by the same
+names in `receipt_proxy_migrations` and applies what is pending in one transaction under an
+advisory lock, so several proxies starting at once migrate once.
 
 Never edit or rename an applied migration: databases in use have recorded it by name and
 will not run it again. Change the schema with a new `m00N_...` function at the end.
-`SQLiteStore.open` applies what is pending inside `BEGIN IMMEDIATE`, so concurrent
-openers migrate once.
 """
 
 from __future__ import annotations
 
-from sqlite_utils import Database
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
 from sqlite_utils.migrations import Migrations
 
 from proxy_addon.states import UNRESOLVED
 
 migrations = Migrations("receipt-proxy")
+MIGRATION_SET = migrations.name
+POSTGRES_TABLE = "receipt_proxy_migrations"
 
 
-@migrations()
-def m001_receipts(db: Database) -> None:
+class Schema:
+    """What a migration writes through: SQLite (sqlite-utils' Database) or a PostgreSQL connection."""
+
+    def __init__(self, target: Any, *, postgres: bool):
+        self.target = target
+        self.postgres = postgres
+
+    def execute(self, sql: str) -> None:
+        self.target.execute(sql)
+
+
+MigrationFn = Callable[[Schema], None]
+ALL: list[tuple[str, MigrationFn]] = []  # every migration, in order, by name
+
+
+def migration(fn: MigrationFn) -> MigrationFn:
+    """Register `fn` under its name for both backends."""
+    ALL.append((fn.__name__, fn))
+
+    def on_sqlite(db: Schema) -> None:
+        fn(Schema(db, postgres=False))
+
+    on_sqlite.__name__ = fn.__name__
+    migrations(name=fn.__name__)(on_sqlite)  # type: ignore[type-var]  # sqlite-utils' Protocol: `db` by position
+    return fn
+
+
+def apply_postgres(conn: Any, lock: int, lock_timeout: float) -> list[str]:
+    """
+    Apply the pending migrations on a PostgreSQL connection (in autocommit mode), in one
+    transaction under the advisory lock `lock`: concurrent openers wait, then find nothing
+    pending. Returns the names applied.
+    """
+    applied: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(max(lock_timeout, 1) * 1000)}ms",))
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {POSTGRES_TABLE} (migration_set TEXT NOT NULL, name TEXT NOT NULL, "
+            "applied_at TEXT NOT NULL, PRIMARY KEY (migration_set, name))"
+        )
+        done = {
+            r["name"] if isinstance(r, dict) else r[0]
+            for r in conn.execute(f"SELECT name FROM {POSTGRES_TABLE} WHERE migration_set = %s", (MIGRATION_SET,))
+        }
+        schema = Schema(conn, postgres=True)
+        for name, fn in ALL:
+            if name in done:
+                continue
+            fn(schema)
+            conn.execute(
+                f"INSERT INTO {POSTGRES_TABLE} (migration_set, name, applied_at) VALUES (%s, %s, %s)",
+                (MIGRATION_SET, name, str(dt.datetime.now(dt.UTC))),
+            )
+            applied.append(name)
+    return applied
+
+
+@migration
+def m001_receipts(db: Schema) -> None:
+    pg = db.postgres
     db.execute(
-        """
+        f"""
         CREATE TABLE receipts (
+            {"seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE," if pg else ""}
             operation_id TEXT PRIMARY KEY,
             api TEXT NOT NULL,
             operation TEXT NOT NULL,
@@ -38,11 +109,11 @@ def m001_receipts(db: Database) -> None:
             error TEXT,
             external_id TEXT,
             flow_id TEXT,
-            retry_of TEXT REFERENCES receipts(operation_id),
+            retry_of TEXT REFERENCES receipts(operation_id){" DEFERRABLE" if pg else ""},
             instance TEXT,
             response_status INTEGER,
             response_headers TEXT,
-            response_body BLOB,
+            response_body {"BYTEA" if pg else "BLOB"},
             response_truncated INTEGER
         )
         """
@@ -55,10 +126,10 @@ def m001_receipts(db: Database) -> None:
     db.execute("CREATE INDEX receipts_by_fingerprint ON receipts(intent_fingerprint)")
     db.execute("CREATE INDEX receipts_by_state ON receipts(state)")
     db.execute(
-        """
+        f"""
         CREATE TABLE receipt_events (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            operation_id TEXT NOT NULL REFERENCES receipts(operation_id),
+            id {"BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY" if pg else "INTEGER PRIMARY KEY AUTOINCREMENT"},
+            operation_id TEXT NOT NULL REFERENCES receipts(operation_id){" DEFERRABLE" if pg else ""},
             at TEXT NOT NULL,
             event TEXT NOT NULL,
             from_state TEXT,
@@ -70,6 +141,21 @@ def m001_receipts(db: Database) -> None:
         """
     )
     db.execute("CREATE INDEX receipt_events_by_receipt ON receipt_events(operation_id, id)")
+    if pg:
+        db.execute(
+            "CREATE FUNCTION receipt_events_append_only() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'receipt_events is append-only'; END $$"
+        )
+        for op in ("UPDATE", "DELETE"):
+            db.execute(
+                f"CREATE TRIGGER receipt_events_no_{op.lower()} BEFORE {op} ON receipt_events "
+                "FOR EACH ROW EXECUTE FUNCTION receipt_events_append_only()"
+            )
+        db.execute(
+            "CREATE TRIGGER receipt_events_no_truncate BEFORE TRUNCATE ON receipt_events "
+            "FOR EACH STATEMENT EXECUTE FUNCTION receipt_events_append_only()"
+        )
+        return
     for op in ("UPDATE", "DELETE"):
         db.execute(
             f"CREATE TRIGGER receipt_events_no_{op.lower()} BEFORE {op} ON receipt_events "
@@ -77,23 +163,35 @@ def m001_receipts(db: Database) -> None:
         )
 
 
-@migrations()
-def m002_prunable_events_and_idempotency_keys(db: Database) -> None:
+@migration
+def m002_prunable_events_and_idempotency_keys(db: Schema) -> None:
     # Events stay append-only while their receipt exists; `prune` removes the receipt first.
-    db.execute("DROP TRIGGER receipt_events_no_delete")
-    db.execute(
-        "CREATE TRIGGER receipt_events_no_delete BEFORE DELETE ON receipt_events "
-        "WHEN EXISTS (SELECT 1 FROM receipts WHERE operation_id = OLD.operation_id) "
-        "BEGIN SELECT RAISE(ABORT, 'receipt_events is append-only'); END"
-    )
+    if db.postgres:
+        db.execute("DROP TRIGGER receipt_events_no_delete ON receipt_events")
+        db.execute(
+            "CREATE FUNCTION receipt_events_delete_guard() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF EXISTS (SELECT 1 FROM receipts WHERE operation_id = OLD.operation_id) THEN "
+            "RAISE EXCEPTION 'receipt_events is append-only'; END IF; RETURN OLD; END $$"
+        )
+        db.execute(
+            "CREATE TRIGGER receipt_events_no_delete BEFORE DELETE ON receipt_events "
+            "FOR EACH ROW EXECUTE FUNCTION receipt_events_delete_guard()"
+        )
+    else:
+        db.execute("DROP TRIGGER receipt_events_no_delete")
+        db.execute(
+            "CREATE TRIGGER receipt_events_no_delete BEFORE DELETE ON receipt_events "
+            "WHEN EXISTS (SELECT 1 FROM receipts WHERE operation_id = OLD.operation_id) "
+            "BEGIN SELECT RAISE(ABORT, 'receipt_events is append-only'); END"
+        )
     db.execute("ALTER TABLE receipts ADD COLUMN idempotency_key TEXT")
     db.execute("ALTER TABLE receipts ADD COLUMN client_key TEXT")
     db.execute("CREATE INDEX receipts_by_client_key ON receipts(client_key) WHERE client_key IS NOT NULL")
     db.execute("CREATE INDEX receipt_events_by_time ON receipt_events(at)")
 
 
-@migrations()
-def m003_awaiting_approval_is_unresolved(db: Database) -> None:
+@migration
+def m003_awaiting_approval_is_unresolved(db: Schema) -> None:
     db.execute("DROP INDEX receipts_one_unresolved_per_fingerprint")
     unresolved = ", ".join(f"'{s}'" for s in sorted(UNRESOLVED))
     db.execute(
@@ -102,21 +200,21 @@ def m003_awaiting_approval_is_unresolved(db: Database) -> None:
     )
 
 
-@migrations()
-def m004_when_an_idempotency_key_was_first_sent(db: Database) -> None:
+@migration
+def m004_when_an_idempotency_key_was_first_sent(db: Schema) -> None:
     # A retry reuses its predecessor's key; an API forgets a key some time after it first saw it.
     db.execute("ALTER TABLE receipts ADD COLUMN idempotency_key_at TEXT")
 
 
-@migrations()
-def m005_raw_target(db: Database) -> None:
+@migration
+def m005_raw_target(db: Schema) -> None:
     # The target as the agent sent it (redacted like `target`), when it was not the canonical
     # one that rules match and fingerprints take: `//api/./things`, `127.1`, `thing%73`.
     db.execute("ALTER TABLE receipts ADD COLUMN raw_target TEXT")
 
 
-@migrations()
-def m006_failed_reads(db: Database) -> None:
+@migration
+def m006_failed_reads(db: Schema) -> None:
     # A reconcile read that fails proves nothing: the receipt stays outcome_unknown, and these
     # say how many reads failed and before when no new read is tried (Retry-After, a backoff,
     # or a settle delay). Written by `transition` as the reconcile records its verdict.
@@ -124,17 +222,17 @@ def m006_failed_reads(db: Database) -> None:
     db.execute("ALTER TABLE receipts ADD COLUMN next_read_at TEXT")
 
 
-@migrations()
-def m007_approval_decisions(db: Database) -> None:
+@migration
+def m007_approval_decisions(db: Schema) -> None:
     # An operator's decision on a write held for approval, made from another process (`receipts
     # approve` / `receipts deny`) for the proxy that holds the write to apply. One per receipt
     # (the primary key): a receipt is decided once. Bound to the intent fingerprint the operator
     # decided on; `consumed_at` is set in the transaction that moves the receipt on. Portable
-    # SQL: the same statement creates it in PostgreSQL.
+    # SQL: the same statement creates it in PostgreSQL (its foreign key deferrable there, for `prune`).
     db.execute(
-        """
+        f"""
         CREATE TABLE approval_decisions (
-            operation_id TEXT PRIMARY KEY REFERENCES receipts(operation_id),
+            operation_id TEXT PRIMARY KEY REFERENCES receipts(operation_id){" DEFERRABLE" if db.postgres else ""},
             intent_fingerprint TEXT NOT NULL,
             decision TEXT NOT NULL CHECK (decision IN ('approved', 'denied')),
             note TEXT NOT NULL,
@@ -144,3 +242,21 @@ def m007_approval_decisions(db: Database) -> None:
         )
         """
     )
+
+
+@migration
+def m008_instance_leases(db: Schema) -> None:
+    # Proxies on several machines cannot see each other's flock: on PostgreSQL each instance
+    # holds a lease row it renews (a heartbeat), in the server's time, and a live instance
+    # recovers the in-flight receipts of one whose lease expired. `receipt_settings` keeps a
+    # check value of the fleet's HMAC key, so an instance with another key (another principal,
+    # another fingerprint for the same write: duplicates unseen) refuses to start.
+    # SQLite keeps its flock on files beside the database (instances.py): nothing to add.
+    if not db.postgres:
+        return
+    db.execute(
+        "CREATE TABLE receipt_instances (instance TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, "
+        "started_at TIMESTAMPTZ NOT NULL DEFAULT now(), heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now(), "
+        "expires_at TIMESTAMPTZ NOT NULL)"
+    )
+    db.execute("CREATE TABLE receipt_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")

@@ -481,11 +481,18 @@ class ReceiptStore(ReceiptReads):
 
     # --- recovery --------------------------------------------------------------------------
 
-    def recover_in_flight(self, *, is_alive: Callable[[str | None], bool], actor: str = "proxy") -> list[str]:
+    def recover_in_flight(
+        self,
+        *,
+        is_alive: Callable[[str | None], bool],
+        actor: str = "proxy",
+        stopped: Callable[[str | None], str] | None = None,
+    ) -> list[str]:
         """
         Receipts left `submitted` (or `reconciling`) by a proxy instance that is no longer
         running become `outcome_unknown`: the request may have left; `awaiting_approval` ones
-        become `not_sent`: they never left. Returns their ids.
+        become `not_sent`: they never left. Returns their ids. `stopped(instance)` words how the
+        instance was found stopped (default "proxy stopped"), so that the event names it.
         """
         rows = self._rows(
             "SELECT operation_id, state, instance FROM receipts WHERE state IN (?, ?, ?)",
@@ -502,6 +509,8 @@ class ReceiptStore(ReceiptReads):
                 continue
             state = State(row["state"])
             to, reason = outcomes[state]
+            if stopped is not None:
+                reason = reason.replace("proxy stopped", stopped(row["instance"]), 1)
             try:
                 self.transition(row["operation_id"], to, reason=reason, actor=actor, expect=[state], error=reason)
             except IllegalTransition:
