@@ -36,6 +36,7 @@ from mitmproxy.flow import Error
 
 from proxy_addon import answers
 from proxy_addon.gate import StoreThread
+from proxy_addon.metrics import Metrics
 from proxy_addon.mitm.flows import HELD, META, mark, response_of
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 MODIFIED = "denied: the request was modified while held (resume it unedited, or revert it first)"
 HUNG_UP = "denied: the agent hung up while the write was held"
+DENIED = "denied by operator"
 OPERATOR = "mitmweb operator"
 
 _TIMES = ("timestamp_start", "timestamp_end")  # when it arrived: not part of what is sent
@@ -73,7 +75,7 @@ async def _decision(flow: http.HTTPFlow, held_as: dict[str, Any], timeout: float
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(flow.wait_for_resume(), 0.25)
     if _killed(flow):
-        return State.REJECTED, "denied by operator", OPERATOR
+        return State.REJECTED, DENIED, OPERATOR
     if _gone(flow):  # before a resume is taken: nobody would get the answer
         return State.REJECTED, HUNG_UP, "proxy"
     if not flow.intercepted:
@@ -83,8 +85,15 @@ async def _decision(flow: http.HTTPFlow, held_as: dict[str, Any], timeout: float
     return State.REJECTED, f"denied: no decision within receipts_approval_timeout ({timeout:g}s)", "proxy"
 
 
+def decision_label(to: State, reason: str) -> str:
+    """The `decision` label of receipt_proxy_approval_decisions_total."""
+    if to is State.SUBMITTED:
+        return "approved"
+    return {DENIED: "denied", MODIFIED: "modified", HUNG_UP: "hung_up"}.get(reason, "timeout")
+
+
 async def await_approval(
-    flow: http.HTTPFlow, meta: dict, receipt: Receipt, calls: StoreThread, timeout: float
+    flow: http.HTTPFlow, meta: dict, receipt: Receipt, calls: StoreThread, timeout: float, *, metrics: Metrics
 ) -> Receipt:
     """Hold the flow until an operator decides; the receipt after the decision (submitted: send it)."""
     held_as = _sent_form(flow.request)  # what the receipt recorded: sent so, or not at all
@@ -92,7 +101,15 @@ async def await_approval(
     mark(flow, State.AWAITING_APPROVAL, receipt, prefix=HELD)
     ctx.master.addons.trigger(hooks.UpdateHook([flow]))
     logger.warning(f"receipt {receipt.operation_id} {receipt.api} {receipt.operation}: awaiting approval in mitmweb")
-    to, reason, actor = await _decision(flow, held_as, timeout)
+    metrics.held(receipt.api, receipt.operation, 1)
+    try:
+        to, reason, actor = await _decision(flow, held_as, timeout)
+    except asyncio.CancelledError:  # the proxy stops (drain.py records not_sent)
+        metrics.decided(receipt.api, receipt.operation, "stopped")
+        raise
+    finally:
+        metrics.held(receipt.api, receipt.operation, -1)
+    metrics.decided(receipt.api, receipt.operation, decision_label(to, reason))
     fields = {} if to is State.SUBMITTED else {"error": reason}
     receipt = await calls(
         lambda s: s.transition(

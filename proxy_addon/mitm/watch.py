@@ -83,11 +83,15 @@ class Watch:
         try:
             rules = await asyncio.to_thread(load_rules_path, path)
         except RulesError as e:
+            self.receipts.metrics.reloaded(False)
             logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
         except Exception as e:  # the watcher must outlive any surprise
+            self.receipts.metrics.reloaded(False)
             logger.exception(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {type(e).__name__}: {e}")
         else:
             self.receipts.rules = rules
+            self.receipts.metrics.reloaded(True)
+            self.receipts.metrics.known(rules.operations)
             logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")
             self.sync_allow_hosts()
 
