@@ -20,6 +20,9 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 `record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait
 for it, and reconciles at once when the answer says the effect may already exist.
 
+The gate counts in its `metrics` (metrics.py) what only it sees: each duplicate's final answer,
+the duplicates that wait, how long a new receipt took to commit, and each reconcile read's result.
+
 Reads at once are bounded (`reads_max`, the option receipts_reads_max, 8): every reconcile read
 of this process (a duplicate's, an answer's evidence, an operator's) takes a slot first, and
 the others wait their turn, first come first served. Only reads wait; no other request does,

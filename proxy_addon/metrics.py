@@ -32,7 +32,7 @@ Labels are names from the rules files and fixed words: never a credential, a rec
 fingerprint, a URL or a body. A counter's series appears at its first event, except
 `duplicates_total`, which starts at 0 for every operation of the rules (`known`).
 
-Recording is cheap (a labels() lookup and an increment, thread-safe): the store's observer runs
+Recording is cheap (a dict lookup of the labelled child, then an update; thread-safe): the store's observer runs
 on the store's thread, the rest on the event loop. Only the unknown-outcomes gauge reads the
 database: at scrape time, on the scraping thread, with a read connection of its own (one query
 over the index on `state`), never through the proxy's store thread. Serving the registry over
@@ -45,6 +45,7 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -74,6 +75,25 @@ READ_RESULTS = {
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 UPSTREAM_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 OP = ("api", "operation")
+
+
+class _Children:
+    """
+    A labelled metric's children, looked up by their label values once: prometheus_client's
+    labels() checks and converts the values and takes a lock on every call (5 to 10 µs), a dict
+    lookup does not. Thread-safe as dict reads and writes are; the set of label values is the
+    rules' operations times fixed words, so it stays small.
+    """
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._cache: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self.metric.labels(*values)
+        return child
 
 
 def read_result(verdict: Verdict) -> str:
@@ -143,16 +163,21 @@ class Metrics:
         self.unknown = UnknownOutcomes()
         r.register(self.unknown)
         ProcessCollector(registry=r)
+        # The children the hot path updates: one dict lookup each (the rest are rare).
+        self._transition = _Children(self.transitions)
+        self._duplicate = _Children(self.duplicates)
+        self._commit = _Children(self.commit)
+        self._upstream = _Children(self.upstream)
 
     # --- recording (each a labels() lookup and an update) ----------------------------------
 
     def changed(self, api: str, operation: str, from_state: State | None, to_state: State) -> None:
         """The store's observer: a state change it committed."""
-        self.transitions.labels(api, operation, from_state or "new", to_state).inc()
+        self._transition(api, operation, from_state or "new", to_state).inc()
 
     def duplicate(self, api: str, operation: str, kind: str) -> None:
         """A duplicate's final answer (the store's Decision.kind: blocked, blocked_succeeded, key_conflict, replay)."""
-        self.duplicates.labels(api, operation, ANSWERS[kind]).inc()
+        self._duplicate(api, operation, ANSWERS[kind]).inc()
 
     def waited(self, api: str, operation: str) -> None:
         self.waits.labels(api, operation).inc()
@@ -172,10 +197,10 @@ class Metrics:
         self.reload_ok.set(1 if ok else 0)
 
     def committed(self, api: str, operation: str, seconds: float) -> None:
-        self.commit.labels(api, operation).observe(seconds)
+        self._commit(api, operation).observe(seconds)
 
     def exchanged(self, api: str, operation: str, seconds: float) -> None:
-        self.upstream.labels(api, operation).observe(seconds)
+        self._upstream(api, operation).observe(seconds)
 
     # --- set up ----------------------------------------------------------------------------
 
