@@ -18,7 +18,7 @@ from proxy_addon.states import State
 from proxy_addon.store import Receipt, RecordedResponse
 
 HINTS = {
-    State.AWAITING_APPROVAL: "the first attempt is waiting for an operator's approval in mitmweb",
+    State.AWAITING_APPROVAL: "the first attempt is waiting for an operator's approval (mitmweb, receipts approve)",
     State.SUBMITTED: "the first attempt is still in flight; wait for its outcome before retrying",
     State.OUTCOME_UNKNOWN: "the first attempt's outcome is unknown; reconcile it before retrying",
     State.RECONCILING: "the first attempt is being reconciled; retry after it settles",

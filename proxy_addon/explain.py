@@ -6,7 +6,10 @@
 
 The report names the operation that matches (or why none does), the fields that enter
 the fingerprint with their values (credentials never: they are shown as REDACTED), the
-fingerprint itself, how an answer would be classified and what a duplicate would get.
+fingerprint itself, how an answer would be classified and what a duplicate would get. It
+warns when the fields the fingerprint names cannot be read from the body given (`warnings`:
+the body is not JSON, is declared as another type, lacks some or all of them), so that the
+intent would be the hash of the whole body, or hold nulls, rather than what the rule means.
 It matches and fingerprints exactly as the proxy does: `RuleSet.match` and `fingerprint` on
 the URL as given, whose canonical form (canonical.py) the report shows when it differs.
 """
@@ -17,13 +20,14 @@ import json
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from proxy_addon import gql
 from proxy_addon.bodies import codings, decode_body
 from proxy_addon.canonical import canonical_host, canonical_path, method_overrides
 from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes
+from proxy_addon.jsonpath import NOT_JSON, parse_json
 from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
 from proxy_addon.rules import Check, ClassifyRule, Operation, ReconcileSpec, RuleSet
 
@@ -240,11 +244,105 @@ def explain(
         report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
         report["refused"] = refused
         return report
-    _describe(report, op, fingerprint(m, view, key))
+    _describe(report, op, fingerprint(m, view, key), headers, body)
     return report
 
 
-def _describe(report: dict[str, Any], op: Operation, intent: Intent) -> None:
+# The body fallbacks (intent_body.FALLBACKS) that leave the named fields unread: the intent is the whole body's hash.
+_UNREAD = {
+    "not_json": "it is not JSON",
+    "not_a_json_object": "it is JSON but not an object, so it has no fields",
+    "bad_form": "it is declared as a form (application/x-www-form-urlencoded) but is neither a form nor a JSON object",
+    "bad_multipart": "it is declared as multipart/form-data but is not well-formed",
+    "no_named_field": "it has none of them",
+    "empty": "it is empty",
+}
+_NAMES_SHOWN = 12  # a body's field names listed in a warning, at most
+
+
+def _body_names(ctype: str, body: bytes) -> tuple[str, list[str]] | None:
+    """What the body holds, as the proxy would read it: ("JSON object" | "form", its top-level names)."""
+    doc = parse_json(body)
+    if isinstance(doc, dict) and ctype != "application/x-www-form-urlencoded":
+        return "JSON object", list(doc)
+    try:
+        form = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
+    except (UnicodeDecodeError, ValueError):
+        form = []
+    if form and (ctype == "application/x-www-form-urlencoded" or doc is NOT_JSON):
+        return "form", list(dict.fromkeys(k for k, _ in form))
+    if isinstance(doc, dict):
+        return "JSON object", list(doc)
+    return None
+
+
+def _hint(fallback: str, held: tuple[str, list[str]] | None, ctype: str) -> str | None:
+    """What to change so that the named fields are read: the Content-Type, or how names are read."""
+    if held is None:
+        return None
+    if held[0] == "JSON object" and ctype not in ("application/json", ""):
+        return "the body is a JSON object: send it with Content-Type: application/json"
+    if held[0] == "form" and ctype != "application/x-www-form-urlencoded":
+        return (
+            "the body is form-encoded: send it with Content-Type: application/x-www-form-urlencoded "
+            "(rules explain --form), or send JSON with Content-Type: application/json"
+        )
+    if fallback != "no_named_field":
+        return None
+    if held[0] == "form":
+        return (
+            "a form field is read by its whole name (fingerprint.body: [metadata[order_id]] reads "
+            "metadata[order_id]=…); if the API takes JSON, send JSON with Content-Type: application/json"
+        )
+    return 'a name in fingerprint.body is a dotted path into the JSON: article.title reads {"article": {"title": …}}'
+
+
+def _body_warnings(op: Operation, intent: Mapping[str, Any], headers: Mapping[str, str], body: bytes) -> list[str]:
+    """
+    Why the fingerprint's named body fields cannot be applied to this body, and what to do: the
+    intent then falls back to the whole body's SHA-256 (`fallback`), or counts a missing field as
+    null (`missing`). Names only, never values. Empty when the fields were read as the rule says.
+    """
+    fields = op.fingerprint.body
+    if not fields:
+        return []
+    named = ", ".join(fields)
+    ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+    warnings = []
+    fallback = intent.get("fallback")
+    if fallback in _UNREAD:
+        why = _UNREAD[fallback]
+        held = _body_names(ctype, body) if body else None
+        if fallback == "no_named_field":
+            if op.graphql:
+                why = "the mutation's arguments have none of them"
+            elif held is not None and held[1]:
+                more = "…" if len(held[1]) > _NAMES_SHOWN else ""
+                why += f" (read as a {held[0]}, its fields are: {', '.join(held[1][:_NAMES_SHOWN])}{more})"
+        declared = f"Content-Type {ctype}" if ctype else "no Content-Type"
+        instead = (
+            "The intent is the SHA-256 of the empty body instead: every request of this operation without a body "
+            "(the same path and credentials) is one intent"
+            if fallback == "empty"
+            else "The intent is the SHA-256 of the whole body instead: a repeat is recognised only when it is the "
+            "same byte for byte (another key order, spacing or value of a field the rule leaves out makes another "
+            "intent)"
+        )
+        warnings.append(
+            f"the fingerprint's named fields ({named}) cannot be read from this body ({declared}): {why}. {instead}"
+        )
+        hint = None if op.graphql else _hint(fallback, held, ctype)  # GraphQL: paths into the mutation's arguments
+        if hint:
+            warnings.append(hint)
+    if missing := intent.get("missing"):
+        warnings.append(
+            f"named fields not in this body: {', '.join(missing)}; each counts as null, so the same request with "
+            "them is another intent"
+        )
+    return warnings
+
+
+def _describe(report: dict[str, Any], op: Operation, intent: Intent, headers: Mapping[str, str], body: bytes) -> None:
     """The matched operation's part of the report: the fingerprint, classification, identity and duplicates."""
     report["match"] = {
         "api": op.api,
@@ -253,13 +351,17 @@ def _describe(report: dict[str, Any], op: Operation, intent: Intent) -> None:
         "description": op.description,
         "graphql": op.graphql,
     }
+    warnings = _body_warnings(op, intent.intent, headers, body)
+    warned = {"missing", *(["fallback"] if intent.intent.get("fallback") in _UNREAD else [])} if warnings else set()
     report["fingerprint"] = {
         "fields": dict(
             kv for part, value in intent.intent.items() if part not in NOTES for kv in _flatten(part, value)
         ),
         "principal": intent.principal,
         "value": intent.fingerprint,
-        "notes": intent_notes(intent.intent),  # which fallback was used, missing and hashed fields
+        # how the body was read: hashed fields, json_sent_as_form, a method override (what warnings do not say)
+        "notes": intent_notes({k: v for k, v in intent.intent.items() if k not in warned}),
+        "warnings": warnings,  # the named fields cannot be applied to this body (_body_warnings)
     }
     report["classify"] = (
         [_rule_text(r) for r in op.classify_rules]
@@ -278,7 +380,9 @@ def _describe(report: dict[str, Any], op: Operation, intent: Intent) -> None:
         report["external_id"] = op.external_id if isinstance(op.external_id, str) else " + ".join(op.external_id)
     report["duplicates"] = _duplicates(op)
     if op.approve:
-        report["duplicates"].insert(0, "each write waits for an operator's approval in mitmweb before it is sent")
+        report["duplicates"].insert(
+            0, "each write waits for an operator's approval (mitmweb, receipts approve) before it is sent"
+        )
 
 
 def render(report: dict[str, Any]) -> str:
@@ -304,6 +408,7 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "fingerprint fields (nothing else of the request enters it):"]
     lines += [f"  {k} = {_short(v)}" for k, v in fp["fields"].items()] or ["  (none: the body is ignored)"]
     lines += [f"  note: {n}" for n in fp.get("notes", ())]
+    lines += [f"  WARNING: {w}" for w in fp.get("warnings", ())]
     principal = fp["principal"]
     shown = "anonymous (no credential)" if principal == "anonymous" else f"{principal} (a keyed hash of the credential)"
     lines.append(f"  principal = {shown}")

@@ -30,7 +30,8 @@ def claim(db: Path) -> tuple[str, int]:
     return instance, fd
 
 
-def alive(db: Path, instance: str | None) -> bool:
+def alive(db: Path, instance: str | None, *, tidy: bool = True) -> bool:
+    """Whether the process that claimed `instance` still runs; `tidy`: remove a dead one's lock file."""
     if not instance:
         return False
     path = directory(db) / f"{instance}.lock"
@@ -43,8 +44,9 @@ def alive(db: Path, instance: str | None) -> bool:
     except BlockingIOError:
         return True
     else:
-        with contextlib.suppress(OSError):
-            path.unlink()
+        if tidy:
+            with contextlib.suppress(OSError):
+                path.unlink()
         return False
     finally:
         os.close(fd)

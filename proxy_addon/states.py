@@ -31,7 +31,7 @@ import enum
 
 
 class State(enum.StrEnum):
-    AWAITING_APPROVAL = "awaiting_approval"  # held in mitmweb until an operator resumes or kills it
+    AWAITING_APPROVAL = "awaiting_approval"  # held until an operator decides (mitmweb, receipts approve/deny)
     SUBMITTED = "submitted"
     SUCCEEDED = "succeeded"
     REJECTED = "rejected"

@@ -5,15 +5,21 @@ resumes or kills it through mitmweb's own API, the calls its Resume and Abort bu
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
-from urllib.parse import urlsplit
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
 
 from proxy_addon.store import Store
 from tests.conftest import mitmweb, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def held_flow(web: requests.Session, base: str, bucket: str) -> dict:
@@ -91,9 +97,9 @@ def test_a_resolution_from_the_cli_shows_in_mitmweb(tmp_path, confdir, upstream,
 
         def flow():
             return next((f for f in web.get(f"{base}/flows", timeout=5).json()
-                         if f.get("comment", "").startswith(f"receipt {operation_id}")), None)
+                         if f.get("comment", "").endswith(f"· receipt {operation_id}")), None)
 
-        settled = wait_for(lambda: (f := flow()) and f["comment"].endswith("· succeeded") and f,
+        settled = wait_for(lambda: (f := flow()) and f["comment"].startswith("succeeded · ") and f,
                            timeout=10, what="the flow's comment to follow the CLI's resolution")
         assert settled["marked"] == "✅"
 
@@ -119,7 +125,7 @@ def test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent(tmp_path, confd
         if edit == "put":  # and, once the watch has refreshed it (once a second), it still says it is held
             time.sleep(1.5)
             shown = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["id"] == flow["id"])
-            assert shown["comment"].startswith("AWAITING APPROVAL (resume to send, kill to deny): receipt ")
+            assert shown["comment"].startswith("AWAITING APPROVAL (resume to send, kill to deny) · test-api ")
             change = {"request": {"content": '{"amount": 1000000}'}}
             assert web.put(f"{base}/flows/{flow['id']}", json=change, timeout=5).status_code == 200
         else:
@@ -210,3 +216,65 @@ def test_resume_all_approves_each_held_write(tmp_path, confdir, upstream, bucket
     for r in rs:
         assert [e.reason for e in store.events(r.operation_id) if e.from_state == "awaiting_approval"] == [
             "approved by operator"]
+
+
+def readme_script_block() -> list[str]:
+    """The shell block of README.md's "Scripts" bullet (Approvals): what a script runs against mitmweb's API."""
+    text = (ROOT / "README.md").read_text()
+    after = text[text.index("- **Scripts**: use the CLI"):]
+    block = after[after.index("```sh\n") + len("```sh\n"):]
+    return [line.strip() for line in block[:block.index("```")].splitlines()]
+
+
+def test_the_readme_recipe_for_scripts_and_the_cli_both_decide_held_writes(tmp_path, confdir, upstream, bucket):
+    """
+    README's recipe for mitmweb's HTTP API (Bearer token, the _mitmproxy_xsrf cookie and the
+    X-XSRFToken header) run as written with curl, on the real URL, token and flow: it lists
+    the held write and resumes it. Without the XSRF pair the same POST gets 403. Then a second
+    write is approved with `receipts approve` while mitmweb shows it: the flow leaves the intercept.
+    """
+    path = f"/api/{bucket}/refunds"
+    with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
+        web, base = operator(web_url)
+        token = parse_qs(urlsplit(web_url).query)["token"][0]
+        answers: dict[int, requests.Response] = {}
+
+        def agent(amount: int):
+            answers[amount] = requests.post(upstream.url + path, json={"amount": amount}, timeout=30,
+                                            proxies={"http": proxy_url, "https": proxy_url})
+
+        first = threading.Thread(target=agent, args=(10,))
+        first.start()
+        flow = held_flow(web, base, bucket)
+        bare = requests.post(f"{base}/flows/{flow['id']}/resume", headers={"Authorization": f"Bearer {token}"},
+                             timeout=5)
+        assert bare.status_code == 403 and upstream.seen(path) == 0  # the XSRF pair is needed
+
+        lines = readme_script_block()
+        assert lines[0].startswith("W=http://127.0.0.1:8081 TOKEN=") and lines[3].startswith("FLOW=")
+        lines[0], lines[3] = f"W={base} TOKEN={token}", f"FLOW={flow['id']}"
+        ran = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(lines)], capture_output=True, text=True,
+                             timeout=30, env={**os.environ, "NO_PROXY": "*", "no_proxy": "*"})
+        assert ran.returncode == 0, ran.stderr
+        listed = ran.stdout.splitlines()[0]
+        assert listed.startswith(f"{flow['id']}  AWAITING APPROVAL (resume to send, kill to deny): receipt ")
+        first.join(timeout=30)
+        assert answers[10].status_code == 201 and upstream.commits(path) == 1
+
+        second = threading.Thread(target=agent, args=(20,))
+        second.start()
+        flow = held_flow(web, base, bucket)
+        operation_id = flow["comment"].split("receipt ")[1].split(" ")[0]
+        approved = subprocess.run([sys.executable, "-m", "proxy_addon.cli", "--db",
+                                   str(tmp_path / "state" / "receipts.db"), "approve", operation_id],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=30)
+        assert approved.returncode == 0, approved.stderr
+        second.join(timeout=30)
+        assert answers[20].status_code == 201 and upstream.commits(path) == 2
+
+        def shown():
+            f = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["id"] == flow["id"])
+            return f if f["comment"].endswith("· succeeded (201)") else None
+
+        f = wait_for(shown, timeout=10, what="mitmweb to show the approved write's outcome")
+        assert not f["intercepted"] and f["marked"] == "✅"

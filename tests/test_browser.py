@@ -63,7 +63,7 @@ def test_mitmweb_shows_a_blocked_duplicate_and_its_receipt(tmp_path, confdir, up
         assert retry.json()["error"] == "duplicate_unresolved"
         assert retry.json()["operation_id"] == receipt_id
         assert upstream.seen(path) == 1
-        comment = f"BLOCKED duplicate of receipt {receipt_id} · test-api plain.create · outcome_unknown"
+        comment = f"BLOCKED duplicate · test-api plain.create · receipt {receipt_id}: outcome_unknown"
 
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)

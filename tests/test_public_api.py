@@ -42,6 +42,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "load_rules_path": ("proxy_addon.rules.loader", "load_rules_path"),
     },
     "proxy_addon.store": {
+        "ApprovalDecision": ("proxy_addon.store.records", "ApprovalDecision"),
         "Attempt": ("proxy_addon.store.records", "Attempt"),
         "Backend": ("proxy_addon.store.base", "Backend"),
         "Clock": ("proxy_addon.store.records", "Clock"),
@@ -104,7 +105,7 @@ ALL = {
         "load_rules", "load_rules_path",
     ],
     "proxy_addon.store": [
-        "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "Receipt", "ReceiptStore",
+        "ApprovalDecision", "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "Receipt", "ReceiptStore",
         "RecordedResponse", "SQLiteStore", "Store", "UniqueViolation", "iso", "new_operation_id", "utcnow",
     ],
     "proxy_addon.rules": [

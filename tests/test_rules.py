@@ -227,6 +227,112 @@ def test_file_that_is_not_utf8_fails(tmp_path):
     assert info.value.message.startswith("cannot read:")
 
 
+# --- every problem in one run (issue 14) ---------------------------------------------------------
+
+# A top-level mistake, one operation with seven independent mistakes, another with two, and a good
+# one: (line, field, piece of the message), in line order. Before, `rules check` stopped at the
+# top level's problem ("1 problem"); without it, it gave the first of each operation.
+MANY_MISTAKES = """\
+api: blog
+hosts: [api.blog.test, 'Bad.Host']
+credentials: {header: api-key}
+operations:
+  posts.create:
+    match: {method: POST, path: '/posts/{id'}
+    fingerprint: {body: [title, 'bad field'], headers: [api-key]}
+    extrnal_id: id
+    classify: {409: maybe, 4xx: rejected}
+    reconcile:
+      read: {url: '/posts?title={intent.title'}
+      find: {title: '{intent.title}'}
+      settle: 5m
+  posts.update:
+    match: {method: PUTT, path: '/posts/{id}'}
+    fingerprint: {path: [slug]}
+  posts.ok:
+    match: {method: POST, path: /ok}
+"""
+MANY_PROBLEMS = [
+    (2, "hosts", "'Bad.Host' is not a host name"),
+    (6, "operations.posts.create.match.path", "unbalanced '{' or '}' in path template '/posts/{id'"),
+    (7, "operations.posts.create.fingerprint.body", "'bad field' is not a dotted field path"),
+    (7, "operations.posts.create.fingerprint.headers", "'api-key' carries credentials"),
+    (8, "operations.posts.create.extrnal_id", "unknown key 'extrnal_id'"),
+    (9, "operations.posts.create.classify.409", "'maybe' is not one of"),
+    (11, "operations.posts.create.reconcile.read.url", "unbalanced '{' or '}' in template '/posts?title={intent.title'"),
+    (13, "operations.posts.create.reconcile.settle", "needs absence_provable: true"),
+    (15, "operations.posts.update.match.method", "'PUTT' is not one of"),
+    (16, "operations.posts.update.fingerprint.path", "'slug' is not a parameter of '/posts/{id}'"),
+]
+
+
+def test_rules_check_reports_every_problem_of_every_operation_in_one_run(tmp_path, capsys):
+    from proxy_addon.cli import main
+
+    f = tmp_path / "blog.yaml"
+    f.write_text(MANY_MISTAKES)
+    assert main(["rules", "check", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    expected = [f"{f}:{line}: {field}: " for line, field, _ in MANY_PROBLEMS]
+    assert [e[: len(x)] for e, x in zip(err, expected, strict=False)] == expected, "\n".join(err)
+    for got, (_, _, message) in zip(err, MANY_PROBLEMS, strict=False):
+        assert message in got
+    assert err[len(MANY_PROBLEMS):] == [f"{len(MANY_PROBLEMS)} problems"]  # the count agrees with the lines
+    # The proxy (load_rules_path) refuses the file with the first problem it meets.
+    with pytest.raises(RulesError) as info:
+        load_rules_path(f)
+    assert str(info.value).startswith(f"{f}:2: hosts: ")
+
+
+def test_a_problem_does_not_hide_one_that_follows_it_in_the_same_part(tmp_path):
+    """A misspelt key and the required one it misses; two bad items of one list, and the next list."""
+    from proxy_addon.rules import check_rules
+
+    text = """\
+api: blog
+hosts: [api.blog.test]
+operations:
+  posts.create:
+    mtach: {method: POST, path: /posts}
+    fingerprint: {body: [a b, c d], query: [token]}
+"""
+    problems = [(p.line, p.field, p.message) for p in check_rules(text, "blog.yaml")]
+    assert problems == [
+        (5, "operations.posts.create.mtach", "unknown key 'mtach'; expected one of: description, match, fingerprint, "
+                                             "external_id, after_success, classify, reconcile, idempotency_key, approve"),
+        (5, "operations.posts.create.match", "is required"),
+        (6, "operations.posts.create.fingerprint.body", "'a b' is not a dotted field path like 'article.title'"),
+        (6, "operations.posts.create.fingerprint.body", "'c d' is not a dotted field path like 'article.title'"),
+        (6, "operations.posts.create.fingerprint.query", "'token' looks like a credential; secrets never enter a fingerprint"),
+    ]
+
+
+def test_what_depends_on_a_part_with_a_problem_is_not_checked_against_it():
+    """A path that does not parse leaves the fingerprint's path parameters unchecked; a fingerprint
+    with a problem leaves the names reconcile templates use unchecked: one problem each, no echo."""
+    from proxy_addon.rules import check_rules
+
+    text = """\
+api: blog
+hosts: [api.blog.test]
+operations:
+  posts.update:
+    match: {method: PUT, path: '/posts/{id'}
+    fingerprint: {path: [id], body: [title, 'x y']}
+    reconcile:
+      read: {url: '/posts/{path.id}?t={intent.title}'}
+"""
+    assert [(p.line, p.field) for p in check_rules(text, "blog.yaml")] == [
+        (5, "operations.posts.update.match.path"),
+        (6, "operations.posts.update.fingerprint.body"),
+    ]
+    # With the fingerprint fixed, a template naming what it does not record is reported again.
+    fixed = text.replace("'/posts/{id'", "'/posts/{id}'").replace(", 'x y'", "").replace("{intent.title}", "{intent.body}")
+    assert [(p.line, p.field, p.message.split(";")[0]) for p in check_rules(fixed, "blog.yaml")] == [
+        (8, "operations.posts.update.reconcile.read.url", "{intent.body} is not recorded by this operation's fingerprint"),
+    ]
+
+
 # --- parse_path_template ------------------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """
 Rules files are data, not programs: an alias bomb is refused by `rules check` and by the
 loader, a file past the size bound is refused, and a reload runs off the event loop, once the
-files have settled, at most every few seconds, so no rules file can stall traffic.
+files have settled, at most every few seconds, so no rules file can stall traffic. A reload
+that fails is an error in mitmweb's event log, naming each problem, and the flows it affects
+stay on the last good rules and say so.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import time
 from pathlib import Path
 
 import httpx
+import requests
 
 from proxy_addon.cli import main
 from proxy_addon.rules import check_rules_path, load_rules_path
 from proxy_addon.rules.loader import MAX_RULES_BYTES
-from tests.conftest import TEST_RULES, Proxy, wait_for
+from proxy_addon.store import Store
+from tests.conftest import TEST_RULES, Proxy, ScriptsRun, wait_for
 
 BOMB = Path(__file__).parent / "rules_bad" / "94-alias-bomb.yaml"
 
@@ -114,3 +118,68 @@ def test_a_file_rewritten_every_few_ms_reloads_once_it_settles(tmp_path, confdir
         assert proxy.log().count("rules NOT reloaded") == 0
     finally:
         proxy.stop()
+
+
+def test_a_failed_reload_is_an_error_in_mitmwebs_event_log_and_its_flows_keep_the_last_good_rules(
+        tmp_path, confdir, upstream, bucket):
+    """
+    mitmweb (scripts/run) on a copy of the test rules; the file is then broken twice over: plain.create
+    gets an unknown key beside a changed fingerprint ([title, tags]), things.update a path with an
+    unbalanced `{id`. mitmweb's event log (/events, what its Event Log pane shows) has one error
+    naming the file, both problems and the rules kept; a matched write is fingerprinted by the old
+    rule (title alone), sent once, and its comment says the last good rules decided it. Once the file
+    is fixed, the new rule applies and the note is gone. Before, the error listed the first problem
+    only and no flow said anything.
+    """
+    from tests.test_approval import operator
+
+    rules = rules_folder(tmp_path)
+    yaml_file = rules / "test-api.yaml"
+    good = yaml_file.read_text()
+    broken = good.replace('    fingerprint: {body: [title]}\n    external_id: id\n  things.update:',
+                          '    fingerprint: {body: [title, tags]}\n    extrnal_id: id\n  things.update:')
+    broken = broken.replace('match: {method: PUT, path: "/api/{bucket}/things/{id}"}',
+                            'match: {method: PUT, path: "/api/{bucket}/things/{id"}')
+    assert broken.count("extrnal_id") == 1 and broken.count("things/{id\"") == 1
+    lines = broken.splitlines()
+    key_line, path_line = (next(i for i, x in enumerate(lines, 1) if word in x) for word in ("extrnal_id", "{id\"}"))
+    run = ScriptsRun(tmp_path, confdir, env={"RECEIPT_PROXY_RULES": str(rules)}, log=tmp_path / "mitmweb.log").start()
+    try:
+        web, base = operator(run.web_url)
+        proxies = {"http": run.proxy_url, "https": run.proxy_url}
+        path = f"/api/{bucket}/plain"
+
+        def post(title: str) -> requests.Response:
+            return requests.post(upstream.url + path, json={"title": title, "tags": ["x"]}, proxies=proxies, timeout=30)
+
+        def events(word: str) -> list[dict]:
+            return [e for e in web.get(f"{base}/events", timeout=5).json() if word in e["message"]]
+
+        yaml_file.write_text(broken)
+        (error,) = wait_for(lambda: events("rules NOT reloaded"), timeout=15, what="the failed reload in /events")
+        assert error["level"] == "error"
+        assert "matched requests stay on the last good rules (" in error["message"] and "2 problems" in error["message"]
+        assert (f"{yaml_file}:{key_line}: operations.plain.create.extrnal_id: unknown key 'extrnal_id'"
+                in error["message"])
+        assert (f"{yaml_file}:{path_line}: operations.things.update.match.path: unbalanced '{{' or '}}' "
+                "in path template '/api/{bucket}/things/{id'" in error["message"])
+
+        first = post("old rule")
+        assert first.status_code == 201 and upstream.commits(path) == 1
+        flow = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["request"]["path"] == path)
+        assert flow["comment"].startswith("succeeded (201) · test-api plain.create · receipt ")
+        assert flow["comment"].endswith(f" · on the last good rules: {yaml_file}:{key_line} did not load "
+                                        "(see the event log)")
+
+        yaml_file.write_text(broken.replace("extrnal_id", "external_id").replace('things/{id"', 'things/{id}"'))
+        wait_for(lambda: events("rules reloaded"), timeout=15, what="the fixed file to reload")
+        second = post("new rule")
+        assert second.status_code == 201 and upstream.commits(path) == 2
+        flows = [f for f in web.get(f"{base}/flows", timeout=5).json() if f["request"]["path"] == path]
+        assert "last good rules" not in flows[-1]["comment"]
+    finally:
+        run.stop()
+    store = Store.open(tmp_path / "state" / "receipts.db", create=False)
+    intents = {r.operation_id: r.intent["body"] for r in store.list(limit=None) if bucket in r.target}
+    assert intents[first.headers["x-receipt-id"]] == {"title": "old rule"}  # the last good rule: title alone
+    assert intents[second.headers["x-receipt-id"]] == {"title": "new rule", "tags": ["x"]}

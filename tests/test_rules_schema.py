@@ -226,3 +226,60 @@ operations:
 
 def load_rules_path_text(text: str) -> RuleSet:
     return RuleSet.of([load_rules(text, "inline.yaml")])
+
+
+# --- rules explain warns when the fingerprint's fields cannot be applied to the body (issue 14) --
+
+DEV_TO = ROOT / "rules" / "dev.to.yaml"  # fingerprint: {body: [article.title, article.body_markdown]}
+FULL = {"article": {"title": "Hello SECRET-T", "body_markdown": "Text SECRET-B"}}
+
+# (case, explain's body arguments, pieces every WARNING line together holds)
+UNAPPLIED = [
+    ("a-form", ["--form", "title=Hello+SECRET-T"],
+     ["named fields (article.title, article.body_markdown) cannot be read from this body "
+      "(Content-Type application/x-www-form-urlencoded): it has none of them (read as a form, its fields are: title)",
+      "The intent is the SHA-256 of the whole body instead", "a form field is read by its whole name",
+      "send JSON with Content-Type: application/json"]),
+    ("a-form-declared-json", ["--body", "title=Hello+SECRET-T&tags=x"],
+     ["cannot be read from this body (Content-Type application/json): it is not JSON.",
+      "the body is form-encoded: send it with Content-Type: application/x-www-form-urlencoded"]),
+    ("json-of-another-shape", ["--body", json.dumps({"title": "Hello SECRET-T", "body_markdown": "SECRET-B"})],
+     ["it has none of them (read as a JSON object, its fields are: title, body_markdown)",
+      'a name in fingerprint.body is a dotted path into the JSON: article.title reads {"article": {"title": …}}']),
+    ("a-json-list", ["--body", json.dumps([FULL])], ["it is JSON but not an object, so it has no fields"]),
+    ("a-field-missing", ["--body", json.dumps({"article": {"title": "Hello SECRET-T"}})],
+     ["named fields not in this body: article.body_markdown; each counts as null"]),
+]
+
+
+def _explain(tmp_path, monkeypatch, capsys, body_args: list[str], *more: str) -> str:
+    monkeypatch.setenv("RECEIPT_PROXY_STATE_DIR", str(tmp_path / "state"))  # no receipts DB, no key: none looked up
+    if body_args[0] == "--body":
+        f = tmp_path / "body"
+        f.write_text(body_args[1])
+        body_args = ["--body", str(f)]
+    rc = cli.main(["rules", "explain", "POST", "https://dev.to/api/articles", *body_args, "--rules", str(DEV_TO), *more])
+    assert rc == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case, body_args, says", UNAPPLIED, ids=[c[0] for c in UNAPPLIED])
+def test_rules_explain_warns_when_the_named_fields_cannot_be_applied(tmp_path, monkeypatch, capsys, case, body_args,
+                                                                    says):
+    out = _explain(tmp_path, monkeypatch, capsys, body_args)
+    warnings = [line for line in out.splitlines() if line.startswith("  WARNING: ")]
+    assert warnings, out
+    text = "\n".join(warnings)
+    for piece in says:
+        assert piece in text
+    assert "SECRET" not in text  # names only, never a value
+    assert "operation: dev.to articles.create" in out  # it still matched, and still says what it would do
+    report = json.loads(_explain(tmp_path, monkeypatch, capsys, body_args, "--json"))
+    assert [f"  WARNING: {w}" for w in report["fingerprint"]["warnings"]] == warnings
+
+
+def test_rules_explain_gives_no_warning_when_the_fields_apply(tmp_path, monkeypatch, capsys):
+    out = _explain(tmp_path, monkeypatch, capsys, ["--body", json.dumps(FULL)])
+    assert "WARNING" not in out and 'body.article.title = "Hello SECRET-T"' in out
+    report = json.loads(_explain(tmp_path, monkeypatch, capsys, ["--body", json.dumps(FULL)], "--json"))
+    assert report["fingerprint"]["warnings"] == [] and report["fingerprint"]["notes"] == []

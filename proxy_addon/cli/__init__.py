@@ -6,6 +6,8 @@
     receipts blocked --since 1d               what the proxy blocked or replayed lately
     receipts reconcile --all                  look for the effect of every unknown outcome with a read
     receipts resolve ID --as succeeded --note "the post is live" --external-id 1234567
+    receipts pending                          writes held for approval
+    receipts approve ID | deny ID --note ...  decide one; the proxy that holds it acts within a second
     receipts export --since 2026-11-01 > audit.jsonl
     receipts prune --older-than 90d --dry-run
     receipts rules check                      validate the rules files
@@ -16,8 +18,8 @@ running it against an open Store, and its help. Errors a user can fix are one li
 `Error: ...`, on stderr, with exit status 1; argparse's own usage errors exit 2.
 
 The table is in commands.py; the commands in receipts.py (list, show, blocked, export,
-prune), resolve.py, reconcile.py and rules.py; values.py parses what the user types and
-output.py prints.
+prune), resolve.py, approvals.py (pending, approve, deny), reconcile.py and rules.py;
+values.py parses what the user types and output.py prints.
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ examples:
   receipts blocked --since 2h
   receipts reconcile --all --header 'api-key: ...'
   receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" --external-id 1234567
+  receipts pending --json
+  receipts approve 20261129T190502Z-7c1e02d9aa --note "refund agreed"
+  receipts deny 20261129T190502Z-7c1e02d9aa --note "amount too high, ask finance"
   receipts export --since 2026-11-01 > receipts.jsonl
   receipts prune --older-than 90d --dry-run
   receipts rules check rules/

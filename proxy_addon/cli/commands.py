@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from proxy_addon.cli.approvals import approve_args, approve_run, deny_args, deny_run, pending_args, pending_run
 from proxy_addon.cli.receipts import (
     blocked_args,
     blocked_run,
@@ -92,6 +93,44 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         ],
         resolve_args,
         resolve_run,
+    ),
+    "pending": Command(
+        "writes held for approval, with their intent",
+        "Writes held for approval (receipts in awaiting_approval), newest first: the operation, the\n"
+        "principal (a keyed hash of the credential), the intent fingerprint and the sanitized intent\n"
+        "the fingerprint was computed from. PROXY is the running proxy that holds the write, or\n"
+        "`stopped`: nothing was sent, and that proxy's next start records it not_sent. DECISION is\n"
+        "one recorded with approve or deny that the proxy has not applied yet.",
+        ["receipts pending", "receipts pending --json | jq -r '.[].operation_id'"],
+        pending_args,
+        pending_run,
+    ),
+    "approve": Command(
+        "approve a write held for approval: the proxy sends it",
+        "Approve a write held for approval, as mitmweb's Resume does, from any terminal: the\n"
+        "decision is recorded in the receipts database, and the proxy that holds the write sends\n"
+        "it within a second (the receipt becomes submitted). Recorded with your login name (actor\n"
+        "cli:NAME) and the note. Refused, writing nothing, for a receipt that is not awaiting\n"
+        "approval, already decided, held by a proxy that has stopped, or (--fingerprint) of\n"
+        "another intent. Waits --wait seconds for the proxy; exit status 1 if it did not apply\n"
+        "the decision (someone decided first, or it did not act in time).",
+        [
+            "receipts approve 20261129T184210Z-1fd54b31a2",
+            'receipts approve 20261129T184210Z-1fd54b31a2 --note "refund agreed with the customer"',
+            "receipts approve 20261129T184210Z-1fd54b31a2 --fingerprint sha256:3f2a9c1b0d4e",
+        ],
+        approve_args,
+        approve_run,
+    ),
+    "deny": Command(
+        "deny a write held for approval: never sent, the agent gets 403",
+        "Deny a write held for approval, as mitmweb's Abort does, from any terminal: the proxy\n"
+        "that holds it answers the agent 403 denied_by_operator with your note within a second,\n"
+        "and the receipt becomes rejected; nothing is sent. Recorded with your login name and\n"
+        "the note. Refused as approve is; exit status 1 as approve.",
+        ['receipts deny 20261129T184210Z-1fd54b31a2 --note "amount too high, ask finance"'],
+        deny_args,
+        deny_run,
     ),
     "reconcile": Command(
         "resolve unknown outcomes with a read, never another write",

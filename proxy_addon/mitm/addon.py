@@ -36,7 +36,7 @@ from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body
-from proxy_addon.mitm.approval import await_approval
+from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
 from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view, response_of
 from proxy_addon.reconcile import retry_after
@@ -54,6 +54,7 @@ class Receipts:
     def __init__(self) -> None:
         self.rules: RuleSet | None = None
         self.rules_sig: tuple = ()
+        self.rules_problem: str | None = None  # a failed reload's first problem (file:line): flows say so (watch.py)
         self.installation: Installation | None = None
         self.calls: StoreThread | None = None
         self.gate: Gate | None = None
@@ -66,6 +67,7 @@ class Receipts:
         self._read_store: Store | None = None
         self.metrics = Metrics()  # this proxy's Prometheus metrics (served by mitm/metrics.py)
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
+        self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -100,7 +102,7 @@ class Receipts:
                 raise exceptions.OptionsError(f"receipts_rules: {e}") from None
             if self.rules is not None:
                 self.metrics.reloaded(True)
-            self.rules, self.rules_sig = rules, sig
+            self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             self.metrics.known(rules.operations)
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
         if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._store_config:
@@ -165,6 +167,7 @@ class Receipts:
 
     async def done(self) -> None:
         self.metrics.close()
+        self.approvals.close()
         if self._read_store is not None:
             self._read_store.close()
         if self._client is not None:
@@ -189,6 +192,8 @@ class Receipts:
             return
         req.stream = False  # the receipt must be committed before any byte leaves
         flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
+        if self.rules_problem:  # the rules on disk did not load: the last good ones decide this flow
+            flow.metadata[META]["rules_problem"] = self.rules_problem
         if m.refused:
             flow.metadata[META]["refused"] = m.refused  # its method override headers: 400 in `request`, never sent
         if m.pending:
@@ -244,13 +249,11 @@ class Receipts:
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "replay":
-            self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED from ")
+            self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED")
             logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
         elif decision.kind != "forward":
             blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
-            prefix = (
-                "BLOCKED reused Idempotency-Key of " if decision.kind == "key_conflict" else "BLOCKED duplicate of "
-            )
+            prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
             self._answer(flow, blocked, "blocked", receipt, prefix)
             logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
         else:
@@ -264,7 +267,13 @@ class Receipts:
         meta["retry_of"] = receipt.retry_of
         if receipt.state is State.AWAITING_APPROVAL:
             receipt = await await_approval(
-                flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout, metrics=self.metrics
+                flow,
+                meta,
+                receipt,
+                self.calls,
+                ctx.options.receipts_approval_timeout,
+                self.approvals,
+                metrics=self.metrics,
             )
             if receipt.state is not State.SUBMITTED:
                 return
@@ -376,7 +385,7 @@ class Receipts:
             credentials=credentials_from(op.credential_headers, headers_of(flow.request)) if op is not None else None,
         )
         if receipt is None:
-            flow.comment = f"receipt {meta['operation_id']}: NOT RECORDED as {outcome.state}: the store refused it"
+            flow.comment = f"NOT RECORDED as {outcome.state}: the store refused it · receipt {meta['operation_id']}"
             return None
         meta["state"] = str(receipt.state)
         mark(flow, receipt.state, receipt)

@@ -1,10 +1,17 @@
 """
-The approval gate (`approve: true` in a rule): a write waits in mitmweb for an operator.
+The approval gate (`approve: true` in a rule): a write waits for an operator, in mitmweb or
+at a terminal.
 
-The request is held with mitmproxy's own intercept until an operator resumes it (approve:
-the receipt becomes submitted and the request is sent) or kills it (deny: rejected, "denied
-by operator"), or until receipts_approval_timeout passes (denied too). The agent gets a 403
-that says so when denied. The wait holds no thread.
+The request is held with mitmproxy's own intercept until an operator decides, or until
+receipts_approval_timeout passes (denied). An operator decides in mitmweb (Resume: approved,
+the receipt becomes submitted and the request is sent; Abort, mitmproxy's kill: denied,
+rejected "denied by operator"), or from another process with `receipts approve ID` /
+`receipts deny ID --note ...`, which record the decision in the store (`decide_approval`).
+`Approvals` looks for such decisions every POLL seconds while this proxy holds a write, and
+the held write applies one exactly as a Resume or an Abort, marking the decision used in the
+transaction that moves the receipt (`apply_approval`); the event names the decider (cli:NAME)
+and carries the note. A decision applies only to the intent it was made on (its fingerprint).
+The agent gets a 403 that says so when denied. The wait holds no thread.
 
 A held write is sent as it was recorded, or not at all:
 - mitmweb lets an operator edit a held flow (`PUT /flows/<id>`, the command bar's `flow.set`).
@@ -20,6 +27,10 @@ A held write is sent as it was recorded, or not at all:
   HTTP/2 stream reset on a connection that stays open is not seen: the timeout or an operator
   decides that write.
 - mitmweb's "Resume all" resumes every held flow, each one approved as if resumed by itself.
+- Two operators at once (mitmweb and the CLI): whichever this proxy sees first is applied, and
+  the store's guarded transition (`awaiting_approval` → ...) lets only one through. The CLI's
+  decision that lost stays unused, and `receipts approve` says so. An edit or a hang-up beats a
+  decision from the CLI as it beats a Resume: denied, the decision unused.
 The flow's comment keeps `AWAITING APPROVAL` while it is held (flows.comment), and says why a
 denied write was denied.
 """
@@ -29,17 +40,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from mitmproxy import ctx, hooks, http
 from mitmproxy.flow import Error
 
 from proxy_addon import answers
+from proxy_addon.errors import StoreError
 from proxy_addon.gate import StoreThread
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm.flows import HELD, META, mark, response_of
 from proxy_addon.states import State
-from proxy_addon.store import Receipt
+from proxy_addon.store import ApprovalDecision, Receipt
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +61,83 @@ MODIFIED = "denied: the request was modified while held (resume it unedited, or 
 HUNG_UP = "denied: the agent hung up while the write was held"
 DENIED = "denied by operator"
 OPERATOR = "mitmweb operator"
+POLL = 0.5  # seconds between two looks for decisions from the CLI, while a write is held
+TICK = 0.25  # seconds between two looks at a held flow (killed? agent gone? past the timeout?)
 
 _TIMES = ("timestamp_start", "timestamp_end")  # when it arrived: not part of what is sent
+
+
+@dataclass
+class _Held:
+    """A write this proxy holds, and the decision from the CLI found for it."""
+
+    receipt: Receipt
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+    decision: ApprovalDecision | None = None
+    refused: bool = False  # a decision for another intent was found (and said, once)
+
+    def offer(self, d: ApprovalDecision) -> None:
+        if d.intent_fingerprint != self.receipt.intent_fingerprint:
+            if not self.refused:
+                self.refused = True
+                logger.error(
+                    f"receipt {d.operation_id}: the decision {d.decision} by {d.actor} is for the intent "
+                    f"{d.intent_fingerprint}, not the held write's {self.receipt.intent_fingerprint}: not applied"
+                )
+            return
+        self.decision = d
+        self.woken.set()
+
+
+class Approvals:
+    """
+    The writes this proxy holds for approval, and the decisions recorded for them from another
+    process (`receipts approve` / `deny`): one query every POLL seconds while any write is held,
+    none otherwise.
+    """
+
+    def __init__(self, calls: Callable[[], StoreThread | None]):
+        self._calls = calls
+        self._held: dict[str, _Held] = {}
+        self._task: asyncio.Task | None = None
+        self._failing: str | None = None  # the last error of a look, said once
+
+    @contextlib.contextmanager
+    def holding(self, receipt: Receipt) -> Iterator[_Held]:
+        held = self._held[receipt.operation_id] = _Held(receipt)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+        try:
+            yield held
+        finally:
+            self._held.pop(receipt.operation_id, None)
+
+    async def _watch(self) -> None:
+        while self._held:
+            await asyncio.sleep(POLL)
+            await self.look()
+
+    async def look(self) -> None:
+        """Hand each held write the decision recorded for it, if any."""
+        calls, ids = self._calls(), list(self._held)
+        if calls is None or not ids:
+            return
+        try:
+            found: dict[str, ApprovalDecision] = await calls(lambda s: s.approval_decisions(ids))
+        except Exception as e:  # a store error, or any surprise: the looks go on, and say it once
+            why = str(e) if isinstance(e, StoreError) else f"{type(e).__name__}: {e}"
+            if why != self._failing:
+                logger.warning(f"receipt-proxy: could not look for approval decisions: {why}")
+            self._failing = why
+            return
+        self._failing = None
+        for operation_id, d in found.items():
+            if (held := self._held.get(operation_id)) is not None:
+                held.offer(d)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _sent_form(req: http.Request) -> dict[str, Any]:
@@ -67,61 +156,102 @@ def _gone(flow: http.HTTPFlow) -> bool:
     return not flow.client_conn.connected
 
 
-async def _decision(flow: http.HTTPFlow, held_as: dict[str, Any], timeout: float) -> tuple[State, str, str]:
-    """Wait for the decision: (the receipt's next state, why, who decided)."""
+async def _tick(flow: http.HTTPFlow, held: _Held) -> None:
+    """Wait for a resume, a decision from the CLI, or TICK seconds."""
+    waits = [asyncio.ensure_future(flow.wait_for_resume()), asyncio.ensure_future(held.woken.wait())]
+    try:
+        await asyncio.wait(waits, timeout=TICK, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+def _operator_reason(d: ApprovalDecision) -> str:
+    said = f": {d.note}" if d.note else ""
+    return f"approved by operator{said}" if d.approved else f"denied by operator{said}"
+
+
+async def _decision(
+    flow: http.HTTPFlow, held_as: dict[str, Any], timeout: float, held: _Held
+) -> tuple[State, str, str, ApprovalDecision | None]:
+    """Wait for the decision: (the receipt's next state, why, who decided, the CLI's decision if it is the one)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while flow.intercepted and not _killed(flow) and not _gone(flow) and loop.time() < deadline:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(flow.wait_for_resume(), 0.25)
+    while (
+        flow.intercepted and not _killed(flow) and not _gone(flow) and held.decision is None and loop.time() < deadline
+    ):
+        await _tick(flow, held)
     if _killed(flow):
-        return State.REJECTED, DENIED, OPERATOR
+        return State.REJECTED, DENIED, OPERATOR, None
     if _gone(flow):  # before a resume is taken: nobody would get the answer
-        return State.REJECTED, HUNG_UP, "proxy"
+        return State.REJECTED, HUNG_UP, "proxy", None
+    if (d := held.decision) is not None:
+        if _sent_form(flow.request) != held_as:
+            return State.REJECTED, MODIFIED, "proxy", None
+        flow.resume()  # out of mitmproxy's intercept, as a Resume would
+        return (State.SUBMITTED if d.approved else State.REJECTED), _operator_reason(d), d.actor, d
     if not flow.intercepted:
         if _sent_form(flow.request) != held_as:
-            return State.REJECTED, MODIFIED, "proxy"
-        return State.SUBMITTED, "approved by operator", OPERATOR
-    return State.REJECTED, f"denied: no decision within receipts_approval_timeout ({timeout:g}s)", "proxy"
+            return State.REJECTED, MODIFIED, "proxy", None
+        return State.SUBMITTED, "approved by operator", OPERATOR, None
+    return State.REJECTED, f"denied: no decision within receipts_approval_timeout ({timeout:g}s)", "proxy", None
 
 
-def decision_label(to: State, reason: str) -> str:
+def decision_label(to: State, reason: str, by_cli: ApprovalDecision | None) -> str:
     """The `decision` label of receipt_proxy_approval_decisions_total."""
     if to is State.SUBMITTED:
         return "approved"
-    return {DENIED: "denied", MODIFIED: "modified", HUNG_UP: "hung_up"}.get(reason, "timeout")
+    if by_cli is not None or reason == DENIED:
+        return "denied"
+    return {MODIFIED: "modified", HUNG_UP: "hung_up"}.get(reason, "timeout")
 
 
 async def await_approval(
-    flow: http.HTTPFlow, meta: dict, receipt: Receipt, calls: StoreThread, timeout: float, *, metrics: Metrics
+    flow: http.HTTPFlow,
+    meta: dict,
+    receipt: Receipt,
+    calls: StoreThread,
+    timeout: float,
+    approvals: Approvals,
+    *,
+    metrics: Metrics,
 ) -> Receipt:
     """Hold the flow until an operator decides; the receipt after the decision (submitted: send it)."""
     held_as = _sent_form(flow.request)  # what the receipt recorded: sent so, or not at all
     flow.intercept()
     mark(flow, State.AWAITING_APPROVAL, receipt, prefix=HELD)
     ctx.master.addons.trigger(hooks.UpdateHook([flow]))
-    logger.warning(f"receipt {receipt.operation_id} {receipt.api} {receipt.operation}: awaiting approval in mitmweb")
+    logger.warning(
+        f"receipt {receipt.operation_id} {receipt.api} {receipt.operation}: awaiting approval "
+        f"(mitmweb, or receipts approve/deny {receipt.operation_id})"
+    )
     metrics.held(receipt.api, receipt.operation, 1)
     try:
-        to, reason, actor = await _decision(flow, held_as, timeout)
+        with approvals.holding(receipt) as held:
+            to, reason, actor, by_cli = await _decision(flow, held_as, timeout, held)
     except asyncio.CancelledError:  # the proxy stops (drain.py records not_sent)
         metrics.decided(receipt.api, receipt.operation, "stopped")
         raise
     finally:
         metrics.held(receipt.api, receipt.operation, -1)
-    metrics.decided(receipt.api, receipt.operation, decision_label(to, reason))
-    fields = {} if to is State.SUBMITTED else {"error": reason}
-    receipt = await calls(
-        lambda s: s.transition(
-            receipt.operation_id,
-            to,
-            reason=reason,
-            actor=actor,
-            expect=[State.AWAITING_APPROVAL],
-            flow_id=flow.id,
-            **fields,
+    metrics.decided(receipt.api, receipt.operation, decision_label(to, reason, by_cli))
+    if by_cli is not None:  # used in the transaction that moves the receipt
+        receipt = await calls(
+            lambda s: s.apply_approval(by_cli, fingerprint=receipt.intent_fingerprint, reason=reason, flow_id=flow.id)
         )
-    )
+    else:
+        fields = {} if to is State.SUBMITTED else {"error": reason}
+        receipt = await calls(
+            lambda s: s.transition(
+                receipt.operation_id,
+                to,
+                reason=reason,
+                actor=actor,
+                expect=[State.AWAITING_APPROVAL],
+                flow_id=flow.id,
+                **fields,
+            )
+        )
     if flow.metadata.get(META) is not meta:  # mitmweb's Revert put back a copy of the flow's metadata
         flow.metadata[META] = meta
     meta["state"] = str(receipt.state)
@@ -137,5 +267,7 @@ async def await_approval(
         flow.error, flow.live, flow.intercepted = None, True, False
         flow.response = response_of(answers.denied(receipt, reason))
         logger.warning(f"receipt {receipt.operation_id}: {reason}")
+    elif by_cli is not None:
+        logger.warning(f"receipt {receipt.operation_id}: {reason} ({by_cli.actor})")
     ctx.master.addons.trigger(hooks.UpdateHook([flow]))
     return receipt

@@ -35,32 +35,42 @@ MARKERS: dict[Any, str] = {  # mitmweb shows `:emoji_name:` markers (mitmproxy.u
 }
 
 
-HELD = "AWAITING APPROVAL (resume to send, kill to deny): "  # a held write's comment (`~comment "AWAITING APPROVAL"`)
+HELD = "AWAITING APPROVAL (resume to send, kill to deny)"  # a held write's comment (`~comment "AWAITING APPROVAL"`)
 
 
 def comment(receipt: Receipt, prefix: str = "") -> str:
     """
-    The flow comment mitmweb shows: `receipt ID · api operation · state (status)`. A receipt
+    The flow comment mitmweb shows, its state first (the Comment column is narrow):
+    `succeeded (201) · dev.to articles.create · receipt ID`. A flow the proxy answered itself
+    says so first, and the state of the receipt it was answered from after its id:
+    `BLOCKED duplicate · dev.to articles.create · receipt ID: outcome_unknown`. A receipt
     awaiting approval keeps the HELD prefix, whoever refreshes the comment; a write rejected
     without an answer (the approval gate denied it) says why instead of a status.
     """
-    if not prefix and receipt.state == State.AWAITING_APPROVAL:
-        prefix = HELD
     if receipt.http_status:
-        detail = f" ({receipt.http_status})"
+        state = f"{receipt.state} ({receipt.http_status})"
     elif receipt.state == State.REJECTED and receipt.error:
-        detail = f" ({receipt.error})"
+        state = f"{receipt.state} ({receipt.error})"
     else:
-        detail = ""
-    retry = f" · retry of {receipt.retry_of}" if receipt.retry_of and not prefix else ""
-    return (
-        f"{prefix}receipt {receipt.operation_id} · {receipt.api} {receipt.operation} · {receipt.state}{detail}{retry}"
-    )
+        state = str(receipt.state)
+    what = f"{receipt.api} {receipt.operation} · receipt {receipt.operation_id}"
+    if prefix == HELD or (not prefix and receipt.state == State.AWAITING_APPROVAL):
+        return f"{HELD} · {what}"
+    if prefix:
+        return f"{prefix} · {what}: {state}"
+    retry = f" · retry of {receipt.retry_of}" if receipt.retry_of else ""
+    return f"{state} · {what}{retry}"
 
 
 def mark(f: mflow.Flow, marker_key: Any, receipt: Receipt, prefix: str = "") -> None:
     f.marked = MARKERS[marker_key]
-    f.comment = comment(receipt, prefix)
+    f.comment = comment(receipt, prefix) + stale_rules(f)
+
+
+def stale_rules(f: mflow.Flow) -> str:
+    """What a flow matched while the rules on disk did not load says at the end of its comment (watch.py)."""
+    where = (f.metadata.get(META) or {}).get("rules_problem")
+    return f" · on the last good rules: {where} did not load (see the event log)" if where else ""
 
 
 def meta_of(f: mflow.Flow | None) -> dict | None:

@@ -172,8 +172,8 @@ OPTIONS: list[Option] = [
         "receipts_approval_timeout",
         int,
         300,
-        "Seconds a write of an operation with approve: true waits in mitmweb for an operator to resume (approve) "
-        "or kill (deny) it; past that it is denied",
+        "Seconds a write of an operation with approve: true waits for an operator to resume (approve) or kill "
+        "(deny) it in mitmweb, or to run receipts approve/deny; past that it is denied",
     ),
     Option(
         "receipts_drain_timeout",

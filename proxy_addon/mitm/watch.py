@@ -6,10 +6,12 @@ Once a second, while the proxy runs: follow receipts changed elsewhere, and relo
 - A rules file that changed is loaded again once it has stopped changing (the same names,
   sizes and times on two ticks in a row), at most once every RELOAD_EVERY seconds, and in a
   worker thread: no rules file, however large or slow to load, stalls traffic, and a file
-  rewritten every few milliseconds keeps nobody busy. A bad edit keeps the last good rules
-  and logs the error. mitmproxy's `allow_hosts` follows the rules: only the hosts they name are
-  TLS-intercepted, unless receipts_intercept_all is on or the user set allow_hosts or
-  ignore_hosts themselves.
+  rewritten every few milliseconds keeps nobody busy. A bad edit keeps the last good rules:
+  it is logged as an ERROR (mitmweb's event log shows it as one: Options → View Options →
+  Display Event Log) naming each problem as `receipts rules check` does, and every matched flow
+  until the rules load again says in its comment that the last good rules decided it.
+  mitmproxy's `allow_hosts` follows the rules: only the hosts they name are TLS-intercepted,
+  unless receipts_intercept_all is on or the user set allow_hosts or ignore_hosts themselves.
 """
 
 from __future__ import annotations
@@ -21,12 +23,23 @@ from mitmproxy import ctx
 
 from proxy_addon.errors import ReceiptsError, RulesError
 from proxy_addon.mitm.addon import Receipts
-from proxy_addon.rules import host_pattern, load_rules_path, rules_signature
+from proxy_addon.rules import RuleSet, check_rules_path, host_pattern, load_rules_path, rules_signature
 from proxy_addon.store import iso, utcnow
 
 logger = logging.getLogger(__name__)
 
 RELOAD_EVERY = 2.0  # seconds between two rules reloads, at the least
+PROBLEMS_LOGGED = 10  # problems a failed reload's error line lists, at most
+
+
+def load_or_problems(path: str) -> tuple[RuleSet | None, list[RulesError]]:
+    """The rules at `path`; else None and every problem that keeps them from loading, in file and
+    line order. In a worker thread; rules that do not load are read a second time to list them."""
+    try:
+        return load_rules_path(path), []
+    except RulesError as first:
+        problems = check_rules_path(path, strict=False)[1]
+        return None, problems if any(str(p) == str(first) for p in problems) else [first, *problems]
 
 
 class Watch:
@@ -80,20 +93,29 @@ class Watch:
             return
         self._last_reload = loop.time()
         self.receipts.rules_sig = sig
+        last_good = len(self.receipts.rules.operations) if self.receipts.rules else 0
+        keeping = f"matched requests stay on the last good rules ({last_good} operations) until they load"
         try:
-            rules = await asyncio.to_thread(load_rules_path, path)
-        except RulesError as e:
-            self.receipts.metrics.reloaded(False)
-            logger.error(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {e}")
+            rules, problems = await asyncio.to_thread(load_or_problems, path)
         except Exception as e:  # the watcher must outlive any surprise
+            self.receipts.rules_problem = str(path)
             self.receipts.metrics.reloaded(False)
-            logger.exception(f"receipt-proxy: rules NOT reloaded, keeping the last good rules: {type(e).__name__}: {e}")
-        else:
-            self.receipts.rules = rules
-            self.receipts.metrics.reloaded(True)
-            self.receipts.metrics.known(rules.operations)
-            logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")
-            self.sync_allow_hosts()
+            logger.exception(f"receipt-proxy: rules NOT reloaded from {path}; {keeping}: {type(e).__name__}: {e}")
+            return
+        if rules is None:
+            self.receipts.metrics.reloaded(False)
+            first = problems[0]
+            self.receipts.rules_problem = first.source + (f":{first.line}" if first.line else "")
+            listed = "; ".join(str(p) for p in problems[:PROBLEMS_LOGGED])
+            more = f"; and {len(problems) - PROBLEMS_LOGGED} more" if len(problems) > PROBLEMS_LOGGED else ""
+            n = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+            logger.error(f"receipt-proxy: rules NOT reloaded from {path}; {keeping}. {n}: {listed}{more}")
+            return
+        self.receipts.rules, self.receipts.rules_problem = rules, None
+        self.receipts.metrics.reloaded(True)
+        self.receipts.metrics.known(rules.operations)
+        logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")
+        self.sync_allow_hosts()
 
     def sync_allow_hosts(self) -> None:
         opts, rules = ctx.options, self.receipts.rules

@@ -23,16 +23,20 @@ _STATUS_KEY = re.compile(r"^([1-5])([0-9][0-9]|xx)\Z")
 def load_classify(
     ctx: Ctx, node: yaml.Node, field_: str
 ) -> tuple[tuple[tuple[str, str], ...], tuple[ClassifyRule, ...]]:
-    """An operation's `classify:`: a map of status → state (exact codes first), or a list of rules."""
+    """An operation's `classify:`: a map of status → state (exact codes first), or a list of rules.
+    Each bad entry or rule is reported to `ctx` and the next one read."""
     if isinstance(node, yaml.SequenceNode):
-        rules = tuple(load_classify_rule(ctx, item, f"{field_}[{i}]") for i, item in enumerate(node.value))
-        if not rules:
+        if not node.value:
             raise ctx.error(node, field_, "must list at least one rule")
-        return (), rules
+        rules = [ctx.attempt(load_classify_rule, ctx, item, f"{field_}[{i}]") for i, item in enumerate(node.value)]
+        return (), tuple(r for r in rules if r is not None)
     classify: list[tuple[str, str]] = []
     for status, (knode, vnode) in ctx.entries(node, field_).items():
         where = f"{field_}.{status}"
-        classify.append((_status_key(ctx, knode, status, where), _verdict(ctx, vnode, where)))
+        key = ctx.attempt(_status_key, ctx, knode, status, where)
+        verdict = ctx.attempt(_verdict, ctx, vnode, where)
+        if key is not None and verdict is not None:
+            classify.append((key, verdict))
     classify.sort(key=lambda kv: kv[0].endswith("xx"))  # exact codes first
     return tuple(classify), ()
 

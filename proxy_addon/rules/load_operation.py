@@ -40,28 +40,55 @@ def load_operation(
     node: yaml.Node,
     credential_headers: tuple[str, ...],
     credentials_env: str | None = None,
-) -> Operation:
-    """One entry of `operations:`, its parts in the order their problems are reported."""
+) -> Operation | None:
+    """
+    One entry of `operations:`. Each part is checked even when another has a problem (every one
+    goes to `ctx.problems`); None if there was any. What depends on a part that has a problem is
+    left unchecked: the fingerprint's path parameters on a path that does not parse, the names
+    in reconcile templates on a fingerprint that does not load.
+    """
     f = f"operations.{name}"
-    op = ctx.mapping(node, f, KEYS["operation"], ("match",))
-    description = ctx.string(op["description"][1], f"{f}.description") if "description" in op else None
-    method, path, graphql, method_override = _match(ctx, f, op["match"][1])
-    fp = load_fingerprint(ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path, credential_headers)
-    external_id, external_id_header = _external_id(ctx, f, op)
-    after_success = _after_success(ctx, f, op)
-    classify, classify_rules = load_classify(ctx, op["classify"][1], f"{f}.classify") if "classify" in op else ((), ())
-    idempotency = _idempotency_key(ctx, f, op, graphql)
-    idempotent = bool(idempotency["idempotency_header"] or idempotency["idempotency_body"])
+    before = len(ctx.problems)
+    op = ctx.mapping(node, f, KEYS["operation"])
+    if "match" not in op:
+        ctx.report(ctx.error(node, f"{f}.match", "is required"))
+    description = ctx.attempt(ctx.string, op["description"][1], f"{f}.description") if "description" in op else None
+    method, path, graphql, override = (ctx.attempt(_match, ctx, f, op["match"][1]) if "match" in op else None) or (
+        None,
+        None,
+        None,
+        None,
+    )
+    fp_before = len(ctx.problems)
+    fp = ctx.attempt(load_fingerprint, ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path)
+    fp_known = path is not None and len(ctx.problems) == fp_before  # what reconcile templates may name is known
+    external = ctx.attempt(_external_id, ctx, f, op)
+    after_success = ctx.attempt(_after_success, ctx, f, op)
+    classified = ctx.attempt(load_classify, ctx, op["classify"][1], f"{f}.classify") if "classify" in op else ((), ())
+    idempotency = ctx.attempt(_idempotency_key, ctx, f, op, graphql)
+    idempotent = bool(idempotency["idempotency_header"] or idempotency["idempotency_body"]) if idempotency else True
     reconcile = (
-        load_reconcile(ctx, f, op["reconcile"][1], fp, external_id, idempotent=idempotent)
+        ctx.attempt(
+            load_reconcile,
+            ctx,
+            f,
+            op["reconcile"][1],
+            fp if fp_known else None,
+            external[0] if external else None,
+            idempotent,
+        )
         if "reconcile" in op
         else None
     )
-    for state in (*(r.state for r in classify_rules), *(v for _, v in classify)):
-        if state == ALREADY_EXISTS and reconcile is None:
+    if classified is not None and "reconcile" not in op:
+        classify, classify_rules = classified
+        if any(state == ALREADY_EXISTS for state in (*(r.state for r in classify_rules), *(v for _, v in classify))):
             problem = "an already_exists answer needs a reconcile read to decide; add reconcile: to this operation"
-            raise ctx.error(op["classify"][1], f"{f}.classify", problem)
-    approve = ctx.boolean(op["approve"][1], f"{f}.approve") if "approve" in op else False
+            ctx.report(ctx.error(op["classify"][1], f"{f}.classify", problem))
+    approve = ctx.attempt(ctx.boolean, op["approve"][1], f"{f}.approve") if "approve" in op else False
+    if len(ctx.problems) > before:
+        return None
+    assert method and path and override and fp and external and after_success and classified and idempotency
     return Operation(
         api=api,
         name=name,
@@ -69,18 +96,18 @@ def load_operation(
         path=path,
         fingerprint=fp,
         credential_headers=credential_headers,
-        external_id=external_id,
+        external_id=external[0],
         after_success=after_success,
-        classify=classify,
+        classify=classified[0],
         source=ctx.source,
         reconcile=reconcile,
         credentials_env=credentials_env,
-        approve=approve,
+        approve=bool(approve),
         graphql=graphql,
-        classify_rules=classify_rules,
-        external_id_header=external_id_header,
+        classify_rules=classified[1],
+        external_id_header=external[1],
         description=description,
-        method_override=method_override,
+        method_override=override,
         **idempotency,
     )
 
@@ -93,36 +120,48 @@ def method_override(ctx: Ctx, node: yaml.Node, field_: str) -> str:
     return value
 
 
-def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str, PathTemplate, str | None, str]:
+def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str | None, PathTemplate | None, str | None, str | None]:
     """`match:`: the method, the path template (case-sensitive unless `case_insensitive: true`), for a
-    GraphQL mutation its root field, and what a method override header gets (the file's unless it says)."""
+    GraphQL mutation its root field, and what a method override header gets (the file's unless it says).
+    Each is None when it has a problem (reported); the others are still read."""
     m = ctx.mapping(node, f"{f}.match", KEYS["match"], ("method", "path"))
-    method_node = m["method"][1]
-    method = ctx.string(method_node, f"{f}.match.method").upper()
-    if method not in METHODS:
-        raise ctx.error(method_node, f"{f}.match.method", f"{method!r} is not one of {', '.join(METHODS)}")
-    path_node = m["path"][1]
-    fold = ctx.boolean(m["case_insensitive"][1], f"{f}.match.case_insensitive") if "case_insensitive" in m else False
-    try:
-        path = parse_path_template(ctx.string(path_node, f"{f}.match.path"), case_insensitive=fold)
-    except ValueError as e:
-        raise ctx.error(path_node, f"{f}.match.path", str(e)) from None
-
-    graphql = None
-    if "graphql" in m:
-        graphql = ctx.string(m["graphql"][1], f"{f}.match.graphql")
-        if not IDENT.match(graphql):
-            raise ctx.error(
-                m["graphql"][1], f"{f}.match.graphql", f"{graphql!r} is not a GraphQL field name like issueCreate"
-            )
-        if method != "POST":
-            raise ctx.error(m["graphql"][1], f"{f}.match.graphql", "GraphQL mutations are POSTs; use method: POST")
+    method = ctx.attempt(_method, ctx, m["method"][1], f"{f}.match.method")
+    fold = (
+        ctx.attempt(ctx.boolean, m["case_insensitive"][1], f"{f}.match.case_insensitive")
+        if "case_insensitive" in m
+        else False
+    )
+    path = ctx.attempt(_path, ctx, m["path"][1], f"{f}.match.path", bool(fold))
+    graphql = ctx.attempt(_graphql, ctx, m["graphql"][1], f"{f}.match.graphql", method) if "graphql" in m else None
     override = (
-        method_override(ctx, m["method_override"][1], f"{f}.match.method_override")
+        ctx.attempt(method_override, ctx, m["method_override"][1], f"{f}.match.method_override")
         if "method_override" in m
         else ctx.method_override
     )
     return method, path, graphql, override
+
+
+def _method(ctx: Ctx, node: yaml.Node, field_: str) -> str:
+    method = ctx.string(node, field_).upper()
+    if method not in METHODS:
+        raise ctx.error(node, field_, f"{method!r} is not one of {', '.join(METHODS)}")
+    return method
+
+
+def _path(ctx: Ctx, node: yaml.Node, field_: str, case_insensitive: bool) -> PathTemplate:
+    try:
+        return parse_path_template(ctx.string(node, field_), case_insensitive=case_insensitive)
+    except ValueError as e:
+        raise ctx.error(node, field_, str(e)) from None
+
+
+def _graphql(ctx: Ctx, node: yaml.Node, field_: str, method: str | None) -> str:
+    graphql = ctx.string(node, field_)
+    if not IDENT.match(graphql):
+        raise ctx.error(node, field_, f"{graphql!r} is not a GraphQL field name like issueCreate")
+    if method is not None and method != "POST":
+        raise ctx.error(node, field_, "GraphQL mutations are POSTs; use method: POST")
+    return graphql
 
 
 def _external_id(ctx: Ctx, f: str, op: dict[str, Entry]) -> tuple[str | tuple[str, ...] | None, str | None]:
@@ -197,51 +236,60 @@ def _idempotency_key(ctx: Ctx, f: str, op: dict[str, Entry], graphql: str | None
     return out
 
 
-def load_fingerprint(
-    ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplate, credential_headers: tuple[str, ...]
-) -> FingerprintSpec:
-    """`fingerprint:`: the allowlist of path parameters, body fields, query parameters and headers; never secrets."""
+def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplate | None) -> FingerprintSpec:
+    """
+    `fingerprint:`: the allowlist of path parameters, body fields, query parameters and headers;
+    never secrets. Each bad item is reported and the next one read; on a `path` that did not
+    parse (None), the path parameters named are not checked.
+    """
+    params = path.params if path is not None else ()
     if node is None:
-        return FingerprintSpec(path=path.params, body=None)
+        return FingerprintSpec(path=params, body=None)
     fp = ctx.mapping(node, f"{f}.fingerprint", KEYS["fingerprint"])
-    path_params = list(path.params)
+
+    def items(key: str) -> list[tuple[yaml.Node, str]]:
+        return (ctx.attempt(ctx.strings, fp[key][1], f"{f}.fingerprint.{key}") or []) if key in fp else []
+
+    def bad(item: yaml.Node, key: str, message: str) -> None:
+        ctx.report(ctx.error(item, f"{f}.fingerprint.{key}", message))
+
+    path_params = list(params)
     if "path" in fp:
         path_params = []
-        for item, p in ctx.strings(fp["path"][1], f"{f}.fingerprint.path"):
-            if p not in path.params:
-                known = ", ".join(path.params) or "none"
-                raise ctx.error(
-                    item, f"{f}.fingerprint.path", f"{p!r} is not a parameter of {path.template!r} (it has: {known})"
+        for item, p in items("path"):
+            if path is not None and p not in path.params:
+                bad(
+                    item,
+                    "path",
+                    f"{p!r} is not a parameter of {path.template!r} (it has: {', '.join(params) or 'none'})",
                 )
-            path_params.append(p)
+            else:
+                path_params.append(p)
     body = None
     if "body" in fp:
         body = []
-        for item, b in ctx.strings(fp["body"][1], f"{f}.fingerprint.body"):
+        for item, b in items("body"):
             if not DOTTED.match(b):
-                raise ctx.error(item, f"{f}.fingerprint.body", f"{b!r} is not a dotted field path like 'article.title'")
-            if any(is_secret_name(part) for part in b.split(".")):
-                raise ctx.error(
-                    item, f"{f}.fingerprint.body", f"{b!r} looks like a credential; secrets never enter a fingerprint"
-                )
-            body.append(b)
+                bad(item, "body", f"{b!r} is not a dotted field path like 'article.title'")
+            elif any(is_secret_name(part) for part in b.split(".")):
+                bad(item, "body", f"{b!r} looks like a credential; secrets never enter a fingerprint")
+            else:
+                body.append(b)
     query = []
-    for item, q in ctx.strings(fp["query"][1], f"{f}.fingerprint.query") if "query" in fp else ():
+    for item, q in items("query"):
         if is_secret_name(q):
-            raise ctx.error(
-                item, f"{f}.fingerprint.query", f"{q!r} looks like a credential; secrets never enter a fingerprint"
-            )
-        query.append(q)
+            bad(item, "query", f"{q!r} looks like a credential; secrets never enter a fingerprint")
+        else:
+            query.append(q)
     headers = []
-    for item, h in ctx.strings(fp["headers"][1], f"{f}.fingerprint.headers") if "headers" in fp else ():
+    for item, h in items("headers"):
         low = h.lower()
         if not HEADER.match(h):
-            raise ctx.error(item, f"{f}.fingerprint.headers", f"{h!r} is not a valid header name")
-        if is_secret_header(low, credential_headers):
-            raise ctx.error(
-                item, f"{f}.fingerprint.headers", f"{h!r} carries credentials; secrets never enter a fingerprint"
-            )
-        headers.append(low)
+            bad(item, "headers", f"{h!r} is not a valid header name")
+        elif is_secret_header(low, ctx.credential_headers):
+            bad(item, "headers", f"{h!r} carries credentials; secrets never enter a fingerprint")
+        else:
+            headers.append(low)
     return FingerprintSpec(
         path=tuple(path_params),
         body=None if body is None else tuple(body),

@@ -36,34 +36,60 @@ def load_reconcile(
     ctx: Ctx,
     f: str,
     node: yaml.Node,
-    fp: FingerprintSpec,
+    fp: FingerprintSpec | None,
     external_id: str | tuple[str, ...] | None,
     idempotent: bool = False,
-) -> ReconcileSpec:
-    """An operation's `reconcile:` (`f` names the operation); `external_id` is the operation's, the default."""
+) -> ReconcileSpec | None:
+    """
+    An operation's `reconcile:` (`f` names the operation); `external_id` is the operation's, the
+    default. Each key is checked even when another has a problem (reported to `ctx`); None if
+    there was any. `fp` None: the fingerprint has a problem of its own, and the names templates
+    use are not checked against it.
+    """
     f = f"{f}.reconcile"
+    before = len(ctx.problems)
     rec = ctx.mapping(node, f, KEYS["reconcile"], ("read",))
-    allowed = template_variables(fp)
-    if not idempotent:
+    allowed = template_variables(fp) if fp is not None else None
+    if allowed is not None and not idempotent:
         allowed.discard("idempotency_key")
-    read = ctx.mapping(rec["read"][1], f"{f}.read", KEYS["read"], ("url",))
-    method = _read_method(ctx, read, f)
-    url = _read_url(ctx, read, f, allowed)
-    headers = _read_headers(ctx, read, f, allowed)
-    body = _post_body(ctx, rec, read, f, method, url, allowed)
+    read = ctx.attempt(ctx.mapping, rec["read"][1], f"{f}.read", KEYS["read"], ("url",))
+    method = ctx.attempt(_read_method, ctx, read, f) if read is not None else None
+    url = ctx.attempt(_read_url, ctx, read, f, allowed) if read is not None else None
+    headers = _read_headers(ctx, read, f, allowed) if read is not None else []
+    body = (
+        ctx.attempt(_post_body, ctx, rec, read, f, method, url, allowed)
+        if read is not None and method is not None and url is not None
+        else None
+    )
     find, bounds = _find(ctx, rec, f, method, allowed)
-    items = ctx.string(rec["items"][1], f"{f}.items") if "items" in rec else None
+    items = ctx.attempt(ctx.string, rec["items"][1], f"{f}.items") if "items" in rec else None
     absent_when = (
-        load_classify_rule(ctx, rec["absent_when"][1], f"{f}.absent_when", verdict=False)
+        ctx.attempt(load_classify_rule, ctx, rec["absent_when"][1], f"{f}.absent_when", verdict=False)
         if "absent_when" in rec
         else None
     )
     provable, settle, retry = _absence(ctx, rec, f)
     rec_external_id = (
-        ctx.fields(rec["external_id"][1], f"{f}.external_id", allowed) if "external_id" in rec else external_id
+        ctx.attempt(ctx.fields, rec["external_id"][1], f"{f}.external_id", allowed, in_read=True)
+        if "external_id" in rec
+        else external_id
     )
-    pages = _pages(ctx, rec, f, method, bool(find or bounds))
-    one_page = _complete_in_one_page(ctx, rec, f, pages)
+    pages = ctx.attempt(_pages, ctx, rec, f, method, "find" in rec)
+    one_page = ctx.attempt(_complete_in_one_page, ctx, rec, f)
+    if ctx.strict and (find or bounds) and provable and "pages" not in rec and one_page is False:
+        # only `rules check` refuses it: files written before pages: existed still load
+        ctx.report(
+            ctx.error(
+                rec["absence_provable"][0],
+                f"{f}.absence_provable",
+                "absence_provable: true on a read that declares no pages: a list cut after its "
+                "first page proves nothing; declare pages (next: link, or next: {more, from, param}), "
+                "or complete_in_one_page: true with a comment giving the reason",
+            )
+        )
+    if len(ctx.problems) > before:
+        return None
+    assert method is not None and url is not None and one_page is not None
     return ReconcileSpec(
         pages=pages,
         complete_in_one_page=one_page,
@@ -96,7 +122,7 @@ def _read_method(ctx: Ctx, read: dict[str, Entry], f: str) -> str:
     return method
 
 
-def _read_url(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str]) -> str:
+def _read_url(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str] | None) -> str:
     url = ctx.template(read["url"][1], f"{f}.read.url", allowed)
     if not (url.startswith("/") or re.match(r"^https?://[^/{}]+", url)):
         raise ctx.error(
@@ -105,29 +131,31 @@ def _read_url(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str]) -> st
     return url
 
 
-def _read_headers(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str]) -> list[tuple[str, str]]:
-    """The read's own headers (lower-case name, value template); never ones that carry credentials."""
+def _read_headers(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str] | None) -> list[tuple[str, str]]:
+    """The read's own headers (lower-case name, value template); never ones that carry credentials.
+    Each bad one is reported and the next one read."""
     headers = []
-    if "headers" in read:
-        hnode = read["headers"][1]
-        for name, (knode, vnode) in ctx.entries(hnode, f"{f}.read.headers").items():
-            where = f"{f}.read.headers.{name}"
-            if not HEADER.match(name):
-                raise ctx.error(knode, where, f"{name!r} is not a valid header name")
-            low = name.lower()
-            if is_secret_header(low, ctx.credential_headers):
-                raise ctx.error(
+    entries = ctx.attempt(ctx.entries, read["headers"][1], f"{f}.read.headers") if "headers" in read else None
+    for name, (knode, vnode) in (entries or {}).items():
+        where = f"{f}.read.headers.{name}"
+        if not HEADER.match(name):
+            ctx.report(ctx.error(knode, where, f"{name!r} is not a valid header name"))
+        elif is_secret_header(name.lower(), ctx.credential_headers):
+            ctx.report(
+                ctx.error(
                     knode,
                     where,
                     f"{name!r} carries credentials: a read sends the request's own "
                     "(credentials.header), never a value written in a rules file",
                 )
-            headers.append((low, ctx.template(vnode, where, allowed)))
+            )
+        elif (value := ctx.attempt(ctx.template, vnode, where, allowed)) is not None:
+            headers.append((name.lower(), value))
     return headers
 
 
 def _post_body(
-    ctx: Ctx, rec: dict[str, Entry], read: dict[str, Entry], f: str, method: str, url: str, allowed: set[str]
+    ctx: Ctx, rec: dict[str, Entry], read: dict[str, Entry], f: str, method: str, url: str, allowed: set[str] | None
 ) -> dict[str, Any] | None:
     """A POST read's JSON body (only to a path the file lists in post_reads); other reads have none."""
     if method != "POST":
@@ -163,7 +191,7 @@ def _post_body(
     return body
 
 
-def _json_body(ctx: Ctx, node: yaml.Node, field_: str, allowed: set[str]) -> Any:
+def _json_body(ctx: Ctx, node: yaml.Node, field_: str, allowed: set[str] | None) -> Any:
     """A POST read's JSON body: its strings may be templates."""
     if isinstance(node, yaml.MappingNode):
         out = {}
@@ -179,58 +207,76 @@ def _json_body(ctx: Ctx, node: yaml.Node, field_: str, allowed: set[str]) -> Any
 
 
 def _find(
-    ctx: Ctx, rec: dict[str, Entry], f: str, method: str, allowed: set[str]
+    ctx: Ctx, rec: dict[str, Entry], f: str, method: str | None, allowed: set[str] | None
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
-    """`find:`: field → value template, or field → {gte, lte} bounds (like created_at)."""
+    """`find:`: field → value template, or field → {gte, lte} bounds (like created_at). Each bad
+    entry is reported and the next one read; `method` None (it has a problem): not checked against it."""
     find: list[tuple[str, str]] = []
     bounds: list[tuple[str, str, str]] = []
     if "find" not in rec:
         return find, bounds
     fnode = rec["find"][1]
-    for name, (knode, vnode) in ctx.entries(fnode, f"{f}.find").items():
+    entries = ctx.attempt(ctx.entries, fnode, f"{f}.find")
+    if entries is None:
+        return find, bounds
+    for name, (knode, vnode) in entries.items():
         where = f"{f}.find.{name}"
         if not DOTTED.match(name):
-            raise ctx.error(knode, where, f"{name!r} is not a dotted field path")
-        if isinstance(vnode, yaml.MappingNode):  # {gte: "{submitted_at_unix}"}: a bound, not a value
+            ctx.report(ctx.error(knode, where, f"{name!r} is not a dotted field path"))
+        elif isinstance(vnode, yaml.MappingNode):  # {gte: "{submitted_at_unix}"}: a bound, not a value
             test = ctx.mapping(vnode, where, ("gte", "lte"))
-            if not test:
-                raise ctx.error(vnode, where, "expected gte or lte")
+            if not vnode.value:
+                ctx.report(ctx.error(vnode, where, "expected gte or lte"))
             for kind, (_, bnode) in test.items():
-                bounds.append((name, kind, ctx.template(bnode, f"{where}.{kind}", allowed)))
-        else:
-            find.append((name, ctx.template(vnode, where, allowed)))
-    if not find and not bounds:
-        raise ctx.error(
-            fnode, f"{f}.find", "must name at least one field; leave find out to let the read's status decide"
+                if (value := ctx.attempt(ctx.template, bnode, f"{where}.{kind}", allowed)) is not None:
+                    bounds.append((name, kind, value))
+        elif (value := ctx.attempt(ctx.template, vnode, where, allowed)) is not None:
+            find.append((name, value))
+    if not entries:
+        ctx.report(
+            ctx.error(
+                fnode, f"{f}.find", "must name at least one field; leave find out to let the read's status decide"
+            )
         )
-    if method == "HEAD":
-        raise ctx.error(fnode, f"{f}.find", "a HEAD read has no body to search; use GET or leave find out")
+    elif method == "HEAD":
+        ctx.report(ctx.error(fnode, f"{f}.find", "a HEAD read has no body to search; use GET or leave find out"))
     return find, bounds
 
 
 def _absence(ctx: Ctx, rec: dict[str, Entry], f: str) -> tuple[bool, int, bool]:
-    """absence_provable, settle and retry_when_absent (the last two need the first)."""
-    provable = ctx.boolean(rec["absence_provable"][1], f"{f}.absence_provable") if "absence_provable" in rec else False
-    settle = ctx.duration(rec["settle"][1], f"{f}.settle") if "settle" in rec else 0
-    if "settle" in rec and not provable:
-        raise ctx.error(
-            rec["settle"][1], f"{f}.settle", "needs absence_provable: true; settle says when absence counts"
+    """absence_provable, settle and retry_when_absent (the last two need the first); each checked."""
+    provable = (
+        ctx.attempt(ctx.boolean, rec["absence_provable"][1], f"{f}.absence_provable")
+        if "absence_provable" in rec
+        else False
+    )
+    settle = ctx.attempt(ctx.duration, rec["settle"][1], f"{f}.settle") if "settle" in rec else 0
+    if "settle" in rec and provable is False:
+        ctx.report(
+            ctx.error(rec["settle"][1], f"{f}.settle", "needs absence_provable: true; settle says when absence counts")
         )
-    retry = ctx.boolean(rec["retry_when_absent"][1], f"{f}.retry_when_absent") if "retry_when_absent" in rec else False
-    if retry and not provable:
-        raise ctx.error(
-            rec["retry_when_absent"][1],
-            f"{f}.retry_when_absent",
-            "needs absence_provable: true; a retry is safe only when absence is proven",
+    retry = (
+        ctx.attempt(ctx.boolean, rec["retry_when_absent"][1], f"{f}.retry_when_absent")
+        if "retry_when_absent" in rec
+        else False
+    )
+    if retry and provable is False:
+        ctx.report(
+            ctx.error(
+                rec["retry_when_absent"][1],
+                f"{f}.retry_when_absent",
+                "needs absence_provable: true; a retry is safe only when absence is proven",
+            )
         )
-    return provable, settle, retry
+    return bool(provable), settle or 0, bool(retry)
 
 
 _PARAM = re.compile(r"^[A-Za-z0-9_\-\[\]]+\Z")
 
 
-def _pages(ctx: Ctx, rec: dict[str, Entry], f: str, method: str, finds: bool) -> PagesSpec | None:
-    """`pages:` how the read's list continues: `next: link`, or `next: {more, from, param}`; `max` pages."""
+def _pages(ctx: Ctx, rec: dict[str, Entry], f: str, method: str | None, finds: bool) -> PagesSpec | None:
+    """`pages:` how the read's list continues: `next: link`, or `next: {more, from, param}`; `max` pages.
+    `method` None (it has a problem): not checked against it."""
     if "pages" not in rec:
         return None
     where = f"{f}.pages"
@@ -248,7 +294,7 @@ def _pages(ctx: Ctx, rec: dict[str, Entry], f: str, method: str, finds: bool) ->
     if isinstance(nnode, yaml.ScalarNode):
         if nnode.value != "link" or nnode.tag != "tag:yaml.org,2002:str":
             raise ctx.error(nnode, f"{where}.next", "expected link, or a mapping {more, from, param}")
-        if method != "GET":
+        if method is not None and method != "GET":
             raise ctx.error(nnode, f"{where}.next", "a Link header's next page is a GET; this read is " + method)
         return PagesSpec(link=True, max=top)
     nxt = ctx.mapping(nnode, f"{where}.next", KEYS["pages_next"], ("from", "param"))
@@ -258,22 +304,21 @@ def _pages(ctx: Ctx, rec: dict[str, Entry], f: str, method: str, finds: bool) ->
     for name, value in (("more", more), ("from", from_)):
         if value is not None and not DOTTED.match(value):
             raise ctx.error(nxt[name][1], f"{where}.next.{name}", f"{value!r} is not a dotted field path")
-    if method == "POST":
-        if not DOTTED.match(param):
-            raise ctx.error(nxt["param"][1], f"{where}.next.param", f"{param!r} is not a dotted path of the body")
-    elif not _PARAM.match(param):
+    if method == "POST" and not DOTTED.match(param):
+        raise ctx.error(nxt["param"][1], f"{where}.next.param", f"{param!r} is not a dotted path of the body")
+    if method not in (None, "POST") and not _PARAM.match(param):  # None: the method has a problem of its own
         raise ctx.error(nxt["param"][1], f"{where}.next.param", f"{param!r} is not a query parameter name")
     return PagesSpec(more=more, from_=from_, param=param, max=top)
 
 
-def _complete_in_one_page(ctx: Ctx, rec: dict[str, Entry], f: str, pages: PagesSpec | None) -> bool:
+def _complete_in_one_page(ctx: Ctx, rec: dict[str, Entry], f: str) -> bool:
     """`complete_in_one_page: true`: the rule vouches that one page holds every match; a comment says why."""
     if "complete_in_one_page" not in rec:
         return False
     knode, vnode = rec["complete_in_one_page"]
     where = f"{f}.complete_in_one_page"
     value = ctx.boolean(vnode, where)
-    if value and pages is not None:
+    if value and "pages" in rec:
         raise ctx.error(knode, where, "a read that declares pages is not one page; leave one of them out")
     if value and not _has_comment(knode):
         raise ctx.error(knode, where, "say why one page holds every match in a comment (on this line or the one above)")

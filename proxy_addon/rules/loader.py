@@ -1,8 +1,11 @@
 """
 Loading rules files: YAML text → RuleFile, and a file or a folder of them → RuleSet.
 
-`load_rules` raises the first problem; `check_rules` lists them all (the first at the top
-level, else one per bad operation), for `receipts rules check`.
+`load_rules` raises the first problem; `check_rules` lists them all, for `receipts rules check`:
+every top-level key and every part of every operation is checked even after another has a
+problem (nodes.Ctx.report and attempt), unless the YAML itself is broken. A part that another
+depends on and that has a problem leaves what depends on it unchecked (a path template that
+does not parse: the fingerprint's path parameters), never reported twice.
 """
 
 from __future__ import annotations
@@ -54,10 +57,10 @@ def load_rules(text: str, source: str = "<rules>") -> RuleFile:
 
 
 def check_rules(text: str, source: str = "<rules>") -> list[RulesError]:
-    """Every problem of one rules file: the first at the top level, else one per bad operation."""
+    """Every problem of one rules file, in line order, with the checks only `rules check` makes."""
     problems: list[RulesError] = []
-    _load(text, source, problems)
-    return problems
+    _load(text, source, problems, strict=True)
+    return sorted(problems, key=lambda p: p.line or 0)
 
 
 def load_rules_path(path: str | Path) -> RuleSet:
@@ -69,31 +72,13 @@ def load_rules_path(path: str | Path) -> RuleSet:
     return RuleSet.of(loaded)
 
 
-def check_rules_path(path: str | Path) -> tuple[list[Path], list[RulesError]]:
+def check_rules_path(path: str | Path, *, strict: bool = True) -> tuple[list[Path], list[RulesError]]:
     """The files checked and every problem found in them (`receipts rules check`), with the
-    checks only `rules check` makes: a read that proves absence says how its list continues."""
-    files, loaded, problems = _load_path(path)
-    for rf in loaded:
-        for op in rf.operations:
-            spec = op.reconcile
-            if (
-                spec is not None
-                and (spec.find or spec.bounds)  # a list read; a read without find is judged by its status
-                and spec.absence_provable
-                and spec.pages is None
-                and not spec.complete_in_one_page
-            ):
-                problems.append(
-                    RulesError(
-                        "absence_provable: true on a read that declares no pages: a list cut after its "
-                        "first page proves nothing; declare pages (next: link, or next: {more, from, param}), "
-                        "or complete_in_one_page: true with a comment giving the reason",
-                        source=rf.source,
-                        line=op.line or None,
-                        field=f"operations.{op.name}.reconcile.absence_provable",
-                    )
-                )
-    return files, problems
+    checks only `rules check` makes (a read that proves absence says how its list continues)
+    unless `strict` is false: then only the problems that keep `load_rules_path` from loading."""
+    files, _, problems = _load_path(path, strict=strict)
+    order = {str(f): i for i, f in enumerate(files)}  # file by file, each from its top line down
+    return files, sorted(problems, key=lambda p: (order.get(p.source, -1), p.line or 0))
 
 
 def rules_files(path: str | Path) -> list[Path]:
@@ -112,7 +97,7 @@ def rules_signature(path: str | Path) -> tuple:
         return ()
 
 
-def _load_path(path: str | Path) -> tuple[list[Path], list[RuleFile], list[RulesError]]:
+def _load_path(path: str | Path, *, strict: bool = False) -> tuple[list[Path], list[RuleFile], list[RulesError]]:
     """Every rules file a path names, those that loaded, and every problem, in file order."""
     files = rules_files(path)
     if not files:
@@ -133,7 +118,7 @@ def _load_path(path: str | Path) -> tuple[list[Path], list[RuleFile], list[Rules
         except (OSError, UnicodeDecodeError) as e:
             problems.append(RulesError(f"cannot read: {e}", source=str(file)))
             continue
-        rf = _load(text, str(file), problems)
+        rf = _load(text, str(file), problems, strict=strict)
         if rf is None:
             continue
         other = next((o for o in loaded if o.api == rf.api), None)
@@ -146,29 +131,44 @@ def _load_path(path: str | Path) -> tuple[list[Path], list[RuleFile], list[Rules
     return files, loaded, problems
 
 
-def _load(text: str, source: str, problems: list[RulesError]) -> RuleFile | None:
+def _load(text: str, source: str, problems: list[RulesError], *, strict: bool = False) -> RuleFile | None:
+    """One file: every problem found goes to `problems` (`strict`: with the checks only `rules check`
+    makes); the RuleFile if there was none."""
+    ctx = Ctx(source, strict=strict)
     try:
-        return _load_file(text, source, problems)
-    except RulesError as e:
-        problems.append(e)
-        return None
+        rf = _load_file(ctx, text)
+    except RulesError as e:  # the file could not be read on past this one
+        ctx.report(e)
+        rf = None
+    problems.extend(ctx.problems)  # as found: loading raises the first (a key out of place before what it left empty)
+    return rf if not ctx.problems else None
 
 
-def _load_file(text: str, source: str, problems: list[RulesError]) -> RuleFile | None:
-    """One file: a problem at the top level raises; each bad operation is added to `problems`."""
-    ctx = Ctx(source)
-    node = _compose(text, source)
-    top = ctx.mapping(node, "", KEYS["file"], ("api", "hosts", "operations"))
-    api = ctx.string(top["api"][1], "api")
-    hosts = _hosts(ctx, top)
-    credentials = _credentials(ctx, top)
+def _load_file(ctx: Ctx, text: str) -> RuleFile | None:
+    """
+    One file. Its top-level keys and each operation are read even after another has a problem
+    (each problem reported to `ctx`); the file is None if any had one. Bad YAML, or a top level
+    that is not a mapping, raises: nothing past it can be read.
+    """
+    node = _compose(text, ctx.source)
+    top = ctx.mapping(node, "", KEYS["file"])
+    for key in ("api", "hosts", "operations"):
+        if key not in top:
+            ctx.report(ctx.error(node, key, "is required"))
+    api = ctx.attempt(ctx.string, top["api"][1], "api") if "api" in top else None
+    hosts = ctx.attempt(_hosts, ctx, top) if "hosts" in top else None
+    credentials = ctx.attempt(_credentials, ctx, top) or ((), None, None)
     ctx.post_reads = _post_reads(ctx, top)
     if "method_override" in top:
-        ctx.method_override = method_override(ctx, top["method_override"][1], "method_override")
-    operations = _operations(ctx, top, api, credentials, problems)
-    if problems:
+        ctx.method_override = (
+            ctx.attempt(method_override, ctx, top["method_override"][1], "method_override") or "honour"
+        )
+    operations = ctx.attempt(_operations, ctx, top, api or "", credentials) if "operations" in top else None
+    if ctx.problems or api is None or hosts is None or operations is None:
         return None
-    return RuleFile(api=api, hosts=tuple(hosts), operations=tuple(operations), source=source, post_reads=ctx.post_reads)
+    return RuleFile(
+        api=api, hosts=tuple(hosts), operations=tuple(operations), source=ctx.source, post_reads=ctx.post_reads
+    )
 
 
 def _compose(text: str, source: str) -> yaml.Node:
@@ -200,9 +200,10 @@ def _hosts(ctx: Ctx, top: dict[str, Entry]) -> list[str]:
     hosts = []
     for item, host in ctx.strings(top["hosts"][1], "hosts", allow_empty=False):
         if not _HOST.match(host) or (":" in host and not 1 <= int(host.rsplit(":", 1)[1]) <= 65535):
-            raise ctx.error(
-                item, "hosts", f"{host!r} is not a host name (lower case, optional '*.' prefix and ':port')"
+            ctx.report(
+                ctx.error(item, "hosts", f"{host!r} is not a host name (lower case, optional '*.' prefix and ':port')")
             )
+            continue
         hosts.append(host)
     return hosts
 
@@ -242,18 +243,17 @@ def _credentials(ctx: Ctx, top: dict[str, Entry]) -> Credentials:
 def _post_reads(ctx: Ctx, top: dict[str, Entry]) -> tuple[PathTemplate, ...]:
     """`post_reads:`: the POST paths of this API that only read (a search), which a reconcile read may use."""
     post_reads = []
-    for item, template in ctx.strings(top["post_reads"][1], "post_reads") if "post_reads" in top else ():
+    items = ctx.attempt(ctx.strings, top["post_reads"][1], "post_reads") if "post_reads" in top else None
+    for item, template in items or ():
         try:
             post_reads.append(parse_path_template(template))
         except ValueError as e:
-            raise ctx.error(item, "post_reads", str(e)) from None
+            ctx.report(ctx.error(item, "post_reads", str(e)))
     return tuple(post_reads)
 
 
-def _operations(
-    ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials, problems: list[RulesError]
-) -> list[Operation]:
-    """The operations that load; each bad one is added to `problems` and the next one read."""
+def _operations(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials) -> list[Operation]:
+    """The operations that load; each problem of each one is reported to `ctx` and the next one read."""
     credential_headers, credentials_env, credentials_scheme = credentials
     ops_node = top["operations"][1]
     if not isinstance(ops_node, yaml.MappingNode):
@@ -263,12 +263,10 @@ def _operations(
         raise ctx.error(ops_node, "operations", "must list at least one operation")
     operations = []
     for name, (key, value) in ops_map.items():
-        try:
-            if not _OPERATION_NAME.match(name):
-                raise ctx.error(key, f"operations.{name}", "operation names use letters, digits, '.', '_' and '-'")
-            op = load_operation(ctx, api, name, value, credential_headers, credentials_env)
-        except RulesError as e:
-            problems.append(e)  # go on: `receipts rules check` reports every bad operation
-            continue
-        operations.append(replace(op, credentials_scheme=credentials_scheme, line=key.start_mark.line + 1))
+        before = len(ctx.problems)
+        if not _OPERATION_NAME.match(name):
+            ctx.report(ctx.error(key, f"operations.{name}", "operation names use letters, digits, '.', '_' and '-'"))
+        op = ctx.attempt(load_operation, ctx, api, name, value, credential_headers, credentials_env)
+        if op is not None and len(ctx.problems) == before:
+            operations.append(replace(op, credentials_scheme=credentials_scheme, line=key.start_mark.line + 1))
     return operations

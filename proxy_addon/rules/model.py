@@ -186,7 +186,7 @@ class Operation:
     source: str = ""
     reconcile: ReconcileSpec | None = None
     idempotency_header: str | None = None  # the API deduplicates by this header; the proxy adds it
-    approve: bool = False  # an operator approves each request in mitmweb before it is sent
+    approve: bool = False  # an operator approves each request (mitmweb, receipts approve) before it is sent
     credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
     graphql: str | None = None  # match only GraphQL mutations with this root field
     classify_rules: tuple[ClassifyRule, ...] = ()  # `classify:` as a list; tried before `classify`

@@ -5,13 +5,18 @@ naming the file, the line and the field.
     ctx = Ctx("rules/dev.to.yaml")
     top = ctx.mapping(node, "", KEYS["file"], ("api", "hosts", "operations"))
     api = ctx.string(top["api"][1], "api")     # else: "api: expected a non-empty string, got int 3"
+
+A file's every problem is wanted in one run (`receipts rules check`), so a problem that leaves
+the rest readable is reported (`ctx.report`: an unknown or duplicate key, one bad item of a
+list) and reading goes on; one that does not (a mapping that is a list) raises, and the loaders
+run each part that the others do not depend on with `ctx.attempt`, which reports what it raises.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import yaml
 
@@ -24,13 +29,16 @@ _DURATION = re.compile(r"^([0-9]+)\s*(s|m|h|d)?\Z")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 Entry = tuple[yaml.Node, yaml.Node]  # a key's node and its value's, as Ctx.mapping returns them
+T = TypeVar("T")
 
 
 class Ctx:
     """One file being loaded: its name for errors, and what its top level says that operations need."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, *, strict: bool = False):
         self.source = source
+        self.strict = strict  # `rules check`: also the checks only it makes (loader.check_rules)
+        self.problems: list[RulesError] = []  # every problem reported so far, reading went on past each
         self.post_reads: tuple[PathTemplate, ...] = ()
         self.credential_headers: tuple[str, ...] = ()
         self.method_override = "honour"  # the file's `method_override:`, each operation's default
@@ -39,6 +47,18 @@ class Ctx:
         line = node.start_mark.line + 1 if node is not None else None
         return RulesError(message, source=self.source, line=line, field=field_)
 
+    def report(self, problem: RulesError) -> None:
+        """A problem that leaves the rest readable: noted, and reading goes on."""
+        self.problems.append(problem)
+
+    def attempt(self, load: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        """`load(...)`, one part the others do not depend on; what it raises is reported, and None returned."""
+        try:
+            return load(*args, **kwargs)
+        except RulesError as e:
+            self.report(e)
+            return None
+
     def mapping(
         self, node: yaml.Node, field_: str, allowed: Iterable[str], required: Iterable[str] = ()
     ) -> dict[str, Entry]:
@@ -46,16 +66,18 @@ class Ctx:
             raise self.error(node, field_, f"expected a mapping, got {node_kind(node)}")
         allowed = tuple(allowed)
         out: dict[str, Entry] = {}
-        for key, value in node.value:
+        for key, value in node.value:  # a bad key is reported and left out; the others are read
             if not isinstance(key, yaml.ScalarNode):
-                raise self.error(key, field_, "keys must be plain strings")
+                self.report(self.error(key, field_, "keys must be plain strings"))
+                continue
             name = key.value
             where = f"{field_}.{name}" if field_ else name
             if name in out:
-                raise self.error(key, where, "duplicate key")
-            if name not in allowed:
-                raise self.error(key, where, f"unknown key {name!r}; expected one of: {', '.join(allowed)}")
-            out[name] = (key, value)
+                self.report(self.error(key, where, "duplicate key"))
+            elif name not in allowed:
+                self.report(self.error(key, where, f"unknown key {name!r}; expected one of: {', '.join(allowed)}"))
+            else:
+                out[name] = (key, value)
         for name in required:
             if name not in out:
                 raise self.error(node, f"{field_}.{name}" if field_ else name, "is required")
@@ -87,10 +109,13 @@ class Ctx:
             raise self.error(node, field_, "must not be empty")
         out: list[tuple[yaml.Node, str]] = []
         seen = set()
-        for i, item in enumerate(items):
-            value = self.string(item, f"{field_}[{i}]")
+        for i, item in enumerate(items):  # a bad item is reported and left out
+            value = self.attempt(self.string, item, f"{field_}[{i}]")
+            if value is None:
+                continue
             if value in seen:
-                raise self.error(item, f"{field_}[{i}]", f"{value!r} is listed twice")
+                self.report(self.error(item, f"{field_}[{i}]", f"{value!r} is listed twice"))
+                continue
             seen.add(value)
             out.append((item, value))
         return out
@@ -108,14 +133,15 @@ class Ctx:
             raise self.error(node, field_, f"expected a duration like 30s, 5m, 1h or 1d, got {node_kind(node)}")
         return int(m.group(1)) * _UNIT[m.group(2)]
 
-    def template(self, node: yaml.Node, field_: str, allowed: set[str]) -> str:
-        """A string whose `{name}`s are all in `allowed` (see model.template_variables)."""
+    def template(self, node: yaml.Node, field_: str, allowed: set[str] | None) -> str:
+        """A string whose `{name}`s are all in `allowed` (see model.template_variables); None: names
+        unchecked (the operation's fingerprint has a problem of its own, so what it records is unknown)."""
         text = self.string(node, field_)
         stripped = TEMPLATE_VAR.sub("", text)
         if "{" in stripped or "}" in stripped:
             raise self.error(node, field_, f"unbalanced '{{' or '}}' in template {text!r}")
         for var in TEMPLATE_VAR.findall(text):
-            if var not in allowed:
+            if allowed is not None and var not in allowed:
                 known = ", ".join(sorted(allowed))
                 raise self.error(
                     node,
@@ -124,15 +150,18 @@ class Ctx:
                 )
         return text
 
-    def fields(self, node: yaml.Node, field_: str, templates: set[str] | None = None) -> str | tuple[str, ...]:
-        """A dotted field path, or a list of them (a composite id, joined with ':'). With `templates`,
-        a list item may be a template of the receipt (`{intent.channel}`), for reads whose items lack a part."""
+    def fields(
+        self, node: yaml.Node, field_: str, templates: set[str] | None = None, *, in_read: bool = False
+    ) -> str | tuple[str, ...]:
+        """A dotted field path, or a list of them (a composite id, joined with ':'). In a read (`in_read`),
+        a list item may be a template of the receipt (`{intent.channel}`, its names checked against
+        `templates` unless None), for reads whose items lack a part."""
         if isinstance(node, yaml.SequenceNode):
             items = self.strings(node, field_, allow_empty=False)
         else:
             items = [(node, self.string(node, field_))]
         for item, name in items:
-            if templates is not None and isinstance(node, yaml.SequenceNode) and TEMPLATE_VAR.fullmatch(name):
+            if in_read and isinstance(node, yaml.SequenceNode) and TEMPLATE_VAR.fullmatch(name):
                 self.template(item, field_, templates)
             elif not DOTTED.match(name) or "{" in name:
                 raise self.error(item, field_, f"{name!r} is not a dotted field path like 'id' or 'data.id'")

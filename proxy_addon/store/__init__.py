@@ -7,7 +7,7 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
         ...send once...
         store.transition(decision.receipt.operation_id, State.SUCCEEDED, reason="HTTP 201")
 
-    records.py      the values: Attempt, Receipt, RecordedResponse, Event, Decision; time helpers
+    records.py      the values: Attempt, Receipt, RecordedResponse, Event, Decision, ApprovalDecision; time helpers
     base.py         what a backend must guarantee, and the primitives it implements
     reads.py        the reads, written once over those primitives
     receipts.py     deciding attempts, guarded transitions, resolve, reconcile claims, prune, recovery
@@ -23,6 +23,7 @@ from __future__ import annotations
 from proxy_addon.store.base import Backend, Dialect, UniqueViolation
 from proxy_addon.store.receipts import ReceiptStore
 from proxy_addon.store.records import (
+    ApprovalDecision,
     Attempt,
     Clock,
     Decision,
@@ -39,6 +40,7 @@ from proxy_addon.store.sqlite import SQLiteStore
 Store = SQLiteStore
 
 __all__ = [
+    "ApprovalDecision",
     "Attempt",
     "Backend",
     "Clock",

@@ -32,6 +32,9 @@ What a backend must guarantee, because the proxy's promise rests on it:
 - The same schema: tables `receipts` and `receipt_events` with the columns, indexes and
   triggers that migrations.py gives SQLite (m001..m004), `receipt_events.id` growing with
   each event, and foreign keys enforced.
+- `approval_decisions` (m007): at most one operator decision per receipt (its primary key),
+  checked and inserted in one `_write` (`decide_approval`), and marked used in the `_write`
+  that moves its receipt (`apply_approval`), so a decision is applied once or not at all.
 - Durable before it returns: when `begin_attempt` returns "forward", the receipt and its
   first event are committed durably (SQLite: WAL with synchronous=FULL). The request is
   sent only after that.

@@ -122,3 +122,25 @@ def m006_failed_reads(db: Database) -> None:
     # or a settle delay). Written by `transition` as the reconcile records its verdict.
     db.execute("ALTER TABLE receipts ADD COLUMN failed_reads INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE receipts ADD COLUMN next_read_at TEXT")
+
+
+@migrations()
+def m007_approval_decisions(db: Database) -> None:
+    # An operator's decision on a write held for approval, made from another process (`receipts
+    # approve` / `receipts deny`) for the proxy that holds the write to apply. One per receipt
+    # (the primary key): a receipt is decided once. Bound to the intent fingerprint the operator
+    # decided on; `consumed_at` is set in the transaction that moves the receipt on. Portable
+    # SQL: the same statement creates it in PostgreSQL.
+    db.execute(
+        """
+        CREATE TABLE approval_decisions (
+            operation_id TEXT PRIMARY KEY REFERENCES receipts(operation_id),
+            intent_fingerprint TEXT NOT NULL,
+            decision TEXT NOT NULL CHECK (decision IN ('approved', 'denied')),
+            note TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            decided_at TEXT NOT NULL,
+            consumed_at TEXT
+        )
+        """
+    )

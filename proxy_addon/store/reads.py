@@ -1,6 +1,7 @@
 """
 The reads every backend shares: one receipt, the newest for a fingerprint, lists, changes,
-duplicates, the audit export, events and counts. Only `_rows` (see base.py) runs their SQL.
+duplicates, the audit export, events, counts, and operators' decisions on held writes.
+Only `_rows` (see base.py) runs their SQL.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Any
 from proxy_addon.errors import UnknownReceipt
 from proxy_addon.states import State
 from proxy_addon.store.base import Backend, marks
-from proxy_addon.store.records import Event, Receipt
+from proxy_addon.store.records import ApprovalDecision, Event, Receipt
 
-_PAGE = 500  # receipts per export query
+_PAGE = 500  # receipts per export query, ids per query of decisions
 
 
 class ReceiptReads(Backend):
@@ -110,6 +111,23 @@ class ReceiptReads(Backend):
             )
             for r in rows:
                 out[r["operation_id"]][r["event"]] = r["n"]
+        return out
+
+    def approval_decision(self, operation_id: str) -> ApprovalDecision | None:
+        """The operator's decision recorded on a receipt (`receipts approve` / `deny`), used or not; None if none."""
+        rows = self._rows("SELECT * FROM approval_decisions WHERE operation_id = ?", (operation_id,))
+        return ApprovalDecision.from_row(rows[0]) if rows else None
+
+    def approval_decisions(self, operation_ids: Sequence[str]) -> dict[str, ApprovalDecision]:
+        """The decisions recorded and not used yet on these receipts: {id: decision}."""
+        out: dict[str, ApprovalDecision] = {}
+        ids = builtins.list(operation_ids)
+        for chunk in (ids[i : i + _PAGE] for i in range(0, len(ids), _PAGE)):
+            rows = self._rows(
+                f"SELECT * FROM approval_decisions WHERE consumed_at IS NULL AND operation_id IN ({marks(len(chunk))})",
+                chunk,
+            )
+            out.update((r["operation_id"], ApprovalDecision.from_row(r)) for r in rows)
         return out
 
     def counts(self) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """
 The receipts logic every backend shares: deciding an attempt, guarded transitions,
-resolving by hand, claiming for reconciliation, pruning and recovery.
+resolving by hand, operators' decisions on held writes, claiming for reconciliation,
+pruning and recovery.
 
     store = Store.open("receipts.db")
     decision = store.begin_attempt(attempt)      # committed before it returns
@@ -24,7 +25,7 @@ from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable, 
 from proxy_addon.states import RESOLUTIONS, RETRYABLE, TERMINAL, TRANSITIONS, UNRESOLVED, State, sources_of
 from proxy_addon.store.base import UniqueViolation, marks
 from proxy_addon.store.reads import ReceiptReads
-from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
+from proxy_addon.store.records import ApprovalDecision, Attempt, Decision, Receipt, iso, new_operation_id
 
 _RECEIPT_COLUMNS = (
     "operation_id",
@@ -364,6 +365,93 @@ class ReceiptStore(ReceiptReads):
             )
         return self.get(operation_id)
 
+    def decide_approval(
+        self,
+        operation_id: str,
+        *,
+        approve: bool,
+        note: str,
+        actor: str,
+        fingerprint: str | None = None,
+        is_alive: Callable[[str | None], bool] = lambda instance: True,
+    ) -> ApprovalDecision:
+        """
+        Record an operator's decision on a write held for approval (`receipts approve` / `deny`),
+        for the proxy that holds it to apply (`apply_approval`). Refused with IllegalTransition,
+        nothing written, unless the receipt is `awaiting_approval`, has no decision yet, is held
+        by a proxy that is running (`is_alive(receipt.instance)`) and, when `fingerprint` is
+        given, has an intent fingerprint that starts with it. An unknown id: UnknownReceipt.
+        """
+        if not approve and not note.strip():
+            raise ValueError("a denial needs a note saying why")
+        with self._write():
+            r = self.get(operation_id)
+            if r.state is not State.AWAITING_APPROVAL:
+                raise IllegalTransition(
+                    f"receipt {operation_id} is {r.state}, not awaiting_approval: only a write held for approval "
+                    "can be approved or denied"
+                )
+            earlier = self.approval_decision(operation_id)
+            if earlier is not None:
+                raise IllegalTransition(
+                    f"receipt {operation_id} was already {earlier.decision} by {earlier.actor} "
+                    f"at {earlier.decided_at}: a held write is decided once"
+                )
+            if fingerprint is not None and not r.intent_fingerprint.startswith(fingerprint):
+                raise IllegalTransition(
+                    f"receipt {operation_id} has the intent fingerprint {r.intent_fingerprint}, not {fingerprint}...: "
+                    "it is not the write you meant"
+                )
+            if not is_alive(r.instance):
+                raise IllegalTransition(
+                    f"receipt {operation_id} is not held: the proxy that held it (instance {r.instance}) has stopped; "
+                    "nothing was sent, and the next proxy start records it not_sent"
+                )
+            self._execute(
+                "INSERT INTO approval_decisions "
+                "(operation_id, intent_fingerprint, decision, note, actor, decided_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    operation_id,
+                    r.intent_fingerprint,
+                    "approved" if approve else "denied",
+                    note.strip(),
+                    actor,
+                    iso(self.clock()),
+                ),
+            )
+        decision = self.approval_decision(operation_id)
+        assert decision is not None
+        return decision
+
+    def apply_approval(
+        self, decision: ApprovalDecision, *, fingerprint: str, reason: str, flow_id: str | None = None
+    ) -> Receipt:
+        """
+        Apply an operator's decision to the write this proxy holds, in one transaction: the
+        decision is marked used, and the receipt moves `awaiting_approval` → `submitted`
+        (approved) or `rejected` (denied; `error` is `reason`), the event naming the decider.
+        `fingerprint` is the held write's. A decision used already or changed, one for another
+        intent, or a receipt no longer awaiting approval: IllegalTransition, nothing written.
+        """
+        operation_id = decision.operation_id
+        to, fields = (State.SUBMITTED, {}) if decision.approved else (State.REJECTED, {"error": reason})
+        with self._write():
+            r = self.get(operation_id)
+            if not fingerprint == r.intent_fingerprint == decision.intent_fingerprint:
+                raise IllegalTransition(
+                    f"the decision on receipt {operation_id} is for the intent {decision.intent_fingerprint}; "
+                    f"the receipt's is {r.intent_fingerprint} and the held write's {fingerprint}: not applied"
+                )
+            used = self._execute(
+                "UPDATE approval_decisions SET consumed_at = ? WHERE operation_id = ? AND intent_fingerprint = ? "
+                "AND decision = ? AND consumed_at IS NULL",
+                (iso(self.clock()), operation_id, fingerprint, decision.decision),
+            )
+            if used != 1:
+                raise IllegalTransition(f"the decision on receipt {operation_id} was used already, or changed")
+            self._step(operation_id, to, frozenset({State.AWAITING_APPROVAL}), fields, reason, decision.actor, flow_id)
+        return self.get(operation_id)
+
     def claim_for_reconcile(self, operation_id: str, *, actor: str, reason: str = "reconciling with a read") -> Receipt:
         """
         `outcome_unknown`/`manual_review` → `reconciling`. Only one claimant wins;
@@ -387,7 +475,8 @@ class ReceiptStore(ReceiptReads):
         """
         Delete resolved receipts (succeeded, rejected, not_sent, safe_to_retry) last changed
         more than `older_than` ago, with their events. Never an unresolved one, and never one
-        that a kept receipt's `retry_of` still points at. Returns the deleted ids.
+        that a kept receipt's `retry_of` still points at. Returns the deleted ids. An operator's
+        decision on a pruned receipt goes with it.
         """
         cutoff = iso(self.clock() - older_than)
         resolved = sorted(TERMINAL)
@@ -414,6 +503,7 @@ class ReceiptStore(ReceiptReads):
             if ids and not dry_run:
                 self._defer_foreign_keys()  # a receipt goes before its events, and chains go in any order
                 for chunk in (ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)):
+                    self._execute(f"DELETE FROM approval_decisions WHERE operation_id IN ({marks(len(chunk))})", chunk)
                     self._execute(f"DELETE FROM receipts WHERE operation_id IN ({marks(len(chunk))})", chunk)
                     self._execute(f"DELETE FROM receipt_events WHERE operation_id IN ({marks(len(chunk))})", chunk)
         return ids

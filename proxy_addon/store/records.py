@@ -1,8 +1,9 @@
 """
 What the store reads and writes, as plain values: an attempt before it is sent, a receipt,
-its events, the decision `begin_attempt` takes, and the time helpers. No SQL here.
+its events, the decision `begin_attempt` takes, an operator's decision on a held write, and
+the time helpers. No SQL here.
 
-`Receipt.from_row` and `Event.from_row` turn a row (a dict of column → value, as every
+`Receipt.from_row`, `Event.from_row` and `ApprovalDecision.from_row` turn a row (a dict of column → value, as every
 backend's `_rows` returns it) into a value, and refuse a state they do not know.
 """
 
@@ -187,3 +188,40 @@ class Decision:
     kind: DecisionKind
     receipt: Receipt
     reason: str = ""  # for a duplicate: why it gets this answer (recorded in the receipt's events)
+
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    """
+    An operator's decision on a write held for approval (`receipts approve` / `receipts deny`),
+    recorded for the proxy that holds the write to apply. It binds to the receipt and to its
+    intent fingerprint, and is used once: `consumed_at` is set in the transaction that moves
+    the receipt on.
+    """
+
+    operation_id: str
+    intent_fingerprint: str
+    decision: Literal["approved", "denied"]
+    note: str
+    actor: str
+    decided_at: str
+    consumed_at: str | None = None
+
+    @property
+    def approved(self) -> bool:
+        return self.decision == "approved"
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> ApprovalDecision:
+        if r["decision"] not in ("approved", "denied"):
+            what = f"the decision on receipt {r['operation_id']}"
+            raise StoreError(f"{what} is {r['decision']!r}, not approved or denied")
+        return cls(
+            operation_id=r["operation_id"],
+            intent_fingerprint=r["intent_fingerprint"],
+            decision=r["decision"],
+            note=r["note"],
+            actor=r["actor"],
+            decided_at=r["decided_at"],
+            consumed_at=r["consumed_at"],
+        )

@@ -25,6 +25,9 @@ EVERY_COMMAND = [
     pytest.param(["reconcile", "--all"], id="reconcile"),
     pytest.param(["export"], id="export"),
     pytest.param(["prune", "--older-than", "1d"], id="prune"),
+    pytest.param(["pending"], id="pending"),
+    pytest.param(["approve", "x"], id="approve"),
+    pytest.param(["deny", "x", "--note", "n"], id="deny"),
 ]
 
 

@@ -22,7 +22,7 @@ async def test_forwarded_then_succeeded_marks_and_comments(setup):
     f.response = http.Response.make(201, b'{"order": {"id": "ord_9"}}', {"content-type": "application/json"})
     await addon.response(f)
     assert f.marked == MARKERS["succeeded"]
-    assert "shop orders.create · succeeded (201)" in f.comment
+    assert f.comment == f"succeeded (201) · shop orders.create · receipt {f.metadata['receipts']['operation_id']}"
     r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
     assert (r.state, r.external_id) == ("succeeded", "ord_9")
     assert f.response.headers["X-Receipt-State"] == "succeeded"
@@ -44,7 +44,44 @@ async def test_duplicate_of_unknown_is_blocked_with_marker(setup):
     body = dup.response.json()
     assert (body["error"], body["state"]) == ("duplicate_unresolved", "outcome_unknown")
     assert dup.marked == MARKERS["blocked"]
-    assert dup.comment.startswith(f"BLOCKED duplicate of receipt {body['operation_id']}")
+    assert dup.comment == f"BLOCKED duplicate · shop orders.create · receipt {body['operation_id']}: outcome_unknown"
+
+
+async def test_comments_put_the_state_first_and_the_readmes_filters_still_find_them(setup):
+    """
+    mitmweb's Comment column is narrow (150 px): what the flow came to is first, the operation
+    and the receipt after it. README's filters (`~comment BLOCKED`, `~comment receipt`,
+    `~comment <id> & !~comment BLOCKED`) still pick the same flows.
+    """
+    from mitmproxy import flowfilter
+
+    addon, _, _ = setup
+    ok = order("S-1")
+    await send(addon, ok)
+    ok.response = http.Response.make(201, b'{"order": {"id": "ord_1"}}', {"content-type": "application/json"})
+    await addon.response(ok)
+    replayed = order("S-1")
+    await send(addon, replayed)
+    lost = await unknown(addon, "S-2")
+    blocked = order("S-2")
+    await send(addon, blocked)
+    ok_id, lost_id = (f.metadata["receipts"]["operation_id"] for f in (ok, lost))
+    assert [f.comment for f in (ok, replayed, lost, blocked)] == [
+        f"succeeded (201) · shop orders.create · receipt {ok_id}",
+        f"REPLAYED · shop orders.create · receipt {ok_id}: succeeded (201)",
+        f"outcome_unknown · shop orders.create · receipt {lost_id}",
+        f"BLOCKED duplicate · shop orders.create · receipt {lost_id}: outcome_unknown",
+    ]
+    flows = {"ok": ok, "replayed": replayed, "lost": lost, "blocked": blocked}
+
+    def picked(spec: str) -> list[str]:
+        test = flowfilter.parse(spec)
+        return [name for name, f in flows.items() if test(f)]
+
+    assert picked("~comment BLOCKED") == ["blocked"]
+    assert picked("~comment receipt") == ["ok", "replayed", "lost", "blocked"]
+    assert picked(f"~comment {lost_id} & !~comment BLOCKED") == ["lost"]
+    assert picked(f"~comment {ok_id} & !~comment BLOCKED") == ["ok", "replayed"]
 
 
 async def test_error_before_connecting_is_not_sent(setup):
@@ -253,7 +290,7 @@ async def test_a_held_write_whose_agent_hung_up_is_denied_at_once(setup, then):
     assert _events(tmp, operation_id)[-1] == (
         "awaiting_approval", "rejected", "proxy", "denied: the agent hung up while the write was held")
     assert f.marked == MARKERS["rejected"]
-    assert f.comment.endswith("· rejected (denied: the agent hung up while the write was held)")
+    assert f.comment.startswith("rejected (denied: the agent hung up while the write was held) · ")
 
 
 async def test_a_held_write_keeps_awaiting_approval_in_its_comment(setup):
@@ -270,18 +307,19 @@ async def test_a_held_write_keeps_awaiting_approval_in_its_comment(setup):
     f = order("R-7", path="/v1/refunds")
     v.add([f])
     task = await held(addon, f)
+    held_id = f.metadata["receipts"]["operation_id"]
     dup = order("R-7", path="/v1/refunds")
     await send(addon, dup)  # blocked: its comment names awaiting_approval, it is not held
     v.add([dup])
     assert watch.follow_receipts("2000-01-01T00:00:00") != "2000-01-01T00:00:00"  # it refreshed the held flow
-    assert f.comment.startswith("AWAITING APPROVAL (resume to send, kill to deny): receipt ")
+    assert f.comment == f"AWAITING APPROVAL (resume to send, kill to deny) · shop refunds.create · receipt {held_id}"
     assert f.marked == MARKERS["awaiting_approval"]
     held_filter = flowfilter.parse('~comment "AWAITING APPROVAL"')
     assert [x for x in (f, dup) if held_filter(x)] == [f]
     f.kill()
     await asyncio.wait_for(task, 5)
     watch.follow_receipts("2000-01-01T00:00:00")
-    assert f.comment.endswith("· rejected (denied by operator)")
+    assert f.comment == f"rejected (denied by operator) · shop refunds.create · receipt {held_id}"
     assert not held_filter(f)
 
 

@@ -55,9 +55,9 @@ async def test_the_original_flow_comment_follows_its_receipt(setup):
     tctx.master.addons.add(v)
     first = await unknown(addon, "U-1")
     v.add([first])
-    assert first.comment.endswith("outcome_unknown") and first.marked == MARKERS["outcome_unknown"]
+    assert first.comment.startswith("outcome_unknown · ") and first.marked == MARKERS["outcome_unknown"]
     dup = order("U-1")
     await send(addon, dup)
     tctx.commands.resolve_flow(dup, "succeeded", "the order exists")  # resolved from the duplicate's flow
-    assert first.comment.endswith("· succeeded")
+    assert first.comment.startswith("succeeded · ")
     assert first.marked == MARKERS["succeeded"]
