@@ -224,7 +224,10 @@ def test_rules_reloads_are_counted_ok_and_failed(tmp_path, confdir):
 
 
 def test_scripts_run_serves_metrics_and_counts_an_operators_decisions(tmp_path, confdir, upstream, bucket):
-    """scripts/run (mitmweb) turns metrics on; a write approved and one denied with mitmweb's Resume and Abort."""
+    """
+    scripts/run (mitmweb) turns metrics on; a write approved and one denied with mitmweb's Resume
+    and Abort, then one denied and one approved with `receipts deny` and `receipts approve`.
+    """
     run = ScriptsRun(tmp_path, confdir).start()  # RECEIPT_PROXY_METRICS=127.0.0.1:0 (conftest)
     path = f"/api/{bucket}/refunds"
     answers: dict[int, requests.Response] = {}
@@ -237,20 +240,33 @@ def test_scripts_run_serves_metrics_and_counts_an_operators_decisions(tmp_path, 
         assert "Prometheus metrics: on 127.0.0.1, at a free port" in run.log()
         assert run.metrics_url
         web, base = operator(run.web_url)
-        for amount, button in ((10, "resume"), (20, "kill")):
+        db = tmp_path / "state" / "receipts.db"
+        for amount, decide in ((10, "resume"), (20, "kill"), (30, "deny"), (40, "approve")):
             t = threading.Thread(target=agent, args=(amount,))
             t.start()
             flow = held_flow(web, base, bucket)
             assert value(run.metrics_url, "receipt_proxy_approvals_pending", API, "refunds.create") == 1
-            assert web.post(f"{base}/flows/{flow['id']}/{button}", timeout=5).status_code == 200
+            if decide in ("resume", "kill"):  # mitmweb's buttons
+                assert web.post(f"{base}/flows/{flow['id']}/{decide}", timeout=5).status_code == 200
+            else:  # the CLI, another process
+                (held,) = Store.open(db, create=False).list(states=[State.AWAITING_APPROVAL])
+                out = subprocess.run(
+                    [sys.executable, "-m", "proxy_addon.cli", "--db", str(db), decide, held.operation_id,
+                     "--note", "by the book"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                )
+                assert out.returncode == 0, out.stderr
             t.join(timeout=30)
-        assert (answers[10].status_code, answers[20].status_code) == (201, 403)
+        assert [answers[a].status_code for a in (10, 20, 30, 40)] == [201, 403, 403, 201]
         _, samples = scrape(run.metrics_url)
         assert by(samples, "receipt_proxy_approval_decisions_total", "operation", "decision") == {
-            ("refunds.create", "approved"): 1, ("refunds.create", "denied"): 1,
+            ("refunds.create", "approved"): 2, ("refunds.create", "denied"): 2,
         }
         assert by(samples, "receipt_proxy_approvals_pending", "operation", zeros=True) == {("refunds.create",): 0}
-        assert by(samples, "receipt_proxy_upstream_seconds_count", "operation") == {("refunds.create",): 1}
+        assert by(samples, "receipt_proxy_upstream_seconds_count", "operation") == {("refunds.create",): 2}
+        assert by(samples, "receipt_proxy_transitions_total", "from_state", "to_state") == {
+            ("new", "awaiting_approval"): 4, ("awaiting_approval", "submitted"): 2,
+            ("awaiting_approval", "rejected"): 2, ("submitted", "succeeded"): 2,
+        }
     finally:
         run.stop()
 
