@@ -20,6 +20,9 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 `record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait
 for it, and reconciles at once when the answer says the effect may already exist.
 
+The gate counts in its `metrics` (metrics.py) what only it sees: each duplicate's final answer,
+the duplicates that wait, how long a new receipt took to commit, and each reconcile read's result.
+
 Reads at once are bounded (`reads_max`, the option receipts_reads_max, 8): every reconcile read
 of this process (a duplicate's, an answer's evidence, an operator's) takes a slot first, and
 the others wait their turn, first come first served. Only reads wait; no other request does,
@@ -49,12 +52,14 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from proxy_addon.classify import Outcome
 from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable
+from proxy_addon.metrics import Metrics, read_result
 from proxy_addon.reads import ReadSettings
 from proxy_addon.reconcile import reconcilable_now, reconcile
 from proxy_addon.rules import Operation, PathTemplate
@@ -113,9 +118,11 @@ class Gate:
         *,
         post_reads: Callable[[str], tuple[PathTemplate, ...]] = lambda api: (),
         on_change: Callable[[Receipt], None] = lambda receipt: None,
+        metrics: Metrics | None = None,
     ):
         self.calls = calls
         self.settings = settings or GateSettings()
+        self.metrics = metrics or Metrics()  # duplicates, waits, commit times, reads (metrics.py)
         self.post_reads = post_reads
         self.on_change = on_change  # a receipt changed here outside a flow's own hooks (a reconcile)
         self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
@@ -149,12 +156,16 @@ class Gate:
                 if not built:  # built once, on the store's thread (fingerprinting a large body)
                     built.append(attempt() if callable(attempt) else attempt)
                 # Only the answer a duplicate finally gets is recorded.
-                return store.begin_attempt(
+                started = time.perf_counter()
+                decision = store.begin_attempt(
                     built[0],
                     after_success=op.after_success,
                     replay_window=self.settings.replay_window,
                     record_duplicate=True if final else (lambda d: not self._follows_up(op, d)),
                 )
+                if decision.kind == "forward":
+                    self.metrics.committed(op.api, op.name, time.perf_counter() - started)
+                return decision
 
             return run
 
@@ -162,6 +173,7 @@ class Gate:
         if self._follows_up(op, decision):
             receipt = decision.receipt
             if receipt.state is State.SUBMITTED:
+                self.metrics.waited(op.api, op.name)
                 await self.wait_for_outcome(receipt.operation_id, self.settings.wait_submitted)
                 receipt = await self.calls(lambda s: s.get(receipt.operation_id))
             if receipt.state is State.OUTCOME_UNKNOWN and reconcilable_now(op, receipt, self._now()):
@@ -169,6 +181,8 @@ class Gate:
             decision = await self.calls(decide(True))
         if decision.kind == "forward":
             self._outcomes[decision.receipt.operation_id] = asyncio.Event()
+        else:
+            self.metrics.duplicate(op.api, op.name, decision.kind)
         return Admitted(decision, built[0])
 
     async def record(
@@ -378,6 +392,7 @@ class Gate:
         except IllegalTransition:
             return None  # another proxy process claimed it first
         except _NoReadSlot as e:
+            self.metrics.read(op.api, op.name, "no_slot")
             logger.warning(
                 "receipt %s %s %s: not read: %s; it stays %s, nothing recorded",
                 receipt.operation_id,
@@ -388,6 +403,8 @@ class Gate:
             )
             return None
         done = result.receipt
+        if result.read:
+            self.metrics.read(op.api, op.name, read_result(result.verdict))
         logger.warning(
             "receipt %s %s %s: %s (%s)", done.operation_id, done.api, done.operation, done.state, result.verdict.reason
         )

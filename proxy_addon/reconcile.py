@@ -62,6 +62,7 @@ StoreCalls = Callable[[Callable[[ReceiptStore], T]], Awaitable[T]]  # runs a fun
 class Reconciled:
     receipt: Receipt  # after the verdict was recorded
     verdict: Verdict
+    read: bool = True  # a read was sent (False: decided without one: the idempotency key, no read configured)
 
 
 def key_dedupes(op: Operation, receipt: Receipt, now: dt.datetime) -> bool:
@@ -194,8 +195,12 @@ async def reconcile(
     cancelled: asyncio.CancelledError | None = None
     async with slot if slot is not None else contextlib.nullcontext():
         claimed, was = await calls(lambda s: _claim(s, operation_id, actor, reason))
+        read = False
         try:
-            verdict = await _decide(op, claimed, credentials, settings, evidence, calls)
+            verdict = _without_read(op, claimed, await calls(lambda s: s.clock()), evidence)
+            if verdict is None:
+                read = True
+                verdict = await _read(op, claimed, credentials, settings, calls)
         except asyncio.CancelledError as e:
             cancelled = e
             verdict = failed("reconcile interrupted: the proxy stopped waiting for the read")
@@ -205,7 +210,7 @@ async def reconcile(
     done, verdict = await _finish(calls, claimed, was, verdict, settings, actor)
     if cancelled is not None:
         raise cancelled
-    return Reconciled(done, verdict)
+    return Reconciled(done, verdict, read)
 
 
 def _claim(store: ReceiptStore, operation_id: str, actor: str, reason: str) -> tuple[Receipt, State | None]:
@@ -215,15 +220,8 @@ def _claim(store: ReceiptStore, operation_id: str, actor: str, reason: str) -> t
     return claimed, claims[-1].from_state if claims else None
 
 
-async def _decide(
-    op: Operation | None,
-    receipt: Receipt,
-    credentials: Mapping[str, str],
-    settings: ReadSettings,
-    evidence: bool,
-    calls: StoreCalls,
-) -> Verdict:
-    now = await calls(lambda s: s.clock())
+def _without_read(op: Operation | None, receipt: Receipt, now: dt.datetime, evidence: bool) -> Verdict | None:
+    """The verdict when no read is needed or possible (the API's idempotency key, no read configured); else None."""
     if op is None:
         return Verdict(State.MANUAL_REVIEW, "no read can decide: its rule is gone")
     if key_dedupes(op, receipt, now) and not evidence:
@@ -239,6 +237,14 @@ async def _decide(
                 f"the API forgets {op.idempotency_header} keys after {op.idempotency_ttl}s and no read is configured",
             )
         return Verdict(State.MANUAL_REVIEW, f"no read can decide: {op.api} {op.name} has no reconcile spec")
+    return None
+
+
+async def _read(
+    op: Operation | None, receipt: Receipt, credentials: Mapping[str, str], settings: ReadSettings, calls: StoreCalls
+) -> Verdict:
+    """Plan the read, send it (page by page), judge it."""
+    assert op is not None and op.reconcile is not None  # _without_read decided the others
     try:
         read = plan_read(op, receipt)
     except ReconcileError as e:  # a template with no value in this receipt: no read will ever be made

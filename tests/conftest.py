@@ -161,6 +161,7 @@ class Proxy:
 # scripts/run's banner line with mitmweb's URL and the token it chose (mitmweb's own line then has none).
 WEB_URL = re.compile(r"^Web UI: (http://127\.0\.0\.1:\d+/\?token=[0-9a-f]+) ", re.M)
 WEB_LISTENING = "Web server listening at http://127.0.0.1:"
+METRICS_URL = re.compile(r"Prometheus metrics at (http://127\.0\.0\.1:\d+/metrics)")  # the addon's log line
 
 
 class ScriptsRun:
@@ -171,7 +172,9 @@ class ScriptsRun:
     The proxy port is 0 (RECEIPT_PROXY_PORT=0) and read from mitmproxy's log. mitmweb's web
     port cannot be 0 (mitmweb would bind a random port but announce its URL with port 0), so it
     is a free_port(): should mitmweb still fail to bind it, scripts/run is started again on
-    another port, at most `attempts` times.
+    another port, at most `attempts` times. Prometheus metrics are served on a port the kernel
+    picks (RECEIPT_PROXY_METRICS=127.0.0.1:0, not scripts/run's 9464, which runs at once would
+    share), read from the addon's log line: `metrics_url`.
     """
 
     def __init__(self, workdir: Path, confdir: Path, args: tuple[str, ...] = (), *, log: Path | None = None,
@@ -180,9 +183,9 @@ class ScriptsRun:
         self.headless = "--headless" in self.args
         self.log_path = log or workdir / "run.log"
         self.env = {"RECEIPT_PROXY_STATE_DIR": str(workdir / "state"), "RECEIPT_PROXY_RULES": str(TEST_RULES),
-                    **(env or {})}
+                    "RECEIPT_PROXY_METRICS": "127.0.0.1:0", **(env or {})}
         self.proc: subprocess.Popen | None = None
-        self.proxy_url = self.web_url = ""
+        self.proxy_url = self.web_url = self.metrics_url = ""
         self.tries = 0
 
     def start(self) -> ScriptsRun:
@@ -221,6 +224,7 @@ class ScriptsRun:
             return None
         self.proxy_url = f"http://127.0.0.1:{listening.group(1)}"
         self.web_url = web.group(1) if web else ""
+        self.metrics_url = m.group(1) if (m := METRICS_URL.search(text)) else ""
         return self.proxy_url
 
     def stop(self) -> None:

@@ -91,6 +91,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "template_variables": ("proxy_addon.rules.model", "template_variables"),
     },
     "proxy_addon.mitm": {
+        "MetricsServer": ("proxy_addon.mitm.metrics", "MetricsServer"),
         "ReceiptCommands": ("proxy_addon.mitm.commands", "ReceiptCommands"),
         "ReceiptWeb": ("proxy_addon.mitm.web", "ReceiptWeb"),
         "Receipts": ("proxy_addon.mitm.addon", "Receipts"),
@@ -117,7 +118,7 @@ ALL = {
         "RuleSet", "check_rules", "check_rules_path", "host_pattern", "load_rules", "load_rules_path",
         "parse_path_template", "rules_files", "rules_signature", "template_variables",
     ],
-    "proxy_addon.mitm": ["ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"],
+    "proxy_addon.mitm": ["MetricsServer", "ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"],
 }
 
 PACKAGES = list(ALL)

@@ -1,12 +1,13 @@
 """
 The mitmproxy layer: the only part of receipt-proxy that imports mitmproxy.
 
-    addons = [Receipts(), ReceiptCommands(...), ReceiptWeb(...), Watch(...), receipts.drain]
+    addons = [Receipts(), ReceiptCommands(...), ReceiptWeb(...), Watch(...), MetricsServer(...), receipts.drain]
 
 composed the way mitmproxy composes its own addons (`mitmproxy/addons/__init__.py`), each
 with one job: the hooks (addon.py), the `receipts.*` commands (commands.py), the Receipt
-content view (web.py), the once-a-second watch over receipts and rules (watch.py), and the
-stop on SIGTERM/SIGINT that lets matched requests in flight end first (drain.py).
+content view (web.py), the once-a-second watch over receipts and rules (watch.py), the
+Prometheus endpoint (metrics.py, option receipts_metrics), and the stop on SIGTERM/SIGINT that
+lets matched requests in flight end first (drain.py).
 Options are declared and parsed in options.py; the exchange that sends matched requests is
 exchange.py; approvals are approval.py; mitmproxy internals are internals.py.
 """
@@ -15,12 +16,20 @@ from __future__ import annotations
 
 from proxy_addon.mitm.addon import Receipts
 from proxy_addon.mitm.commands import ReceiptCommands
+from proxy_addon.mitm.metrics import MetricsServer
 from proxy_addon.mitm.watch import Watch
 from proxy_addon.mitm.web import ReceiptWeb
 
-__all__ = ["ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"]
+__all__ = ["MetricsServer", "ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"]
 
 
 def make_addons() -> list[object]:
     receipts = Receipts()
-    return [receipts, ReceiptCommands(receipts), ReceiptWeb(receipts.reader), Watch(receipts), receipts.drain]
+    return [
+        receipts,
+        ReceiptCommands(receipts),
+        ReceiptWeb(receipts.reader),
+        Watch(receipts),
+        MetricsServer(receipts),
+        receipts.drain,
+    ]

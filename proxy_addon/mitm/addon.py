@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import httpx
 from mitmproxy import ctx, exceptions, http
@@ -33,6 +34,7 @@ from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate, StoreThread
 from proxy_addon.installation import Installation
+from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body
 from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
@@ -70,6 +72,7 @@ class Receipts:
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
         self._read_store: ReceiptStore | None = None
         self._listener: Listener | None = None  # PostgreSQL: LISTEN for receipts other proxies change
+        self.metrics = Metrics()  # this proxy's Prometheus metrics (served by mitm/metrics.py)
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
         self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
 
@@ -101,8 +104,13 @@ class Receipts:
                 sig = rules_signature(opts.receipts_rules)
                 rules = load_rules_path(opts.receipts_rules)
             except RulesError as e:
+                if self.rules is not None:  # a reload (mitmweb's Options): the last good rules stay
+                    self.metrics.reloaded(False)
                 raise exceptions.OptionsError(f"receipts_rules: {e}") from None
+            if self.rules is not None:
+                self.metrics.reloaded(True)
             self.rules, self.rules_sig, self.rules_problem = rules, sig, None
+            self.metrics.known(rules.operations)
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
         if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._store_config:
             self._open_store()
@@ -129,9 +137,15 @@ class Receipts:
         if self._read_store is not None:
             self._read_store.close()
             self._read_store = None
+        inst.store.observer = self.metrics.changed  # every state change it commits (recovery's too)
+        self.metrics.watch_db(inst.db, lock_timeout=opts.receipts_lock_timeout)
         self.installation, self.calls = inst, StoreThread(inst.store)
         self.gate = Gate(
-            self.calls, options.gate_settings(opts), post_reads=self._post_reads, on_change=self.refresh_flow
+            self.calls,
+            options.gate_settings(opts),
+            post_reads=self._post_reads,
+            on_change=self.refresh_flow,
+            metrics=self.metrics,
         )
         if self._listener is not None:
             self._listener.stop()
@@ -171,6 +185,7 @@ class Receipts:
     async def done(self) -> None:
         if self._listener is not None:
             self._listener.stop()
+        self.metrics.close()
         self.approvals.close()
         if self._read_store is not None:
             self._read_store.close()
@@ -271,13 +286,20 @@ class Receipts:
         meta["retry_of"] = receipt.retry_of
         if receipt.state is State.AWAITING_APPROVAL:
             receipt = await await_approval(
-                flow, meta, receipt, self.calls, ctx.options.receipts_approval_timeout, self.approvals
+                flow,
+                meta,
+                receipt,
+                self.calls,
+                ctx.options.receipts_approval_timeout,
+                self.approvals,
+                metrics=self.metrics,
             )
             if receipt.state is not State.SUBMITTED:
                 return
         forward.add_key(flow, op, receipt, given_key, body)
         mark(flow, receipt.state, receipt)
         await self._debug_pause("after_commit", receipt.operation_id)
+        meta["sent_at"] = time.monotonic()  # receipt_proxy_upstream_seconds, observed when the outcome is recorded
         if self._client is not None:
             await self._exchange(flow, meta, op)
         else:
@@ -372,6 +394,8 @@ class Receipts:
         """Record a forwarded request's outcome through the gate, and show it on the flow."""
         assert self.gate is not None
         meta["outcome"] = str(outcome.state)
+        if (sent_at := meta.pop("sent_at", None)) is not None:
+            self.metrics.exchanged(meta["api"], meta["operation"], time.monotonic() - sent_at)
         receipt = await self.gate.record(
             meta["operation_id"],
             outcome,

@@ -50,6 +50,7 @@ from mitmproxy.flow import Error
 from proxy_addon import answers
 from proxy_addon.errors import StoreError
 from proxy_addon.gate import StoreThread
+from proxy_addon.metrics import Metrics
 from proxy_addon.mitm.flows import HELD, META, mark, response_of
 from proxy_addon.states import State
 from proxy_addon.store import ApprovalDecision, Receipt
@@ -58,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 MODIFIED = "denied: the request was modified while held (resume it unedited, or revert it first)"
 HUNG_UP = "denied: the agent hung up while the write was held"
+DENIED = "denied by operator"
 OPERATOR = "mitmweb operator"
 POLL = 0.5  # seconds between two looks for decisions from the CLI, while a write is held
 TICK = 0.25  # seconds between two looks at a held flow (killed? agent gone? past the timeout?)
@@ -180,7 +182,7 @@ async def _decision(
     ):
         await _tick(flow, held)
     if _killed(flow):
-        return State.REJECTED, "denied by operator", OPERATOR, None
+        return State.REJECTED, DENIED, OPERATOR, None
     if _gone(flow):  # before a resume is taken: nobody would get the answer
         return State.REJECTED, HUNG_UP, "proxy", None
     if (d := held.decision) is not None:
@@ -195,8 +197,24 @@ async def _decision(
     return State.REJECTED, f"denied: no decision within receipts_approval_timeout ({timeout:g}s)", "proxy", None
 
 
+def decision_label(to: State, reason: str, by_cli: ApprovalDecision | None) -> str:
+    """The `decision` label of receipt_proxy_approval_decisions_total."""
+    if to is State.SUBMITTED:
+        return "approved"
+    if by_cli is not None or reason == DENIED:
+        return "denied"
+    return {MODIFIED: "modified", HUNG_UP: "hung_up"}.get(reason, "timeout")
+
+
 async def await_approval(
-    flow: http.HTTPFlow, meta: dict, receipt: Receipt, calls: StoreThread, timeout: float, approvals: Approvals
+    flow: http.HTTPFlow,
+    meta: dict,
+    receipt: Receipt,
+    calls: StoreThread,
+    timeout: float,
+    approvals: Approvals,
+    *,
+    metrics: Metrics,
 ) -> Receipt:
     """Hold the flow until an operator decides; the receipt after the decision (submitted: send it)."""
     held_as = _sent_form(flow.request)  # what the receipt recorded: sent so, or not at all
@@ -207,8 +225,16 @@ async def await_approval(
         f"receipt {receipt.operation_id} {receipt.api} {receipt.operation}: awaiting approval "
         f"(mitmweb, or receipts approve/deny {receipt.operation_id})"
     )
-    with approvals.holding(receipt) as held:
-        to, reason, actor, by_cli = await _decision(flow, held_as, timeout, held)
+    metrics.held(receipt.api, receipt.operation, 1)
+    try:
+        with approvals.holding(receipt) as held:
+            to, reason, actor, by_cli = await _decision(flow, held_as, timeout, held)
+    except asyncio.CancelledError:  # the proxy stops (drain.py records not_sent)
+        metrics.decided(receipt.api, receipt.operation, "stopped")
+        raise
+    finally:
+        metrics.held(receipt.api, receipt.operation, -1)
+    metrics.decided(receipt.api, receipt.operation, decision_label(to, reason, by_cli))
     if by_cli is not None:  # used in the transaction that moves the receipt
         receipt = await calls(
             lambda s: s.apply_approval(by_cli, fingerprint=receipt.intent_fingerprint, reason=reason, flow_id=flow.id)

@@ -205,6 +205,14 @@ OPTIONS: list[Option] = [
         True,
         "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error",
     ),
+    Option(
+        "receipts_metrics",
+        str,
+        "",
+        "Serve Prometheus metrics at http://HOST:PORT/metrics, e.g. --set receipts_metrics=127.0.0.1:9464 "
+        "(port 0: any free port, logged); empty: off. No credential, receipt id or URL is in them, "
+        "but anyone who reaches the port reads them: keep it on a private address",
+    ),
 ]
 POSITIVE = (
     "receipts_replay_window",
@@ -240,6 +248,22 @@ def parse_debug_pause(text: str) -> tuple[str, float] | None:
     return point, float(seconds)
 
 
+def parse_listen(text: str) -> tuple[str, int] | None:
+    """`127.0.0.1:9464` → ("127.0.0.1", 9464), `[::1]:9464` → ("::1", 9464); "" → None. ValueError: what is wrong."""
+    text = text.strip()
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if not sep or not host or "[" in host or "]" in host or (":" in host and not bracketed):
+        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464), or empty to turn it off")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{text!r}: the port must be a number from 0 to 65535")
+    return host, int(port)
+
+
 def check(opts: Any) -> None:
     """Refuse values the addon cannot work with: OptionsError naming the option."""
     if getattr(opts, "connection_strategy", "lazy") != "lazy":
@@ -263,6 +287,10 @@ def check(opts: Any) -> None:
         parse_debug_pause(opts.receipts_debug_pause)
     except ValueError as e:
         raise exceptions.OptionsError(f"receipts_debug_pause: {e}") from None
+    try:
+        parse_listen(opts.receipts_metrics)
+    except ValueError as e:
+        raise exceptions.OptionsError(f"receipts_metrics: {e}") from None
     if opts.receipts_forward == "addon" and getattr(opts, "client_certs", None):
         raise exceptions.OptionsError(
             "client_certs is set; use --set receipts_forward=mitmproxy to send matched "

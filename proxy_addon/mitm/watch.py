@@ -99,9 +99,11 @@ class Watch:
             rules, problems = await asyncio.to_thread(load_or_problems, path)
         except Exception as e:  # the watcher must outlive any surprise
             self.receipts.rules_problem = str(path)
+            self.receipts.metrics.reloaded(False)
             logger.exception(f"receipt-proxy: rules NOT reloaded from {path}; {keeping}: {type(e).__name__}: {e}")
             return
         if rules is None:
+            self.receipts.metrics.reloaded(False)
             first = problems[0]
             self.receipts.rules_problem = first.source + (f":{first.line}" if first.line else "")
             listed = "; ".join(str(p) for p in problems[:PROBLEMS_LOGGED])
@@ -110,6 +112,8 @@ class Watch:
             logger.error(f"receipt-proxy: rules NOT reloaded from {path}; {keeping}. {n}: {listed}{more}")
             return
         self.receipts.rules, self.receipts.rules_problem = rules, None
+        self.receipts.metrics.reloaded(True)
+        self.receipts.metrics.known(rules.operations)
         logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")
         self.sync_allow_hosts()
 

@@ -8,6 +8,8 @@ subclasses ReceiptStore (sqlite.py: `SQLiteStore`; postgres.py: `PostgresStore`)
     _write()                 a context manager: one serialized write transaction. It
                              commits when the block ends and rolls back on any exception,
                              and raises StoreUnavailable when it cannot begin or commit.
+                             As it ends, it calls `self._settled(committed)` (receipts.py),
+                             which tells the store's `observer` the state changes committed.
     _rows(sql, params)       the rows of a query, as dicts of column → value.
     _execute(sql, params)    run a statement; returns its row count.
     _defer_foreign_keys()    inside `_write`: check foreign keys at commit, not per statement.

@@ -196,6 +196,7 @@ class PostgresStore(ReceiptStore):
         """One transaction holding the write lock: serialized with every writer of every proxy."""
         conn = self._connection(writing=True)
         self._writing = True
+        committed = False
         try:
             try:  # one round trip (lock_timeout is the session's, set on connecting)
                 conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})".encode())
@@ -211,16 +212,19 @@ class PostgresStore(ReceiptStore):
                 raise
             try:
                 conn.execute("COMMIT")
+                committed = True
             except psycopg.Error as e:
                 failure = self._failure(e)
                 self._rollback(e)
                 created, self._created = self._created, []
                 self._writing = False
+                self._settled(False)  # what this transaction changed is not known to be committed
                 self._settle_lost_commit(created)
                 raise failure from e
         finally:
             self._writing = False
             self._created = []
+            self._settled(committed)  # tell the observer (metrics) what committed; forget it otherwise
 
     def _rollback(self, cause: BaseException) -> None:
         conn = self.conn

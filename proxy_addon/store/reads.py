@@ -133,6 +133,20 @@ class ReceiptReads(Backend):
     def counts(self) -> dict[str, int]:
         return {r["state"]: r["n"] for r in self._rows("SELECT state, count(*) AS n FROM receipts GROUP BY state")}
 
+    def counts_by_operation(self, states: Sequence[State]) -> dict[tuple[str, str, State], int]:
+        """
+        How many receipts are in each of `states`, by api and operation: {(api, operation, state): n}.
+        One query over the index on `state` (receipts_by_state): it reads only the receipts in those states.
+        """
+        if not states:
+            return {}
+        rows = self._rows(
+            f"SELECT api, operation, state, count(*) AS n FROM receipts WHERE state IN ({marks(len(states))}) "
+            "GROUP BY api, operation, state",
+            [str(s) for s in states],
+        )
+        return {(r["api"], r["operation"], State(r["state"])): r["n"] for r in rows}
+
 
 def _filters(states: Sequence[State], operation: str | None, since: str | None) -> tuple[list[str], list[Any]]:
     """WHERE clauses (to join with AND) and their parameters for `list` and `export`."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,9 +56,35 @@ _EVENT_INSERT = (
 )
 _CHUNK = 500  # ids per DELETE in `prune` (under every driver's parameter limit)
 
+logger = logging.getLogger(__name__)
+
+# Told of each state change the store commits: (api, operation, the state left (None: a new receipt), the state entered)
+Observer = Callable[[str, str, State | None, State], None]
+
 
 class ReceiptStore(ReceiptReads):
     """The receipts store over a backend's primitives. A backend subclasses it (sqlite.py)."""
+
+    observer: Observer | None = None  # the proxy's metrics (metrics.py): every state change, once committed
+    _told: list[tuple[str, str, State | None, State]] | None = None  # the open transaction's state changes
+
+    def _changed(self, api: str, operation: str, from_state: State | None, to_state: State) -> None:
+        """A state change in the open write transaction, told to `observer` once it commits (`_settled`)."""
+        if self.observer is not None:
+            if self._told is None:
+                self._told = []
+            self._told.append((api, operation, from_state, to_state))
+
+    def _settled(self, committed: bool) -> None:
+        """The write transaction ended (base.py: `_write` calls this): tell `observer` what it committed."""
+        told, self._told = self._told, None
+        if not committed or not told or self.observer is None:
+            return
+        for change in told:
+            try:
+                self.observer(*change)
+            except Exception:  # committed already: an observer's failure must not look like a failed write
+                logger.exception("receipts store: the state change observer failed")
 
     def _event(
         self,
@@ -224,6 +251,7 @@ class ReceiptStore(ReceiptReads):
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
+        self._changed(a.api, a.operation, None, first_state)
         return Decision("forward", self.get(operation_id))
 
     # --- transitions -----------------------------------------------------------------------
@@ -296,6 +324,7 @@ class ReceiptStore(ReceiptReads):
         if changed != 1:
             raise IllegalTransition(f"receipt {operation_id} is {row.state}; {row.state} → {to} is not allowed")
         self._event(operation_id, "transition", row.state, to, reason, actor, flow_id, at)
+        self._changed(row.api, row.operation, row.state, to)
         return row.state
 
     # --- human decisions and reconciliation ------------------------------------------------

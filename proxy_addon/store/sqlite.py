@@ -137,9 +137,11 @@ class SQLiteStore(ReceiptStore):
         except sqlite3.Error as e:
             raise self._failure(e, writing=True) from e
         self._writing = True
+        committed = False
         try:
             yield
             self.conn.execute("COMMIT")
+            committed = True
             if self._wal_identity is None and self.path:
                 self._wal_identity = _identity(f"{self.path}-wal")
         except BaseException as e:
@@ -149,6 +151,7 @@ class SQLiteStore(ReceiptStore):
             raise
         finally:
             self._writing = False
+            self._settled(committed)
 
     def _rollback(self, cause: BaseException) -> None:
         try:
