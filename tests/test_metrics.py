@@ -27,7 +27,7 @@ from proxy_addon.metrics import Metrics
 from proxy_addon.mitm.metrics import MetricsServer
 from proxy_addon.mitm.options import parse_listen
 from proxy_addon.states import State
-from proxy_addon.store import Store
+from proxy_addon.store import Store, open_store
 from tests.conftest import METRICS_URL, ROOT, SECRETS, TEST_RULES, Clients, Proxy, ScriptsRun, wait_for
 from tests.mitm.conftest import setup  # noqa: F401  (the taddons fixture, for the run-time change)
 from tests.test_approval import held_flow, operator
@@ -352,8 +352,14 @@ async def test_a_change_at_run_time_moves_the_endpoint_and_a_refused_one_keeps_i
 # --- the store's observer, and the gauge's query (no proxy) ------------------------------------
 
 
-def test_the_store_tells_its_observer_each_committed_state_change_and_nothing_else(tmp_path):
-    store = Store.open(tmp_path / "r.db")
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path) -> str:
+    """A receipts database on each backend: a SQLite file, or a PostgreSQL URL."""
+    return request.getfixturevalue("pg_url") if request.param == "postgres" else str(tmp_path / "r.db")
+
+
+def test_the_store_tells_its_observer_each_committed_state_change_and_nothing_else(db):
+    store = open_store(db)
     told: list[tuple] = []
     store.observer = lambda *change: told.append(change)
     first = store.begin_attempt(attempt("fp-1")).receipt
@@ -372,18 +378,19 @@ def test_the_store_tells_its_observer_each_committed_state_change_and_nothing_el
     store.observer = broken  # committed is committed: the write still returns, and stays written
     second = store.begin_attempt(attempt("fp-2")).receipt
     assert store.transition(second.operation_id, State.OUTCOME_UNKNOWN, reason="reset").state is State.OUTCOME_UNKNOWN
-    assert Store.open(tmp_path / "r.db", create=False).get(second.operation_id).state is State.OUTCOME_UNKNOWN
+    assert open_store(db, create=False).get(second.operation_id).state is State.OUTCOME_UNKNOWN
+    assert store._told is None  # nothing kept between transactions
 
 
-def test_the_unknown_outcomes_gauge_reads_the_database_at_each_scrape(tmp_path):
-    store = Store.open(tmp_path / "r.db")
+def test_the_unknown_outcomes_gauge_reads_the_database_at_each_scrape(db):
+    store = open_store(db)
     metrics = Metrics()
     gauge = lambda: {  # noqa: E731
         tuple(s.labels.values()): s.value
         for family in metrics.unknown.collect() for s in family.samples if s.value
     }
     assert gauge() == {}  # no database watched: no samples
-    metrics.watch_db(tmp_path / "r.db")
+    metrics.watch_db(db)
     for fp, to in (("a", State.OUTCOME_UNKNOWN), ("b", State.OUTCOME_UNKNOWN), ("c", State.SUCCEEDED)):
         store.transition(store.begin_attempt(attempt(fp)).receipt.operation_id, to, reason="x")
     assert gauge() == {("example", "articles.create", "outcome_unknown"): 2}
