@@ -269,10 +269,17 @@ def test_mitmweb_on_postgresql_follows_a_resolution_from_the_cli(pg_url, tmp_pat
     from tests.test_approval import operator
 
     path = f"/api/{bucket}/plain"
-    run = ScriptsRun(tmp_path, confdir, log=tmp_path / "mitmweb.log", env={"RECEIPT_PROXY_DB": pg_url}).start()
+    # With a password in the URL (the tests' server trusts loopback, so any password does): the proxy uses
+    # it, and neither the banner, the log nor mitmweb's Options show it.
+    password = "pw-Not-Shown-7f3a"
+    db = pg_url.replace("postgresql://postgres@", f"postgresql://postgres:{password}@", 1)
+    assert password in db
+    run = ScriptsRun(tmp_path, confdir, log=tmp_path / "mitmweb.log", env={"RECEIPT_PROXY_DB": db}).start()
     try:
         assert "receipts in postgresql://postgres@127.0.0.1" in run.log()
         web, base = operator(run.web_url)
+        shown = web.get(f"{base}/options", timeout=5).json()["receipts_db"]["value"]
+        assert shown.startswith("postgresql://postgres@127.0.0.1") and password not in shown
         upstream.plan(path, "drop")
         first = requests.post(upstream.url + path, json={"title": "settle me"}, timeout=30,
                               proxies={"http": run.proxy_url, "https": run.proxy_url})
@@ -284,10 +291,11 @@ def test_mitmweb_on_postgresql_follows_a_resolution_from_the_cli(pg_url, tmp_pat
 
         def flow():
             return next((f for f in web.get(f"{base}/flows", timeout=5).json()
-                         if f.get("comment", "").startswith(f"receipt {operation_id}")), None)
+                         if f.get("comment", "").endswith(f"receipt {operation_id}")), None)
 
-        settled = wait_for(lambda: (f := flow()) and f["comment"].endswith("· succeeded") and f,
+        settled = wait_for(lambda: (f := flow()) and f["comment"].startswith("succeeded · ") and f,
                            timeout=10, what="the flow's comment to follow the CLI's resolution")
         assert settled["marked"] == "✅"
+        assert password not in run.log()
     finally:
         run.stop()

@@ -49,6 +49,24 @@ def test_the_password_is_never_shown(pg_cluster, monkeypatch):
     assert "postgresql://nobody@127.0.0.1" in str(info.value)
 
 
+def test_a_password_is_taken_out_of_the_option_and_kept_for_connecting():
+    from proxy_addon.store.postgres import without_password
+
+    cases = {
+        "postgresql://proxy:s3cret-PW@db.internal:5433/receipts?sslmode=require":
+            ("postgresql://proxy@db.internal:5433/receipts?sslmode=require", True),
+        "postgres://proxy@db/r?password=s3cret-PW&sslmode=verify-full":
+            ("postgres://proxy@db/r?sslmode=verify-full", True),
+        "postgresql://:s3cret-PW@/receipts?host=/run/postgresql": ("postgresql:///receipts?host=%2Frun%2Fpostgresql", True),
+        "postgresql://proxy@db.internal/receipts": ("postgresql://proxy@db.internal/receipts", False),
+        "/var/lib/receipt-proxy/receipts.db": ("/var/lib/receipt-proxy/receipts.db", False),
+    }
+    for given, expected in cases.items():
+        assert without_password(given) == expected, given
+    shown, had = without_password("host=db.internal user=proxy password=s3cret-PW dbname=receipts")
+    assert had and "s3cret" not in shown and "host=db.internal" in shown and "dbname=receipts" in shown
+
+
 def test_conninfo_and_pg_variables(pg_cluster, pg_url, monkeypatch):
     if not pg_cluster.ours:
         pytest.skip("needs the tests' own server (its port)")

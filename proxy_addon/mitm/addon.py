@@ -44,7 +44,7 @@ from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
 from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, open_store, utcnow
-from proxy_addon.store.postgres import Listener
+from proxy_addon.store.postgres import Listener, without_password
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class Receipts:
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
         self._read_store: ReceiptStore | None = None
         self._listener: Listener | None = None  # PostgreSQL: LISTEN for receipts other proxies change
+        self._db_passwords: dict[str, str] = {}  # receipts_db as shown → as given, with its password
         self.metrics = Metrics()  # this proxy's Prometheus metrics (served by mitm/metrics.py)
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
         self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
@@ -99,6 +100,12 @@ class Receipts:
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
         options.check(opts)
+        if "receipts_db" in updated:
+            shown, had_password = without_password(opts.receipts_db)
+            if had_password:  # mitmweb's Options (and anything that prints options) show it without
+                self._db_passwords[shown] = opts.receipts_db
+                opts.update(receipts_db=shown)  # configures again, with the value shown: nothing more to do
+                return
         if "receipts_rules" in updated or self.rules is None:
             try:
                 sig = rules_signature(opts.receipts_rules)
@@ -112,18 +119,22 @@ class Receipts:
             self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             self.metrics.known(rules.operations)
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
-        if (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout) != self._store_config:
+        if (self._db(), opts.receipts_secret, opts.receipts_lock_timeout) != self._store_config:
             self._open_store()
         self._configure_client()
         assert self.gate is not None
         self.gate.settings = options.gate_settings(opts)
         self.config_error = None
 
+    def _db(self) -> str:
+        """receipts_db with the password it was given, which the option no longer shows."""
+        return self._db_passwords.get(ctx.options.receipts_db, ctx.options.receipts_db)
+
     def _open_store(self) -> None:
         opts = ctx.options
         try:
             inst = Installation.open(
-                opts.receipts_db,
+                self._db(),
                 secret=opts.receipts_secret or None,
                 lock_timeout=opts.receipts_lock_timeout,
                 new_db=opts.receipts_new_db,
@@ -155,7 +166,7 @@ class Receipts:
             self._listener = Listener(inst.store.dsn, lambda op: loop.call_soon_threadsafe(gate.wake, op))
             self._listener.start()
             gate.listening = self._listener.connected.is_set
-        self._store_config = (opts.receipts_db, opts.receipts_secret, opts.receipts_lock_timeout)
+        self._store_config = (self._db(), opts.receipts_secret, opts.receipts_lock_timeout)
         _log_recovered(self.calls.wait(inst.recover))
         if old_calls is not None:
             old_calls.close(wait=False)

@@ -31,13 +31,14 @@ import datetime as dt
 import os
 import re
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 try:  # psycopg needs libpq (Debian's libpq5) or its binary extra: only a PostgreSQL database needs either
     import psycopg
     from psycopg import errors as pgerrors
-    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg.rows import dict_row
 
     MISSING: str | None = None
@@ -75,6 +76,34 @@ def is_postgres(db: str | os.PathLike[str]) -> bool:
     except psycopg.Error:
         return False  # a path with '=' in it: a SQLite file
     return True
+
+
+def without_password(db: str) -> tuple[str, bool]:
+    """
+    `db` without the password it carries, and whether it carried one: a URL keeps its form
+    (`postgresql://user:pw@host/db?password=pw` → `postgresql://user@host/db`), conninfo is
+    rewritten by libpq's rules. A SQLite path, or a value that cannot be parsed, is returned as is.
+    """
+    if MISSING or not is_postgres(db):
+        return db, False
+    if _URL.match(db):
+        parts = urllib.parse.urlsplit(db)
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != "password"]
+        if not colon and len(query) == len(urllib.parse.parse_qsl(parts.query, keep_blank_values=True)):
+            return db, False
+        netloc = f"{user}@{hostport}" if user else hostport
+        rest = f"?{urllib.parse.urlencode(query)}" if query else ""  # (urlunsplit drops `//` before an empty host)
+        return f"{parts.scheme}://{netloc}{parts.path}{rest}", True
+    try:
+        params = conninfo_to_dict(db)
+    except psycopg.Error:
+        return db, False
+    if "password" not in params:
+        return db, False
+    del params["password"]
+    return make_conninfo("", **params), True
 
 
 def describe(dsn: str) -> str:
