@@ -66,6 +66,19 @@ def substitute(text: str, old: str, new: str) -> str:
     return out
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs. A zombie does not count: the block's background jobs are
+    reparented when its shell ends, and whoever adopts them (a container's PID 1) may never reap them."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields after the name: state, ppid, pgrp
+            return True
+    return False
+
+
 def kill_group(pgid: int) -> None:
     """SIGTERM the process group (the block's background jobs), then SIGKILL what is left after 15 s."""
     for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
@@ -75,9 +88,7 @@ def kill_group(pgid: int) -> None:
             return
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if not group_alive(pgid):
                 return
             time.sleep(0.1)
     raise AssertionError(f"process group {pgid} still alive after SIGKILL")
