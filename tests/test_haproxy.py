@@ -25,7 +25,7 @@ RECIPE = ROOT / "docs" / "fleet" / "haproxy.cfg"
 
 
 def recipe_with_ports(listen: int, servers: list[int]) -> str:
-    """The documented recipe, with the test's ports in place of 8080, 8081, 8082."""
+    """The documented recipe, with the test's ports in place of 8080 and the proxies'."""
     text = RECIPE.read_text().replace("127.0.0.1:8080", f"127.0.0.1:{listen}")
     lines = [line for line in text.splitlines() if not re.match(r"\s+server proxy\d", line)]
     lines += [f"    server proxy{i + 1} 127.0.0.1:{port} check inter 2s" for i, port in enumerate(servers)]

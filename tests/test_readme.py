@@ -23,17 +23,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import certifi
+import requests
 import pytest
 
-from tests.conftest import ROOT, ScriptsRun
+from tests.conftest import ROOT, TEST_RULES, ScriptsRun, wait_for
 from tests.upstream import free_port
 
 README = ROOT / "README.md"
@@ -62,7 +65,7 @@ def substitute(text: str, old: str, new: str) -> str:
     pattern = rf"(?<!\d){re.escape(old)}(?!\d)" if old.isdigit() else re.escape(old)
     out, n = re.subn(pattern, lambda _: new, text)
     if not n:
-        pytest.fail(f"README.md's 'Try it by hand' block no longer contains {old!r}; update tests/test_readme.py")
+        pytest.fail(f"a README.md block no longer contains {old!r}; update tests/test_readme.py")
     return out
 
 
@@ -123,6 +126,7 @@ def test_try_it_by_hand_as_written(tmp_path):
         **os.environ,
         "RECEIPT_PROXY_PORT": str(proxy_port),
         "RECEIPT_PROXY_WEB_PORT": str(web_port),
+        "RECEIPT_PROXY_METRICS": "127.0.0.1:0",  # scripts/run's 9464 may be another run's
         "RECEIPT_PROXY_VENV": sys.prefix,
         "PYTHONPATH": str(ROOT),
         "HOME": str(tmp_path / "home"),
@@ -183,6 +187,66 @@ def test_try_it_by_hand_as_written(tmp_path):
         # The Web UI line the prose after the block points to, with its token.
         assert re.search(rf"^Web UI: http://127\.0\.0\.1:{web_port}/\?token=[0-9a-f]{{32}} ", text, re.M), text
     finally:
+        kill_group(proc.pid)
+
+
+def test_run_a_fleet_as_written(tmp_path, pg_url, upstream, bucket):
+    """README "Run a fleet": two proxies on one PostgreSQL behind HAProxy, started by the block as written
+    (its ports, its database URL and the recipe's ports replaced by the test's); identical writes through
+    HAProxy's one address make one upstream write."""
+    haproxy = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+    if haproxy is None:
+        pytest.skip("README 'Run a fleet' not run: haproxy is not installed (apt-get install haproxy)")
+    block = sh_block("Run a fleet")
+    ports = {old: str(free_port()) for old in ("8080", "8090", "8092", "9464", "9465")}
+    recipe = (ROOT / "docs" / "fleet" / "haproxy.cfg").read_text()
+    for old, new in ports.items():
+        block = substitute(block, old, new) if old != "8080" else block
+        recipe = substitute(recipe, old, new) if old in ("8080", "8090", "8092") else recipe
+    (tmp_path / "haproxy.cfg").write_text(recipe)
+    block = substitute(block, "docs/fleet/haproxy.cfg", str(tmp_path / "haproxy.cfg"))
+    block = substitute(block, "postgresql://proxy@db.internal/receipts", pg_url)
+    script = tmp_path / "run-a-fleet.sh"
+    script.write_text(block)
+    (tmp_path / "home").mkdir()
+    env = {**os.environ, "RECEIPT_PROXY_RULES": str(TEST_RULES), "RECEIPT_PROXY_VENV": sys.prefix,
+           "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    for name in ("RECEIPT_PROXY_STATE_DIR", "RECEIPT_PROXY_DB", "RECEIPT_PROXY_PORT", "RECEIPT_PROXY_METRICS"):
+        env.pop(name, None)
+    log = tmp_path / "out.txt"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    front = f"http://127.0.0.1:{ports['8080']}"
+    path = f"/api/{bucket}/plain"
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text(errors="replace")
+            text = log.read_text(errors="replace")
+            # HAProxy may start first and mark a proxy DOWN: then wait for its check to see it UP.
+            return text.count("receipt-proxy: ready (recording)") == 2 and text.count(" is UP") >= text.count(" is DOWN")
+
+        wait_for(ready, timeout=90, what=f"both proxies of the block to be ready (log: {log})")
+        upstream.plan(path, "held")
+        answers: list = [None] * 8
+
+        def send(i: int) -> None:
+            answers[i] = requests.post(upstream.url + path, json={"title": "one fleet write"}, timeout=30,
+                                       proxies={"http": front})
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(answers))]
+        for t in threads:
+            t.start()
+        wait_for(lambda: upstream.seen(path) == 1, timeout=30, what="the first write to reach the upstream")
+        time.sleep(1.0)
+        upstream.let_go(path)
+        for t in threads:
+            t.join(timeout=40)
+        assert upstream.seen(path) == 1 and upstream.commits(path) == 1
+        assert {a.status_code for a in answers} <= {201, 409}, [a.status_code for a in answers]
+        assert len({a.headers.get("x-receipt-id") for a in answers}) == 1
+    finally:
+        upstream.let_go(path)
         kill_group(proc.pid)
 
 
