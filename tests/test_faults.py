@@ -442,9 +442,15 @@ class HeldWrite:
     receipt: str
     sent: str  # what the upstream receives
     test: str  # the pytest node id that shows it
+    also: tuple[str, ...] = ()  # more tests that show it ("::name": in the same file as `test`)
+
+    def tests(self) -> list[str]:
+        path = self.test.partition("::")[0]
+        return [self.test, *(path + t if t.startswith("::") else t for t in self.also)]
 
 
 _AP, _AD = "tests/test_approval.py::", "tests/mitm/test_addon.py::"
+_CA, _MA = "tests/cli/test_approvals.py::", "tests/mitm/test_approval.py::"
 HELD_WRITES = [
     HeldWrite("an operator resumes it", "the upstream's answer", "`submitted`, then its outcome", "the write, once",
               _AP + "test_an_operator_approves_one_held_write_and_denies_another"),
@@ -476,6 +482,29 @@ HELD_WRITES = [
     HeldWrite("mitmweb shows it", "nothing yet (it waits)",
               "`awaiting_approval`; the flow's comment says `AWAITING APPROVAL …` until it is decided",
               "nothing yet", _AD + "test_a_held_write_keeps_awaiting_approval_in_its_comment"),
+    HeldWrite("`receipts approve ID` from another process", "the upstream's answer",
+              "`submitted` (\"approved by operator: NOTE\", actor `cli:NAME`), then its outcome; the decision used",
+              "the write, once, within a second", _CA + "test_an_approval_from_another_process_sends_one_write"),
+    HeldWrite("`receipts deny ID --note NOTE` from another process", "403 `denied_by_operator`, the note as `reason`",
+              "`rejected` \"denied by operator: NOTE\"", "nothing",
+              _CA + "test_a_denial_from_another_process_answers_403_and_sends_nothing"),
+    HeldWrite("a second decision, or one on a receipt not held (any other state, an unknown id)", "(unchanged)",
+              "unchanged; refused with one line, exit 1, nothing written", "nothing more",
+              _CA + "test_a_held_write_is_decided_once", ("::test_deciding_a_write_that_is_not_held_is_refused",)),
+    HeldWrite("`--fingerprint` of another intent, or a recorded decision whose fingerprint is not the held write's",
+              "nothing yet (it waits)", "`awaiting_approval`, unchanged", "nothing",
+              _CA + "test_a_decision_binds_to_the_fingerprint_the_operator_saw",
+              (_MA + "test_a_decision_for_another_intent_is_not_applied_and_the_write_stays_held",)),
+    HeldWrite("edited in mitmweb, then approved from the CLI", "403 `denied_by_operator`",
+              "`rejected` \"modified while held\"; the decision unused", "nothing",
+              _MA + "test_a_held_write_edited_in_mitmweb_is_denied_though_the_cli_approved_it"),
+    HeldWrite("mitmweb and the CLI decide at once", "the answer of the one applied",
+              "the first the proxy sees; the other's transition (or decision) is refused by the store",
+              "the write once, or nothing", _MA + "test_mitmweb_and_the_cli_deciding_at_once_exactly_one_wins",
+              ("tests/test_store_approvals.py::test_the_cli_and_mitmweb_racing_exactly_one_wins",)),
+    HeldWrite("the proxy is killed (SIGKILL) while it is held", "(connection lost)",
+              "`awaiting_approval` until a proxy starts on the database, then `not_sent`; `approve` / `deny` refuse "
+              "it (its proxy `stopped`)", "nothing", _CA + "test_a_write_whose_proxy_is_gone_is_not_held_by_anyone"),
 ]
 
 
@@ -483,19 +512,22 @@ def held_lines() -> list[str]:
     lines = [
         "## Writes held for approval",
         "",
-        "A rule with `approve: true` holds each write in mitmweb until an operator decides. A held",
-        "write is sent as it was recorded, or not at all (README, \"Approvals\").",
+        "A rule with `approve: true` holds each write until an operator decides, in mitmweb or with",
+        "`receipts approve` / `receipts deny`. A held write is sent as it was recorded, or not at",
+        "all (README, \"Approvals\").",
         "",
         "| while it is held | the agent gets | receipt | the upstream receives | shown by |",
         "|---|---|---|---|---|",
     ]
-    lines += [f"| {h.what} | {h.agent_gets} | {h.receipt} | {h.sent} | `{h.test}` |" for h in HELD_WRITES]
+    lines += [f"| {h.what} | {h.agent_gets} | {h.receipt} | {h.sent} | `{h.test}`"
+              + "".join(f", `{t}`" for t in h.also) + " |" for h in HELD_WRITES]
     return [*lines, ""]
 
 
 @pytest.mark.parametrize("row", HELD_WRITES, ids=lambda h: h.test.split("::")[-1])
 def test_each_held_write_row_of_the_doc_names_a_test_that_exists(row):
-    test_each_same_write_row_names_a_test_that_exists(row)
+    for test in row.tests():
+        test_each_same_write_row_names_a_test_that_exists(SameWrite(row.what, "", "", test))
 
 
 @pytest.fixture(scope="module")

@@ -88,3 +88,75 @@ def test_with_http2_off_the_exchange_speaks_http11_to_the_same_upstream(client, 
         assert receipt.state == "succeeded"
     finally:
         p.stop()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a bug older than HTTP/2 (it fails on ba049d8 too): exchange.send passes the agent's target as httpcore's "
+    "`target` extension, and httpcore's tunnel builds its CONNECT with the request's extensions, so the next hop "
+    "gets `CONNECT <the write's path>` (mitmproxy: `CONNECT :0`) and answers 502; the write is not sent"))
+def test_an_https_write_through_the_upstream_proxy_mode_is_sent_once(tmp_path, confdir, h2_upstream, bucket):
+    """
+    `upstream:` mode to an https upstream: httpcore opens a tunnel with a CONNECT that carries the
+    write's trace hook too. That CONNECT is not the write: the write goes through, once.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.upstream import free_port
+
+    next_port = free_port()
+    log = tmp_path / "next-proxy.log"
+    with open(log, "wb") as out:  # the next hop intercepts TLS with the same confdir's CA, and trusts the upstream
+        hop = subprocess.Popen([str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1",
+                                "-p", str(next_port), "--set", f"confdir={confdir}",
+                                "--set", f"ssl_verify_upstream_trusted_ca={h2_upstream.cert_path}"],
+                               stdout=out, stderr=subprocess.STDOUT)
+    proxy = None
+    try:
+        wait_for(lambda: "proxy listening" in log.read_text(), what="the next proxy")
+        proxy = Proxy(tmp_path, confdir, upstream_ca=confdir / "mitmproxy-ca-cert.pem",
+                      extra=("--mode", f"upstream:http://127.0.0.1:{next_port}")).start()
+        path = f"/api/{bucket}/plain"
+        answer = Clients(proxy).send("httpx", "POST", h2_upstream.url + path, {"title": "via"})
+        assert answer.status == 201, answer.body
+        assert h2_upstream.commits(path) == 1 and h2_upstream.seen(path) == 1
+        (receipt,) = wait_for(lambda: [r for r in receipt_of(proxy, bucket) if r.state != "submitted"],
+                              what="outcome")
+        assert receipt.state == "succeeded"
+    finally:
+        if proxy:
+            proxy.stop()
+        hop.terminate()
+        hop.wait(timeout=10)
+
+
+def test_a_second_send_of_one_request_is_stopped_before_it_is_written():
+    """
+    The exchange's trace hook: a CONNECT (an upstream proxy's tunnel) is not the write; the write
+    starting a second time (httpcore's pool sends a request again after a GOAWAY, or any other
+    way) raises SentTwice, which classifies as outcome_unknown (the first attempt may have been
+    processed), never not_sent. Unreachable through a real upstream once the GOAWAY is turned
+    into NotProcessed: this holds the guard to its word.
+    """
+    import asyncio
+
+    import httpcore
+
+    from proxy_addon.classify import SentTwice, failure_outcome
+    from proxy_addon.mitm.exchange import _Trace
+
+    trace = _Trace()
+    write = httpcore.Request("POST", "https://127.0.0.1/api/x")
+    connect = httpcore.Request("CONNECT", "http://127.0.0.1:1")
+
+    async def run():
+        await trace("http11.send_request_headers.started", {"request": connect})
+        await trace("http2.send_request_headers.started", {"request": write, "stream_id": 1})
+        with pytest.raises(SentTwice) as raised:
+            await trace("http2.send_request_headers.started", {"request": write, "stream_id": 1})
+        return raised.value
+
+    error = asyncio.run(run())
+    assert trace.stream_id == 1
+    assert failure_outcome(error).state == "outcome_unknown"
