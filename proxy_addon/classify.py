@@ -104,6 +104,7 @@ from proxy_addon.store import RecordedResponse
 __all__ = [
     "NotProcessed",
     "Outcome",
+    "SentTwice",
     "answer_outcome",
     "classify_error",
     "classify_response",
