@@ -42,6 +42,24 @@ Which local refusals prove that nothing left (read in httpx 0.28, httpcore 1.0 a
 - HTTP/2 (httpcore/_async/http2.py): any h2 ProtocolError, raised while sending the
   headers, the body or reading the answer, becomes the same LocalProtocolError in
   `handle_async_request`'s handler: no frame tells where → outcome_unknown.
+
+What the upstream itself proves over HTTP/2 (RFC 9113 §8.7: a request on a stream the server
+refused, or above the last-stream-id of its GOAWAY, was not processed and can be retried),
+read in httpcore 1.0 and checked against tests/upstream_h2.py (`not_processed`):
+- RST_STREAM with REFUSED_STREAM on the request's stream, before the answer's head: httpcore
+  raises RemoteProtocolError(StreamReset) → not_sent. Any other error code (INTERNAL_ERROR,
+  CANCEL, ...) → outcome_unknown.
+- GOAWAY whose last-stream-id is below the request's stream: httpcore raises
+  RemoteProtocolError(ConnectionTerminated) when the last-stream-id is 0, and otherwise
+  ConnectionNotAvailable from `_receive_events`, upon which its connection pool SENDS THE
+  REQUEST AGAIN on a new connection. The exchange stops that (exchange.py, `_Trace`): the
+  trace hook turns the proof into `NotProcessed` before the pool sees it → not_sent, and the
+  agent's own retry is the second attempt, with its own receipt. A GOAWAY that includes the
+  stream, or a connection closed without one → outcome_unknown.
+The stream is the one httpcore reports for this request (its `send_request_headers` trace);
+a failure while reading the answer's body is never a proof. A REFUSED_STREAM that comes while
+a large body is still being sent reaches httpcore as an h2 StreamClosedError (LocalProtocolError,
+above): outcome_unknown, the safe side.
 The messages of these errors quote header values (credentials among them): they are kept
 with each quoted value withheld.
 
@@ -72,6 +90,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import h2.errors
+import h2.events
 import h11
 import httpcore
 import httpx
@@ -82,7 +102,9 @@ from proxy_addon.states import State
 from proxy_addon.store import RecordedResponse
 
 __all__ = [
+    "NotProcessed",
     "Outcome",
+    "SentTwice",
     "answer_outcome",
     "classify_error",
     "classify_response",
@@ -97,6 +119,7 @@ __all__ = [
     "local_refusal",
     "maybe_sent",
     "never_sent",
+    "not_processed",
     "refused_locally",
     "response_external_id",
     "rule_fits",
@@ -105,10 +128,25 @@ __all__ = [
 NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # Refused by httpx before a connection is opened: the URL cannot be built, the scheme is not http(s).
 REFUSED_ERRORS = (httpx.InvalidURL, httpx.UnsupportedProtocol)
-# What our exchange's client may raise: httpx's own errors, and h11's when httpcore does not map them.
-CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL, h11.ProtocolError)
+
+
+class NotProcessed(Exception):
+    """
+    The upstream proved, over HTTP/2, that it did not process the request (`not_processed`).
+    Raised by the exchange from httpcore's trace hook, so that httpcore does not send it again.
+    """
+
+
+class SentTwice(Exception):
+    """httpcore was about to send the request a second time: stopped before a byte of it was written."""
+
+
+# What our exchange's client may raise: httpx's own errors, h11's when httpcore does not map them, and ours.
+CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL, h11.ProtocolError, NotProcessed, SentTwice)
 # Where httpcore builds an HTTP/1.1 request head and asks h11 for its bytes, before writing any.
 _HEAD_BUILDERS = frozenset({"AsyncHTTP11Connection._send_request_headers", "HTTP11Connection._send_request_headers"})
+# Where httpcore raises ConnectionNotAvailable for a stream above a GOAWAY's last-stream-id.
+_GOAWAY_CHECKS = frozenset({"AsyncHTTP2Connection._receive_events", "HTTP2Connection._receive_events"})
 _QUOTED = re.compile(r"(?<!\w)(?:b'(?:[^'\\]|\\.)*'" + "|" + r'b"(?:[^"\\]|\\.)*")')
 
 
@@ -190,6 +228,9 @@ def head_outcome(
 
 def failure_outcome(e: BaseException) -> Outcome:
     """The outcome when our own exchange raised instead of answering."""
+    if isinstance(e, NotProcessed):
+        message = f"not sent: {e}"
+        return Outcome(State.NOT_SENT, message, error=message)
     detail = withheld(str(e)) or type(e).__name__
     refusal = local_refusal(e)
     if refusal is not None:
@@ -219,6 +260,47 @@ def local_refusal(e: BaseException) -> str | None:
         if isinstance(error, local) and _raised_under(error, _HEAD_BUILDERS):
             return f"LocalProtocolError: {withheld(str(e)) or 'refused'}"
     return None
+
+
+def not_processed(e: BaseException, stream_id: int | None) -> str | None:
+    """
+    Why the upstream provably did not process the request on HTTP/2 stream `stream_id`, when
+    httpcore's exception `e` (raised before the answer's head was read) proves it; None otherwise.
+    The module docstring lists what proves it.
+    """
+    if stream_id is None:
+        return None
+    event = e.args[0] if isinstance(e, httpcore.RemoteProtocolError) and e.args else None
+    if isinstance(event, h2.events.StreamReset):
+        if (
+            event.stream_id == stream_id
+            and event.remote_reset
+            and event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+        ):
+            return (
+                f"the upstream refused HTTP/2 stream {stream_id} (RST_STREAM REFUSED_STREAM): "
+                "not processed (RFC 9113 §8.7)"
+            )
+        return None
+    if isinstance(event, h2.events.ConnectionTerminated):
+        return _goaway_excludes(event.last_stream_id, stream_id, event.error_code)
+    if isinstance(e, httpcore.ConnectionNotAvailable):
+        frames = [frame for frame, _ in traceback.walk_tb(e.__traceback__)]
+        if frames and frames[-1].f_code.co_qualname in _GOAWAY_CHECKS:  # raised right there, by that check
+            last, checked = frames[-1].f_locals.get("last_stream_id"), frames[-1].f_locals.get("stream_id")
+            if isinstance(last, int) and checked == stream_id:
+                return _goaway_excludes(last, stream_id, None)
+    return None
+
+
+def _goaway_excludes(last: int | None, stream_id: int, code: object) -> str | None:
+    if last is None or last >= stream_id:
+        return None
+    why = f", {code.name}" if isinstance(code, h2.errors.ErrorCodes) else ""
+    return (
+        f"the upstream's GOAWAY (last-stream-id {last}{why}) excludes HTTP/2 stream {stream_id}: "
+        "not processed (RFC 9113 §6.8, §8.7)"
+    )
 
 
 def _raised_under(e: BaseException, functions: frozenset[str]) -> bool:

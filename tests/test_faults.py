@@ -51,6 +51,35 @@ FAULTS = [
           "forwarded", 502),
 ]
 
+
+
+@dataclass(frozen=True)
+class H2Fault(Fault):
+    """A cell against the HTTP/2 upstream (tests/upstream_h2.py), run by tests/test_h2_upstream.py."""
+
+    reused: bool = False  # the write goes on a later stream of a connection that carried one before
+
+
+# RFC 9113 §8.7: a refused stream, or one above a GOAWAY's last-stream-id, was not processed.
+H2_FAULTS = [
+    H2Fault("h2-ok", "answers 201 over HTTP/2", "ok", 201, None, "succeeded", 1, "replayed", 201),
+    H2Fault("h2-refused-stream", "RST_STREAM(REFUSED_STREAM) on the write's stream, nothing committed", "refused",
+            502, "not_sent", "not_sent", 0, "forwarded", 201),
+    H2Fault("h2-goaway-excluding", "GOAWAY with last-stream-id 0, below the write's stream 1; nothing committed",
+            "goaway", 502, "not_sent", "not_sent", 0, "forwarded", 201),
+    H2Fault("h2-goaway-excluding-later-stream", "GOAWAY with last-stream-id 1, on a connection reused for the "
+            "write's stream 3; nothing committed (httpcore would send it again on a new connection: it is not)",
+            "goaway", 502, "not_sent", "not_sent", 0, "forwarded", 201, reused=True),
+    H2Fault("h2-goaway-including", "commits, then GOAWAY with the write's stream as last-stream-id", "goaway-after",
+            502, "outcome_unknown", "outcome_unknown", 1, "blocked", 409),
+    H2Fault("h2-rst-internal-error", "commits, then RST_STREAM(INTERNAL_ERROR)", "reset", 502, "outcome_unknown",
+            "outcome_unknown", 1, "blocked", 409),
+    H2Fault("h2-rst-cancel", "commits, then RST_STREAM(CANCEL)", "cancel", 502, "outcome_unknown", "outcome_unknown",
+            1, "blocked", 409),
+    H2Fault("h2-drop-after-commit", "commits, then closes the TCP connection", "drop", 502, "outcome_unknown",
+            "outcome_unknown", 1, "blocked", 409),
+]
+
 RETRY_MEANS = {
     "replayed": "the recorded answer, with `X-Receipt-Replayed: true`; not sent again",
     "blocked": "409 `duplicate_unresolved`; not sent again",
@@ -250,6 +279,31 @@ REFUSED = [
 ]
 
 
+def h2_lines() -> list[str]:
+    lines = [
+        "## Over HTTP/2",
+        "",
+        "The addon's exchange speaks HTTP/2 to an upstream that offers it (ALPN h2) while",
+        "mitmproxy's `http2` option is on, its default. These cells run against an HTTP/2 upstream",
+        "(`tests/upstream_h2.py`, the `h2` library on TLS) with each client, in",
+        "`tests/test_h2_upstream.py`; the upstream records that every write came over HTTP/2 and",
+        "that none came twice. `not_sent` only where RFC 9113 §8.7 proves the upstream did not",
+        "process the request; anything else after sending is `outcome_unknown`.",
+        "",
+        "| fault | the upstream | the agent gets | receipt | upstream commits | an identical retry gets |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [_fault_row(f) for f in H2_FAULTS]
+    return [*lines, ""]
+
+
+def _fault_row(f: Fault) -> str:
+    got = "its own timeout" if f.client_gets is None else str(f.client_gets)
+    if f.answer:
+        got += f" `{f.answer}`"
+    return f"| {f.id} | {f.what} | {got} | `{f.state}` | {f.commits} | {f.retry}: {RETRY_MEANS[f.retry]} |"
+
+
 def refused_lines() -> list[str]:
     lines = [
         "## Requests our HTTP client cannot send",
@@ -283,11 +337,7 @@ def render() -> str:
         "| fault | the upstream | the agent gets | receipt | upstream commits | an identical retry gets |",
         "|---|---|---|---|---|---|",
     ]
-    for f in FAULTS:
-        got = "its own timeout" if f.client_gets is None else str(f.client_gets)
-        if f.answer:
-            got += f" `{f.answer}`"
-        lines.append(f"| {f.id} | {f.what} | {got} | `{f.state}` | {f.commits} | {f.retry}: {RETRY_MEANS[f.retry]} |")
+    lines += [_fault_row(f) for f in FAULTS]
     lines += [
         "",
         "With a `reconcile` spec in the rule, a retry of an `outcome_unknown` receipt first",
@@ -299,6 +349,7 @@ def render() -> str:
         "(`receipts_wait_submitted`).",
         "",
     ]
+    lines += h2_lines()
     lines += refused_lines()
     lines += same_write_lines()
     lines += limits_lines()
@@ -391,7 +442,11 @@ class HeldWrite:
     receipt: str
     sent: str  # what the upstream receives
     test: str  # the pytest node id that shows it
-    also: str = ""  # another test that shows it
+    also: tuple[str, ...] = ()  # more tests that show it ("::name": in the same file as `test`)
+
+    def tests(self) -> list[str]:
+        path = self.test.partition("::")[0]
+        return [self.test, *(path + t if t.startswith("::") else t for t in self.also)]
 
 
 _AP, _AD = "tests/test_approval.py::", "tests/mitm/test_addon.py::"
@@ -435,18 +490,18 @@ HELD_WRITES = [
               _CA + "test_a_denial_from_another_process_answers_403_and_sends_nothing"),
     HeldWrite("a second decision, or one on a receipt not held (any other state, an unknown id)", "(unchanged)",
               "unchanged; refused with one line, exit 1, nothing written", "nothing more",
-              _CA + "test_a_held_write_is_decided_once", _CA + "test_deciding_a_write_that_is_not_held_is_refused"),
+              _CA + "test_a_held_write_is_decided_once", ("::test_deciding_a_write_that_is_not_held_is_refused",)),
     HeldWrite("`--fingerprint` of another intent, or a recorded decision whose fingerprint is not the held write's",
               "nothing yet (it waits)", "`awaiting_approval`, unchanged", "nothing",
               _CA + "test_a_decision_binds_to_the_fingerprint_the_operator_saw",
-              _MA + "test_a_decision_for_another_intent_is_not_applied_and_the_write_stays_held"),
+              (_MA + "test_a_decision_for_another_intent_is_not_applied_and_the_write_stays_held",)),
     HeldWrite("edited in mitmweb, then approved from the CLI", "403 `denied_by_operator`",
               "`rejected` \"modified while held\"; the decision unused", "nothing",
               _MA + "test_a_held_write_edited_in_mitmweb_is_denied_though_the_cli_approved_it"),
     HeldWrite("mitmweb and the CLI decide at once", "the answer of the one applied",
               "the first the proxy sees; the other's transition (or decision) is refused by the store",
               "the write once, or nothing", _MA + "test_mitmweb_and_the_cli_deciding_at_once_exactly_one_wins",
-              "tests/test_store_approvals.py::test_the_cli_and_mitmweb_racing_exactly_one_wins"),
+              ("tests/test_store_approvals.py::test_the_cli_and_mitmweb_racing_exactly_one_wins",)),
     HeldWrite("the proxy is killed (SIGKILL) while it is held", "(connection lost)",
               "`awaiting_approval` until a proxy starts on the database, then `not_sent`; `approve` / `deny` refuse "
               "it (its proxy `stopped`)", "nothing", _CA + "test_a_write_whose_proxy_is_gone_is_not_held_by_anyone"),
@@ -464,16 +519,15 @@ def held_lines() -> list[str]:
         "| while it is held | the agent gets | receipt | the upstream receives | shown by |",
         "|---|---|---|---|---|",
     ]
-    lines += [f"| {h.what} | {h.agent_gets} | {h.receipt} | {h.sent} | `{h.test}`{f', `{h.also}`' if h.also else ''} |"
-              for h in HELD_WRITES]
+    lines += [f"| {h.what} | {h.agent_gets} | {h.receipt} | {h.sent} | `{h.test}`"
+              + "".join(f", `{t}`" for t in h.also) + " |" for h in HELD_WRITES]
     return [*lines, ""]
 
 
 @pytest.mark.parametrize("row", HELD_WRITES, ids=lambda h: h.test.split("::")[-1])
 def test_each_held_write_row_of_the_doc_names_a_test_that_exists(row):
-    test_each_same_write_row_names_a_test_that_exists(row)
-    if row.also:
-        test_each_same_write_row_names_a_test_that_exists(HeldWrite("", "", "", "", row.also))
+    for test in row.tests():
+        test_each_same_write_row_names_a_test_that_exists(SameWrite(row.what, "", "", test))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,14 @@ verification (`ssl_insecure`, `ssl_verify_upstream_trusted_ca`,
 HTTP/2 to the upstream (when `http2` is on). What it refuses: `client_certs` (set
 `receipts_forward=mitmproxy` to use them). What a failure means is decided in classify.py,
 which tells a request our client refused before writing a byte of it (not_sent) from one
-cut short after (outcome_unknown).
+cut short after (outcome_unknown), and an HTTP/2 stream the upstream proved it did not
+process (REFUSED_STREAM, a GOAWAY that excludes it: not_sent) from one reset or cut off after
+(outcome_unknown).
+
+Sent once: httpcore's connection pool sends a request again, on a new connection, when a
+GOAWAY excludes its stream. The exchange watches the request through httpcore's `trace`
+extension (`_Trace`): the proof becomes `NotProcessed` before the pool can act on it, and a
+second start of the same request is stopped (`SentTwice`) before a byte of it is written.
 
 What changes: a matched request's answer is held, not streamed. mitmproxy 12 sends a
 response set by the `request` hook in one piece (`send_response()` has no streaming path
@@ -47,7 +54,15 @@ import httpx
 from mitmproxy import http
 
 from proxy_addon.canonical import ip_literal
-from proxy_addon.classify import CLIENT_ERRORS, Outcome, deadline_outcome, failure_outcome
+from proxy_addon.classify import (
+    CLIENT_ERRORS,
+    NotProcessed,
+    Outcome,
+    SentTwice,
+    deadline_outcome,
+    failure_outcome,
+    not_processed,
+)
 from proxy_addon.upstream import Upstream
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and framing that the new exchange sets itself.
@@ -111,7 +126,7 @@ async def send(
             content=request.raw_content or b"",
             timeout=httpx.Timeout(deadline, connect=min(connect_timeout, deadline)),
             # The request target exactly as the agent sent it (httpx would remove `.` segments).
-            extensions={"target": request.data.path},
+            extensions={"target": request.data.path, "trace": _Trace()},
         )
     except httpx.InvalidURL as e:  # refused before anything was sent: not_sent (classify.local_refusal)
         return failure_outcome(e)
@@ -150,6 +165,44 @@ async def send(
     )
     response.headers["content-length"] = str(len(response.raw_content or b""))
     return Reply(response, complete, None if complete else _Rest(upstream, chunks, ends))
+
+
+# httpcore's trace events (`<http11|http2>.<step>.<started|complete|failed>`) that `_Trace` acts on.
+_SENDS = frozenset({"http11.send_request_headers.started", "http2.send_request_headers.started"})
+# The HTTP/2 steps before the answer's head is read: a proof that the stream was not processed counts there.
+_BEFORE_HEAD = frozenset(
+    {"http2.send_request_headers.failed", "http2.send_request_body.failed", "http2.receive_response_headers.failed"}
+)
+
+
+class _Trace:
+    """
+    httpcore's `trace` hook for one request: the HTTP/2 stream it goes on; the upstream's proof
+    that the stream was not processed, raised as `NotProcessed` where httpcore reports it (its
+    pool would otherwise send the request again on a new connection); and a stop to any second
+    send of the request, before a byte of it is written. A CONNECT to an upstream proxy, which
+    carries the request's extensions, is another request: not counted.
+    """
+
+    __slots__ = ("sends", "stream_id")
+
+    def __init__(self) -> None:
+        self.sends = 0
+        self.stream_id: int | None = None
+
+    async def __call__(self, name: str, info: dict) -> None:
+        if name in _SENDS:
+            if info["request"].method == b"CONNECT":
+                return
+            self.sends += 1
+            if self.sends > 1:
+                raise SentTwice("httpcore was about to send the request again; stopped before it was written")
+            self.stream_id = info.get("stream_id")
+        elif name in _BEFORE_HEAD:
+            error = info["exception"]
+            proof = not_processed(error, self.stream_id)
+            if proof is not None:
+                raise NotProcessed(proof) from error
 
 
 @dataclass
