@@ -251,13 +251,8 @@ class Gate:
         while True:
             try:
                 return await self.calls(
-                    lambda s: s.transition(
-                        operation_id,
-                        outcome.state,
-                        reason=outcome.reason,
-                        expect=[State.SUBMITTED],
-                        flow_id=flow_id,
-                        **outcome.fields(),
+                    lambda s: s.record_outcome(
+                        operation_id, outcome.state, reason=outcome.reason, flow_id=flow_id, **outcome.fields()
                     )
                 )
             except IllegalTransition:

@@ -106,6 +106,7 @@ class PostgresStore(ReceiptStore):
 
     dialect = Dialect(insertion_order="seq")
     reconnects = True  # a lost connection is opened again by the next call: a failed write may be tried again
+    relaxes_late = True  # SET LOCAL synchronous_commit works anywhere in a transaction (base.py, "Durability")
 
     def __init__(self, dsn: str, *, clock: Clock = utcnow, lock_timeout: float = 5.0, connect_timeout: float = 5.0):
         self.dsn = dsn
@@ -192,14 +193,18 @@ class PostgresStore(ReceiptStore):
     # --- the primitives (base.py) --------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[None]:
-        """One transaction holding the write lock: serialized with every writer of every proxy."""
+    def _write(self, *, durable: bool = True) -> Iterator[None]:
+        """
+        One transaction holding the write lock: serialized with every writer of every proxy.
+        `durable=False`: with synchronous_commit off for it (base.py, "Durability").
+        """
         conn = self._connection(writing=True)
         self._writing = True
         committed = False
+        relax = "" if durable else "SET LOCAL synchronous_commit TO off; "
         try:
             try:  # one round trip (lock_timeout is the session's, set on connecting)
-                conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})".encode())
+                conn.execute(f"BEGIN; {relax}SELECT pg_advisory_xact_lock({WRITE_LOCK})".encode())
             except psycopg.Error as e:
                 self._rollback(e)
                 raise self._failure(e) from e
@@ -225,6 +230,9 @@ class PostgresStore(ReceiptStore):
             self._writing = False
             self._created = []
             self._settled(committed)  # tell the observer (metrics) what committed; forget it otherwise
+
+    def _relax(self) -> None:
+        self._execute("SET LOCAL synchronous_commit TO off")  # this transaction only
 
     def _rollback(self, cause: BaseException) -> None:
         conn = self.conn

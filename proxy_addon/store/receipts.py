@@ -62,6 +62,10 @@ logger = logging.getLogger(__name__)
 Observer = Callable[[str, str, State | None, State], None]
 
 
+class _NeedsDurable(Exception):
+    """A transaction begun as not durable was about to insert a receipt: rolled back, begun again durably."""
+
+
 class ReceiptStore(ReceiptReads):
     """The receipts store over a backend's primitives. A backend subclasses it (sqlite.py)."""
 
@@ -124,13 +128,20 @@ class ReceiptStore(ReceiptReads):
         """
         if after_success not in ("replay", "block", "allow"):
             raise ValueError(f"after_success must be replay, block or allow, not {after_success!r}")
-        for _ in range(3):
+        # A duplicate's answer need not be durable (base.py, "Durability"); a new receipt must. A
+        # backend that can relax a transaction once it knows starts durable; SQLite cannot (its
+        # pragma is set before BEGIN), so a guess from one indexed read decides, and a guess of
+        # "duplicate" that turns out a new receipt is rolled back and decided again, durably.
+        durable = self.relaxes_late or not self._likely_duplicate(attempt.intent_fingerprint, after_success)
+        tries = 0
+        while tries < 3:
             try:
-                with self._write():
-                    decision = self._decide(attempt, after_success, replay_window, actor)
+                with self._write(durable=durable):
+                    decision = self._decide(attempt, after_success, replay_window, actor, durable=durable)
                     record = record_duplicate(decision) if callable(record_duplicate) else record_duplicate
                     if decision.kind != "forward" and record:
                         r = decision.receipt
+                        self._relax()
                         self._event(
                             r.operation_id,
                             "replayed" if decision.kind == "replay" else "blocked",
@@ -142,12 +153,32 @@ class ReceiptStore(ReceiptReads):
                             iso(self.clock()),
                         )
                     return decision
+            except _NeedsDurable:
+                durable = True  # guessed a duplicate, and it is a new receipt: decide again, durably
             except UniqueViolation:
-                continue  # lost a race on the unique index to another connection: decide again
+                tries += 1  # lost a race on the unique index to another connection: decide again
         raise StoreUnavailable(f"could not record the attempt in {self.location}: the unique index kept refusing it")
 
-    def _decide(self, a: Attempt, after_success: str, replay_window: float, actor: str) -> Decision:
-        """Inside the write transaction: answer a duplicate from its receipt, or insert a new one."""
+    def _likely_duplicate(self, fingerprint: str, after_success: str) -> bool:
+        """
+        Outside any transaction, a guess: whether the latest receipt of this intent makes the
+        next attempt a duplicate (unresolved, or succeeded and not `allow`). Only the
+        durability of the transaction that decides depends on it, never the decision.
+        """
+        rows = self._rows(
+            f"SELECT state FROM receipts WHERE intent_fingerprint = ? ORDER BY {self.dialect.insertion_order} DESC "
+            "LIMIT 1",
+            (fingerprint,),
+        )
+        if not rows:
+            return False
+        state = rows[0]["state"]
+        return state in UNRESOLVED or (state == State.SUCCEEDED and after_success != "allow")
+
+    def _decide(
+        self, a: Attempt, after_success: str, replay_window: float, actor: str, *, durable: bool = True
+    ) -> Decision:
+        """In the write transaction: answer a duplicate from its receipt, or insert a new one (if `durable`)."""
         now = self.clock()
         order = self.dialect.insertion_order
         latest = self._receipt(
@@ -176,6 +207,8 @@ class ReceiptStore(ReceiptReads):
                 return answer
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
             raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
+        if not durable:
+            raise _NeedsDurable
         return self._insert(a, latest, now, actor)
 
     def _after_success(
@@ -273,6 +306,30 @@ class ReceiptStore(ReceiptReads):
         Fields: completed_at, http_status, error, external_id, response (a RecordedResponse),
         failed_reads and next_read_at (what reconcile records of its reads).
         """
+        return self._transition(operation_id, to, reason, actor, expect, flow_id, fields, durable=True)
+
+    def record_outcome(
+        self, operation_id: str, to: State, *, reason: str, flow_id: str | None = None, **fields: Any
+    ) -> Receipt:
+        """
+        A forwarded write's outcome: `submitted` → `to`, as `transition(..., expect=[SUBMITTED])`,
+        committed without waiting for the disk. An OS crash may lose it, and then the receipt
+        is `submitted` again, which recovery makes `outcome_unknown` (base.py, "Durability").
+        """
+        return self._transition(operation_id, to, reason, "proxy", [State.SUBMITTED], flow_id, fields, durable=False)
+
+    def _transition(
+        self,
+        operation_id: str,
+        to: State,
+        reason: str,
+        actor: str,
+        expect: Sequence[State] | None,
+        flow_id: str | None,
+        fields: dict[str, Any],
+        *,
+        durable: bool,
+    ) -> Receipt:
         unknown = set(fields) - _UPDATABLE
         if unknown:
             raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
@@ -290,7 +347,7 @@ class ReceiptStore(ReceiptReads):
                 sets[k] = v
             elif v is not None:
                 sets.update(v.columns())
-        with self._write():
+        with self._write(durable=durable):
             self._step(
                 operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
             )
