@@ -966,3 +966,51 @@ def test_a_killed_process_keeps_its_outcome_and_duplicate_events(db_path):
         assert [e.event for e in s.events(op)] == ["transition", "transition", "blocked"]
     finally:
         s.close()
+
+
+def durability_setting(store) -> str:
+    """What the database says commits of the open transaction wait for: FULL/NORMAL (SQLite), on/off (PostgreSQL)."""
+    if isinstance(store, Store):
+        return {2: "FULL", 1: "NORMAL"}[store.conn.execute("PRAGMA synchronous").fetchone()[0]]
+    return sql(store, "SELECT current_setting('synchronous_commit') AS v")[0]["v"]
+
+
+def test_a_transaction_that_need_not_be_durable_says_so_to_the_database(store):
+    durable, relaxed = ("FULL", "NORMAL") if isinstance(store, Store) else ("on", "off")
+    op = forward(store)
+    with store._write(durable=False):
+        assert durability_setting(store) == relaxed
+        sql(store, "UPDATE receipts SET error = 'x' WHERE operation_id = ?", (op,))
+    with store._write():
+        assert durability_setting(store) == durable
+        store._relax()  # PostgreSQL: off from here to the commit; SQLite cannot change inside a transaction
+        assert durability_setting(store) == (relaxed if store.relaxes_late else durable)
+    with store._write():
+        assert durability_setting(store) == durable  # SET LOCAL ended with its transaction
+    assert store.get(op).error == "x"
+
+
+def test_each_event_is_written_as_durably_as_promised(store):
+    """On both backends: a new receipt durably; its outcome and a duplicate's event not; a person's decision durably."""
+    durable, relaxed = ("FULL", "NORMAL") if isinstance(store, Store) else ("on", "off")
+    seen = []
+
+    class Watched(type(store)):  # the same store, telling what the database says as each event is written
+        def _event(self, operation_id, event, *args, **kw):
+            seen.append((event, durability_setting(self)))
+            super()._event(operation_id, event, *args, **kw)
+
+    store.__class__ = Watched
+    op = forward(store)
+    store.record_outcome(op, State.OUTCOME_UNKNOWN, reason="connection reset")
+    assert store.begin_attempt(attempt(flow_id="dup")).kind == "blocked"
+    store.resolve(op, State.SAFE_TO_RETRY, note="not in the dashboard", actor="ops")
+    assert store.begin_attempt(attempt(flow_id="retry")).kind == "forward"
+    assert seen == [
+        ("transition", durable),  # submitted
+        ("transition", relaxed),  # outcome_unknown
+        ("blocked", relaxed),
+        ("transition", durable),  # manual_review
+        ("transition", durable),  # safe_to_retry
+        ("transition", durable),  # the retry, submitted
+    ]
