@@ -1014,3 +1014,22 @@ def test_each_event_is_written_as_durably_as_promised(store):
         ("transition", durable),  # safe_to_retry
         ("transition", durable),  # the retry, submitted
     ]
+
+
+def test_an_unresolved_receipt_that_is_not_its_intents_latest_fails_closed(store):
+    """
+    `begin_attempt` takes an intent's latest receipt for its unresolved one (a resolved receipt
+    never becomes unresolved again). A database edited by hand into an older unresolved receipt
+    under a newer resolved one: the insert hits the partial unique index, nothing is written or
+    forwarded.
+    """
+    older = forward(store)
+    newer = forward(store, "fp-2")
+    store.transition(newer, State.REJECTED, reason="HTTP 400")
+    sql(store, "UPDATE receipts SET intent_fingerprint = 'fp-1' WHERE operation_id = ?", (newer,))
+    n, e = n_receipts(store), n_events(store)
+    with pytest.raises(StoreUnavailable, match="unique index kept refusing"):
+        store.begin_attempt(attempt())
+    assert (n_receipts(store), n_events(store)) == (n, e)
+    assert store.get(older).state is State.SUBMITTED
+    assert not in_transaction(store)

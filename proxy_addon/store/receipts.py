@@ -195,10 +195,11 @@ class ReceiptStore(ReceiptReads):
                 return Decision(
                     "key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request"
                 )
-        unresolved = self._receipt(
-            f"SELECT * FROM receipts WHERE intent_fingerprint = ? AND state IN ({marks(len(UNRESOLVED))})",
-            (a.intent_fingerprint, *sorted(UNRESOLVED)),
-        )
+        # An unresolved receipt is always its intent's latest: a receipt is inserted only when none
+        # is unresolved, and a resolved one never becomes unresolved again (states.TERMINAL). A
+        # database that says otherwise cannot get a second one in: the partial unique index refuses
+        # the insert, and the attempt ends StoreUnavailable (nothing forwarded).
+        unresolved = latest if latest is not None and latest.state in UNRESOLVED else None
         if unresolved is not None:
             return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
@@ -285,7 +286,9 @@ class ReceiptStore(ReceiptReads):
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
         self._changed(a.api, a.operation, None, first_state)
-        return Decision("forward", self.get(operation_id))
+        # The receipt as inserted (the columns not inserted are NULL, failed_reads 0), not read back.
+        row = dict.fromkeys(("completed_at", "http_status", "error", "external_id", "next_read_at"))
+        return Decision("forward", Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))}))
 
     # --- transitions -----------------------------------------------------------------------
 
@@ -348,10 +351,9 @@ class ReceiptStore(ReceiptReads):
             elif v is not None:
                 sets.update(v.columns())
         with self._write(durable=durable):
-            self._step(
+            return self._step(
                 operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
             )
-        return self.get(operation_id)
 
     def _step(
         self,
@@ -364,13 +366,14 @@ class ReceiptStore(ReceiptReads):
         flow_id: str | None,
         *,
         set_completed: bool = True,
-    ) -> State:
-        """One guarded state change inside an open write transaction. Returns the state it left."""
+    ) -> Receipt:
+        """One guarded state change inside an open write transaction. Returns the receipt as it now is."""
         at = iso(self.clock())
         sets = {**sets, "state": str(to), "updated_at": at}
-        row = self._receipt("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
-        if row is None:
+        rows = self._rows("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
+        if not rows:
             raise UnknownReceipt(f"no receipt {operation_id}")
+        row = Receipt.from_row(rows[0])
         if row.state is State.SUBMITTED and set_completed:
             sets["completed_at"] = at  # the attempt is over, whatever we learned of it
         changed = self._execute(
@@ -382,7 +385,7 @@ class ReceiptStore(ReceiptReads):
             raise IllegalTransition(f"receipt {operation_id} is {row.state}; {row.state} → {to} is not allowed")
         self._event(operation_id, "transition", row.state, to, reason, actor, flow_id, at)
         self._changed(row.api, row.operation, row.state, to)
-        return row.state
+        return Receipt.from_row({**rows[0], **sets})  # what the UPDATE wrote, not read back
 
     # --- human decisions and reconciliation ------------------------------------------------
 
