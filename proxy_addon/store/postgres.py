@@ -9,7 +9,8 @@ How it keeps base.py's contract: every write is one transaction that first takes
 transaction-level advisory lock (`pg_advisory_xact_lock`), so the read-then-insert of
 `begin_attempt` is serialized with every other writer of every proxy on the database, waiting
 at most `lock_timeout` (then StoreUnavailable: nothing forwarded). A commit is durable when it
-returns (synchronous_commit is turned back on for our sessions if the server has it off).
+returns (synchronous_commit is turned back on for our sessions if the server has it off), except an
+outcome's and a duplicate's, which `SET LOCAL synchronous_commit = off` (base.py, "Durability").
 migrations.py gives the same named migrations as SQLite, in PostgreSQL's dialect (BYTEA,
 identity columns, PL/pgSQL triggers for the append-only events, deferrable foreign keys for
 `prune`), recorded in `receipt_proxy_migrations`; concurrent openers migrate once under an
