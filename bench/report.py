@@ -158,7 +158,7 @@ def tables(results: dict) -> list[tuple[str, str]]:
         head = ["store call"] + [f"{size:,} receipts: p50 / p99 ms" for size in sizes] + \
                [f"p50 {size:,} / empty" for size in sizes[1:]]
         fills = ", ".join(f"{k:,} in {v:.1f}s" for k, v in store["fill_seconds"].items() if k)
-        out.append((f"The store alone (`Store.begin_attempt` / `transition`, synchronous=FULL, WAL; fill: {fills})",
+        out.append((f"The store alone (`Store.begin_attempt` / `record_outcome`, WAL: a new receipt FULL, an outcome and a duplicate NORMAL; fill: {fills})",
                     _table(head, rows)))
     return out
 

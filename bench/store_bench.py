@@ -8,9 +8,9 @@ schema first, so the fill matches it). Then the proxy's calls are timed on every
 in rotating order, call by call:
 
 - insert:     `begin_attempt` of a new fingerprint → a `submitted` receipt and its event, committed (fsync);
-- outcome:    `transition` of that receipt to `succeeded` with a recorded response (fsync);
+- outcome:    `record_outcome` of that receipt: `succeeded` with a recorded response (synchronous=NORMAL, no fsync);
 - dup-check:  `begin_attempt(record_duplicate=False)` of an unresolved fingerprint: the peek the addon makes first;
-- dup-record: `begin_attempt` of the same: the blocked answer with its audit event (fsync);
+- dup-record: `begin_attempt` of the same: the blocked answer with its audit event (synchronous=NORMAL, no fsync);
 - replay-check: `begin_attempt(record_duplicate=False)` of a succeeded fingerprint with a recorded response.
 """
 
@@ -121,8 +121,8 @@ def run(workdir: Path, sizes: tuple[int, ...], n: int, warmup: int, log: Callabl
                     t.append(time.perf_counter())
                     d = s.begin_attempt(attempt(f"new-{size}-{i}"))
                     t.append(time.perf_counter())
-                    s.transition(d.receipt.operation_id, State.SUCCEEDED, reason="bench", expect=[State.SUBMITTED],
-                                 http_status=201, external_id=str(i), response=RESPONSE)
+                    s.record_outcome(d.receipt.operation_id, State.SUCCEEDED, reason="bench",
+                                     http_status=201, external_id=str(i), response=RESPONSE)
                     t.append(time.perf_counter())
                     blocked = s.begin_attempt(attempt(f"unknown-{size}"), record_duplicate=False)
                     t.append(time.perf_counter())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -391,3 +392,39 @@ async def test_record_returns_none_and_logs_when_the_store_refuses(world, how, c
     (stored,) = world.receipts()
     assert (stored.operation_id, stored.state) == (operation_id, State.SUBMITTED)  # recovered at restart
     assert world.upstream.seen(world.path()) == 1
+
+
+# --- the store's thread --------------------------------------------------------------------------
+
+
+async def test_the_store_thread_runs_calls_in_order_and_survives_failures_and_cancellations(tmp_path):
+    """One hand-off each way (gate.StoreThread): order kept, exceptions returned, a cancelled caller harmless."""
+    calls = StoreThread(Store.open(tmp_path / "receipts.db"))
+    thread_names = set()
+    seen: list[int] = []
+
+    def step(i: int):
+        def run(store):
+            thread_names.add(threading.current_thread().name)
+            if i == 3:
+                raise StoreError("the third call fails")
+            time.sleep(0.05 if i == 5 else 0)
+            seen.append(i)
+            return i
+
+        return run
+
+    results = await asyncio.gather(*(calls(step(i)) for i in range(5)), return_exceptions=True)
+    assert results[:3] == [0, 1, 2] and isinstance(results[3], StoreError) and results[4] == 4
+    slow = asyncio.ensure_future(calls(step(5)))
+    await asyncio.sleep(0.01)
+    slow.cancel()  # the caller gave up: the call still runs, and the thread goes on
+    assert await calls(step(6)) == 6
+    assert seen == [0, 1, 2, 4, 5, 6]
+    assert calls.wait(lambda s: s.list()) == []
+    assert len(thread_names) == 1  # one thread, never the event loop's
+    calls.close(wait=True)
+    with pytest.raises(RuntimeError, match="closed"):
+        await calls(step(7))
+    with pytest.raises(StoreError):  # closed on its own thread, after the calls before it
+        calls.store.list()

@@ -877,3 +877,159 @@ def test_a_reused_idempotency_key_keeps_the_time_it_was_first_sent(db):
     third = store.begin_attempt(a).receipt  # after a rejection: a new key, a new clock
     assert third.idempotency_key != first.idempotency_key and third.idempotency_key_at == third.submitted_at
     store.close()
+
+
+# --- durability: which commits wait for the disk (base.py, "Durability") -------------------
+
+
+def commits(s: Store) -> list[tuple[str, str]]:
+    """Trace a SQLite store's connection: each COMMIT as (its synchronous level, what it wrote)."""
+    level, statements, out = "FULL", [], []
+
+    def trace(statement: str) -> None:
+        nonlocal level, statements
+        st = " ".join(statement.split())
+        if st.upper().startswith("PRAGMA SYNCHRONOUS="):
+            level = st.split("=", 1)[1].upper()
+        elif st == "BEGIN IMMEDIATE":
+            statements = []
+        elif st == "COMMIT":
+            wrote = [w for w in ("INSERT INTO receipts ", "UPDATE receipts ", "INSERT INTO receipt_events ")
+                     if any(x.startswith(w) for x in statements)]
+            out.append((level, ",".join(w.split()[-1] if w.startswith("INSERT") else "update" for w in wrote)))
+        else:
+            statements.append(st)
+
+    s.conn.set_trace_callback(trace)
+    return out
+
+
+def test_only_outcomes_and_duplicates_commit_without_fsync(db_path, clock):
+    """
+    A new receipt commits with synchronous=FULL (the promise); a forwarded write's outcome and
+    a duplicate's event with NORMAL; everything else FULL. A guess of "duplicate" that turns
+    out a new receipt (a success past its replay window) is decided again and committed FULL.
+    """
+    s = Store.open(db_path, clock=clock)
+    try:
+        seen = commits(s)
+        op = forward(s)
+        s.record_outcome(op, State.SUCCEEDED, reason="HTTP 201", http_status=201, response=RESPONSE)
+        assert s.begin_attempt(attempt(flow_id="dup"), replay_window=60).kind == "replay"
+        clock.advance(61)
+        retry = s.begin_attempt(attempt(flow_id="retry"), replay_window=60)
+        assert retry.kind == "forward"
+        assert s.begin_attempt(attempt(flow_id="dup-2")).kind == "blocked"
+        s.record_outcome(retry.receipt.operation_id, State.OUTCOME_UNKNOWN, reason="connection reset")
+        s.resolve(retry.receipt.operation_id, State.SUCCEEDED, note="seen in the dashboard", actor="ops")
+        assert seen == [
+            ("FULL", "receipts,receipt_events"),  # the new receipt
+            ("NORMAL", "update,receipt_events"),  # its outcome
+            ("NORMAL", "receipt_events"),  # the replayed duplicate
+            ("FULL", "receipts,receipt_events"),  # the retry after the window (guessed a duplicate first)
+            ("NORMAL", "receipt_events"),  # the blocked duplicate
+            ("NORMAL", "update,receipt_events"),  # the retry's outcome
+            ("FULL", "update,receipt_events"),  # a person's resolution
+        ]
+        assert [e.event for e in s.events(op)] == ["transition", "transition", "replayed"]
+    finally:
+        s.close()
+
+
+KILLED_AFTER_OUTCOME = textwrap.dedent(
+    """
+    import os, signal, sys
+    from proxy_addon.states import State
+    from proxy_addon.store import Attempt, Store
+    s = Store.open(sys.argv[1])
+    a = Attempt(api="example", operation="articles.create", method="POST", target="https://x/articles",
+                intent_fingerprint="fp-kill", intent={"title": "t"}, principal="p")
+    op = s.begin_attempt(a).receipt.operation_id
+    s.record_outcome(op, State.SUCCEEDED, reason="HTTP 201", http_status=201)
+    assert s.begin_attempt(a).kind == "blocked_succeeded"  # no response recorded to replay: its event is "blocked"
+    print(op, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_a_killed_process_keeps_its_outcome_and_duplicate_events(db_path):
+    """kill -9 right after a NORMAL commit: it is in the WAL, and the next open finds it."""
+    p = subprocess.run([sys.executable, "-c", KILLED_AFTER_OUTCOME, str(db_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=JOIN_TIMEOUT)
+    assert p.returncode == -9, p.stderr
+    op = p.stdout.strip()
+    s = Store.open(db_path)
+    try:
+        r = s.get(op)
+        assert (r.state, r.http_status) == (State.SUCCEEDED, 201)
+        assert [e.event for e in s.events(op)] == ["transition", "transition", "blocked"]
+    finally:
+        s.close()
+
+
+def durability_setting(store) -> str:
+    """What the database says commits of the open transaction wait for: FULL/NORMAL (SQLite), on/off (PostgreSQL)."""
+    if isinstance(store, Store):
+        return {2: "FULL", 1: "NORMAL"}[store.conn.execute("PRAGMA synchronous").fetchone()[0]]
+    return sql(store, "SELECT current_setting('synchronous_commit') AS v")[0]["v"]
+
+
+def test_a_transaction_that_need_not_be_durable_says_so_to_the_database(store):
+    durable, relaxed = ("FULL", "NORMAL") if isinstance(store, Store) else ("on", "off")
+    op = forward(store)
+    with store._write(durable=False):
+        assert durability_setting(store) == relaxed
+        sql(store, "UPDATE receipts SET error = 'x' WHERE operation_id = ?", (op,))
+    with store._write():
+        assert durability_setting(store) == durable
+        store._relax()  # PostgreSQL: off from here to the commit; SQLite cannot change inside a transaction
+        assert durability_setting(store) == (relaxed if store.relaxes_late else durable)
+    with store._write():
+        assert durability_setting(store) == durable  # SET LOCAL ended with its transaction
+    assert store.get(op).error == "x"
+
+
+def test_each_event_is_written_as_durably_as_promised(store):
+    """On both backends: a new receipt durably; its outcome and a duplicate's event not; a person's decision durably."""
+    durable, relaxed = ("FULL", "NORMAL") if isinstance(store, Store) else ("on", "off")
+    seen = []
+
+    class Watched(type(store)):  # the same store, telling what the database says as each event is written
+        def _event(self, operation_id, event, *args, **kw):
+            seen.append((event, durability_setting(self)))
+            super()._event(operation_id, event, *args, **kw)
+
+    store.__class__ = Watched
+    op = forward(store)
+    store.record_outcome(op, State.OUTCOME_UNKNOWN, reason="connection reset")
+    assert store.begin_attempt(attempt(flow_id="dup")).kind == "blocked"
+    store.resolve(op, State.SAFE_TO_RETRY, note="not in the dashboard", actor="ops")
+    assert store.begin_attempt(attempt(flow_id="retry")).kind == "forward"
+    assert seen == [
+        ("transition", durable),  # submitted
+        ("transition", relaxed),  # outcome_unknown
+        ("blocked", relaxed),
+        ("transition", durable),  # manual_review
+        ("transition", durable),  # safe_to_retry
+        ("transition", durable),  # the retry, submitted
+    ]
+
+
+def test_an_unresolved_receipt_that_is_not_its_intents_latest_fails_closed(store):
+    """
+    `begin_attempt` takes an intent's latest receipt for its unresolved one (a resolved receipt
+    never becomes unresolved again). A database edited by hand into an older unresolved receipt
+    under a newer resolved one: the insert hits the partial unique index, nothing is written or
+    forwarded.
+    """
+    older = forward(store)
+    newer = forward(store, "fp-2")
+    store.transition(newer, State.REJECTED, reason="HTTP 400")
+    sql(store, "UPDATE receipts SET intent_fingerprint = 'fp-1' WHERE operation_id = ?", (newer,))
+    n, e = n_receipts(store), n_events(store)
+    with pytest.raises(StoreUnavailable, match="unique index kept refusing"):
+        store.begin_attempt(attempt())
+    assert (n_receipts(store), n_events(store)) == (n, e)
+    assert store.get(older).state is State.SUBMITTED
+    assert not in_transaction(store)

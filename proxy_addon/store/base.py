@@ -5,11 +5,15 @@ The receipts logic is written once, over these primitives: `ReceiptReads` (reads
 `ReceiptStore` (receipts.py: decisions, transitions, retention, recovery). A backend
 subclasses ReceiptStore (sqlite.py: `SQLiteStore`; postgres.py: `PostgresStore`) and provides:
 
-    _write()                 a context manager: one serialized write transaction. It
+    _write(durable=True)     a context manager: one serialized write transaction. It
                              commits when the block ends and rolls back on any exception,
                              and raises StoreUnavailable when it cannot begin or commit.
                              As it ends, it calls `self._settled(committed)` (receipts.py),
                              which tells the store's `observer` the state changes committed.
+                             `durable=False`: its commit need not reach the disk before it
+                             returns (see "Durability" below).
+    _relax()                 inside a durable `_write`: its commit need not reach the disk
+                             after all; only where `relaxes_late` (PostgreSQL), else a no-op.
     _rows(sql, params)       the rows of a query, as dicts of column → value.
     _execute(sql, params)    run a statement; returns its row count.
     _defer_foreign_keys()    inside `_write`: check foreign keys at commit, not per statement.
@@ -38,6 +42,18 @@ What a backend must guarantee, because the proxy's promise rests on it:
 - Durable before it returns: when `begin_attempt` returns "forward", the receipt and its
   first event are committed durably (SQLite: WAL with synchronous=FULL). The request is
   sent only after that.
+- Durability: a transaction is durable unless `_write(durable=False)` or `_relax()` says
+  otherwise, and only two kinds are not: a forwarded write's outcome (`transition(...,
+  durable=False)`, from the gate) and a duplicate's answer (its `blocked`/`replayed` event in
+  `begin_attempt`). Such a commit survives the proxy's crash (kill -9: it is in the
+  database's log), not an OS crash or a power loss (on PostgreSQL, nor the server's crash);
+  then the receipt is found `submitted`,
+  which recovery makes `outcome_unknown` (the safe direction: a read, or a person, settles it;
+  nothing is sent twice), and a lost duplicate's event only loses its trace. The next durable
+  commit makes every commit before it durable too. SQLite: synchronous=NORMAL for the
+  transaction, FULL for every other (WAL: the log is fsynced only at a FULL commit or a
+  checkpoint); PostgreSQL: `SET LOCAL synchronous_commit = off` (the WAL is flushed within
+  about three times wal_writer_delay, or by the next synchronous commit).
 - One serialized decision per attempt: `_write` serializes the read-then-insert of
   `begin_attempt` with every other writer, even in other processes (SQLite: `BEGIN
   IMMEDIATE`; PostgreSQL: a lock taken first in the transaction, such as `LOCK TABLE
@@ -94,6 +110,7 @@ class Backend(abc.ABC):
     clock: Clock
     path: str | None = None  # the SQLite file (None for a server's database)
     reconnects: ClassVar[bool] = False  # whether a write that failed for a lost connection may be tried again
+    relaxes_late: ClassVar[bool] = False  # whether `_relax` works inside a transaction (SQLite: no)
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -104,8 +121,13 @@ class Backend(abc.ABC):
         """The database, as error messages name it."""
 
     @abc.abstractmethod
-    def _write(self) -> contextlib.AbstractContextManager[Any]:
+    def _write(self, *, durable: bool = True) -> contextlib.AbstractContextManager[Any]:
         """One serialized write transaction (see the module docstring)."""
+
+    def _relax(self) -> None:
+        """Inside a durable `_write`: its commit need not be durable after all (where `relaxes_late`)."""
+        if self.relaxes_late:
+            raise NotImplementedError(f"{type(self).__name__} says it relaxes late, and has no _relax")
 
     @abc.abstractmethod
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]: ...

@@ -9,7 +9,8 @@ How it keeps base.py's contract: every write is one transaction that first takes
 transaction-level advisory lock (`pg_advisory_xact_lock`), so the read-then-insert of
 `begin_attempt` is serialized with every other writer of every proxy on the database, waiting
 at most `lock_timeout` (then StoreUnavailable: nothing forwarded). A commit is durable when it
-returns (synchronous_commit is turned back on for our sessions if the server has it off).
+returns (synchronous_commit is turned back on for our sessions if the server has it off), except an
+outcome's and a duplicate's, which `SET LOCAL synchronous_commit = off` (base.py, "Durability").
 migrations.py gives the same named migrations as SQLite, in PostgreSQL's dialect (BYTEA,
 identity columns, PL/pgSQL triggers for the append-only events, deferrable foreign keys for
 `prune`), recorded in `receipt_proxy_migrations`; concurrent openers migrate once under an
@@ -135,6 +136,7 @@ class PostgresStore(ReceiptStore):
 
     dialect = Dialect(insertion_order="seq")
     reconnects = True  # a lost connection is opened again by the next call: a failed write may be tried again
+    relaxes_late = True  # SET LOCAL synchronous_commit works anywhere in a transaction (base.py, "Durability")
 
     def __init__(self, dsn: str, *, clock: Clock = utcnow, lock_timeout: float = 5.0, connect_timeout: float = 5.0):
         self.dsn = dsn
@@ -221,14 +223,18 @@ class PostgresStore(ReceiptStore):
     # --- the primitives (base.py) --------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[None]:
-        """One transaction holding the write lock: serialized with every writer of every proxy."""
+    def _write(self, *, durable: bool = True) -> Iterator[None]:
+        """
+        One transaction holding the write lock: serialized with every writer of every proxy.
+        `durable=False`: with synchronous_commit off for it (base.py, "Durability").
+        """
         conn = self._connection(writing=True)
         self._writing = True
         committed = False
+        relax = "" if durable else "SET LOCAL synchronous_commit TO off; "
         try:
             try:  # one round trip (lock_timeout is the session's, set on connecting)
-                conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})".encode())
+                conn.execute(f"BEGIN; {relax}SELECT pg_advisory_xact_lock({WRITE_LOCK})".encode())
             except psycopg.Error as e:
                 self._rollback(e)
                 raise self._failure(e) from e
@@ -254,6 +260,9 @@ class PostgresStore(ReceiptStore):
             self._writing = False
             self._created = []
             self._settled(committed)  # tell the observer (metrics) what committed; forget it otherwise
+
+    def _relax(self) -> None:
+        self._execute("SET LOCAL synchronous_commit TO off")  # this transaction only
 
     def _rollback(self, cause: BaseException) -> None:
         conn = self.conn

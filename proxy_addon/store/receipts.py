@@ -62,6 +62,10 @@ logger = logging.getLogger(__name__)
 Observer = Callable[[str, str, State | None, State], None]
 
 
+class _NeedsDurable(Exception):
+    """A transaction begun as not durable was about to insert a receipt: rolled back, begun again durably."""
+
+
 class ReceiptStore(ReceiptReads):
     """The receipts store over a backend's primitives. A backend subclasses it (sqlite.py)."""
 
@@ -124,13 +128,20 @@ class ReceiptStore(ReceiptReads):
         """
         if after_success not in ("replay", "block", "allow"):
             raise ValueError(f"after_success must be replay, block or allow, not {after_success!r}")
-        for _ in range(3):
+        # A duplicate's answer need not be durable (base.py, "Durability"); a new receipt must. A
+        # backend that can relax a transaction once it knows starts durable; SQLite cannot (its
+        # pragma is set before BEGIN), so a guess from one indexed read decides, and a guess of
+        # "duplicate" that turns out a new receipt is rolled back and decided again, durably.
+        durable = self.relaxes_late or not self._likely_duplicate(attempt.intent_fingerprint, after_success)
+        tries = 0
+        while tries < 3:
             try:
-                with self._write():
-                    decision = self._decide(attempt, after_success, replay_window, actor)
+                with self._write(durable=durable):
+                    decision = self._decide(attempt, after_success, replay_window, actor, durable=durable)
                     record = record_duplicate(decision) if callable(record_duplicate) else record_duplicate
                     if decision.kind != "forward" and record:
                         r = decision.receipt
+                        self._relax()
                         self._event(
                             r.operation_id,
                             "replayed" if decision.kind == "replay" else "blocked",
@@ -142,12 +153,32 @@ class ReceiptStore(ReceiptReads):
                             iso(self.clock()),
                         )
                     return decision
+            except _NeedsDurable:
+                durable = True  # guessed a duplicate, and it is a new receipt: decide again, durably
             except UniqueViolation:
-                continue  # lost a race on the unique index to another connection: decide again
+                tries += 1  # lost a race on the unique index to another connection: decide again
         raise StoreUnavailable(f"could not record the attempt in {self.location}: the unique index kept refusing it")
 
-    def _decide(self, a: Attempt, after_success: str, replay_window: float, actor: str) -> Decision:
-        """Inside the write transaction: answer a duplicate from its receipt, or insert a new one."""
+    def _likely_duplicate(self, fingerprint: str, after_success: str) -> bool:
+        """
+        Outside any transaction, a guess: whether the latest receipt of this intent makes the
+        next attempt a duplicate (unresolved, or succeeded and not `allow`). Only the
+        durability of the transaction that decides depends on it, never the decision.
+        """
+        rows = self._rows(
+            f"SELECT state FROM receipts WHERE intent_fingerprint = ? ORDER BY {self.dialect.insertion_order} DESC "
+            "LIMIT 1",
+            (fingerprint,),
+        )
+        if not rows:
+            return False
+        state = rows[0]["state"]
+        return state in UNRESOLVED or (state == State.SUCCEEDED and after_success != "allow")
+
+    def _decide(
+        self, a: Attempt, after_success: str, replay_window: float, actor: str, *, durable: bool = True
+    ) -> Decision:
+        """In the write transaction: answer a duplicate from its receipt, or insert a new one (if `durable`)."""
         now = self.clock()
         order = self.dialect.insertion_order
         latest = self._receipt(
@@ -164,10 +195,11 @@ class ReceiptStore(ReceiptReads):
                 return Decision(
                     "key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request"
                 )
-        unresolved = self._receipt(
-            f"SELECT * FROM receipts WHERE intent_fingerprint = ? AND state IN ({marks(len(UNRESOLVED))})",
-            (a.intent_fingerprint, *sorted(UNRESOLVED)),
-        )
+        # An unresolved receipt is always its intent's latest: a receipt is inserted only when none
+        # is unresolved, and a resolved one never becomes unresolved again (states.TERMINAL). A
+        # database that says otherwise cannot get a second one in: the partial unique index refuses
+        # the insert, and the attempt ends StoreUnavailable (nothing forwarded).
+        unresolved = latest if latest is not None and latest.state in UNRESOLVED else None
         if unresolved is not None:
             return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
@@ -176,6 +208,8 @@ class ReceiptStore(ReceiptReads):
                 return answer
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
             raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
+        if not durable:
+            raise _NeedsDurable
         return self._insert(a, latest, now, actor)
 
     def _after_success(
@@ -252,7 +286,9 @@ class ReceiptStore(ReceiptReads):
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
         self._changed(a.api, a.operation, None, first_state)
-        return Decision("forward", self.get(operation_id))
+        # The receipt as inserted (the columns not inserted are NULL, failed_reads 0), not read back.
+        row = dict.fromkeys(("completed_at", "http_status", "error", "external_id", "next_read_at"))
+        return Decision("forward", Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))}))
 
     # --- transitions -----------------------------------------------------------------------
 
@@ -273,6 +309,30 @@ class ReceiptStore(ReceiptReads):
         Fields: completed_at, http_status, error, external_id, response (a RecordedResponse),
         failed_reads and next_read_at (what reconcile records of its reads).
         """
+        return self._transition(operation_id, to, reason, actor, expect, flow_id, fields, durable=True)
+
+    def record_outcome(
+        self, operation_id: str, to: State, *, reason: str, flow_id: str | None = None, **fields: Any
+    ) -> Receipt:
+        """
+        A forwarded write's outcome: `submitted` → `to`, as `transition(..., expect=[SUBMITTED])`,
+        committed without waiting for the disk. An OS crash may lose it, and then the receipt
+        is `submitted` again, which recovery makes `outcome_unknown` (base.py, "Durability").
+        """
+        return self._transition(operation_id, to, reason, "proxy", [State.SUBMITTED], flow_id, fields, durable=False)
+
+    def _transition(
+        self,
+        operation_id: str,
+        to: State,
+        reason: str,
+        actor: str,
+        expect: Sequence[State] | None,
+        flow_id: str | None,
+        fields: dict[str, Any],
+        *,
+        durable: bool,
+    ) -> Receipt:
         unknown = set(fields) - _UPDATABLE
         if unknown:
             raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
@@ -290,11 +350,10 @@ class ReceiptStore(ReceiptReads):
                 sets[k] = v
             elif v is not None:
                 sets.update(v.columns())
-        with self._write():
-            self._step(
+        with self._write(durable=durable):
+            return self._step(
                 operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
             )
-        return self.get(operation_id)
 
     def _step(
         self,
@@ -307,13 +366,14 @@ class ReceiptStore(ReceiptReads):
         flow_id: str | None,
         *,
         set_completed: bool = True,
-    ) -> State:
-        """One guarded state change inside an open write transaction. Returns the state it left."""
+    ) -> Receipt:
+        """One guarded state change inside an open write transaction. Returns the receipt as it now is."""
         at = iso(self.clock())
         sets = {**sets, "state": str(to), "updated_at": at}
-        row = self._receipt("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
-        if row is None:
+        rows = self._rows("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
+        if not rows:
             raise UnknownReceipt(f"no receipt {operation_id}")
+        row = Receipt.from_row(rows[0])
         if row.state is State.SUBMITTED and set_completed:
             sets["completed_at"] = at  # the attempt is over, whatever we learned of it
         changed = self._execute(
@@ -325,7 +385,7 @@ class ReceiptStore(ReceiptReads):
             raise IllegalTransition(f"receipt {operation_id} is {row.state}; {row.state} → {to} is not allowed")
         self._event(operation_id, "transition", row.state, to, reason, actor, flow_id, at)
         self._changed(row.api, row.operation, row.state, to)
-        return row.state
+        return Receipt.from_row({**rows[0], **sets})  # what the UPDATE wrote, not read back
 
     # --- human decisions and reconciliation ------------------------------------------------
 

@@ -5,7 +5,8 @@ The SQLite backend: `SQLiteStore` (the `Store` everything uses today).
 
 How it keeps base.py's contract: every write is one `BEGIN IMMEDIATE` transaction (serialized
 with every other writer, even in other processes, waiting up to `lock_timeout`); WAL with
-synchronous=FULL makes a commit durable before `begin_attempt` returns; migrations.py holds
+synchronous=FULL makes a commit durable before `begin_attempt` returns (an outcome and a
+duplicate's event commit with NORMAL: base.py, "Durability"); migrations.py holds
 the schema (the partial unique index, the append-only triggers); foreign keys are on.
 Every sqlite3.Error becomes a StoreError that names the database file.
 
@@ -48,6 +49,7 @@ class SQLiteStore(ReceiptStore):
         self.clock = clock
         self.path = path
         self._writing = False
+        self._durable = True  # the connection's synchronous level: FULL (open sets it), or NORMAL
         self._identity = _identity(path) if path else None  # (device, inode) of the file opened
         self._wal_identity: tuple[int, int] | None = None  # the WAL's, once a write has made it
 
@@ -129,10 +131,16 @@ class SQLiteStore(ReceiptStore):
                 )
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[None]:
-        """One `BEGIN IMMEDIATE` transaction: serialized with every other writer, even in other processes."""
+    def _write(self, *, durable: bool = True) -> Iterator[None]:
+        """
+        One `BEGIN IMMEDIATE` transaction: serialized with every other writer, even in other
+        processes. Durable: committed with synchronous=FULL (the WAL is fsynced before COMMIT
+        returns). `durable=False`: with synchronous=NORMAL (no fsync; the next FULL commit, or a
+        checkpoint, makes it durable: base.py, "Durability").
+        """
         self._check_same_file()
         try:
+            self._synchronous(durable)  # a pragma SQLite refuses inside a transaction: set before BEGIN
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
             raise self._failure(e, writing=True) from e
@@ -152,6 +160,12 @@ class SQLiteStore(ReceiptStore):
         finally:
             self._writing = False
             self._settled(committed)
+
+    def _synchronous(self, durable: bool) -> None:
+        """synchronous=FULL for a durable transaction, NORMAL for another; the pragma runs only when it changes."""
+        if self._durable is not durable:
+            self.conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._durable = durable  # only once the pragma took: a failed switch to FULL is tried again
 
     def _rollback(self, cause: BaseException) -> None:
         try:
