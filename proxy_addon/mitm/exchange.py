@@ -9,6 +9,11 @@ itself, inside its async `request` hook, waits for the real answer up to
 `receipts_upstream_timeout`, records it, and sets `flow.response`. The SDK's retry then gets
 the recorded answer instead of a second write.
 
+It sends through httpcore's connection pool (`Upstream.pool`, built as httpx builds its
+transport), not httpx's client: the same connections, without the layers it would not use
+(about 0.15 ms of CPU per request), and no cookie jar. httpcore's errors are raised as httpx's
+(`httpx_errors`), which classify.py reads.
+
 What it keeps from mitmproxy (`Upstream`, built from its options): upstream TLS
 verification (`ssl_insecure`, `ssl_verify_upstream_trusted_ca`,
 `ssl_verify_upstream_trusted_confdir`), the `upstream:` proxy mode with `upstream_auth`, and
