@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
@@ -154,17 +155,15 @@ async def send(
     of a failure before that. `deadline` (seconds) covers it all, the rest of the body too.
     """
     try:
-        # An IP host in another spelling (`0177.0.0.1`, which httpx refuses) is connected to as the
-        # address it names; the Host header stays the agent's. httpx brackets an IPv6 host itself.
-        url = httpx.URL(scheme=request.scheme, host=ip_literal(request.host) or request.host, port=request.port)
+        scheme, host, port, netloc = origin(request.scheme, request.host, request.port)
     except httpx.InvalidURL as e:  # refused before anything was sent: not_sent (classify.local_refusal)
         return failure_outcome(e)
     content = request.raw_content or b""
     outgoing = httpcore.Request(
         request.data.method,
         # The request target exactly as the agent sent it (httpx would remove `.` segments).
-        httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=request.data.path),
-        headers=framed(end_to_end(request.headers.fields), url.netloc, request.method, content),
+        httpcore.URL(scheme=scheme, host=host, port=port, target=request.data.path),
+        headers=framed(end_to_end(request.headers.fields), netloc, request.method, content),
         content=content,
         extensions={
             "timeout": {
@@ -215,6 +214,19 @@ async def send(
     )
     response.headers["content-length"] = str(len(response.raw_content or b""))
     return Reply(response, complete, None if complete else _Rest(upstream, chunks, ends))
+
+
+@functools.lru_cache(maxsize=1024)
+def origin(scheme: str, host: str, port: int) -> tuple[bytes, bytes, int | None, bytes]:
+    """
+    Where to connect, as httpx's URL spells it (scheme, IDNA host, port unless the scheme's
+    default, and the `Host` value it would send), or httpx.InvalidURL. An IP host in another
+    spelling (`0177.0.0.1`, which httpx refuses) is connected to as the address it names; the
+    Host header stays the agent's. httpx brackets an IPv6 host itself. Kept per origin (bounded):
+    parsing it is a tenth of the exchange's CPU.
+    """
+    url = httpx.URL(scheme=scheme, host=ip_literal(host) or host, port=port)
+    return url.raw_scheme, url.raw_host, url.port, url.netloc
 
 
 def framed(fields: list[tuple[bytes, bytes]], netloc: bytes, method: str, content: bytes) -> list[tuple[bytes, bytes]]:
