@@ -7,7 +7,8 @@ write would not (or the reverse).
 
     up = Upstream(ca_file="/etc/ssl/private-ca.pem")     # the proxy: from mitmproxy's options
     up = Upstream.from_env(ca_file=args.cacert)           # the CLI: --cacert, else $SSL_CERT_FILE
-    async with up.client(timeout=30) as client: ...
+    async with up.client(timeout=30) as client: ...      # an httpx client (the reads)
+    pool = up.pool(max_keepalive=64)                      # the same, as httpcore's pool (the exchange)
 
 Verification: `insecure` turns it off; else `ca_file` and/or `ca_dir` are trusted, and
 without either, certifi's bundle (as mitmproxy does).
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import certifi
+import httpcore
 import httpx
 
 
@@ -58,6 +60,38 @@ class Upstream:
             user, _, password = self.proxy_auth.partition(":")
             auth = (user, password)
         return httpx.Proxy(self.proxy, auth=auth)
+
+    def pool(self, *, max_keepalive: int = 64, keepalive_expiry: float = 5.0) -> httpcore.AsyncConnectionPool:
+        """
+        httpcore's connection pool, built as httpx's transport builds it for `client()` (same TLS
+        context, proxy and auth, HTTP/2 switch; no limit on connections), for a caller that sends
+        through httpcore directly. Its errors are httpcore's: httpx maps them to its own.
+        """
+        ssl_context = httpx.create_ssl_context(verify=self.verify(), trust_env=False)
+        proxy = self.proxy_spec()
+        if proxy is None:
+            return httpcore.AsyncConnectionPool(
+                ssl_context=ssl_context,
+                max_connections=None,
+                max_keepalive_connections=max_keepalive,
+                keepalive_expiry=keepalive_expiry,
+                http2=self.http2,
+            )
+        if proxy.url.scheme not in ("http", "https"):
+            raise ValueError(f"an upstream proxy must be http or https, not {proxy.url.scheme!r}")
+        return httpcore.AsyncHTTPProxy(
+            proxy_url=httpcore.URL(
+                scheme=proxy.url.raw_scheme, host=proxy.url.raw_host, port=proxy.url.port, target=proxy.url.raw_path
+            ),
+            proxy_auth=proxy.raw_auth,
+            proxy_headers=proxy.headers.raw,
+            ssl_context=ssl_context,
+            proxy_ssl_context=proxy.ssl_context,
+            max_connections=None,
+            max_keepalive_connections=max_keepalive,
+            keepalive_expiry=keepalive_expiry,
+            http2=self.http2,
+        )
 
     def client(self, *, timeout: Any = None, **kwargs: Any) -> httpx.AsyncClient:
         """An httpx client that verifies and proxies as configured. It never reads the environment itself."""

@@ -134,6 +134,50 @@ async def test_the_exchange_adds_no_request_headers_of_its_own(upstream):
     assert added == set(), f"headers the agent never sent reached the upstream: {sorted(added)}"
 
 
+async def test_a_cookie_an_upstream_sets_is_never_sent_back_by_the_exchange():
+    """
+    The exchange keeps no cookie jar: a `Set-Cookie` in one agent's answer goes to that agent,
+    never into another agent's request (httpx's client kept one, and sent it with every later
+    write to that host, whoever sent it).
+    """
+    import threading
+
+    heads: list[bytes] = []
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while len(heads) < 2:  # each request: a head, then a 2-byte body (which may come in a later segment)
+                while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < 2:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, data = data.split(b"\r\n\r\n", 1)
+                data = data[2:]
+                heads.append(head)
+                conn.sendall(b"HTTP/1.1 201 Created\r\nSet-Cookie: session=agent-a; Path=/\r\n"
+                             b"Content-Length: 2\r\n\r\n{}")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/api/things"
+    try:
+        async with make_client(Upstream()) as client:
+            first = await send(client, request(url, {"X-Agent": "a"}, content=b"{}"), deadline=5)
+            assert isinstance(first, http.Response) and first.headers.get("set-cookie") == "session=agent-a; Path=/"
+            second = await send(client, request(url, {"X-Agent": "b"}, content=b"{}"), deadline=5)
+            assert isinstance(second, http.Response) and second.status_code == 201
+    finally:
+        server.close()
+        thread.join(timeout=5)
+    assert len(heads) == 2, heads
+    assert b"x-agent: b" in heads[1].lower()
+    assert b"cookie" not in heads[1].lower(), heads[1]
+
+
 # --- failures --------------------------------------------------------------------------------
 
 async def test_a_refused_connection_is_not_sent(refusing_port):

@@ -90,11 +90,7 @@ def test_with_http2_off_the_exchange_speaks_http11_to_the_same_upstream(client, 
         p.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a bug older than HTTP/2 (it fails on ba049d8 too): exchange.send passes the agent's target as httpcore's "
-    "`target` extension, and httpcore's tunnel builds its CONNECT with the request's extensions, so the next hop "
-    "gets `CONNECT <the write's path>` (mitmproxy: `CONNECT :0`) and answers 502; the write is not sent"))
-def test_an_https_write_through_the_upstream_proxy_mode_is_sent_once(tmp_path, confdir, h2_upstream, bucket):
+def test_an_https_write_over_http2_through_the_upstream_proxy_mode_is_sent_once(tmp_path, confdir, h2_upstream, bucket):
     """
     `upstream:` mode to an https upstream: httpcore opens a tunnel with a CONNECT that carries the
     write's trace hook too. That CONNECT is not the write: the write goes through, once.

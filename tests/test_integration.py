@@ -398,6 +398,41 @@ def test_upstream_proxy_mode_is_kept_for_matched_requests(tmp_path, confdir, ups
         hop.wait(timeout=10)
 
 
+def test_an_https_write_through_the_upstream_proxy_mode_is_sent_once(tmp_path, confdir, tls_upstream, bucket):
+    """
+    `upstream:` mode to an https upstream: the exchange opens a tunnel (`CONNECT host:port`) through
+    the next proxy and sends the write in it, once. (It sent `CONNECT <the write's path>` before
+    issue 13's exchange, which mitmproxy answers 502: the write never went.)
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    next_port = free_port()
+    log = tmp_path / "next-proxy.log"
+    with open(log, "wb") as out:  # the next hop intercepts TLS with the same confdir's CA, and trusts the upstream
+        hop = subprocess.Popen([str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1",
+                                "-p", str(next_port), "--set", f"confdir={confdir}",
+                                "--set", f"ssl_verify_upstream_trusted_ca={tls_upstream.cert_path}"],
+                               stdout=out, stderr=subprocess.STDOUT)
+    proxy = None
+    try:
+        wait_for(lambda: "proxy listening" in log.read_text(), what="the next proxy")
+        proxy = Proxy(tmp_path, confdir, upstream_ca=confdir / "mitmproxy-ca-cert.pem",
+                      extra=("--mode", f"upstream:http://127.0.0.1:{next_port}")).start()
+        answer = Clients(proxy).send("httpx", "POST", plain(tls_upstream, bucket), {"title": "via"})
+        assert answer.status == 201, answer.body
+        assert tls_upstream.commits(f"/api/{bucket}/plain") == 1 and tls_upstream.seen(f"/api/{bucket}/plain") == 1
+        (r,) = settled(proxy, bucket)
+        assert r.state == "succeeded"
+        wait_for(lambda: f"/api/{bucket}/plain" in log.read_text(), what="the next proxy to log the write")
+    finally:
+        if proxy:
+            proxy.stop()
+        hop.terminate()
+        hop.wait(timeout=10)
+
+
 def test_an_unruled_409_is_not_a_refusal_and_the_retry_is_blocked(clients, proxy, upstream, bucket):
     """
     A 409 with no rule of its own is `already_exists` (maybe executed), never `rejected`:

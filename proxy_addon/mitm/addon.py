@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 
-import httpx
+import httpcore
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
@@ -66,7 +66,7 @@ class Receipts:
         self.gate: Gate | None = None
         self.config_error: str | None = "receipt-proxy is not configured yet"
         self._store_config: tuple | None = None
-        self._client: httpx.AsyncClient | None = None  # sends matched requests (receipts_forward=addon)
+        self._client: httpcore.AsyncConnectionPool | None = None  # sends matched requests (receipts_forward=addon)
         self._client_config: tuple | None = None
         self._closing: asyncio.Task | None = None  # the replaced client, closing
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
