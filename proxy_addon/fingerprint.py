@@ -38,6 +38,7 @@ Both have secret-looking query values redacted.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -61,6 +62,7 @@ from proxy_addon.intent_body import (
     one_value,
 )
 from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older callers import it from here
+from proxy_addon.jsonpath import parse_json
 from proxy_addon.redaction import FALLBACK_CREDENTIALS, redact_url
 from proxy_addon.rules import Match
 from proxy_addon.store import Attempt
@@ -86,6 +88,18 @@ class RequestView:
     def target(self) -> Target:
         """The host and path in their canonical form, as rules match them (canonical.py)."""
         return canonical_target(self.scheme, self.host, self.port, self.path)
+
+    @functools.cached_property
+    def json(self) -> Any:
+        """
+        The body parsed as JSON, once for the fingerprint and the body's key (jsonpath.parse_json:
+        NOT_JSON when it is not JSON). Shared: read it, never change it.
+        """
+        return parse_json(self.body)
+
+    def parsed(self, body: bytes) -> Any:
+        """`parse_json` for the fingerprint's readers, answered from `json` when `body` is this request's."""
+        return self.json if body is self.body else parse_json(body)
 
 
 @dataclass(frozen=True)
@@ -146,7 +160,7 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
     if spec.headers:
         intent["headers"] = {h: req.headers.get(h) for h in spec.headers}
     graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
-    intent.update(body_view(spec.body, req.headers, req.body, graphql, key))
+    intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=req.parsed))
     principal = principal_of(match, req.headers, key)
     if (override := method_override_note(req, op.method)) is not None:
         intent["method_override"] = override
@@ -189,7 +203,7 @@ def build_attempt(
     given_key, idempotency = None, op.idempotency_header is not None
     if op.idempotency_body:
         # An id the API deduplicates by, in the body: the agent's own, or ours if there is room.
-        given_key, idempotency = identity.body_key(op, req.body, match.graphql_args)
+        given_key, idempotency = identity.body_key(op, req.body, match.graphql_args, parse=req.parsed)
         if not idempotency:
             logger.warning(
                 "%s %s: no place for %s in this body; sent without a proxy-chosen id",
