@@ -327,9 +327,7 @@ def classify_error(message: str, *, tcp_setup: float | None, tls: bool, tls_setu
     return State.OUTCOME_UNKNOWN, maybe_sent(message)
 
 
-def external_id_of(
-    body: bytes, dotted: str | tuple[str, ...] | None, parsed: list[Any] | None = None
-) -> str | None:
+def external_id_of(body: bytes, dotted: str | tuple[str, ...] | None, parsed: list[Any] | None = None) -> str | None:
     """
     The value at `dotted` in a JSON response body, as a string, or None. Several fields: joined
     with ':'. `parsed`: the body already parsed (rule_fits), else it is parsed and added there.
@@ -346,7 +344,7 @@ def external_id_of(
 def response_external_id(
     op: Operation | None, headers: Mapping[str, str], body: bytes, parsed: list[Any] | None = None
 ) -> str | None:
-    """The created object's id in a success answer: from the header the rule names, or the body (`parsed`: as rule_fits)."""
+    """The created object's id in a success answer: from the header the rule names, or the body (`parsed`: parsed)."""
     if op is None:
         return None
     if op.external_id_header:
