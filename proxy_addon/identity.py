@@ -47,7 +47,7 @@ def body_key(
 ) -> tuple[str | None, bool]:
     """
     The agent's own value at the key's path (kept as the key), and whether we could write one
-    there. `parse`: how the body is read as JSON (the request's own parse: RequestView.json);
+    there. `parse`: how the body is read as JSON (the request's one parse: fingerprint.parse_once);
     the document is only read here, never changed.
     """
     if op.idempotency_body is None:

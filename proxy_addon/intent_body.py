@@ -252,7 +252,7 @@ def body_view(
     The body's part of the intent. `body` is the decoded body (bodies.decode_body). When the
     named fields cannot be read as the rule says, the view says which fallback it used
     (`fallback`, see FALLBACKS), and which named fields were missing or hashed. `parse`: how
-    the body is read as JSON (a request's own parse, shared with the body's key: RequestView.json).
+    the body is read as JSON (a request's one parse, shared with the body's key: fingerprint.parse_once).
     """
     if fields == ():
         return {}

@@ -595,7 +595,7 @@ operations:
 def test_a_body_is_parsed_once_for_the_fingerprint_and_its_key(monkeypatch, path, content_type, body, given, room):
     """
     The fingerprint's fields and the proxy's key in the body (`idempotency_key: {body: ...}`) read
-    one parse of the body (RequestView.json): the same key and room as reading it apart, once.
+    one parse of the body (fingerprint.parse_once): the same key and room as reading it apart, once.
     """
     raw = json.dumps(body).encode()
     op_name = "batches.form" if path == "/v1/form" else "batches.create"
