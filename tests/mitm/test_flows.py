@@ -44,8 +44,9 @@ def test_headers_of_reads_every_field_as_mitmproxy_folds_them(fields, expected):
 def test_response_of_is_the_answer_as_built(answer):
     resp = response_of(answer)
     made = http.Response.make(answer.status)  # what it was built from before: make, then headers and body replaced
-    made.headers = http.Headers([(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
-                                 for k, v in answer.headers])
+    made.headers = http.Headers(
+        [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in answer.headers]
+    )
     made.raw_content = answer.body
     assert (resp.http_version, resp.status_code, resp.reason) == (made.http_version, made.status_code, made.reason)
     assert resp.headers.fields == made.headers.fields
