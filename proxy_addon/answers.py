@@ -136,15 +136,13 @@ def replay(receipt: Receipt) -> Answer:
     """The recorded response of a succeeded receipt, marked as a replay."""
     rec = receipt.response
     assert rec is not None
-    headers = [
-        (k, v)
-        for k, v in rec.headers
-        if k.lower() not in ("content-length", "x-receipt-replayed", *(h.lower() for h in receipt_headers(receipt)))
-    ]
+    ours = receipt_headers(receipt)
+    replaced = {"content-length", "x-receipt-replayed", *(h.lower() for h in ours)}
+    headers = [(k, v) for k, v in rec.headers if k.lower() not in replaced]
     headers += [
         ("content-length", str(len(rec.body))),
         ("X-Receipt-Replayed", "true"),
-        *receipt_headers(receipt).items(),
+        *ours.items(),
     ]
     return Answer(rec.status, tuple(headers), rec.body)
 

@@ -32,6 +32,7 @@ forwarded is the one the agent sent. Nothing here imports mitmproxy.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable
@@ -58,6 +59,7 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 _NUMERIC_END = frozenset("0123456789abcdefABCDEFxX.]")  # how an IP literal (or a trailing dot) may end
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]*")  # nothing to encode or decode
 _DOT_SEGMENT = re.compile(r"(?:^|/)\.\.?(?:/|$)")
+_SLASHES = re.compile(r"/{2,}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -65,6 +67,12 @@ def canonical_host(host: str) -> str:
     """A host as rules match it: lower case, no trailing dot, IP literals in one spelling."""
     if host[-1:] not in _NUMERIC_END and ":" not in host:
         return host.lower()  # a name (the common case, on every request): it cannot be an IP literal
+    return _literal_host(host)
+
+
+@functools.lru_cache(maxsize=256)  # matching and the fingerprint ask for the same host on every request
+def _literal_host(host: str) -> str:
+    """canonical_host of a host that may be an IP literal (it ends like one, or holds a colon)."""
     ip = ip_literal(host)
     if ip is not None:
         return ip
@@ -175,7 +183,7 @@ def canonical_path(path: str) -> str:
     if not raw.startswith("/"):
         return path if raw else "/" + sep + query  # "*" (OPTIONS) or an authority: nothing to normalise
     p = canonical_encoding(raw)
-    p = re.sub(r"/{2,}", "/", p)
+    p = _SLASHES.sub("/", p)
     p = _remove_dot_segments(p)
     return p + sep + query
 

@@ -182,7 +182,8 @@ def answer_outcome(
     recorded: RecordedResponse | None = None,
 ) -> Outcome:
     """The outcome of an upstream answer (`headers` with lower-case names, `body` decoded)."""
-    verdict, why = classify_response(status, headers, body, op)
+    parsed: list[Any] = []  # the body parsed once, for the classify rules and the external id alike
+    verdict, why = classify_response(status, headers, body, op, parsed)
     exists = verdict == ALREADY_EXISTS
     state = State.OUTCOME_UNKNOWN if exists else State(verdict)
     reason = f"upstream answered HTTP {status}" + (f": {why}" if why else "")
@@ -195,7 +196,7 @@ def answer_outcome(
         http_status=status,
         response=recorded,
         evidence=exists,
-        external_id=response_external_id(op, headers, body) if state is State.SUCCEEDED else None,
+        external_id=response_external_id(op, headers, body, parsed) if state is State.SUCCEEDED else None,
     )
 
 
@@ -319,15 +320,16 @@ def deadline_outcome(seconds: float) -> Outcome:
 
 
 def classify_response(
-    status: int, headers: Mapping[str, str], body: bytes, op: Operation | None = None
+    status: int, headers: Mapping[str, str], body: bytes, op: Operation | None = None, parsed: list[Any] | None = None
 ) -> tuple[str, str | None]:
     """
     The verdict on an answer: a State, or ALREADY_EXISTS (the API says the effect may exist
     already: read to decide), and the reason a `classify:` rule gives, if any. The operation's
-    rules are tried in order; then its status map; then the defaults.
+    rules are tried in order; then its status map; then the defaults. `parsed`: the body,
+    parsed once if a rule looks at it (an empty list, filled then; shared with the caller).
     """
     if op is not None and op.classify_rules:
-        parsed: list[Any] = []  # the body, parsed once if a rule looks at it
+        parsed = [] if parsed is None else parsed
         for rule in op.classify_rules:
             if rule_fits(rule, status, headers, body, parsed):
                 return rule.state, rule.reason
@@ -407,18 +409,26 @@ def classify_error(message: str, *, tcp_setup: float | None, tls: bool, tls_setu
     return State.OUTCOME_UNKNOWN, maybe_sent(message)
 
 
-def external_id_of(body: bytes, dotted: str | tuple[str, ...] | None) -> str | None:
-    """The value at `dotted` in a JSON response body, as a string, or None. Several fields: joined with ':'."""
+def external_id_of(body: bytes, dotted: str | tuple[str, ...] | None, parsed: list[Any] | None = None) -> str | None:
+    """
+    The value at `dotted` in a JSON response body, as a string, or None. Several fields: joined
+    with ':'. `parsed`: the body already parsed (rule_fits), else it is parsed and added there.
+    """
     if not dotted:
         return None
-    doc = parse_json(body)
+    parsed = [] if parsed is None else parsed
+    if not parsed:
+        parsed.append(parse_json(body))
+    doc = parsed[0]
     return None if doc is NOT_JSON else id_in(doc, dotted)
 
 
-def response_external_id(op: Operation | None, headers: Mapping[str, str], body: bytes) -> str | None:
-    """The created object's id in a success answer: from the header the rule names, or the body."""
+def response_external_id(
+    op: Operation | None, headers: Mapping[str, str], body: bytes, parsed: list[Any] | None = None
+) -> str | None:
+    """The created object's id in a success answer: from the header the rule names, or the body (`parsed`: parsed)."""
     if op is None:
         return None
     if op.external_id_header:
         return headers.get(op.external_id_header) or None
-    return external_id_of(body, op.external_id)
+    return external_id_of(body, op.external_id, parsed)

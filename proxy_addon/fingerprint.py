@@ -42,7 +42,7 @@ import hashlib
 import logging
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from proxy_addon.intent_body import (
     one_value,
 )
 from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older callers import it from here
+from proxy_addon.jsonpath import parse_json
 from proxy_addon.redaction import FALLBACK_CREDENTIALS, redact_url
 from proxy_addon.rules import Match
 from proxy_addon.store import Attempt
@@ -133,7 +134,8 @@ def canonical_credential(name: str, value: str) -> str:
     return text
 
 
-def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
+def fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[[bytes], Any] = parse_json) -> Intent:
+    """The request's intent and its fingerprint. `parse`: how its body is read as JSON (build_attempt: once)."""
     op = match.operation
     spec = op.fingerprint
     where = req.target
@@ -146,7 +148,7 @@ def fingerprint(match: Match, req: RequestView, key: bytes) -> Intent:
     if spec.headers:
         intent["headers"] = {h: req.headers.get(h) for h in spec.headers}
     graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
-    intent.update(body_view(spec.body, req.headers, req.body, graphql, key))
+    intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=parse))
     principal = principal_of(match, req.headers, key)
     if (override := method_override_note(req, op.method)) is not None:
         intent["method_override"] = override
@@ -182,14 +184,15 @@ def build_attempt(
 ) -> Attempt:
     """Everything the store needs to decide about a matched request before it is sent."""
     op = match.operation
-    intent = fingerprint(match, req, key)
+    parse = parse_once(req.body)  # the fingerprint's fields and the key's place read one parse of the body
+    intent = fingerprint(match, req, key, parse=parse)
     if notes := intent_notes(intent.intent):  # field names and codes only, never a value
         logger.warning("%s %s %s %s: %s", op.api, op.name, op.method, intent.target, "; ".join(notes))
     agent_key = req.headers.get((op.idempotency_header or "Idempotency-Key").lower())
     given_key, idempotency = None, op.idempotency_header is not None
     if op.idempotency_body:
         # An id the API deduplicates by, in the body: the agent's own, or ours if there is room.
-        given_key, idempotency = identity.body_key(op, req.body, match.graphql_args)
+        given_key, idempotency = identity.body_key(op, req.body, match.graphql_args, parse=parse)
         if not idempotency:
             logger.warning(
                 "%s %s: no place for %s in this body; sent without a proxy-chosen id",
@@ -214,6 +217,24 @@ def build_attempt(
         key_format=op.idempotency_format,
         given_key=given_key,
     )
+
+
+def parse_once(body: bytes) -> Callable[[bytes], Any]:
+    """
+    `parse_json` for the readers of one request's body: `body` is parsed at most once, when one
+    of them reads it as JSON, and the document is shared (they only read it). Kept by no one
+    after the attempt is built, so a large body's document is not held while it is sent.
+    """
+    parsed: list[Any] = []
+
+    def parse(text: bytes) -> Any:
+        if text is not body:
+            return parse_json(text)
+        if not parsed:
+            parsed.append(parse_json(body))
+        return parsed[0]
+
+    return parse
 
 
 def load_or_create_key(path: str | Path) -> bytes:

@@ -12,6 +12,7 @@ no key of ours, and must still be recognised.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from proxy_addon import gql
@@ -37,20 +38,47 @@ def _target(op: Operation, doc: Any, body: bytes) -> tuple[dict | None, list[str
     return (variables if isinstance(variables[variable], dict) else None), [variable, *path[1:]]
 
 
-def body_key(op: Operation, body: bytes, graphql_args: dict[str, Any] | None = None) -> tuple[str | None, bool]:
-    """The agent's own value at the key's path (kept as the key), and whether we could write one there."""
+def body_key(
+    op: Operation,
+    body: bytes,
+    graphql_args: dict[str, Any] | None = None,
+    *,
+    parse: Callable[[bytes], Any] = parse_json,
+) -> tuple[str | None, bool]:
+    """
+    The agent's own value at the key's path (kept as the key), and whether we could write one
+    there. `parse`: how the body is read as JSON (the request's one parse: fingerprint.parse_once);
+    the document is only read here, never changed.
+    """
     if op.idempotency_body is None:
         return None, False
     if op.graphql is not None:
         given = dig(graphql_args or {}, op.idempotency_body)
+        if given is None:
+            return None, with_body_key(op, body, "probe") is not None
     else:
-        doc = parse_json(body)
+        doc = parse(body)
         if doc is NOT_JSON:
             return None, False
         given = dig(doc, op.idempotency_body)
-    if given is not None:
-        return (given if isinstance(given, str) else json.dumps(given)), True
-    return None, with_body_key(op, body, "probe") is not None
+        if given is None:
+            return None, _room(doc, op.idempotency_body.split("."))
+    return (given if isinstance(given, str) else json.dumps(given)), True
+
+
+def _room(doc: Any, path: list[str]) -> bool:
+    """Whether with_body_key can write at `path` in this JSON document (as it would, without writing)."""
+    if not isinstance(doc, dict):
+        return False
+    node = doc
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            return True  # with_body_key makes the objects from here on
+        if not isinstance(child, dict):
+            return False
+        node = child
+    return True
 
 
 def with_body_key(op: Operation, body: bytes, key: str) -> bytes | None:

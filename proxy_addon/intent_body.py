@@ -245,11 +245,14 @@ def body_view(
     body: bytes,
     graphql: tuple[str, dict[str, Any]] | None = None,
     key: bytes = b"",
+    *,
+    parse: Callable[[bytes], Any] = parse_json,
 ) -> dict[str, Any]:
     """
     The body's part of the intent. `body` is the decoded body (bodies.decode_body). When the
     named fields cannot be read as the rule says, the view says which fallback it used
-    (`fallback`, see FALLBACKS), and which named fields were missing or hashed.
+    (`fallback`, see FALLBACKS), and which named fields were missing or hashed. `parse`: how
+    the body is read as JSON (a request's one parse, shared with the body's key: fingerprint.parse_once).
     """
     if fields == ():
         return {}
@@ -268,7 +271,7 @@ def body_view(
             return _whole(body, "bad_multipart")
         view = _fields("multipart", nfc(parts), fields, key, lookup=_part, objects=False)
         return view or _whole(body, "no_named_field")
-    doc = parse_json(body)
+    doc = parse(body)
     if ctype == "application/x-www-form-urlencoded":
         form = _form(body)
         if form is not None:

@@ -32,6 +32,7 @@ SECRET_NAME = re.compile(
 )
 ALWAYS_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 FALLBACK_CREDENTIALS = ("authorization", "cookie")
+_QUERY_SEPARATOR = re.compile(r"([&;])")
 
 
 def is_secret_name(name: str) -> bool:
@@ -65,7 +66,7 @@ def redact_url(scheme: str, host: str, port: int, path: str, *, keep: Collection
     netloc = host if port == default else f"{host}:{port}"
     path, _, query = path.partition("?")
     parts = []
-    for piece in re.split(r"([&;])", query.partition("#")[0]) if query else ():
+    for piece in _QUERY_SEPARATOR.split(query.partition("#")[0]) if query else ():
         if piece in ("&", ";"):
             parts.append(piece)
             continue

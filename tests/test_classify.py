@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 
-from proxy_addon.classify import classify_error, classify_status, external_id_of
+from proxy_addon.classify import answer_outcome, classify_error, classify_status, external_id_of
 from proxy_addon.rules import ALREADY_EXISTS, RuleSet, load_rules
 from proxy_addon.states import State
 
@@ -300,3 +301,32 @@ def test_a_local_protocol_error_not_raised_building_the_head_is_outcome_unknown(
     assert outcome.state is U
     assert outcome.reason.startswith("outcome unknown")
     assert "SECRET-H2" not in outcome.reason and "(value withheld)" in outcome.reason
+
+
+BODY_RULES = """\
+api: chat
+hosts: [api.chat.test]
+operations:
+  post:
+    match: {method: POST, path: /api/chat.postMessage}
+    external_id: [channel, ts]
+    classify:
+      - {status: 200, body: {ok: false}, state: rejected}
+"""
+
+
+@pytest.mark.parametrize("doc, state, external_id", [
+    ({"ok": True, "channel": "C1", "ts": "1.5"}, S, "C1:1.5"),
+    ({"ok": False, "channel": "C1", "ts": "1.5"}, R, None),
+])
+def test_an_answer_body_is_parsed_once_for_its_classify_rules_and_its_id(monkeypatch, doc, state, external_id):
+    """A success's id is read from the parse the classify rules made of the body, not from a second one."""
+    m = RuleSet.of([load_rules(BODY_RULES, "c.yaml")]).match("api.chat.test", 443, "POST", "/api/chat.postMessage")
+    assert m is not None
+    raw = json.dumps(doc).encode()
+    parses: list[bytes] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parses.append(s) or loads(s, *a, **k))
+    outcome = answer_outcome(200, "OK", {}, raw, m.operation)
+    assert (outcome.state, outcome.external_id) == (state, external_id)
+    assert parses.count(raw) == 1  # before: once for the rules, again for the id

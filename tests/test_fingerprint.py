@@ -12,8 +12,10 @@ import pytest
 
 from proxy_addon.errors import RulesError
 from proxy_addon.redaction import REDACTED, redact_url
+from proxy_addon import identity
 from proxy_addon.fingerprint import (
     RequestView,
+    build_attempt,
     canonical_json,
     dig,
     fingerprint,
@@ -560,3 +562,51 @@ def test_json_that_is_not_an_object_is_hashed_whole(body):
     assert got.intent["body_sha256"] == hashlib.sha256(body).hexdigest()
     assert "body" not in got.intent
     assert run(body=b"3").fingerprint != got.fingerprint
+
+
+BODY_KEY_RULES = """\
+api: batches
+hosts: [api.batch.test]
+operations:
+  batches.create:
+    match: {method: POST, path: /v1/batches}
+    fingerprint: {body: [input_file_id]}
+    idempotency_key: {body: metadata.receipt_key}
+  batches.form:
+    match: {method: POST, path: /v1/form}
+    fingerprint: {body: [input_file_id]}
+    idempotency_key: {body: metadata.receipt_key}
+"""
+
+
+@pytest.mark.parametrize(
+    "path, content_type, body, given, room",
+    [
+        ("/v1/batches", "application/json", {"input_file_id": "f1"}, None, True),
+        ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": {"receipt_key": "own-1"}}, "own-1", True),
+        ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": {"receipt_key": 7}}, "7", True),
+        ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": None}, None, True),
+        ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": "text"}, None, False),
+        ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": {"receipt_key": None}}, None, True),
+        ("/v1/batches", "application/json", [1, 2], None, False),
+        ("/v1/form", "application/x-www-form-urlencoded", {"input_file_id": "f1"}, None, True),  # curl -d
+    ],
+)
+def test_a_body_is_parsed_once_for_the_fingerprint_and_its_key(monkeypatch, path, content_type, body, given, room):
+    """
+    The fingerprint's fields and the proxy's key in the body (`idempotency_key: {body: ...}`) read
+    one parse of the body (fingerprint.parse_once): the same key and room as reading it apart, once.
+    """
+    raw = json.dumps(body).encode()
+    op_name = "batches.form" if path == "/v1/form" else "batches.create"
+    m = RuleSet.of([load_rules(BODY_KEY_RULES, "b.yaml")]).match("api.batch.test", 443, "POST", path)
+    assert m is not None and m.operation.name == op_name
+    req = RequestView("POST", "https", "api.batch.test", 443, path, {"content-type": content_type}, raw)
+    assert identity.body_key(m.operation, raw) == (given, room)  # reading it apart says the same
+    parses: list[bytes] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parses.append(s) or loads(s, *a, **k))
+    attempt = build_attempt(m, req, KEY)
+    assert (attempt.given_key, attempt.idempotency) == (given, room)
+    assert parses.count(raw) == 1  # before: parsed for the fingerprint, for the agent's key, and for the room
+    assert attempt.intent_fingerprint == fingerprint(m, dataclasses.replace(req), KEY).fingerprint

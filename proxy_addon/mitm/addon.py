@@ -70,6 +70,8 @@ class Receipts:
         self._client_config: tuple | None = None
         self._closing: asyncio.Task | None = None  # the replaced client, closing
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
+        self._body_cap = 0  # receipts_body_cap, and receipts_debug_pause parsed: read by configure, not per request
+        self._pause: tuple[str, float] | None = None
         self._read_store: ReceiptStore | None = None
         self._listener: Listener | None = None  # PostgreSQL: LISTEN for receipts other proxies change
         self._db_passwords: dict[str, str] = {}  # receipts_db as shown → as given, with its password
@@ -124,6 +126,7 @@ class Receipts:
         self._configure_client()
         assert self.gate is not None
         self.gate.settings = options.gate_settings(opts)
+        self._body_cap, self._pause = opts.receipts_body_cap, options.parse_debug_pause(opts.receipts_debug_pause)
         self.config_error = None
 
     def _db(self) -> str:
@@ -228,13 +231,13 @@ class Receipts:
             flow.metadata[META]["refused"] = m.refused  # its method override headers: 400 in `request`, never sent
         if m.pending:
             flow.metadata[META]["pending"] = True  # a GraphQL rule: the body decides (request hook)
-        request_body.bound(flow, flow.metadata[META], ctx.options.receipts_body_cap)
+        request_body.bound(flow, flow.metadata[META], self._body_cap)
 
     async def request(self, flow: http.HTTPFlow) -> None:
         meta = flow.metadata.get(META)
         if meta is None or flow.response or flow.error or not flow.live:
             return
-        body = await request_body.decoded(flow, meta, ctx.options.receipts_body_cap, configured=not self.config_error)
+        body = await request_body.decoded(flow, meta, self._body_cap, configured=not self.config_error)
         if body is None:  # refused for its body (413, 400): never sent, whatever the rules say by now
             return
         if meta.pop("pending", False) and self.rules is not None and not self.config_error:
@@ -455,7 +458,7 @@ class Receipts:
         )
 
     async def _debug_pause(self, point: str, operation_id: str) -> None:
-        pause = options.parse_debug_pause(ctx.options.receipts_debug_pause)
+        pause = self._pause
         if pause is not None and pause[0] == point:
             logger.warning(f"receipt {operation_id}: pausing at {point} for {pause[1]:g}s (receipts_debug_pause)")
             await asyncio.sleep(pause[1])

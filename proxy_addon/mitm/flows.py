@@ -10,6 +10,7 @@ from typing import Any
 
 from mitmproxy import ctx, hooks, http
 from mitmproxy import flow as mflow
+from mitmproxy.net.http import status_codes
 
 from proxy_addon.answers import Answer
 from proxy_addon.fingerprint import RequestView
@@ -80,8 +81,26 @@ def meta_of(f: mflow.Flow | None) -> dict | None:
 
 
 def headers_of(message: http.Message) -> dict[str, str]:
-    """A message's headers with lower-case names (the last value of a repeated one)."""
-    return {k.lower(): v for k, v in message.headers.items()}
+    """
+    A message's headers with lower-case names, a repeated one's values joined with ", " (as
+    mitmproxy's `headers[name]`). Read from the raw fields in one pass: `headers.items()` looks
+    each name up again among all the fields.
+    """
+    grouped: dict[bytes, list[bytes]] = {}
+    for name, value in message.headers.fields:
+        key = name.lower()
+        if (values := grouped.get(key)) is None:
+            grouped[key] = [name, value]
+        else:
+            values.append(value)
+    return {
+        _text(values[0]).lower(): _text(values[1]) if len(values) == 2 else ", ".join(map(_text, values[1:]))
+        for values in grouped.values()
+    }
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")  # as mitmproxy's Headers give a field as str
 
 
 def request_view(req: http.Request, body: bytes | None = None) -> RequestView:
@@ -100,11 +119,11 @@ def request_view(req: http.Request, body: bytes | None = None) -> RequestView:
 def response_of(answer: Answer) -> http.Response:
     """The proxy's own answer as a mitmproxy response; the body is sent as it is."""
     fields = [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in answer.headers]
-    resp = http.Response.make(answer.status)
-    resp.headers = http.Headers(fields)  # content-length included: the answer's framing as built
-    resp.raw_content = answer.body
-    resp.timestamp_end = time.time()
-    return resp
+    now = time.time()
+    # Built whole, as Response.make would leave it once its headers and body were replaced;
+    # content-length included in the headers: the answer's framing as built.
+    reason = status_codes.RESPONSES.get(answer.status, "").encode()
+    return http.Response(b"HTTP/1.1", answer.status, reason, http.Headers(fields), answer.body, None, now, now)
 
 
 def refresh(receipt: Receipt) -> None:
