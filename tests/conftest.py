@@ -342,6 +342,28 @@ class FakeClock:
         return self.now
 
 
+@contextlib.contextmanager
+def next_hop(log: Path, confdir: Path, trusted_ca: Path | None = None) -> Iterator[int]:
+    """
+    A plain mitmdump as the next proxy of `--mode upstream:http://127.0.0.1:PORT`, yielding its port.
+    It intercepts TLS with `confdir`'s CA (the one the proxy under test is told to trust) and trusts
+    `trusted_ca` upstream; its log (`log`) lists what went through it. Stopped by its PID.
+    """
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1", "-p", str(port),
+           "--set", f"confdir={confdir}"]
+    if trusted_ca is not None:
+        cmd += ["--set", f"ssl_verify_upstream_trusted_ca={trusted_ca}"]
+    with open(log, "wb") as out:
+        hop = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "proxy listening" in log.read_text(), what="the next proxy")
+        yield port
+    finally:
+        hop.terminate()
+        hop.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def confdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("mitmproxy-conf")

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import CLIENTS, Clients, Proxy, wait_for
+from tests.conftest import CLIENTS, Clients, Proxy, next_hop, wait_for
 from tests.test_faults import H2_FAULTS, H2Fault, cell
 from tests.upstream_h2 import H2Upstream
 
@@ -95,36 +95,19 @@ def test_an_https_write_over_http2_through_the_upstream_proxy_mode_is_sent_once(
     `upstream:` mode to an https upstream: httpcore opens a tunnel with a CONNECT that carries the
     write's trace hook too. That CONNECT is not the write: the write goes through, once.
     """
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tests.upstream import free_port
-
-    next_port = free_port()
-    log = tmp_path / "next-proxy.log"
-    with open(log, "wb") as out:  # the next hop intercepts TLS with the same confdir's CA, and trusts the upstream
-        hop = subprocess.Popen([str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1",
-                                "-p", str(next_port), "--set", f"confdir={confdir}",
-                                "--set", f"ssl_verify_upstream_trusted_ca={h2_upstream.cert_path}"],
-                               stdout=out, stderr=subprocess.STDOUT)
-    proxy = None
-    try:
-        wait_for(lambda: "proxy listening" in log.read_text(), what="the next proxy")
+    with next_hop(tmp_path / "next-proxy.log", confdir, h2_upstream.cert_path) as next_port:
         proxy = Proxy(tmp_path, confdir, upstream_ca=confdir / "mitmproxy-ca-cert.pem",
                       extra=("--mode", f"upstream:http://127.0.0.1:{next_port}")).start()
-        path = f"/api/{bucket}/plain"
-        answer = Clients(proxy).send("httpx", "POST", h2_upstream.url + path, {"title": "via"})
-        assert answer.status == 201, answer.body
-        assert h2_upstream.commits(path) == 1 and h2_upstream.seen(path) == 1
-        (receipt,) = wait_for(lambda: [r for r in receipt_of(proxy, bucket) if r.state != "submitted"],
-                              what="outcome")
-        assert receipt.state == "succeeded"
-    finally:
-        if proxy:
+        try:
+            path = f"/api/{bucket}/plain"
+            answer = Clients(proxy).send("httpx", "POST", h2_upstream.url + path, {"title": "via"})
+            assert answer.status == 201, answer.body
+            assert h2_upstream.commits(path) == 1 and h2_upstream.seen(path) == 1
+            (receipt,) = wait_for(lambda: [r for r in receipt_of(proxy, bucket) if r.state != "submitted"],
+                                  what="outcome")
+            assert receipt.state == "succeeded"
+        finally:
             proxy.stop()
-        hop.terminate()
-        hop.wait(timeout=10)
 
 
 def test_a_second_send_of_one_request_is_stopped_before_it_is_written():

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from proxy_addon.store import Receipt, Store
-from tests.conftest import CLIENTS, SECRETS, Answer, Clients, Proxy, at_once, wait_for
+from tests.conftest import CLIENTS, SECRETS, Answer, Clients, Proxy, at_once, next_hop, wait_for
 from tests.upstream import Upstream, free_port
 
 
@@ -372,30 +372,16 @@ def test_receipts_cli_lists_the_blocked_duplicate(clients, proxy, upstream, buck
 
 def test_upstream_proxy_mode_is_kept_for_matched_requests(tmp_path, confdir, upstream, bucket):
     """mitmproxy's `upstream:` mode: the addon's own exchange goes through the next proxy too."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tests.upstream import free_port
-
-    next_port = free_port()
     log = tmp_path / "next-proxy.log"
-    with open(log, "wb") as out:
-        hop = subprocess.Popen([str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1",
-                                "-p", str(next_port), "--set", f"confdir={confdir}"], stdout=out, stderr=subprocess.STDOUT)
-    proxy = None
-    try:
-        wait_for(lambda: "proxy listening" in log.read_text(), what="the next proxy")
+    with next_hop(log, confdir) as next_port:
         proxy = Proxy(tmp_path, confdir, extra=("--mode", f"upstream:http://127.0.0.1:{next_port}")).start()
-        answer = Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "via"})
-        assert answer.status == 201
-        assert upstream.commits(f"/api/{bucket}/plain") == 1
-        wait_for(lambda: f"/api/{bucket}/plain" in log.read_text(), what="the next proxy to log the write")
-    finally:
-        if proxy:
+        try:
+            answer = Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "via"})
+            assert answer.status == 201
+            assert upstream.commits(f"/api/{bucket}/plain") == 1
+            wait_for(lambda: f"/api/{bucket}/plain" in log.read_text(), what="the next proxy to log the write")
+        finally:
             proxy.stop()
-        hop.terminate()
-        hop.wait(timeout=10)
 
 
 def test_an_https_write_through_the_upstream_proxy_mode_is_sent_once(tmp_path, confdir, tls_upstream, bucket):
@@ -404,33 +390,20 @@ def test_an_https_write_through_the_upstream_proxy_mode_is_sent_once(tmp_path, c
     the next proxy and sends the write in it, once. (It sent `CONNECT <the write's path>` before
     issue 13's exchange, which mitmproxy answers 502: the write never went.)
     """
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    next_port = free_port()
     log = tmp_path / "next-proxy.log"
-    with open(log, "wb") as out:  # the next hop intercepts TLS with the same confdir's CA, and trusts the upstream
-        hop = subprocess.Popen([str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1",
-                                "-p", str(next_port), "--set", f"confdir={confdir}",
-                                "--set", f"ssl_verify_upstream_trusted_ca={tls_upstream.cert_path}"],
-                               stdout=out, stderr=subprocess.STDOUT)
-    proxy = None
-    try:
-        wait_for(lambda: "proxy listening" in log.read_text(), what="the next proxy")
+    with next_hop(log, confdir, tls_upstream.cert_path) as next_port:
         proxy = Proxy(tmp_path, confdir, upstream_ca=confdir / "mitmproxy-ca-cert.pem",
                       extra=("--mode", f"upstream:http://127.0.0.1:{next_port}")).start()
-        answer = Clients(proxy).send("httpx", "POST", plain(tls_upstream, bucket), {"title": "via"})
-        assert answer.status == 201, answer.body
-        assert tls_upstream.commits(f"/api/{bucket}/plain") == 1 and tls_upstream.seen(f"/api/{bucket}/plain") == 1
-        (r,) = settled(proxy, bucket)
-        assert r.state == "succeeded"
-        wait_for(lambda: f"/api/{bucket}/plain" in log.read_text(), what="the next proxy to log the write")
-    finally:
-        if proxy:
+        try:
+            answer = Clients(proxy).send("httpx", "POST", plain(tls_upstream, bucket), {"title": "via"})
+            assert answer.status == 201, answer.body
+            path = f"/api/{bucket}/plain"
+            assert tls_upstream.commits(path) == 1 and tls_upstream.seen(path) == 1
+            (r,) = settled(proxy, bucket)
+            assert r.state == "succeeded"
+            wait_for(lambda: f"/api/{bucket}/plain" in log.read_text(), what="the next proxy to log the write")
+        finally:
             proxy.stop()
-        hop.terminate()
-        hop.wait(timeout=10)
 
 
 def test_an_unruled_409_is_not_a_refusal_and_the_retry_is_blocked(clients, proxy, upstream, bucket):
