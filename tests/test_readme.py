@@ -115,9 +115,10 @@ def receipts_rows(out: str) -> list[dict[str, str]]:
 def test_try_it_by_hand_as_written(tmp_path):
     up_port, proxy_port, web_port = free_port(), free_port(), free_port()
     block = sh_block("Try it by hand")
+    # None now; a block that wrote to /tmp would not touch it. First: the paths put in below may hold "/tmp/".
+    block = block.replace("/tmp/", f"{tmp_path}/tmp/")
     for old, new in (("9000", str(up_port)), ("8080", str(proxy_port)), (".venv/bin/", f"{BIN}/")):
         block = substitute(block, old, new)
-    block = block.replace("/tmp/", f"{tmp_path}/tmp/")  # none now; a block that wrote to /tmp would not touch it
     script = tmp_path / "try-it-by-hand.sh"
     script.write_text(block)
     (tmp_path / "home").mkdir()
