@@ -496,6 +496,28 @@ def no_marker_secret_anywhere(tmp_path_factory):
         pytest.fail("MARKER SECRETS SWEEP FAILED:\n  " + "\n  ".join(problems), pytrace=False)
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands what its sweep and its PostgreSQL fixture found to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["receipts_sweep"] = json.dumps(SWEEP)
+        workeroutput["receipts_pg_skipped"] = json.dumps(PG_SKIPPED)
+
+
+def pytest_testnodedown(node, error):
+    """The controller (pytest-xdist): sum the workers' sweeps, keep why PostgreSQL tests skipped."""
+    out = getattr(node, "workeroutput", {})
+    sweep = json.loads(out.get("receipts_sweep", "{}"))
+    if sweep:
+        SWEEP["dbs"] = SWEEP.get("dbs", 0) + sweep["dbs"]
+        SWEEP["logs"] = SWEEP.get("logs", 0) + sweep["logs"]
+        SWEEP["redacted"] = SWEEP.get("redacted", False) or sweep["redacted"]
+        SWEEP["problems"] = SWEEP.get("problems", []) + sweep["problems"]
+    for reason in json.loads(out.get("receipts_pg_skipped", "[]")):
+        if not PG_SKIPPED:
+            PG_SKIPPED.append(reason)
+
+
 def pytest_terminal_summary(terminalreporter):
     if PG_SKIPPED:
         terminalreporter.write_line(f"PostgreSQL tests skipped: {PG_SKIPPED[0]}", yellow=True, bold=True)
