@@ -10,7 +10,13 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
     records.py      the values: Attempt, Receipt, RecordedResponse, Event, Decision, ApprovalDecision; time helpers
     base.py         what a backend must guarantee, and the primitives it implements
     reads.py        the reads, written once over those primitives
-    receipts.py     deciding attempts, guarded transitions, resolve, reconcile claims, prune, recovery
+    receipts.py     `ReceiptStore`, which backends subclass, put together from the mixins below
+    transitions.py  guarded transitions and their events, and the observer told of them
+    attempts.py     the hot path: deciding an attempt (`begin_attempt`)
+    approvals.py    operators' decisions on held writes (`decide_approval`, `apply_approval`)
+    resolutions.py  settling an unknown outcome by hand (`resolve`) or claiming it for a read
+    retention.py    pruning old resolved receipts (`prune`)
+    recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
     sqlite.py       the SQLite backend (`SQLiteStore`, alias `Store`)
     postgres.py     the PostgreSQL backend (`PostgresStore`), for a fleet of proxies on one store
     migrations.py   the schema, as recorded migrations, in each backend's dialect

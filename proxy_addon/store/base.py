@@ -2,13 +2,15 @@
 The contract a receipts backend keeps, and the primitives it implements.
 
 The receipts logic is written once, over these primitives: `ReceiptReads` (reads.py) and
-`ReceiptStore` (receipts.py: decisions, transitions, retention, recovery). A backend
+`ReceiptStore` (receipts.py), put together from one mixin per job: transitions.py (guarded
+transitions), attempts.py (deciding an attempt), approvals.py (operators' decisions),
+resolutions.py (resolve, reconcile claims), retention.py (prune), recovery.py. A backend
 subclasses ReceiptStore (sqlite.py: `SQLiteStore`; postgres.py: `PostgresStore`) and provides:
 
     _write(durable=True)     a context manager: one serialized write transaction. It
                              commits when the block ends and rolls back on any exception,
                              and raises StoreUnavailable when it cannot begin or commit.
-                             As it ends, it calls `self._settled(committed)` (receipts.py),
+                             As it ends, it calls `self._settled(committed)` (transitions.py),
                              which tells the store's `observer` the state changes committed.
                              `durable=False`: its commit need not reach the disk before it
                              returns (see "Durability" below).

@@ -1,0 +1,232 @@
+"""
+The hot path: deciding an attempt (`begin_attempt`), in one write transaction committed before
+it returns: a duplicate answered from its receipt (blocked, or a success replayed), or a new
+receipt inserted, with its first event, for the proxy to forward.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Callable
+
+from proxy_addon.errors import StoreError, StoreUnavailable
+from proxy_addon.states import RETRYABLE, UNRESOLVED, State
+from proxy_addon.store.base import UniqueViolation, marks
+from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
+from proxy_addon.store.transitions import ReceiptTransitions
+
+_RECEIPT_COLUMNS = (
+    "operation_id",
+    "api",
+    "operation",
+    "method",
+    "target",
+    "state",
+    "intent_fingerprint",
+    "intent",
+    "principal",
+    "submitted_at",
+    "updated_at",
+    "flow_id",
+    "retry_of",
+    "instance",
+    "idempotency_key",
+    "client_key",
+    "idempotency_key_at",
+    "raw_target",
+)
+
+
+class _NeedsDurable(Exception):
+    """A transaction begun as not durable was about to insert a receipt: rolled back, begun again durably."""
+
+
+class ReceiptAttempts(ReceiptTransitions):
+    """Deciding an attempt: answer a duplicate, or insert a new receipt to forward."""
+
+    def begin_attempt(
+        self,
+        attempt: Attempt,
+        *,
+        after_success: str = "replay",
+        replay_window: float = 86400.0,
+        actor: str = "proxy",
+        record_duplicate: bool | Callable[[Decision], bool] = True,
+    ) -> Decision:
+        """
+        Decide what to do with an attempt and commit that decision before returning.
+
+        - an unresolved receipt with the same fingerprint: "blocked" (and the blocked attempt is recorded);
+        - a succeeded one: per `after_success`, "replay" (within `replay_window` seconds and
+          with a recorded response), "blocked_succeeded", or a new attempt;
+        - otherwise a new `submitted` receipt, with `retry_of` naming the previous one: "forward".
+
+        A duplicate's answer is appended to the receipt's events, unless `record_duplicate` is
+        False or says False of the decision (the proxy does not record a duplicate that will
+        first wait for or reconcile the receipt; it records the answer it finally gets).
+        """
+        if after_success not in ("replay", "block", "allow"):
+            raise ValueError(f"after_success must be replay, block or allow, not {after_success!r}")
+        # A duplicate's answer need not be durable (base.py, "Durability"); a new receipt must. A
+        # backend that can relax a transaction once it knows starts durable; SQLite cannot (its
+        # pragma is set before BEGIN), so a guess from one indexed read decides, and a guess of
+        # "duplicate" that turns out a new receipt is rolled back and decided again, durably.
+        durable = self.relaxes_late or not self._likely_duplicate(attempt.intent_fingerprint, after_success)
+        tries = 0
+        while tries < 3:
+            try:
+                with self._write(durable=durable):
+                    decision = self._decide(attempt, after_success, replay_window, actor, durable=durable)
+                    record = record_duplicate(decision) if callable(record_duplicate) else record_duplicate
+                    if decision.kind != "forward" and record:
+                        r = decision.receipt
+                        self._relax()
+                        self._event(
+                            r.operation_id,
+                            "replayed" if decision.kind == "replay" else "blocked",
+                            r.state,
+                            r.state,
+                            decision.reason,
+                            actor,
+                            attempt.flow_id,
+                            iso(self.clock()),
+                        )
+                    return decision
+            except _NeedsDurable:
+                durable = True  # guessed a duplicate, and it is a new receipt: decide again, durably
+            except UniqueViolation:
+                tries += 1  # lost a race on the unique index to another connection: decide again
+        raise StoreUnavailable(f"could not record the attempt in {self.location}: the unique index kept refusing it")
+
+    def _likely_duplicate(self, fingerprint: str, after_success: str) -> bool:
+        """
+        Outside any transaction, a guess: whether the latest receipt of this intent makes the
+        next attempt a duplicate (unresolved, or succeeded and not `allow`). Only the
+        durability of the transaction that decides depends on it, never the decision.
+        """
+        rows = self._rows(
+            f"SELECT state FROM receipts WHERE intent_fingerprint = ? ORDER BY {self.dialect.insertion_order} DESC "
+            "LIMIT 1",
+            (fingerprint,),
+        )
+        if not rows:
+            return False
+        state = rows[0]["state"]
+        return state in UNRESOLVED or (state == State.SUCCEEDED and after_success != "allow")
+
+    def _decide(
+        self, a: Attempt, after_success: str, replay_window: float, actor: str, *, durable: bool = True
+    ) -> Decision:
+        """In the write transaction: answer a duplicate from its receipt, or insert a new one (if `durable`)."""
+        now = self.clock()
+        order = self.dialect.insertion_order
+        latest = self._receipt(
+            f"SELECT * FROM receipts WHERE intent_fingerprint = ? ORDER BY {order} DESC LIMIT 1",
+            (a.intent_fingerprint,),
+        )
+        if a.client_key:
+            other = self._receipt(
+                "SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint != ? "
+                f"ORDER BY {order} DESC LIMIT 1",
+                (a.client_key, a.intent_fingerprint),
+            )
+            if other is not None:  # draft-ietf-httpapi-idempotency-key-header: a reused key, another request
+                return Decision(
+                    "key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request"
+                )
+        # An unresolved receipt is always its intent's latest: a receipt is inserted only when none
+        # is unresolved, and a resolved one never becomes unresolved again (states.TERMINAL). A
+        # database that says otherwise cannot get a second one in: the partial unique index refuses
+        # the insert, and the attempt ends StoreUnavailable (nothing forwarded).
+        unresolved = latest if latest is not None and latest.state in UNRESOLVED else None
+        if unresolved is not None:
+            return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
+        if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
+            answer = self._after_success(latest, after_success, replay_window, now)
+            if answer is not None:
+                return answer
+        if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
+            raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
+        if not durable:
+            raise _NeedsDurable
+        return self._insert(a, latest, now, actor)
+
+    def _after_success(
+        self, latest: Receipt, after_success: str, replay_window: float, now: dt.datetime
+    ) -> Decision | None:
+        """A duplicate of a success: replayed, blocked, or (older than the window) None: a new attempt."""
+        if after_success == "block":
+            return Decision("blocked_succeeded", latest, "duplicate blocked: the operation already succeeded")
+        # updated_at: when it became succeeded (a terminal state, never updated again)
+        age = (now - dt.datetime.fromisoformat(latest.updated_at)).total_seconds()
+        if age > replay_window:
+            return None
+        if not self._answered_success(latest.operation_id):
+            # Found by a read or resolved by hand: the recorded answer (a 5xx, an "already
+            # exists") is not the success, so it is never replayed as one.
+            return Decision(
+                "blocked_succeeded",
+                latest,
+                "duplicate blocked: succeeded (settled after the answer, which is not replayed)",
+            )
+        if latest.response is not None and not latest.response.truncated:
+            return Decision("replay", latest, "duplicate answered with the recorded response")
+        return Decision(
+            "blocked_succeeded", latest, "duplicate blocked: succeeded, and no complete response was recorded to replay"
+        )
+
+    def _answered_success(self, operation_id: str) -> bool:
+        """Whether a succeeded receipt became so from the upstream's answer (submitted → succeeded)."""
+        rows = self._rows(
+            "SELECT from_state FROM receipt_events WHERE operation_id = ? AND event = 'transition' AND to_state = ? "
+            "ORDER BY id DESC LIMIT 1",
+            (operation_id, State.SUCCEEDED),
+        )
+        return bool(rows) and rows[0]["from_state"] == State.SUBMITTED
+
+    def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
+        """A new receipt (and its first event) for an attempt to forward."""
+        at = iso(now)
+        retry_of = latest.operation_id if latest is not None else None
+        operation_id = new_operation_id(now)
+        first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
+        idempotency_key = idempotency_key_at = None
+        if a.idempotency:
+            # A retry of an attempt that provably did not happen reuses its key, so the server can
+            # still deduplicate; after a success (after_success: allow) or a rejection, a new key.
+            reuse = latest if latest is not None and latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY) else None
+            fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
+            idempotency_key = a.given_key or (reuse.idempotency_key if reuse is not None else None) or fresh
+            if latest is not None and idempotency_key == latest.idempotency_key:  # the same key: it keeps its time
+                idempotency_key_at = latest.idempotency_key_at or latest.submitted_at
+            else:
+                idempotency_key_at = at
+        values = (
+            operation_id,
+            a.api,
+            a.operation,
+            a.method,
+            a.target,
+            first_state,
+            a.intent_fingerprint,
+            json.dumps(a.intent, sort_keys=True),
+            a.principal,
+            at,
+            at,
+            a.flow_id,
+            retry_of,
+            a.instance,
+            idempotency_key,
+            a.client_key,
+            idempotency_key_at,
+            a.raw_target,
+        )
+        self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
+        reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
+        self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
+        self._changed(a.api, a.operation, None, first_state)
+        # The receipt as inserted (the columns not inserted are NULL, failed_reads 0), not read back.
+        row = dict.fromkeys(("completed_at", "http_status", "error", "external_id", "next_read_at"))
+        return Decision("forward", Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))}))

@@ -1,0 +1,55 @@
+"""
+Retention: `prune` deletes resolved receipts older than a cutoff, with their events and
+decisions, keeping whatever a kept receipt's `retry_of` points at.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from proxy_addon.states import TERMINAL
+from proxy_addon.store.base import Backend, marks
+from proxy_addon.store.records import iso
+
+_CHUNK = 500  # ids per DELETE in `prune` (under every driver's parameter limit)
+
+
+class ReceiptRetention(Backend):
+    """Pruning old resolved receipts."""
+
+    def prune(self, older_than: dt.timedelta, *, dry_run: bool = False) -> list[str]:
+        """
+        Delete resolved receipts (succeeded, rejected, not_sent, safe_to_retry) last changed
+        more than `older_than` ago, with their events. Never an unresolved one, and never one
+        that a kept receipt's `retry_of` still points at. Returns the deleted ids. An operator's
+        decision on a pruned receipt goes with it.
+        """
+        cutoff = iso(self.clock() - older_than)
+        resolved = sorted(TERMINAL)
+        with self._write():
+            candidates = {
+                r["operation_id"]
+                for r in self._rows(
+                    f"SELECT operation_id FROM receipts WHERE updated_at < ? AND state IN ({marks(len(resolved))})",
+                    (cutoff, *resolved),
+                )
+            }
+            links = [
+                (r["operation_id"], r["retry_of"])
+                for r in self._rows("SELECT operation_id, retry_of FROM receipts WHERE retry_of IS NOT NULL")
+            ]
+            changed = True
+            while changed:  # keep whatever a kept receipt points at
+                changed = False
+                for operation_id, retry_of in links:
+                    if operation_id not in candidates and retry_of in candidates:
+                        candidates.discard(retry_of)
+                        changed = True
+            ids = sorted(candidates)
+            if ids and not dry_run:
+                self._defer_foreign_keys()  # a receipt goes before its events, and chains go in any order
+                for chunk in (ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)):
+                    self._execute(f"DELETE FROM approval_decisions WHERE operation_id IN ({marks(len(chunk))})", chunk)
+                    self._execute(f"DELETE FROM receipts WHERE operation_id IN ({marks(len(chunk))})", chunk)
+                    self._execute(f"DELETE FROM receipt_events WHERE operation_id IN ({marks(len(chunk))})", chunk)
+        return ids

@@ -1,0 +1,164 @@
+"""
+Guarded transitions, the one way a receipt changes state: `transition` (and `record_outcome`,
+a forwarded write's outcome, not waiting for the disk) and `_step`, the guarded UPDATE with its
+event, that every other write of the store uses. Each state change is told to the store's
+`observer` once its transaction commits (`_settled`, which the backend's `_write` calls).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from proxy_addon.errors import IllegalTransition, UnknownReceipt
+from proxy_addon.states import TRANSITIONS, State, sources_of
+from proxy_addon.store.base import marks
+from proxy_addon.store.reads import ReceiptReads
+from proxy_addon.store.records import Receipt, iso
+
+_UPDATABLE = frozenset(
+    {"completed_at", "http_status", "error", "external_id", "response", "failed_reads", "next_read_at"}
+)
+_EVENT_INSERT = (
+    "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor, flow_id) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+logger = logging.getLogger("proxy_addon.store.receipts")  # the name it logged under before the split
+
+# Told of each state change the store commits: (api, operation, the state left (None: a new receipt), the state entered)
+Observer = Callable[[str, str, State | None, State], None]
+
+
+class ReceiptTransitions(ReceiptReads):
+    """Guarded state changes, their events, and the observer told of them: what every other write uses."""
+
+    observer: Observer | None = None  # the proxy's metrics (metrics.py): every state change, once committed
+    _told: list[tuple[str, str, State | None, State]] | None = None  # the open transaction's state changes
+
+    def _changed(self, api: str, operation: str, from_state: State | None, to_state: State) -> None:
+        """A state change in the open write transaction, told to `observer` once it commits (`_settled`)."""
+        if self.observer is not None:
+            if self._told is None:
+                self._told = []
+            self._told.append((api, operation, from_state, to_state))
+
+    def _settled(self, committed: bool) -> None:
+        """The write transaction ended (base.py: `_write` calls this): tell `observer` what it committed."""
+        told, self._told = self._told, None
+        if not committed or not told or self.observer is None:
+            return
+        for change in told:
+            try:
+                self.observer(*change)
+            except Exception:  # committed already: an observer's failure must not look like a failed write
+                logger.exception("receipts store: the state change observer failed")
+
+    def _event(
+        self,
+        operation_id: str,
+        event: str,
+        from_state: State | None,
+        to_state: State,
+        reason: str,
+        actor: str,
+        flow_id: str | None,
+        at: str,
+    ) -> None:
+        self._execute(_EVENT_INSERT, (operation_id, at, event, from_state, to_state, reason, actor, flow_id))
+
+    def transition(
+        self,
+        operation_id: str,
+        to: State,
+        *,
+        reason: str,
+        actor: str = "proxy",
+        expect: Sequence[State] | None = None,
+        flow_id: str | None = None,
+        **fields: Any,
+    ) -> Receipt:
+        """
+        Move a receipt to `to`, from any state the transition table allows (or only from
+        `expect`). Raises IllegalTransition if the table forbids it or the receipt has moved on.
+        Fields: completed_at, http_status, error, external_id, response (a RecordedResponse),
+        failed_reads and next_read_at (what reconcile records of its reads).
+        """
+        return self._transition(operation_id, to, reason, actor, expect, flow_id, fields, durable=True)
+
+    def record_outcome(
+        self, operation_id: str, to: State, *, reason: str, flow_id: str | None = None, **fields: Any
+    ) -> Receipt:
+        """
+        A forwarded write's outcome: `submitted` → `to`, as `transition(..., expect=[SUBMITTED])`,
+        committed without waiting for the disk. An OS crash may lose it, and then the receipt
+        is `submitted` again, which recovery makes `outcome_unknown` (base.py, "Durability").
+        """
+        return self._transition(operation_id, to, reason, "proxy", [State.SUBMITTED], flow_id, fields, durable=False)
+
+    def _transition(
+        self,
+        operation_id: str,
+        to: State,
+        reason: str,
+        actor: str,
+        expect: Sequence[State] | None,
+        flow_id: str | None,
+        fields: dict[str, Any],
+        *,
+        durable: bool,
+    ) -> Receipt:
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
+        sources = sources_of(to)
+        if expect is not None:
+            bad = [s for s in expect if to not in TRANSITIONS[s]]
+            if bad:
+                raise IllegalTransition(f"{', '.join(bad)} → {to} is not a legal transition")
+            sources = frozenset(expect)
+        if not sources:
+            raise IllegalTransition(f"nothing may move to {to}")
+        sets: dict[str, Any] = {}
+        for k, v in fields.items():
+            if k != "response":
+                sets[k] = v
+            elif v is not None:
+                sets.update(v.columns())
+        with self._write(durable=durable):
+            return self._step(
+                operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
+            )
+
+    def _step(
+        self,
+        operation_id: str,
+        to: State,
+        sources: frozenset[State],
+        sets: dict[str, Any],
+        reason: str,
+        actor: str,
+        flow_id: str | None,
+        *,
+        set_completed: bool = True,
+    ) -> Receipt:
+        """One guarded state change inside an open write transaction. Returns the receipt as it now is."""
+        at = iso(self.clock())
+        sets = {**sets, "state": str(to), "updated_at": at}
+        rows = self._rows("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
+        if not rows:
+            raise UnknownReceipt(f"no receipt {operation_id}")
+        row = Receipt.from_row(rows[0])
+        if row.state is State.SUBMITTED and set_completed:
+            sets["completed_at"] = at  # the attempt is over, whatever we learned of it
+        changed = self._execute(
+            f"UPDATE receipts SET {', '.join(f'{k} = ?' for k in sets)} "
+            f"WHERE operation_id = ? AND state IN ({marks(len(sources))})",
+            (*sets.values(), operation_id, *sorted(sources)),
+        )
+        if changed != 1:
+            raise IllegalTransition(f"receipt {operation_id} is {row.state}; {row.state} → {to} is not allowed")
+        self._event(operation_id, "transition", row.state, to, reason, actor, flow_id, at)
+        self._changed(row.api, row.operation, row.state, to)
+        return Receipt.from_row({**rows[0], **sets})  # what the UPDATE wrote, not read back
