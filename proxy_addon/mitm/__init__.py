@@ -8,7 +8,8 @@ with one job: the hooks (addon.py), the `receipts.*` commands (commands.py), the
 content view (web.py), the once-a-second watch over receipts and rules (watch.py), the
 Prometheus endpoint (metrics.py, option receipts_metrics), and the stop on SIGTERM/SIGINT that
 lets matched requests in flight end first (drain.py).
-Options are declared and parsed in options.py; the exchange that sends matched requests is
+Options are declared and parsed in options.py; the store they open (Installation, gate,
+PostgreSQL Listener, read connection) is store.py; the exchange that sends matched requests is
 exchange.py; approvals are approval.py; mitmproxy internals are internals.py.
 """
 

@@ -3,7 +3,7 @@ The receipts addon's hooks: receipt committed → forward once → classify → 
 
 Hooks, one job each:
 - `load` / `configure` / `running` / `done`: declare and check the options, load the rules,
-  open the store (crash recovery included), build the upstream client.
+  open the store (store.py: crash recovery included), build the upstream client.
 - `requestheaders`: match a rule; a matched request is never streamed (the receipt must be
   committed before any byte leaves), and its body is collected within receipts_body_cap
   (internals.BoundedBody). Unmatched requests touch neither the database nor the
@@ -29,7 +29,7 @@ from mitmproxy.addonmanager import Loader
 
 from proxy_addon import answers, terminal
 from proxy_addon.classify import Outcome, error_outcome
-from proxy_addon.errors import ReceiptsError, RulesError, StoreError
+from proxy_addon.errors import RulesError, StoreError
 from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate, StoreThread
@@ -39,19 +39,14 @@ from proxy_addon.mitm import exchange, flows, forward, internals, options, reque
 from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
 from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view, response_of
+from proxy_addon.mitm.store import ReceiptsDb
 from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
-from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, open_store, utcnow
-from proxy_addon.store.postgres import Listener, without_password
+from proxy_addon.store import Receipt, ReceiptStore, utcnow
 
 logger = logging.getLogger(__name__)
-
-
-def _log_recovered(recovered: list[tuple[str, str]]) -> None:
-    for operation_id, state in recovered:
-        logger.warning(f"receipt {operation_id}: left behind by a stopped proxy; now {state}")
 
 
 class Receipts:
@@ -61,31 +56,39 @@ class Receipts:
         self.rules: RuleSet | None = None
         self.rules_sig: tuple = ()
         self.rules_problem: str | None = None  # a failed reload's first problem (file:line): flows say so (watch.py)
-        self.installation: Installation | None = None
-        self.calls: StoreThread | None = None
-        self.gate: Gate | None = None
         self.config_error: str | None = "receipt-proxy is not configured yet"
-        self._store_config: tuple | None = None
         self._client: httpcore.AsyncConnectionPool | None = None  # sends matched requests (receipts_forward=addon)
         self._client_config: tuple | None = None
         self._closing: asyncio.Task | None = None  # the replaced client, closing
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
         self._body_cap = 0  # receipts_body_cap, and receipts_debug_pause parsed: read by configure, not per request
         self._pause: tuple[str, float] | None = None
-        self._read_store: ReceiptStore | None = None
-        self._listener: Listener | None = None  # PostgreSQL: LISTEN for receipts other proxies change
-        self._db_passwords: dict[str, str] = {}  # receipts_db as shown → as given, with its password
         self.metrics = Metrics()  # this proxy's Prometheus metrics (served by mitm/metrics.py)
+        self.db = ReceiptsDb(self.metrics, post_reads=self._post_reads, on_change=self.refresh_flow)  # store.py
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
         self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
 
     # --- lifecycle -------------------------------------------------------------------------
 
+    @property
+    def installation(self) -> Installation | None:
+        return self.db.installation
+
+    @property
+    def gate(self) -> Gate | None:
+        return self.db.gate
+
+    @property
+    def calls(self) -> StoreThread | None:
+        return self.db.calls
+
+    @calls.setter
+    def calls(self, calls: StoreThread | None) -> None:  # tests put a failing one in the approvals' way
+        self.db.calls = calls
+
     def reader(self) -> ReceiptStore | None:
         """A connection for reads on the event loop's thread (the content view, commands)."""
-        if self._read_store is None and self.installation is not None:
-            self._read_store = open_store(self.installation.db, create=False)
-        return self._read_store
+        return self.db.reader()
 
     def load(self, loader: Loader) -> None:
         # httpx logs every request URL at INFO, query tokens included; our own lines redact them.
@@ -102,12 +105,8 @@ class Receipts:
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
         options.check(opts)
-        if "receipts_db" in updated:
-            shown, had_password = without_password(opts.receipts_db)
-            if had_password:  # mitmweb's Options (and anything that prints options) show it without
-                self._db_passwords[shown] = opts.receipts_db
-                opts.update(receipts_db=shown)  # configures again, with the value shown: nothing more to do
-                return
+        if "receipts_db" in updated and self.db.hide_password(opts):
+            return  # configured again, with the value shown: nothing more to do
         if "receipts_rules" in updated or self.rules is None:
             try:
                 sig = rules_signature(opts.receipts_rules)
@@ -121,61 +120,12 @@ class Receipts:
             self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             self.metrics.known(rules.operations)
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
-        if (self._db(), opts.receipts_secret, opts.receipts_lock_timeout) != self._store_config:
-            self._open_store()
+        self.db.configure(opts)
         self._configure_client()
         assert self.gate is not None
         self.gate.settings = options.gate_settings(opts)
         self._body_cap, self._pause = opts.receipts_body_cap, options.parse_debug_pause(opts.receipts_debug_pause)
         self.config_error = None
-
-    def _db(self) -> str:
-        """receipts_db with the password it was given, which the option no longer shows."""
-        return self._db_passwords.get(ctx.options.receipts_db, ctx.options.receipts_db)
-
-    def _open_store(self) -> None:
-        opts = ctx.options
-        try:
-            inst = Installation.open(
-                self._db(),
-                secret=opts.receipts_secret or None,
-                lock_timeout=opts.receipts_lock_timeout,
-                new_db=opts.receipts_new_db,
-                lease=opts.receipts_lease,
-                heartbeat=opts.receipts_heartbeat,
-                on_recovered=_log_recovered,
-            )
-        except (ReceiptsError, OSError, ValueError) as e:
-            raise exceptions.OptionsError(f"receipts_db: {e}") from None
-        old_inst, old_calls = self.installation, self.calls
-        if self._read_store is not None:
-            self._read_store.close()
-            self._read_store = None
-        inst.store.observer = self.metrics.changed  # every state change it commits (recovery's too)
-        self.metrics.watch_db(inst.db, lock_timeout=opts.receipts_lock_timeout)
-        self.installation, self.calls = inst, StoreThread(inst.store)
-        self.gate = Gate(
-            self.calls,
-            options.gate_settings(opts),
-            post_reads=self._post_reads,
-            on_change=self.refresh_flow,
-            metrics=self.metrics,
-        )
-        if self._listener is not None:
-            self._listener.stop()
-            self._listener = None
-        if isinstance(inst.store, PostgresStore):  # duplicates waiting on another proxy's write are woken at once
-            loop, gate = asyncio.get_running_loop(), self.gate
-            self._listener = Listener(inst.store.dsn, lambda op: loop.call_soon_threadsafe(gate.wake, op))
-            self._listener.start()
-            gate.listening = self._listener.connected.is_set
-        self._store_config = (self._db(), opts.receipts_secret, opts.receipts_lock_timeout)
-        _log_recovered(self.calls.wait(inst.recover))
-        if old_calls is not None:
-            old_calls.close(wait=False)
-        if old_inst is not None:
-            old_inst.release()
-        logger.info(f"receipt-proxy: receipts in {inst.store.location} (instance {inst.instance})")
 
     def _post_reads(self, api: str) -> tuple:
         return self.rules.post_reads(api) if self.rules else ()
@@ -197,19 +147,14 @@ class Receipts:
         )
 
     async def done(self) -> None:
-        if self._listener is not None:
-            self._listener.stop()
+        self.db.stop_listening()
         self.metrics.close()
         self.approvals.close()
-        if self._read_store is not None:
-            self._read_store.close()
+        self.db.close_reader()
         if self._client is not None:
             await self._client.aclose()
         self._deadlines.cancel_all()
-        if self.calls is not None:
-            self.calls.close(wait=True)
-        if self.installation is not None:
-            self.installation.release()
+        self.db.close()
 
     # --- hooks -----------------------------------------------------------------------------
 

@@ -51,8 +51,11 @@ from proxy_addon.store import Receipt
 class Holder(Protocol):
     """What the drain needs of the receipts addon (addon.Receipts): its gate and its store's thread."""
 
-    gate: Gate | None
-    calls: StoreThread | None
+    @property
+    def gate(self) -> Gate | None: ...
+
+    @property
+    def calls(self) -> StoreThread | None: ...
 
 
 logger = logging.getLogger(__name__)
