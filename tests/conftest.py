@@ -430,6 +430,14 @@ def pg_url(pg_cluster) -> str:
     return pg_cluster.new_schema()
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend_db(request, tmp_path) -> str:
+    """A receipts database of this test's own, on each backend: a SQLite file, or a PostgreSQL URL."""
+    if request.param == "postgres":
+        return request.getfixturevalue("pg_url")
+    return str(tmp_path / "receipts.db")
+
+
 # --- no marker secret in any receipts DB, WAL or proxy log: checked once, after the last test ---
 
 STARTED: list[Proxy] = []         # every Proxy this run started (Proxy.start)

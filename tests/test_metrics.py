@@ -352,10 +352,10 @@ async def test_a_change_at_run_time_moves_the_endpoint_and_a_refused_one_keeps_i
 # --- the store's observer, and the gauge's query (no proxy) ------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path) -> str:
-    """A receipts database on each backend: a SQLite file, or a PostgreSQL URL."""
-    return request.getfixturevalue("pg_url") if request.param == "postgres" else str(tmp_path / "r.db")
+@pytest.fixture
+def db(backend_db) -> str:
+    """A receipts database on each backend (tests/conftest.py)."""
+    return backend_db
 
 
 def test_the_store_tells_its_observer_each_committed_state_change_and_nothing_else(db):

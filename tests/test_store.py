@@ -44,12 +44,10 @@ def db_path(tmp_path) -> Path:
     return tmp_path / "receipts.db"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path) -> str:
-    """The receipts database of one test, on each backend: a SQLite file, or a PostgreSQL URL."""
-    if request.param == "postgres":
-        return request.getfixturevalue("pg_url")
-    return str(tmp_path / "receipts.db")
+@pytest.fixture
+def db(backend_db) -> str:
+    """The receipts database of one test, on each backend (tests/conftest.py)."""
+    return backend_db
 
 
 @pytest.fixture

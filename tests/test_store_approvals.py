@@ -25,13 +25,12 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request, tmp_path, clock):
+@pytest.fixture
+def store(backend_db, clock):
     """On each backend (m007 is one migration for both)."""
     from proxy_addon.store import open_store
 
-    db = request.getfixturevalue("pg_url") if request.param == "postgres" else tmp_path / "receipts.db"
-    s = open_store(db, clock=clock)
+    s = open_store(backend_db, clock=clock)
     yield s
     s.close()
 
