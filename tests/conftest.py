@@ -438,6 +438,21 @@ def backend_db(request, tmp_path) -> str:
     return str(tmp_path / "receipts.db")
 
 
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def backend_store(backend_db, clock):
+    """The store on `backend_db` (each backend), on the test's `clock`; closed after the test."""
+    from proxy_addon.store import open_store
+
+    s = open_store(backend_db, clock=clock)
+    yield s
+    s.close()
+
+
 # --- no marker secret in any receipts DB, WAL or proxy log: checked once, after the last test ---
 
 STARTED: list[Proxy] = []         # every Proxy this run started (Proxy.start)

@@ -11,15 +11,14 @@ table, so the test follows the table if the table changes).
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import itertools
 
 import pytest
 
 from proxy_addon.errors import IllegalTransition, StoreError
 from proxy_addon.states import RETRYABLE, TRANSITIONS, UNRESOLVED, State, is_legal, sources_of
-from proxy_addon.store import Attempt, Store, iso, open_store
-from tests.conftest import T0, FakeClock
+from proxy_addon.store import Attempt, Store, iso
+from tests.conftest import FakeClock
 
 
 
@@ -47,18 +46,9 @@ def pair_id(pair: tuple[State, State]) -> str:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(backend_db, clock):
+def store(backend_store):
     """On each backend: one transition table, the same guards."""
-    from proxy_addon.store import open_store
-
-    s = open_store(backend_db, clock=clock)
-    yield s
-    s.close()
+    return backend_store
 
 
 _fingerprints = itertools.count()

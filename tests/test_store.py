@@ -9,8 +9,6 @@ none). The tests of SQLite's own files, pragmas and locks take `db_path` and sta
 
 from __future__ import annotations
 
-import datetime as dt
-import itertools
 import json
 import os
 import sqlite3
@@ -35,11 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def db_path(tmp_path) -> Path:
     return tmp_path / "receipts.db"
 
@@ -51,10 +44,8 @@ def db(backend_db) -> str:
 
 
 @pytest.fixture
-def store(db, clock):
-    s = open_store(db, clock=clock)
-    yield s
-    s.close()
+def store(backend_store):
+    return backend_store
 
 
 def sql(store, statement: str, params=()):

@@ -7,7 +7,6 @@ intent fingerprint; used once, in the transaction that moves the receipt.
 from __future__ import annotations
 
 import datetime as dt
-import sqlite3
 import threading
 
 import pytest
@@ -15,24 +14,14 @@ import pytest
 from proxy_addon.errors import IllegalTransition, StoreError, UnknownReceipt
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Store, iso
-from tests.conftest import FakeClock
 
 FP = "sha256:" + "ab" * 32
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(backend_db, clock):
+def store(backend_store):
     """On each backend (m007 is one migration for both)."""
-    from proxy_addon.store import open_store
-
-    s = open_store(backend_db, clock=clock)
-    yield s
-    s.close()
+    return backend_store
 
 
 def held(store: Store, fp: str = FP, instance: str = "inst-1") -> str:
