@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from proxy_addon.store import Store
 from tests.conftest import SECRETS, Proxy
+from tests.test_integration import events_of as events
+from tests.test_integration import receipts_for as receipts
 from tests.upstream import Upstream
 
 CREDENTIAL = SECRETS["api-key"]  # the rules' credential header; a marker secret the session sweep looks for
@@ -152,22 +153,6 @@ def send_raw(
     lines = raw_head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
     return Reply(int(lines[0].split()[1]), headers, content)
-
-
-def receipts(proxy: Proxy, bucket: str) -> list:
-    store = Store.open(proxy.db, create=False)
-    try:
-        return sorted((r for r in store.list(limit=None) if bucket in r.target), key=lambda r: r.submitted_at)
-    finally:
-        store.close()
-
-
-def events(proxy: Proxy, operation_id: str) -> list[tuple[str, str | None, str]]:
-    store = Store.open(proxy.db, create=False)
-    try:
-        return [(e.event, e.from_state, e.to_state) for e in store.events(operation_id)]
-    finally:
-        store.close()
 
 
 def assert_clean_retry_is_a_first_write(
