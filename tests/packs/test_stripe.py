@@ -311,13 +311,18 @@ IN_USE = error("idempotency_error", "idempotency_key_in_use",
                "you submitted twice, and the other request is still going through): receipt-x. Please try again later.")
 
 
-def test_key_in_use_409_is_already_exists_and_the_list_read_finds_the_intent(stripe, fakes):
-    order = "ord_in_use"
-    # The intent exists (created by the request holding the key); this one gets the 409.
-    existing = {"id": "pi_InUse0001", "object": "payment_intent", "amount": 2000, "currency": "usd",
+def created_elsewhere(fakes, intent_id: str, order: str) -> None:
+    """A payment intent for `order` that Stripe holds already (made by the request holding the key)."""
+    existing = {"id": intent_id, "object": "payment_intent", "amount": 2000, "currency": "usd",
                 "metadata": {"order_id": order}, "created": int(time.time()) + 1}
     with fakes[PI].lock:
         fakes[PI].objects.append(existing)
+
+
+def test_key_in_use_409_is_already_exists_and_the_list_read_finds_the_intent(stripe, fakes):
+    order = "ord_in_use"
+    # The intent exists (created by the request holding the key); this one gets the 409.
+    created_elsewhere(fakes, "pi_InUse0001", order)
     stripe.api.on("POST", PI, 409, IN_USE, times=1)
     r = stripe.send("POST", PI, data=pi_form(order))
     assert r.status_code == 409 and r.json() == IN_USE   # the agent gets Stripe's answer
@@ -432,10 +437,7 @@ IN_USE_AS_INVALID_REQUEST = error(
 def test_key_in_use_409_with_invalid_request_error_is_not_a_refusal_and_no_fresh_key_goes_out(stripe, fakes):
     order = "ord_in_use_invalid_request"
     # The request holding the key is still creating the intent at Stripe; this one gets the 409.
-    existing = {"id": "pi_InUse0002", "object": "payment_intent", "amount": 2000, "currency": "usd",
-                "metadata": {"order_id": order}, "created": int(time.time()) + 1}
-    with fakes[PI].lock:
-        fakes[PI].objects.append(existing)
+    created_elsewhere(fakes, "pi_InUse0002", order)
     stripe.api.on("POST", PI, 409, IN_USE_AS_INVALID_REQUEST, times=1)
     r = stripe.send("POST", PI, data=pi_form(order))
     assert r.status_code == 409 and r.json() == IN_USE_AS_INVALID_REQUEST  # the agent gets Stripe's answer
