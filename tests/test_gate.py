@@ -22,7 +22,8 @@ from proxy_addon import answers
 from proxy_addon.classify import Outcome, answer_outcome, failure_outcome
 from proxy_addon.errors import StoreError
 from proxy_addon.fingerprint import RequestView, build_attempt
-from proxy_addon.gate import Admitted, Gate, GateSettings, StoreThread
+from proxy_addon.gate import Admitted, Gate, GateSettings
+from proxy_addon.store_thread import StoreThread
 from proxy_addon.reads import ReadSettings
 from proxy_addon.rules import Operation, RuleSet, load_rules
 from proxy_addon.states import State
@@ -398,7 +399,7 @@ async def test_record_returns_none_and_logs_when_the_store_refuses(world, how, c
 
 
 async def test_the_store_thread_runs_calls_in_order_and_survives_failures_and_cancellations(tmp_path):
-    """One hand-off each way (gate.StoreThread): order kept, exceptions returned, a cancelled caller harmless."""
+    """One hand-off each way (store_thread.StoreThread): order kept, exceptions returned, a cancelled caller harmless."""
     calls = StoreThread(Store.open(tmp_path / "receipts.db"))
     thread_names = set()
     seen: list[int] = []

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy_addon.gate import Gate, GateSettings, StoreThread
+from proxy_addon.gate import Gate, GateSettings
+from proxy_addon.store_thread import StoreThread
 from proxy_addon.reads import ReadSettings
 from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.states import State

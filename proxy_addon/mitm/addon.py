@@ -32,7 +32,7 @@ from proxy_addon.classify import Outcome, error_outcome
 from proxy_addon.errors import RulesError, StoreError
 from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
-from proxy_addon.gate import Gate, StoreThread
+from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body
@@ -45,6 +45,7 @@ from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, ReceiptStore, utcnow
+from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)
 

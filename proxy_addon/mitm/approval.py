@@ -49,11 +49,11 @@ from mitmproxy.flow import Error
 
 from proxy_addon import answers
 from proxy_addon.errors import StoreError
-from proxy_addon.gate import StoreThread
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm.flows import HELD, META, mark, response_of
 from proxy_addon.states import State
 from proxy_addon.store import ApprovalDecision, Receipt
+from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)
 

@@ -41,11 +41,12 @@ from mitmproxy import ctx, http
 from proxy_addon import answers
 from proxy_addon.classify import Outcome
 from proxy_addon.errors import StoreError
-from proxy_addon.gate import Gate, StoreThread
+from proxy_addon.gate import Gate
 from proxy_addon.mitm import internals
 from proxy_addon.mitm.flows import MARKERS, META, mark, response_of
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
+from proxy_addon.store_thread import StoreThread
 
 
 class Holder(Protocol):

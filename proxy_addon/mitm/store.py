@@ -24,12 +24,13 @@ from collections.abc import Callable
 from mitmproxy import exceptions, optmanager
 
 from proxy_addon.errors import ReceiptsError
-from proxy_addon.gate import Gate, StoreThread
+from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import options
 from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, open_store
 from proxy_addon.store.postgres import Listener, without_password
+from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)
 
