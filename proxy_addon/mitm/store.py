@@ -29,7 +29,8 @@ from proxy_addon.installation import Installation
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import options
 from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, open_store
-from proxy_addon.store.postgres import Listener, without_password
+from proxy_addon.store.listener import Listener
+from proxy_addon.store.postgres import without_password
 from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
     sqlite.py       the SQLite backend (`SQLiteStore`, alias `Store`)
     postgres.py     the PostgreSQL backend (`PostgresStore`), for a fleet of proxies on one store
+    listener.py     LISTEN for receipts other processes change (PostgreSQL's NOTIFY)
     migrations.py   the schema, as recorded migrations, in each backend's dialect
 
 `open_store(db, ...)` opens either: a `postgresql://` URL or libpq conninfo is PostgreSQL, any
