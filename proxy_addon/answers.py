@@ -44,6 +44,7 @@ UNRECORDED_HEADERS = frozenset(
         "trailer",
         "te",
         "alt-svc",
+        "mcp-session-id",  # an MCP session is the first client's: never replayed into another
     }
 )
 

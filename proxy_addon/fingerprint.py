@@ -15,6 +15,8 @@ Bodies (`RequestView.body` is the body with its Content-Encoding undone: bodies.
 - multipart/form-data: the allowlisted part names; a file part is {filename,
   content_type, size, sha256}: its content is hashed, never kept.
 - GraphQL operations: dotted paths into the root field's arguments, variables substituted.
+- MCP tool calls: the tool and its arguments (`params.arguments.NAME`), never the JSON-RPC
+  id (new on every retry) or the session (mcp/intent.py); without named fields, every argument.
 - no `fingerprint.body` in the rule: the SHA-256 of the whole body. A body that is none of
   the above, or has none of the named fields, is hashed whole too, and the intent says
   which fallback was used (`fallback`: intent_body.FALLBACKS); build_attempt logs it in one line.
@@ -62,6 +64,7 @@ from proxy_addon.intent_body import (
 )
 from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older callers import it from here
 from proxy_addon.jsonpath import parse_json
+from proxy_addon.mcp.intent import arguments_view
 from proxy_addon.redaction import FALLBACK_CREDENTIALS, redact_url
 from proxy_addon.rules import Match
 from proxy_addon.store import Attempt
@@ -147,8 +150,11 @@ def fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[[
         intent["query"] = {q: nfc(one_value(query.get(q))) for q in spec.query}
     if spec.headers:
         intent["headers"] = {h: req.headers.get(h) for h in spec.headers}
-    graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
-    intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=parse))
+    if op.mcp_tool is not None and match.mcp_call is not None:
+        intent.update(arguments_view(match.mcp_call, spec.body, key))  # never the JSON-RPC id or the session
+    else:
+        graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
+        intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=parse))
     principal = principal_of(match, req.headers, key)
     if (override := method_override_note(req, op.method)) is not None:
         intent["method_override"] = override

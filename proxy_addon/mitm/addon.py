@@ -20,6 +20,7 @@ Hooks, one job each:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -34,6 +35,7 @@ from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
+from proxy_addon.mcp.calls import ToolCall, unread_call
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body
 from proxy_addon.mitm.approval import Approvals, await_approval
@@ -194,15 +196,22 @@ class Receipts:
                 return
             meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
             meta["refused"] = m.refused  # the mutation's operation decides, as for the rest
-        if meta.get("refused"):  # method override headers the rules cannot take (RuleSet.match): 400, no receipt
-            self._refuse_override(flow, meta)
-            return
+            if m.operation.mcp_tool is not None:  # an MCP tool call: its id and framing shape every answer
+                meta["mcp"] = dataclasses.asdict(m.mcp_call or unread_call(body, m.operation.mcp_tool, req.headers))
+                meta["accept"] = req.headers.get("accept")
         try:
-            async with self.drain.track(flow, meta):
-                await self._begin(flow, meta, body)
-        except Exception as e:  # fail closed: whatever broke, the request is not forwarded
-            logger.exception("receipt-proxy: internal error before forwarding")
-            await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
+            if meta.get("refused"):  # method override headers the rules cannot take (RuleSet.match): 400, no receipt
+                self._refuse_override(flow, meta)
+                return
+            try:
+                async with self.drain.track(flow, meta):
+                    await self._begin(flow, meta, body)
+            except Exception as e:  # fail closed: whatever broke, the request is not forwarded
+                logger.exception("receipt-proxy: internal error before forwarding")
+                await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            if "mcp" in meta:
+                flows.as_tool_answer(flow, meta)  # the proxy's own answer, as a result the model reads
 
     async def _begin(self, flow: http.HTTPFlow, meta: dict, body: bytes) -> None:
         if self.drain.refuses(flow, meta):  # stopping: new matched writes are not sent (drain.py)
@@ -282,6 +291,7 @@ class Receipts:
             )
             return
         flow.response = result.response
+        meta["upstream_answer"] = True  # the server's own: never rewritten as a tool answer
         try:
             await self._debug_pause("after_answer", meta["operation_id"])
             await self._record_response(flow, meta, complete=result.complete)
@@ -306,7 +316,13 @@ class Receipts:
         resp = flow.response
         assert resp is not None
         op = self._operation(meta)
-        outcome = forward.outcome_of(resp, op, cap=ctx.options.receipts_response_cap, complete=complete)
+        outcome = forward.outcome_of(
+            resp,
+            op,
+            cap=ctx.options.receipts_response_cap,
+            complete=complete,
+            call_id=(meta.get("mcp") or {}).get("id"),
+        )
         receipt = await self._record(flow, meta, outcome, op)
         if receipt is not None and outcome.evidence and receipt.external_id:
             resp.headers["X-Receipt-External-Id"] = receipt.external_id
@@ -343,7 +359,8 @@ class Receipts:
         if op is None:  # the rules were reloaded in between and the operation is gone
             flow.metadata.pop(META, None)
             return None
-        return Match(op, dict(meta["params"]), graphql_args=meta.get("graphql_args"))
+        call = ToolCall(**meta["mcp"]) if meta.get("mcp", {}).get("id") is not None else None
+        return Match(op, dict(meta["params"]), graphql_args=meta.get("graphql_args"), mcp_call=call)
 
     def _operation(self, meta: dict) -> Operation | None:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None

@@ -14,6 +14,8 @@ from mitmproxy.net.http import status_codes
 
 from proxy_addon.answers import Answer
 from proxy_addon.fingerprint import RequestView
+from proxy_addon.mcp import answers as mcp_answers
+from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
 
@@ -144,3 +146,12 @@ def refuse(flow: http.HTTPFlow, meta: dict, answer: Answer, kind: str, why: str,
     meta["answer"] = kind
     flow.marked = MARKERS[marker]
     flow.comment = f"NOT SENT: {why}"
+
+
+def as_tool_answer(flow: http.HTTPFlow, meta: dict) -> None:
+    """An MCP tool call answered by the proxy itself: its answer as a tool result for the model (mcp/answers.py)."""
+    resp = flow.response
+    if resp is None or meta.get("upstream_answer"):
+        return
+    answer = Answer(resp.status_code, tuple(resp.headers.items(multi=True)), resp.raw_content or b"")
+    flow.response = response_of(mcp_answers.as_tool_answer(answer, ToolCall(**meta["mcp"]), meta.get("accept")))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from mitmproxy import http
 
@@ -15,6 +16,7 @@ from proxy_addon import answers, identity
 from proxy_addon.bodies import codings, decode_body
 from proxy_addon.classify import Outcome, answer_outcome, head_outcome
 from proxy_addon.errors import BadEncoding, BodyTooLarge
+from proxy_addon.mcp.outcomes import tool_outcome
 from proxy_addon.mitm.exchange import Rest
 from proxy_addon.mitm.flows import headers_of, response_of
 from proxy_addon.rules import Operation
@@ -37,11 +39,13 @@ def add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str
             flow.request.content = keyed
 
 
-def outcome_of(resp: http.Response, op: Operation | None, *, cap: int, complete: bool = True) -> Outcome:
+def outcome_of(
+    resp: http.Response, op: Operation | None, *, cap: int, complete: bool = True, call_id: Any = None
+) -> Outcome:
     """
     What an answer means. Its body, decoded, is read up to `cap`; past that (or when `complete`
     is False: only its first bytes are there) the outcome comes from the status and headers,
-    and the recorded answer is truncated.
+    and the recorded answer is truncated. `call_id`: an MCP tool call's JSON-RPC id (mcp/outcomes.py).
     """
     raw = resp.raw_content or b""
     body: bytes | None = None
@@ -55,11 +59,16 @@ def outcome_of(resp: http.Response, op: Operation | None, *, cap: int, complete:
     status, items, headers = resp.status_code, resp.headers.items(multi=True), headers_of(resp)
     if body is not None:
         recorded = answers.recorded(status, items, body, cap)
+        if op is not None and op.mcp_tool is not None and call_id is not None:
+            return tool_outcome(status, resp.reason, headers, body, op, recorded, call_id)
         outcome = answer_outcome(status, resp.reason, headers, body, op, recorded)
     else:
         kept = b"" if codings(resp.headers.get("content-encoding")) else raw[:cap]
         recorded = dataclasses.replace(answers.recorded(status, items, kept, cap), truncated=True)
         why = f"its body is larger than receipts_response_cap, {cap} bytes"
+        if op is not None and op.mcp_tool is not None and 200 <= status < 300:  # the tool's result is in the body
+            why = f"outcome unknown: a tool call's answer (HTTP {status}) was not read: {why}"
+            return Outcome(State.OUTCOME_UNKNOWN, why, error=why, http_status=status, response=recorded)
         outcome = head_outcome(status, resp.reason, headers, op, recorded, why)
     return outcome
 
@@ -83,6 +92,7 @@ def pass_rest(flow: http.HTTPFlow, meta: dict, rest: Rest, *, limit: int, timeou
             f"{rest.why} after {rest.received} bytes{f' ({rest.detail})' if rest.detail else ''}; "
             f"recorded as {meta['state']} from its status"
         )
+    meta["upstream_answer"] = False  # the proxy's own answer now
     flow.response = response_of(
         answers.response_not_passed(
             meta["operation_id"],

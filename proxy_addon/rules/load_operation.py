@@ -30,7 +30,7 @@ from proxy_addon.rules.model import (
     PathTemplate,
     parse_path_template,
 )
-from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry
+from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, scalar_value
 
 
 def load_operation(
@@ -53,7 +53,8 @@ def load_operation(
     if "match" not in op:
         ctx.report(ctx.error(node, f"{f}.match", "is required"))
     description = ctx.attempt(ctx.string, op["description"][1], f"{f}.description") if "description" in op else None
-    method, path, graphql, override = (ctx.attempt(_match, ctx, f, op["match"][1]) if "match" in op else None) or (
+    method, path, graphql, override, mcp = (ctx.attempt(_match, ctx, f, op["match"][1]) if "match" in op else None) or (
+        None,
         None,
         None,
         None,
@@ -61,6 +62,8 @@ def load_operation(
     )
     fp_before = len(ctx.problems)
     fp = ctx.attempt(load_fingerprint, ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path)
+    if mcp is not None and fp is not None:
+        ctx.attempt(_mcp_fingerprint, ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, fp)
     fp_known = path is not None and len(ctx.problems) == fp_before  # what reconcile templates may name is known
     external = ctx.attempt(_external_id, ctx, f, op)
     after_success = ctx.attempt(_after_success, ctx, f, op)
@@ -104,6 +107,8 @@ def load_operation(
         credentials_env=credentials_env,
         approve=bool(approve),
         graphql=graphql,
+        mcp_tool=mcp[0] if mcp else None,
+        mcp_arguments=mcp[1] if mcp else (),
         classify_rules=classified[1],
         external_id_header=external[1],
         description=description,
@@ -120,10 +125,13 @@ def method_override(ctx: Ctx, node: yaml.Node, field_: str) -> str:
     return value
 
 
-def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str | None, PathTemplate | None, str | None, str | None]:
+def _match(
+    ctx: Ctx, f: str, node: yaml.Node
+) -> tuple[str | None, PathTemplate | None, str | None, str | None, tuple[str, tuple] | None]:
     """`match:`: the method, the path template (case-sensitive unless `case_insensitive: true`), for a
-    GraphQL mutation its root field, and what a method override header gets (the file's unless it says).
-    Each is None when it has a problem (reported); the others are still read."""
+    GraphQL mutation its root field, what a method override header gets (the file's unless it says),
+    and for an MCP tool call its tool and argument values. Each is None when it has a problem
+    (reported); the others are still read."""
     m = ctx.mapping(node, f"{f}.match", KEYS["match"], ("method", "path"))
     method = ctx.attempt(_method, ctx, m["method"][1], f"{f}.match.method")
     fold = (
@@ -133,12 +141,55 @@ def _match(ctx: Ctx, f: str, node: yaml.Node) -> tuple[str | None, PathTemplate 
     )
     path = ctx.attempt(_path, ctx, m["path"][1], f"{f}.match.path", bool(fold))
     graphql = ctx.attempt(_graphql, ctx, m["graphql"][1], f"{f}.match.graphql", method) if "graphql" in m else None
+    mcp = ctx.attempt(_mcp, ctx, m["mcp"][1], f"{f}.match.mcp", method) if "mcp" in m else None
+    if graphql is not None and mcp is not None:
+        ctx.report(
+            ctx.error(
+                m["mcp"][1], f"{f}.match.mcp", "an operation matches a GraphQL mutation or an MCP tool call, not both"
+            )
+        )
     override = (
         ctx.attempt(method_override, ctx, m["method_override"][1], f"{f}.match.method_override")
         if "method_override" in m
         else ctx.method_override
     )
-    return method, path, graphql, override
+    return method, path, graphql, override, mcp
+
+
+def _mcp(ctx: Ctx, node: yaml.Node, field_: str, method: str | None) -> tuple[str, tuple]:
+    """`match.mcp: {tool, arguments}`: the tool's name, and argument values the call must have (scalars)."""
+    m = ctx.mapping(node, field_, KEYS["mcp_match"], ("tool",))
+    tool = ctx.string(m["tool"][1], f"{field_}.tool")
+    if not tool or len(tool) > 128 or any(c.isspace() or not c.isprintable() for c in tool):
+        raise ctx.error(m["tool"][1], f"{field_}.tool", f"{tool!r} is not an MCP tool name")
+    if method is not None and method != "POST":
+        raise ctx.error(node, field_, "MCP tool calls are POSTs to the endpoint; use method: POST")
+    arguments: list[tuple[str, Any]] = []
+    if "arguments" in m:
+        for name, (_, value_node) in ctx.entries(m["arguments"][1], f"{field_}.arguments").items():
+            value = scalar_value(value_node) if isinstance(value_node, yaml.ScalarNode) else None
+            if not isinstance(value, (str, int, float, bool)):
+                raise ctx.error(value_node, f"{field_}.arguments.{name}", "must be a string, number or boolean")
+            arguments.append((name, value))
+    return tool, tuple(arguments)
+
+
+def _mcp_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, fp: FingerprintSpec) -> None:
+    """An MCP operation's fingerprint reads the tool's arguments only: never the JSON-RPC id or params._meta."""
+    if fp.path or fp.query:
+        raise ctx.error(
+            node,
+            f"{f}.fingerprint",
+            "an MCP tool call has one endpoint: fingerprint its arguments (body: [params.arguments.NAME])",
+        )
+    for b in fp.body or ():
+        if not b.startswith("params.arguments."):
+            raise ctx.error(
+                node,
+                f"{f}.fingerprint.body",
+                f"{b!r} is not one of the tool's arguments; an MCP fingerprint names params.arguments.NAME "
+                "(the JSON-RPC id changes on every retry)",
+            )
 
 
 def _method(ctx: Ctx, node: yaml.Node, field_: str) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy_addon.canonical import canonical_encoding
+from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.states import State
 
 AfterSuccess = Literal["replay", "block", "allow"]
@@ -46,7 +47,8 @@ KEYS: dict[str, tuple[str, ...]] = {
         "idempotency_key",
         "approve",
     ),
-    "match": ("method", "path", "graphql", "case_insensitive", "method_override"),
+    "match": ("method", "path", "graphql", "mcp", "case_insensitive", "method_override"),
+    "mcp_match": ("tool", "arguments"),
     "fingerprint": ("path", "body", "query", "headers"),
     "external_id": ("header",),
     "classify_rule": ("status", "body", "headers", "state", "reason"),
@@ -108,15 +110,15 @@ class Check:
         if self.kind == "present":
             return bool(present) == self.value
         if self.kind == "equal":
-            return any(_same(v, self.value) for v in found)
+            return any(same_value(v, self.value) for v in found)
         if self.kind == "one_of":
-            return any(_same(v, x) for v in found for x in self.value)
+            return any(same_value(v, x) for v in found for x in self.value)
         if self.kind == "contains":
             return any(isinstance(v, str) and self.value in v for v in present)
         return any(isinstance(v, str) and self.value.search(v) for v in present)  # matches
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     """Equality with JSON's types: false is not 0, 1 is 1.0."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -189,6 +191,8 @@ class Operation:
     approve: bool = False  # an operator approves each request (mitmweb, receipts approve) before it is sent
     credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
     graphql: str | None = None  # match only GraphQL mutations with this root field
+    mcp_tool: str | None = None  # match only MCP tool calls (JSON-RPC tools/call) of this tool (proxy_addon/mcp)
+    mcp_arguments: tuple[tuple[str, Any], ...] = ()  # ...whose arguments have these values (issue_write method=create)
     classify_rules: tuple[ClassifyRule, ...] = ()  # `classify:` as a list; tried before `classify`
     external_id_header: str | None = None  # the created object's id is in this response header
     idempotency_body: str | None = None  # the proxy writes its key at this dotted path of the JSON body
@@ -207,6 +211,7 @@ class Match:
     pending: bool = False  # a GraphQL operation: the body decides (RuleSet.match with body=...)
     graphql_args: dict[str, Any] | None = None  # the root field's arguments, variables substituted
     refused: str | None = None  # why the proxy answers 400 and sends nothing (its method override headers)
+    mcp_call: ToolCall | None = None  # an MCP operation: the tool call the body makes
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy_addon.canonical import canonical_host, canonical_path, ip_literal, method_overrides
-from proxy_addon.rules.model import Match, Operation, PathTemplate, RuleFile
+from proxy_addon.jsonpath import parse_json
+from proxy_addon.mcp.calls import Refused, ToolCall, read_call
+from proxy_addon.rules.model import Match, Operation, PathTemplate, RuleFile, same_value
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,10 @@ class RuleSet:
         found = method_overrides(headers) if headers is not None else []
         named = list(dict.fromkeys(m for _, m in found))
         if not named or named == [method]:
-            return self._match(candidates, method, path, body)
-        hits = [(m, x) for m in dict.fromkeys([*named, method]) if (x := self._match(candidates, m, path, body))]
+            return self._match(candidates, method, path, body, headers)
+        hits = [
+            (m, x) for m in dict.fromkeys([*named, method]) if (x := self._match(candidates, m, path, body, headers))
+        ]
         if not hits:
             return None
         as_method, first = hits[0]  # the method named, if an operation has it, else the method sent
@@ -127,15 +131,30 @@ class RuleSet:
 
     @staticmethod
     def _match(
-        candidates: tuple[tuple[RuleFile, Operation], ...], method: str, path: str, body: bytes | None
+        candidates: tuple[tuple[RuleFile, Operation], ...],
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: Iterable[tuple[str | bytes, str | bytes]] | None = None,
     ) -> Match | None:
         """The first candidate with this method whose template fits the canonical `path` (no query string)."""
         mutation: dict[str, dict[str, Any]] | None = None
         parsed = False
+        call: ToolCall | Refused | bool | None = False  # False: the body is not read as a tool call yet
         for _, op in candidates:
             if op.method == method:
                 params = op.path.match(path)
                 if params is None:
+                    continue
+                if op.mcp_tool is not None:
+                    if body is None:
+                        return Match(op, params, pending=True)
+                    if call is False:
+                        call = read_call(parse_json(body), _lower(headers))
+                    if isinstance(call, Refused):  # on an MCP endpoint a rule names: 400, never sent
+                        return Match(op, params, refused=call.why)
+                    if isinstance(call, ToolCall) and op_takes(op, call):
+                        return Match(op, params, mcp_call=call)
                     continue
                 if op.graphql is None:
                     return Match(op, params)
@@ -148,6 +167,22 @@ class RuleSet:
                 if mutation is not None and op.graphql in mutation:
                     return Match(op, params, graphql_args=mutation[op.graphql])
         return None
+
+
+def op_takes(op: Operation, call: ToolCall) -> bool:
+    """Whether an MCP operation names this call's tool, and the argument values it asks for."""
+    return call.name == op.mcp_tool and all(
+        k in call.arguments and same_value(call.arguments[k], v) for k, v in op.mcp_arguments
+    )
+
+
+def _lower(headers: Iterable[tuple[str | bytes, str | bytes]] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in headers or ():
+        name = (k.decode("latin-1") if isinstance(k, bytes) else k).lower()
+        if name in ("mcp-method", "mcp-name") and name not in out:
+            out[name] = v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v
+    return out
 
 
 def _canonical_rule_host(host: str) -> str:

@@ -1,0 +1,111 @@
+"""
+A tool call read from a request to an MCP endpoint, or why the proxy refuses the request.
+
+    read_call(doc, headers)   # ToolCall, Refused, or None (not a tool call: passed untouched)
+
+What is a tool call: a JSON-RPC request `{"jsonrpc": "2.0", "id", "method": "tools/call",
+"params": {"name": <tool>, "arguments": {...}}}`. Everything else sent to the endpoint
+(`initialize`, `server/discover`, `tools/list`, notifications, answers to the server's own
+requests) is not, and passes untouched.
+
+What is refused (never forwarded), on an endpoint a rule names:
+- `Mcp-Method` or `Mcp-Name` headers (the 2026-07-28 revision sends them, for routing) that
+  disagree with the body: a gateway routing by the headers and a server acting on the body
+  would see two different calls, and the receipt would be for one of them;
+- a JSON-RPC batch (a list) that holds a tool call: neither revision in use allows batches
+  (2025-06-18 removed them), and a receipt is for one call; sent one by one, each gets its own;
+- a tool call without an id, a tool name, or with arguments that are not an object.
+The JSON-RPC `id` and `Mcp-Session-Id` never enter the intent: they change on every retry.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy_addon.jsonpath import parse_json
+
+_B64 = re.compile(r"=\?base64\?(?P<payload>.*)\?=")
+PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: Any  # the JSON-RPC id: a string or a number, new on every retry
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    modern: bool = False  # the 2026-07-28 revision (routing headers or params._meta): results carry resultType
+
+
+@dataclass(frozen=True)
+class Refused:
+    why: str
+
+
+def decode_header_value(value: str | None) -> str | None:
+    """An `Mcp-Name` value: as sent, or its `=?base64?...?=` form decoded (None when that is malformed)."""
+    if value is None:
+        return None
+    m = _B64.fullmatch(value)
+    if m is None:
+        return value
+    try:
+        decoded = base64.b64decode(m.group("payload"), validate=True)
+        return decoded.decode("utf-8") if base64.b64encode(decoded).decode("ascii") == m.group("payload") else None
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def read_call(doc: Any, headers: Mapping[str, str]) -> ToolCall | Refused | None:
+    """The tool call a parsed JSON-RPC body makes; `headers` with lower-case names."""
+    method_header, name_header = headers.get("mcp-method"), headers.get("mcp-name")
+    if isinstance(doc, list):
+        if any(isinstance(m, dict) and m.get("method") == "tools/call" for m in doc):
+            return Refused(
+                "a JSON-RPC batch holding a tools/call: MCP allows no batches, and each call needs a receipt "
+                "of its own; send the calls one by one"
+            )
+        return None
+    if not isinstance(doc, dict):
+        return None
+    method = doc.get("method")
+    if method_header is not None and method_header != method:
+        return Refused(f"the Mcp-Method header says {method_header[:60]!r} but the body's method is {_short(method)}")
+    if method != "tools/call":
+        return None
+    params = doc.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    if not isinstance(name, str) or not name:
+        return Refused("a tools/call without a tool name (params.name)")
+    if name_header is not None and decode_header_value(name_header) != name:
+        return Refused(f"the Mcp-Name header does not name the body's tool {_short(name)}")
+    assert isinstance(params, dict)
+    arguments = params.get("arguments", {})
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return Refused(f"tools/call {_short(name)} with arguments that are not an object")
+    call_id = doc.get("id")
+    if call_id is None or isinstance(call_id, bool) or not isinstance(call_id, (str, int, float)):
+        return Refused(f"tools/call {_short(name)} without a JSON-RPC id (a notification gets no answer)")
+    meta = params.get("_meta")
+    modern = method_header is not None or (isinstance(meta, dict) and PROTOCOL_VERSION_META in meta)
+    return ToolCall(call_id, name, arguments, modern)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "...'"
+
+
+def unread_call(body: bytes, tool: str, headers: Mapping[str, str]) -> ToolCall:
+    """A refused request's call, as far as it can be read: its id, for the JSON-RPC error that answers it."""
+    doc = parse_json(body)
+    call_id = doc.get("id") if isinstance(doc, dict) else None
+    if isinstance(call_id, bool) or not isinstance(call_id, (str, int, float)):
+        call_id = None
+    return ToolCall(call_id, tool, {}, "mcp-method" in headers)

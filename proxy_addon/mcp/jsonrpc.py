@@ -1,0 +1,91 @@
+"""
+JSON-RPC messages as MCP's Streamable HTTP carries them: a POST's answer is either
+`application/json` (one message, or a list) or `text/event-stream`, whose events' `data:`
+lines carry one message each (the server may send notifications and requests before the
+response). The client picks the response whose `id` is its request's.
+
+    messages_of(body, "text/event-stream")   # every JSON-RPC message in the answer, in order
+    response_for(body, ctype, 7)              # the response to request 7, or None
+    framed({"jsonrpc": "2.0", ...}, sse=True) # (content type, bytes) of one message
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from proxy_addon.jsonpath import NOT_JSON, parse_json
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_LINE_END = re.compile(rb"\r\n|\n|\r")
+
+
+def is_sse(content_type: str | None) -> bool:
+    return (content_type or "").split(";")[0].strip().lower() == "text/event-stream"
+
+
+def messages_of(body: bytes, content_type: str | None) -> list[dict[str, Any]]:
+    """The JSON-RPC messages (objects) an answer holds; what is not one is skipped."""
+    if is_sse(content_type):
+        docs = [parse_json(data) for data in _sse_data(body)]
+    else:
+        doc = parse_json(body)
+        docs = doc if isinstance(doc, list) else [doc]
+    return [d for d in docs if isinstance(d, dict)]
+
+
+def _sse_data(body: bytes) -> list[bytes]:
+    """The `data` of each event of an event stream (its data lines joined with LF), as the SSE spec reads them."""
+    out = []
+    for event in _EVENT_END.split(body):
+        lines = [line for line in _LINE_END.split(event) if line.startswith(b"data")]
+        data = []
+        for line in lines:
+            field, _, value = line.partition(b":")
+            if field != b"data":
+                continue
+            data.append(value[1:] if value.startswith(b" ") else value)
+        if data:
+            out.append(b"\n".join(data))
+    return out
+
+
+def same_id(a: Any, b: Any) -> bool:
+    """JSON-RPC ids are strings or numbers: 1 and "1" are two ids, and true is none."""
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return False
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def response_for(body: bytes, content_type: str | None, request_id: Any) -> dict[str, Any] | None:
+    """The JSON-RPC response (a `result` or an `error`) to the request with this id, or None."""
+    for msg in messages_of(body, content_type):
+        if ("result" in msg or "error" in msg) and "method" not in msg and same_id(msg.get("id"), request_id):
+            return msg
+    return None
+
+
+def framed(message: dict[str, Any], *, sse: bool) -> tuple[str, bytes]:
+    """One JSON-RPC message as an answer's body: JSON, or an event stream of one `message` event."""
+    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+    if sse:
+        return "text/event-stream", f"event: message\ndata: {text}\n\n".encode()
+    return "application/json", text.encode()
+
+
+def wants_sse(accept: str | None, recorded_sse: bool) -> bool:
+    """
+    The framing of an answer the proxy writes: an event stream when the recorded answer was one
+    and the client accepts it, or when the client accepts only that; JSON otherwise.
+    """
+    kinds = {part.split(";")[0].strip().lower() for part in (accept or "").split(",")}
+    takes_sse, takes_json = "text/event-stream" in kinds, bool(kinds & {"application/json", "*/*", "application/*"})
+    if recorded_sse and takes_sse:
+        return True
+    return takes_sse and not takes_json
+
+
+__all__ = ["NOT_JSON", "framed", "is_sse", "messages_of", "response_for", "same_id", "wants_sse"]
