@@ -24,6 +24,7 @@ import httpx
 
 from proxy_addon import gql
 from proxy_addon.errors import ReconcileError
+from proxy_addon.mcp.reads import read_tool
 from proxy_addon.redaction import redact_url
 from proxy_addon.rules import TEMPLATE_VAR, Operation, PathTemplate
 from proxy_addon.store import Receipt
@@ -40,12 +41,16 @@ class ReadRequest:
     headers: tuple[tuple[str, str], ...] = ()  # the rule's own headers (Notion-Version), never credentials
     # Query parameters whose values the rule's read.url writes (from the receipt or literally): shown.
     keep: tuple[str, ...] = field(default=(), compare=False)
+    tool: str | None = None  # an MCP read (method "MCP"): this tool at `url`, `body` its arguments (JSON)
+    tool_read_only: bool = False
 
     @property
     def shown(self) -> str:
         """The URL as it may be stored and logged: the values the read template writes (`keep`), unless
         credential-looking; every other query value REDACTED (redaction.redact_url)."""
         u = httpx.URL(self.url)
+        if self.tool is not None:
+            return f"{redact_url(u.scheme, u.host, u.port or {'http': 80}.get(u.scheme, 443), u.path)} tool {self.tool}"
         port = u.port or {"http": 80, "https": 443}[u.scheme]
         return redact_url(u.scheme, u.host, port, u.raw_path.decode(), keep=self.keep)
 
@@ -115,6 +120,9 @@ def plan_read(op: Operation, receipt: Receipt) -> ReadRequest:
     spec = op.reconcile
     if spec is None:
         raise ReconcileError(f"operation {op.api} {op.name} has no reconcile spec")
+    if spec.tool is not None:  # an MCP read: the tool, on the endpoint the receipt's call went to
+        arguments = json.dumps(_render_doc(spec.body or {}, receipt)).encode()
+        return ReadRequest("MCP", receipt.target, arguments, tool=spec.tool, tool_read_only=spec.tool_read_only)
     url = urljoin(receipt.target, render(spec.url, receipt, url=True))
     keep = tuple(unquote_plus(p.partition("=")[0]) for p in re.split("[&;]", spec.url.partition("?")[2]) if p)
     body = None
@@ -160,6 +168,12 @@ async def perform_read(
 ) -> tuple[int, dict[str, str], bytes]:
     """Send a read once; its status, headers (lower-case names) and body. httpx errors are the caller's."""
     settings = settings or ReadSettings()
+    if read.tool is not None:
+        async with settings.upstream.client(timeout=settings.timeout, follow_redirects=False) as client:
+            arguments = json.loads(read.body or b"{}")
+            return await read_tool(
+                client, read.url, read.tool, arguments, credentials, declared_read_only=read.tool_read_only
+            )
     check_read(read, settings.post_reads)
     headers = {**dict(read.headers), **credentials}
     if read.body is not None:

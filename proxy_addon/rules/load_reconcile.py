@@ -52,15 +52,23 @@ def load_reconcile(
     allowed = template_variables(fp) if fp is not None else None
     if allowed is not None and not idempotent:
         allowed.discard("idempotency_key")
-    read = ctx.attempt(ctx.mapping, rec["read"][1], f"{f}.read", KEYS["read"], ("url",))
-    method = ctx.attempt(_read_method, ctx, read, f) if read is not None else None
-    url = ctx.attempt(_read_url, ctx, read, f, allowed) if read is not None else None
-    headers = _read_headers(ctx, read, f, allowed) if read is not None else []
-    body = (
-        ctx.attempt(_post_body, ctx, rec, read, f, method, url, allowed)
-        if read is not None and method is not None and url is not None
-        else None
-    )
+    read = ctx.attempt(ctx.mapping, rec["read"][1], f"{f}.read", KEYS["read"])
+    tool: tuple[str, bool, Any] | None = None
+    if read is not None and "tool" in read:  # an MCP read: a read-only tool of the same endpoint
+        tool = ctx.attempt(_tool_read, ctx, read, f, allowed)
+        method, url, headers, body = ("MCP", "", [], tool[2]) if tool else (None, None, [], None)
+    else:
+        if read is not None and "url" not in read:
+            ctx.report(ctx.error(rec["read"][1], f"{f}.read.url", "is required (or tool: for an MCP read)"))
+            read = None
+        method = ctx.attempt(_read_method, ctx, read, f) if read is not None else None
+        url = ctx.attempt(_read_url, ctx, read, f, allowed) if read is not None else None
+        headers = _read_headers(ctx, read, f, allowed) if read is not None else []
+        body = (
+            ctx.attempt(_post_body, ctx, rec, read, f, method, url, allowed)
+            if read is not None and method is not None and url is not None
+            else None
+        )
     find, bounds = _find(ctx, rec, f, method, allowed)
     items = ctx.attempt(ctx.string, rec["items"][1], f"{f}.items") if "items" in rec else None
     absent_when = (
@@ -74,7 +82,10 @@ def load_reconcile(
         if "external_id" in rec
         else external_id
     )
-    pages = ctx.attempt(_pages, ctx, rec, f, method, "find" in rec)
+    if tool is not None and "pages" in rec:
+        problem = "an MCP read is one tool call: it has no pages (absence_provable needs complete_in_one_page)"
+        ctx.report(ctx.error(rec["pages"][1], f"{f}.pages", problem))
+    pages = ctx.attempt(_pages, ctx, rec, f, method, "find" in rec) if tool is None else None
     one_page = ctx.attempt(_complete_in_one_page, ctx, rec, f)
     if ctx.strict and (find or bounds) and provable and "pages" not in rec and one_page is False:
         # only `rules check` refuses it: files written before pages: existed still load
@@ -105,7 +116,27 @@ def load_reconcile(
         absent_when=absent_when,
         headers=tuple(headers),
         bounds=tuple(bounds),
+        tool=tool[0] if tool else None,
+        tool_read_only=tool[1] if tool else False,
     )
+
+
+def _tool_read(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str] | None) -> tuple[str, bool, Any]:
+    """`read: {tool, arguments, read_only}`: an MCP tool of the receipt's own endpoint; arguments are templates."""
+    for key in ("method", "url", "headers", "body"):
+        if key in read:
+            raise ctx.error(read[key][1], f"{f}.read.{key}", "an MCP read names a tool and its arguments, not " + key)
+    name = ctx.string(read["tool"][1], f"{f}.read.tool")
+    if not name or any(c.isspace() or not c.isprintable() for c in name):
+        raise ctx.error(read["tool"][1], f"{f}.read.tool", f"{name!r} is not an MCP tool name")
+    declared = ctx.boolean(read["read_only"][1], f"{f}.read.read_only") if "read_only" in read else False
+    arguments: Any = {}
+    if "arguments" in read:
+        anode = read["arguments"][1]
+        if not isinstance(anode, yaml.MappingNode):
+            raise ctx.error(anode, f"{f}.read.arguments", f"expected a mapping, got {node_kind(anode)}")
+        arguments = _json_body(ctx, anode, f"{f}.read.arguments", allowed)
+    return name, declared, arguments
 
 
 def _read_method(ctx: Ctx, read: dict[str, Entry], f: str) -> str:

@@ -66,7 +66,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "pages",
         "complete_in_one_page",
     ),
-    "read": ("method", "url", "headers", "body"),
+    "read": ("method", "url", "headers", "body", "tool", "arguments", "read_only"),
     "pages": ("next", "max"),
     "pages_next": ("more", "from", "param"),
     "idempotency_key": ("header", "body", "format", "ttl"),
@@ -172,6 +172,8 @@ class ReconcileSpec:
     bounds: tuple[tuple[str, str, str], ...] = ()  # (field, "gte"|"lte", template): `find` by a range, like created_at
     pages: PagesSpec | None = None  # how the list continues; None: one page is read
     complete_in_one_page: bool = False  # the rule says one page holds every match (with a reason comment)
+    tool: str | None = None  # an MCP read: this tool of the receipt's own endpoint, `body` its arguments (mcp/reads.py)
+    tool_read_only: bool = False  # the rule vouches the tool is read-only; else the server's annotations must say so
 
 
 @dataclass(frozen=True)
