@@ -49,7 +49,7 @@ BAD_FILES = [
     # the top level has no field name: the loader uses "" (str() then omits it)
     ("09-top-level-list.yaml", 1, "", "expected a mapping, got a list"),
     ("10-top-level-scalar.yaml", 1, "", "expected a mapping, got str 'just a sentence'"),
-    ("11-unknown-top-key.yaml", 5, "version", "unknown key 'version'; expected one of: api, hosts, credentials, post_reads, method_override, operations"),
+    ("11-unknown-top-key.yaml", 5, "version", "unknown key 'version'; expected one of: api, hosts, credentials, post_reads, method_override, mcp, operations"),
     ("12-duplicate-top-key.yaml", 3, "api", "duplicate key"),
     ("13-unknown-operation-key.yaml", 8, f"{OP}.retries", "unknown key 'retries'"),
     ("14-unknown-match-key.yaml", 7, f"{OP}.match.host", "unknown key 'host'; expected one of: method, path, graphql"),

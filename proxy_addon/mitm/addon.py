@@ -36,15 +36,16 @@ from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
 from proxy_addon.mcp.calls import ToolCall, unread_call
+from proxy_addon.mcp.catalog import ToolCatalog
 from proxy_addon.metrics import Metrics
-from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body
+from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body, tools
 from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
 from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view, response_of
 from proxy_addon.mitm.store import ReceiptsDb
 from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
-from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.rules import ANY_TOOL, Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, ReceiptStore, utcnow
 from proxy_addon.store_thread import StoreThread
@@ -70,6 +71,7 @@ class Receipts:
         self.db = ReceiptsDb(self.metrics, post_reads=self._post_reads, on_change=self.refresh_flow)  # store.py
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
         self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
+        self.tool_catalog = ToolCatalog()  # mcp.tools: from_server: which tools the servers declare read-only
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -191,8 +193,11 @@ class Receipts:
         if meta.pop("pending", False) and self.rules is not None and not self.config_error:
             req = flow.request
             m = self.rules.match(req.host, req.port, req.method, req.path, body=body, headers=req.headers.fields)
-            if m is None:  # a GraphQL query, or a mutation no rule names: passed through untouched
+            if m is not None and m.mcp_call is not None and self._declared_read_only(flow, m.mcp_call.name, m):
+                m = None  # mcp.tools: from_server, and the server's tools/list says this tool only reads
+            if m is None:  # a GraphQL query, a mutation or MCP message no rule names: passed through untouched
                 del flow.metadata[META]
+                tools.note_listing(flow, body, self.rules)  # a tools/list answer tells which tools only read
                 return
             meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
             meta["refused"] = m.refused  # the mutation's operation decides, as for the rest
@@ -303,6 +308,7 @@ class Receipts:
         forward.pass_rest(flow, meta, rest, limit=opts.receipts_response_max, timeout=timeout)
 
     async def response(self, flow: http.HTTPFlow) -> None:
+        tools.learn(flow, self.tool_catalog)
         meta = self._awaiting_outcome(flow)
         if meta is not None:
             await self._record_response(flow, meta)
@@ -361,6 +367,12 @@ class Receipts:
             return None
         call = ToolCall(**meta["mcp"]) if meta.get("mcp", {}).get("id") is not None else None
         return Match(op, dict(meta["params"]), graphql_args=meta.get("graphql_args"), mcp_call=call)
+
+    def _declared_read_only(self, flow: http.HTTPFlow, tool: str, m: Match) -> bool:
+        """A tool call that only `mcp.tools: from_server` matched, of a tool the server declares read-only."""
+        if m.operation.mcp_tool != ANY_TOOL:
+            return False
+        return self.tool_catalog.read_only(tools.endpoint_of(flow, m.operation), tool)
 
     def _operation(self, meta: dict) -> Operation | None:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None

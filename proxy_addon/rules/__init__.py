@@ -29,7 +29,9 @@ from proxy_addon.rules.loader import (
 from proxy_addon.rules.model import (
     AFTER_SUCCESS,
     ALREADY_EXISTS,
+    ANY_TOOL,
     CLASSIFIABLE,
+    FROM_SERVER,
     KEYS,
     METHODS,
     TEMPLATE_VAR,
@@ -50,7 +52,9 @@ from proxy_addon.rules.ruleset import RuleSet, host_pattern
 __all__ = [
     "AFTER_SUCCESS",
     "ALREADY_EXISTS",
+    "ANY_TOOL",
     "CLASSIFIABLE",
+    "FROM_SERVER",
     "KEYS",
     "METHODS",
     "TEMPLATE_VAR",

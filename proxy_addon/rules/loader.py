@@ -18,7 +18,18 @@ import yaml
 
 from proxy_addon.errors import RulesError
 from proxy_addon.rules.load_operation import load_operation, method_override
-from proxy_addon.rules.model import IDENT, KEYS, Operation, PathTemplate, RuleFile, parse_path_template
+from proxy_addon.rules.model import (
+    ANY_TOOL,
+    FROM_SERVER,
+    IDENT,
+    KEYS,
+    MCP_TOOLS,
+    FingerprintSpec,
+    Operation,
+    PathTemplate,
+    RuleFile,
+    parse_path_template,
+)
 from proxy_addon.rules.nodes import HEADER, Ctx, Entry, node_kind
 from proxy_addon.rules.ruleset import RuleSet
 
@@ -163,9 +174,16 @@ def _load_file(ctx: Ctx, text: str) -> RuleFile | None:
         ctx.method_override = (
             ctx.attempt(method_override, ctx, top["method_override"][1], "method_override") or "honour"
         )
-    operations = ctx.attempt(_operations, ctx, top, api or "", credentials) if "operations" in top else None
+    endpoint = ctx.attempt(_mcp_endpoint, ctx, top, api or "", credentials) if "mcp" in top else None
+    operations = (
+        ctx.attempt(_operations, ctx, top, api or "", credentials, allow_none=endpoint is not None)
+        if "operations" in top
+        else None
+    )
     if ctx.problems or api is None or hosts is None or operations is None:
         return None
+    if endpoint is not None:  # after the file's own operations: an explicit rule wins
+        operations.append(endpoint)
     return RuleFile(
         api=api, hosts=tuple(hosts), operations=tuple(operations), source=ctx.source, post_reads=ctx.post_reads
     )
@@ -252,14 +270,53 @@ def _post_reads(ctx: Ctx, top: dict[str, Entry]) -> tuple[PathTemplate, ...]:
     return tuple(post_reads)
 
 
-def _operations(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials) -> list[Operation]:
+def _mcp_endpoint(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials) -> Operation | None:
+    """
+    `mcp: {path, tools}`: the file's MCP endpoint. `tools: from_server` adds an operation
+    (`from_server`, after the file's own) that takes every tool call to the endpoint which no
+    operation names: a write, fingerprinted on all its arguments, unless the server's tools/list
+    declares the tool read-only (the proxy learns that from the answers it passes: mcp/catalog.py).
+    `tools: declared` (the default): only the operations below.
+    """
+    node = top["mcp"][1]
+    m = ctx.mapping(node, "mcp", KEYS["mcp_endpoint"], ("path",))
+    try:
+        path = parse_path_template(ctx.string(m["path"][1], "mcp.path"))
+    except ValueError as e:
+        raise ctx.error(m["path"][1], "mcp.path", str(e)) from None
+    tools = ctx.string(m["tools"][1], "mcp.tools") if "tools" in m else "declared"
+    if tools not in MCP_TOOLS:
+        raise ctx.error(m["tools"][1], "mcp.tools", f"{tools!r} is not one of {', '.join(MCP_TOOLS)}")
+    if tools != FROM_SERVER:
+        return None
+    return Operation(
+        api=api,
+        name=FROM_SERVER,
+        method="POST",
+        path=path,
+        fingerprint=FingerprintSpec(path=(), body=None),
+        credential_headers=credentials[0],
+        credentials_env=credentials[1],
+        credentials_scheme=credentials[2],
+        mcp_tool=ANY_TOOL,
+        source=ctx.source,
+        line=node.start_mark.line + 1,
+        description="every tool the server does not declare read-only (mcp.tools: from_server)",
+    )
+
+
+def _operations(
+    ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials, *, allow_none: bool = False
+) -> list[Operation]:
     """The operations that load; each problem of each one is reported to `ctx` and the next one read."""
     credential_headers, credentials_env, credentials_scheme = credentials
     ops_node = top["operations"][1]
+    if allow_none and isinstance(ops_node, yaml.ScalarNode) and ops_node.value in ("", "~", "null"):
+        return []
     if not isinstance(ops_node, yaml.MappingNode):
         raise ctx.error(ops_node, "operations", f"expected a mapping of operation names, got {node_kind(ops_node)}")
     ops_map = ctx.entries(ops_node, "operations")
-    if not ops_map:
+    if not ops_map and not allow_none:
         raise ctx.error(ops_node, "operations", "must list at least one operation")
     operations = []
     for name, (key, value) in ops_map.items():

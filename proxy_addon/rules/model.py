@@ -34,7 +34,8 @@ ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the eff
 # The keys each mapping of a rules file may have, in the order errors list them.
 # proxy_addon/rules.schema.json describes the same keys (a test keeps them in step).
 KEYS: dict[str, tuple[str, ...]] = {
-    "file": ("api", "hosts", "credentials", "post_reads", "method_override", "operations"),
+    "file": ("api", "hosts", "credentials", "post_reads", "method_override", "mcp", "operations"),
+    "mcp_endpoint": ("path", "tools"),
     "credentials": ("header", "env", "scheme"),
     "operation": (
         "description",
@@ -138,6 +139,10 @@ class ClassifyRule:
     reason: str | None = None
     line: int = 0
 
+
+MCP_TOOLS = ("declared", "from_server")  # `mcp.tools:` which tool calls of the endpoint are writes
+FROM_SERVER = "from_server"  # the name of the operation `mcp: {tools: from_server}` adds; it matches any tool (`*`)
+ANY_TOOL = "*"
 
 MAX_PAGES = 5  # `pages.max` when the rule says none
 PAGES_LIMIT = 100  # the largest `pages.max` a rule may ask for

@@ -14,7 +14,7 @@ from typing import Any
 from proxy_addon.canonical import canonical_host, canonical_path, ip_literal, method_overrides
 from proxy_addon.jsonpath import parse_json
 from proxy_addon.mcp.calls import Refused, ToolCall, read_call
-from proxy_addon.rules.model import Match, Operation, PathTemplate, RuleFile, same_value
+from proxy_addon.rules.model import ANY_TOOL, Match, Operation, PathTemplate, RuleFile, same_value
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,18 @@ class RuleSet:
             if f.api == api:
                 return next((op for op in f.operations if op.name == name), None)
         return None
+
+    def from_server(self, host: str, port: int, path: str) -> Operation | None:
+        """The `mcp: {tools: from_server}` operation of the endpoint at this host and path, if a file has one."""
+        path = canonical_path(path).split("?", 1)[0]
+        return next(
+            (
+                op
+                for _, op in self._candidates(host, port)
+                if op.mcp_tool == ANY_TOOL and op.path.match(path) is not None
+            ),
+            None,
+        )
 
     def match(
         self,
@@ -171,7 +183,7 @@ class RuleSet:
 
 def op_takes(op: Operation, call: ToolCall) -> bool:
     """Whether an MCP operation names this call's tool, and the argument values it asks for."""
-    return call.name == op.mcp_tool and all(
+    return op.mcp_tool in (call.name, ANY_TOOL) and all(
         k in call.arguments and same_value(call.arguments[k], v) for k, v in op.mcp_arguments
     )
 
