@@ -68,9 +68,13 @@ def _no_match(rules: RuleSet, host: str, port: int, method: str, path: str, body
                     if mutation is None
                     else f"the mutation's root fields are {', '.join(mutation) or 'none'}, not {op.graphql}"
                 )
+            elif op.mcp_tool and op.mcp_tool != ANY_TOOL:
+                named = ", ".join(f"{k}={v}" for k, v in op.mcp_arguments)
+                why = f"the body is not a tools/call of {op.mcp_tool}" + (f" with {named}" if named else "")
             lines.append(
                 f"  {op.name}: {op.method} {op.path.template}"
                 + (f" (mutation {op.graphql})" if op.graphql else "")
+                + (f" (MCP tool {op.mcp_tool})" if op.mcp_tool else "")
                 + (f": {why}" if why else "")
             )
     lines.append("the proxy passes this request through untouched")

@@ -100,6 +100,11 @@ def _sample(rf, op) -> tuple[str, str, bytes, dict[str, str]]:
         body = json.dumps({"query": f"mutation M {{ {op.graphql}(input: {{}}) {{ __typename }} }}",
                            "operationName": "M"}).encode()
         headers = {"content-type": "application/json"}
+    if op.mcp_tool:
+        arguments = dict(op.mcp_arguments)
+        params = {"name": op.mcp_tool if op.mcp_tool != "*" else "sample_tool", "arguments": arguments}
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).encode()
+        headers = {"content-type": "application/json"}
     return op.method, f"https://{host}{path}", body, headers
 
 
