@@ -147,7 +147,18 @@ def _duplicates(op: Operation) -> list[str]:
                 + ("; then safe_to_retry" if spec.retry_when_absent else "; then manual_review (no retry_when_absent)")
             )
         )
-        lines.append(f"{when}: the duplicate triggers a read, {spec.method} {spec.url}: found → succeeded; {absence}")
+        read = f"{spec.method} {spec.url}"
+        if spec.tool is not None:
+            read = (
+                f"a call of the MCP tool {spec.tool} in a session of its own ("
+                + (
+                    "read-only by the rule's word"
+                    if spec.tool_read_only
+                    else "only if tools/list says readOnlyHint: true"
+                )
+                + ")"
+            )
+        lines.append(f"{when}: the duplicate triggers a read, {read}: found → succeeded; {absence}")
         pages = _pages(spec)
         if pages:
             lines.append(f"the read's list: {pages}")
