@@ -1,0 +1,154 @@
+"""
+The official MCP SDK's own client (mcp 2.x, `mcp.Client`) in a subprocess, driven by a plan of
+operations, printing one JSON report. Tests call `run_client(...)`, which returns that report.
+
+    report = run_client("http://127.0.0.1:PORT/mcp", [("list_tools",), ("call", "create_issue", {...})],
+                        revision="legacy" | "2026-07-28", proxy=proxy.url, ca=proxy.ca, timeout=2.0)
+
+The proxy comes from the environment, as for any agent: HTTP_PROXY/HTTPS_PROXY (and lowercase)
+are set to `proxy`, NO_PROXY/no_proxy are emptied so 127.0.0.1 is not excluded, and `ca`
+(mitmproxy's CA) is given as SSL_CERT_FILE and passed to the client's httpx2 client (`verify=`:
+httpx2 itself does not read SSL_CERT_FILE). Without `proxy`, the proxy variables are removed.
+
+revision:
+    "legacy"       Client(mode="legacy"): initialize, notifications/initialized, Mcp-Session-Id
+    "2026-07-28"   Client(mode="auto"), the SDK's default: server/discover, then 2026-07-28
+
+Operations, run in order in one client session; one that fails does not stop the next:
+    ("list_tools",)                     -> {"op", "ok", "tools": [{"name", "annotations"}]}
+    ("call", name, arguments)           -> {"op", "ok", "is_error", "content": [...],
+                                            "structured": {...}|None, "result": <the result as dumped>}
+    a failure                           -> {"op", "ok": false, "error": {"type", "code", "message"}}
+The report: {"revision", "protocol_version", "connect_error"?, "results": [...],
+"http": [{"method", "url", "jsonrpc_method", "id", "status", "content_type", "session_id",
+"request_headers": {...}}]} where "http" lists every HTTP exchange the client made (httpx2 event
+hooks), `status` None when no answer came. Note the SDK's call_tool sends a tools/list of its own
+after a tool's first successful call (to learn its outputSchema), and mode "auto" sends
+server/discover first.
+`timeout` is the client's read timeout per request (`read_timeout_seconds`), in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+REVISIONS = ("legacy", "2026-07-28")
+INTERESTING = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version", "accept", "content-type")
+
+
+def run_client(url: str, ops: list[tuple], *, revision: str, proxy: str | None = None, ca: Path | str | None = None,
+               timeout: float = 5.0, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the SDK client in a subprocess (see the module docstring); return its JSON report."""
+    assert revision in REVISIONS, revision
+    child_env = {k: v for k, v in os.environ.items()
+                 if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "ssl_cert_file")}
+    if proxy:
+        child_env.update(HTTP_PROXY=proxy, HTTPS_PROXY=proxy, http_proxy=proxy, https_proxy=proxy,
+                         NO_PROXY="", no_proxy="")
+    if ca:
+        child_env["SSL_CERT_FILE"] = str(ca)
+    child_env.update(env or {})
+    plan = json.dumps({"url": url, "ops": ops, "revision": revision, "timeout": timeout})
+    budget = 20 + timeout * (len(ops) + 2)
+    p = subprocess.run([sys.executable, "-m", "tests.mcp_client"], input=plan.encode(), capture_output=True,
+                       env=child_env, cwd=ROOT, timeout=budget)
+    lines = p.stdout.decode(errors="replace").strip().splitlines()
+    if p.returncode != 0 or not lines:
+        raise AssertionError(f"the MCP client exited with {p.returncode}:\n{p.stderr.decode(errors='replace')}")
+    return json.loads(lines[-1])
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    from mcp.shared.exceptions import MCPError
+
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _error(exc.exceptions[0])
+    if isinstance(exc, MCPError):
+        return {"type": type(exc).__name__, "code": exc.code, "message": exc.message}
+    return {"type": type(exc).__name__, "code": None, "message": str(exc)[:500]}
+
+
+async def _run(plan: dict[str, Any]) -> dict[str, Any]:
+    import ssl
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    http: list[dict[str, Any]] = []
+
+    async def on_request(request: httpx2.Request) -> None:
+        request.extensions["report_index"] = len(http)
+        try:
+            message = json.loads(request.content) if request.content else {}
+        except (ValueError, httpx2.RequestNotRead):
+            message = {}
+        message = message if isinstance(message, dict) else {}
+        http.append({"method": request.method, "url": str(request.url), "status": None, "content_type": None,
+                     "jsonrpc_method": message.get("method"), "id": message.get("id"),
+                     "request_headers": {h: request.headers[h] for h in INTERESTING if h in request.headers}})
+
+    async def on_response(response: httpx2.Response) -> None:
+        i = response.request.extensions.get("report_index")
+        if i is not None:
+            http[i].update(status=response.status_code, content_type=response.headers.get("content-type"),
+                           session_id=response.headers.get("mcp-session-id"))
+
+    ca = os.environ.get("SSL_CERT_FILE")
+    verify: Any = ssl.create_default_context(cafile=ca) if ca else True
+    timeout = float(plan["timeout"])
+    http_client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout + 5, read=timeout + 5), verify=verify,
+                                     event_hooks={"request": [on_request], "response": [on_response]})
+    revision = plan["revision"]
+    report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http}
+    try:
+        async with http_client:
+            transport = streamable_http_client(plan["url"], http_client=http_client)
+            client = Client(transport, mode="legacy" if revision == "legacy" else "auto",
+                            read_timeout_seconds=timeout, cache=None)
+            async with client:
+                report["protocol_version"] = client.protocol_version
+                for op in plan["ops"]:
+                    report["results"].append(await _op(client, op))
+    except BaseException as exc:  # the report says what the client raised (a group of one: that one)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        report["connect_error" if not report["results"] else "close_error"] = _error(exc)
+    return report
+
+
+async def _op(client, op: list) -> dict[str, Any]:
+    kind = op[0]
+    try:
+        if kind == "list_tools":
+            listed = await client.list_tools()
+            return {"op": kind, "ok": True, "tools": [
+                {"name": t.name, "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True)
+                 if t.annotations else None} for t in listed.tools]}
+        if kind == "call":
+            _, name, arguments = op
+            result = await client.call_tool(name, arguments)
+            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            return {"op": kind, "tool": name, "ok": True, "is_error": bool(getattr(result, "is_error", False)),
+                    "content": dumped.get("content"), "structured": dumped.get("structuredContent"), "result": dumped}
+        raise ValueError(f"unknown operation {op!r}")
+    except Exception as exc:
+        return {"op": kind, "ok": False, "error": _error(exc)}
+
+
+def main() -> None:
+    import anyio
+
+    plan = json.loads(sys.stdin.read())
+    report = anyio.run(_run, plan)
+    print(json.dumps(report, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,352 @@
+"""
+A real MCP server (the official SDK's `mcp.server.mcpserver.MCPServer`, mcp 2.x) on 127.0.0.1 over
+Streamable HTTP, for the tests of MCP tool calls through the proxy. It serves both protocol
+revisions at once: the legacy 2025-11-25 one (initialize, then Mcp-Session-Id) and 2026-07-28
+(server/discover, no session, Mcp-Method/Mcp-Name headers); the SDK routes each POST by its
+MCP-Protocol-Version header.
+
+    python -m tests.mcp_server --port 0 --json      # or --sse; prints one line once it listens:
+    mcp_server: ready http://127.0.0.1:PORT/mcp
+
+Tools:
+    create_issue(title, body, fault="")   a write (readOnlyHint false, destructiveHint false,
+                                          idempotentHint false, openWorldHint false); records an
+                                          issue and answers {"number": n, "title": ..., "body": ...}
+                                          as structuredContent (and the same JSON as text)
+    list_issues()                         readOnlyHint true; {"issues": [{"number", "title", "body"}, ...]}
+    get_issue(number)                     readOnlyHint true; {"number", "title", "body"}, or isError
+                                          true "issue N not found"
+
+Faults of create_issue, chosen per call: the `fault` argument (every call with it), else the next
+one queued with POST /_faults {"faults": ["commit_then_drop", ...]} (one per create_issue call, in
+order, then none). The queue keeps retries of the same arguments ordinary: a retry with the same
+`title`/`body` is a normal call, as an agent's retry would be.
+    commit_then_drop   records the issue, then starts the answer (200, the response's own
+                       content-type, a Content-Length or chunked SSE) and cuts the connection
+                       before the JSON-RPC response is complete
+    commit_then_hang   records the issue, then holds the whole answer for --hang seconds (default
+                       3, past the client helper's timeout), then sends it
+    tool_error         records nothing; result {"isError": true, "content": [{"type": "text", ...}]}
+    internal_error     records the issue, then a JSON-RPC error -32603 ("internal error after commit")
+    invalid_params     records nothing; a JSON-RPC error -32602 ("invalid params: ...")
+
+Control endpoints (plain HTTP on the same port; tests call them directly, not through the proxy):
+    GET  /_effects   {"created": n, "issues": [...], "requests": [...]}: every POST to /mcp, in
+                     order, as {"jsonrpc_method", "id", "tool", "arguments", "fault",
+                     "headers": {"mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version",
+                     "accept", "content-type"} (those present)}; `created` counts the issues recorded
+    POST /_faults    {"faults": [...]}: queue faults for the next create_issue calls
+    POST /_reset     forget issues, requests and queued faults
+
+Response modes: --json answers every request with one `application/json` body. --sse answers
+with `text/event-stream`, but not always: in the 2026-07-28 revision the SDK's server commits to
+SSE only once the handler emits a notification or its ping window (15 s) passes, and a handler
+done sooner is answered in JSON even in SSE mode (that is what real 2026 servers do). --sse sets
+that private window (`_streamable_http_modern._SSE_PING_INTERVAL`) to 0.05 s and makes every tool
+take 0.1 s, so with --sse every tools/call answer is SSE in both revisions (2026: one or two
+": ping" comments first), while server/discover and tools/list stay JSON in 2026-07-28 and are
+SSE in the legacy revision. (A window of 0 makes the SDK loop on pings and starve the handler.)
+
+What the SDK (mcp 2.3.0) puts on the wire, seen through this server (tests/test_mcp_baseline.py):
+
+Every POST: `Content-Type: application/json`, `Accept: application/json, text/event-stream`,
+one JSON-RPC message per body (the SDK client never batches). Request ids are integers from 0,
+per client session; a retry is a new request with a new id.
+
+Legacy 2025-11-25 (Client(mode="legacy")):
+    1. POST initialize {"protocolVersion": "2025-11-25", "capabilities", "clientInfo"}, no
+       MCP-Protocol-Version header; the answer carries `mcp-session-id: <hex>` and the result
+       {"protocolVersion", "capabilities", "serverInfo", "instructions"?}, no resultType
+    2. POST notifications/initialized (no id) -> 202 Accepted, empty body
+    3. GET /mcp (Accept: text/event-stream) the standalone stream, held open
+    4. tools/list, tools/call: headers `mcp-session-id`, `mcp-protocol-version: 2025-11-25`; no
+       Mcp-Method/Mcp-Name; results without resultType
+    5. DELETE /mcp with mcp-session-id when the client closes
+    A session id the server does not know answers 404 (the client reports "Session terminated").
+
+2026-07-28 (Client() default, mode="auto"; or mode="2026-07-28" to skip the probe):
+    1. POST server/discover with `mcp-protocol-version: 2026-07-28`, `mcp-method: server/discover`;
+       result {"supportedVersions", "capabilities", "serverInfo"?, "resultType": "complete",
+       "ttlMs", "cacheScope"} (mode="auto" falls back to initialize on a 400/404 answer)
+    2. POST tools/list: `mcp-method: tools/list`; POST tools/call: `mcp-method: tools/call`,
+       `mcp-name: <tool name>`; never an Mcp-Session-Id; no GET stream, no DELETE
+    3. params carry `_meta` with "io.modelcontextprotocol/protocolVersion" (and client info and
+       capabilities); every result carries `"resultType": "complete"`, and the client rejects a
+       result without it (see tests/mcp_client.py's report of a hand-made answer)
+
+Framing: JSON mode is one JSON-RPC response object with status 200. SSE is `text/event-stream`
+with events `event: message\\r\\ndata: <one JSON-RPC message on one line>\\r\\n\\r\\n`; legacy streams may
+start with a priming event (an `id:` and empty `data:`), 2026 streams with `: ping` comments.
+The client reads events until the one whose JSON-RPC `id` is its request's, then closes the stream.
+A JSON-RPC error at HTTP 4xx with an application/json body is surfaced as that error; any other
+HTTP status >= 400 becomes MCPError(-32603, "Server returned an error response") (404 in a legacy
+session: "Session terminated").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
+from mcp_types import ToolAnnotations
+
+FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params")
+RESPONSE_KEPT = 4000
+HEADERS_OF_INTEREST = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version", "accept", "content-type")
+
+
+class Effects:
+    """What reached the server: issues recorded and every POST to the MCP endpoint. Thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.issues: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.queued: list[str] = []
+
+    def reset(self) -> None:
+        with self.lock:
+            self.issues.clear()
+            self.requests.clear()
+            self.queued.clear()
+
+    def record_issue(self, title: str, body: str) -> dict[str, Any]:
+        with self.lock:
+            issue = {"number": len(self.issues) + 1, "title": title, "body": body}
+            self.issues.append(issue)
+            return dict(issue)
+
+    def next_fault(self) -> str:
+        with self.lock:
+            return self.queued.pop(0) if self.queued else ""
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"created": len(self.issues), "issues": [dict(i) for i in self.issues],
+                    "requests": [dict(r) for r in self.requests], "queued": list(self.queued)}
+
+
+EFFECTS = Effects()
+SSE_WINDOW = 0.05  # --sse: the 2026-07-28 handler's window before it commits to SSE (the SDK's is 15 s)
+TOOL_DELAY = [0.0]  # --sse: every tool takes 2 * SSE_WINDOW, so its answer is SSE in both revisions
+
+
+def build_server() -> MCPServer:
+    server = MCPServer("receipts-test-issues", instructions="A test issue tracker with fault injection.")
+
+    @server.tool(annotations=ToolAnnotations(title="Create an issue", read_only_hint=False, destructive_hint=False,
+                                             idempotent_hint=False, open_world_hint=False))
+    async def create_issue(title: str, body: str = "", fault: str = "") -> dict[str, Any]:
+        """Create an issue. `fault` (tests only) injects a failure; see tests/mcp_server.py."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        if fault and fault not in FAULTS:
+            raise ToolError(f"unknown fault {fault!r}")
+        if fault == "invalid_params":
+            raise MCPError(-32602, "invalid params: the title is refused (fault invalid_params)")
+        if fault == "tool_error":
+            raise ToolError("the tracker refused the issue (fault tool_error)")
+        issue = EFFECTS.record_issue(title, body)
+        if fault == "internal_error":
+            raise MCPError(-32603, "internal error after commit (fault internal_error)")
+        return issue
+
+    @server.tool(annotations=ToolAnnotations(title="List issues", read_only_hint=True, open_world_hint=False))
+    async def list_issues() -> dict[str, Any]:
+        """Every issue, oldest first."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        return {"issues": EFFECTS.snapshot()["issues"]}
+
+    @server.tool(annotations=ToolAnnotations(title="Get an issue", read_only_hint=True, open_world_hint=False))
+    async def get_issue(number: int) -> dict[str, Any]:
+        """One issue by number."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        for issue in EFFECTS.snapshot()["issues"]:
+            if issue["number"] == number:
+                return issue
+        raise ToolError(f"issue {number} not found")
+
+    return server
+
+
+def _json_response(send_status: int, payload: Any):
+    body = json.dumps(payload).encode()
+    return [
+        {"type": "http.response.start", "status": send_status,
+         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]},
+        {"type": "http.response.body", "body": body, "more_body": False},
+    ]
+
+
+class FaultsAndEffects:
+    """ASGI wrapper: the control endpoints, a record of each POST to /mcp, and the wire faults."""
+
+    def __init__(self, app, hang_seconds: float):
+        self.app = app
+        self.hang_seconds = hang_seconds
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope["path"], scope["method"]
+        if path in ("/_effects", "/_faults", "/_reset"):
+            return await self.control(path, method, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        seen = {h: headers[h] for h in HEADERS_OF_INTEREST if h in headers}
+        if path != "/mcp" or method != "POST":
+            if path == "/mcp":
+                with EFFECTS.lock:
+                    EFFECTS.requests.append({"http_method": method, "jsonrpc_method": None, "headers": seen})
+            return await self.app(scope, receive, send)
+
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        raw = b"".join(chunks)
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            msg = None
+        entry: dict[str, Any] = {"http_method": method, "jsonrpc_method": None, "id": None, "tool": None,
+                                 "arguments": None, "fault": "", "headers": seen,
+                                 "body": raw[:RESPONSE_KEPT].decode(errors="replace")}
+        fault = ""
+        if isinstance(msg, dict):
+            params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+            entry.update(jsonrpc_method=msg.get("method"), id=msg.get("id"))
+            if msg.get("method") == "tools/call":
+                entry.update(tool=params.get("name"), arguments=params.get("arguments"))
+                if params.get("name") == "create_issue":
+                    args = params.get("arguments") or {}
+                    fault = args.get("fault") or EFFECTS.next_fault()
+                    if fault and not args.get("fault") and isinstance(args, dict):
+                        # A queued fault reaches the tool as its `fault` argument (the record keeps the original).
+                        msg["params"]["arguments"] = {**args, "fault": fault}
+                        raw = json.dumps(msg).encode()
+        entry["fault"] = fault
+        with EFFECTS.lock:
+            EFFECTS.requests.append(entry)
+
+        sent = False
+
+        async def replay_receive():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        response: dict[str, Any] = {"status": None, "content_type": None, "body": ""}
+        entry["response"] = response
+
+        async def watch(message):  # what the answer was, for the record (its first RESPONSE_KEPT bytes)
+            if message["type"] == "http.response.start":
+                response.update(status=message["status"],
+                                content_type=dict(message.get("headers", [])).get(b"content-type", b"").decode())
+            elif message["type"] == "http.response.body" and len(response["body"]) < RESPONSE_KEPT:
+                response["body"] += message.get("body", b"").decode(errors="replace")[:RESPONSE_KEPT]
+            await send(message)
+
+        if fault not in ("commit_then_drop", "commit_then_hang"):
+            return await self.app(scope, replay_receive, watch)
+        held: list[dict] = []
+
+        async def hold(message):
+            held.append(message)
+
+        await self.app(scope, replay_receive, hold)
+
+        if fault == "commit_then_hang":
+            await asyncio.sleep(self.hang_seconds)
+            for message in held:
+                await watch(message)
+            return
+        # commit_then_drop: the answer starts, then the connection is cut before it is complete.
+        start = next(m for m in held if m["type"] == "http.response.start")
+        body = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
+        ctype = dict(start.get("headers", [])).get(b"content-type", b"application/json")
+        if ctype.startswith(b"text/event-stream"):
+            out_headers = [(b"content-type", ctype), (b"cache-control", b"no-cache")]
+        else:
+            out_headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+        await watch({"type": "http.response.start", "status": start["status"], "headers": out_headers})
+        await watch({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
+        raise ConnectionAbortedError("commit_then_drop: connection cut after the commit")  # uvicorn closes it
+
+    async def control(self, path, method, receive, send):
+        if path == "/_effects" and method == "GET":
+            messages = _json_response(200, EFFECTS.snapshot())
+        elif path == "/_reset" and method == "POST":
+            EFFECTS.reset()
+            messages = _json_response(200, {"reset": True})
+        elif path == "/_faults" and method == "POST":
+            raw = b""
+            while True:
+                message = await receive()
+                raw += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            try:
+                faults = json.loads(raw)["faults"]
+                assert isinstance(faults, list) and all(f in FAULTS for f in faults)
+            except (ValueError, KeyError, TypeError, AssertionError):
+                messages = _json_response(400, {"error": f"expected {{'faults': [...]}} of {list(FAULTS)}"})
+            else:
+                with EFFECTS.lock:
+                    EFFECTS.queued.extend(faults)
+                messages = _json_response(200, {"queued": faults})
+        else:
+            messages = _json_response(405, {"error": f"{method} {path} is not served"})
+        for m in messages:
+            await send(m)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="An MCP test server (see tests/mcp_server.py)")
+    parser.add_argument("--port", type=int, default=0, help="0: the kernel picks; printed in the ready line")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--json", action="store_true", help="answer application/json")
+    mode.add_argument("--sse", action="store_true", help="answer text/event-stream (both revisions)")
+    parser.add_argument("--hang", type=float, default=3.0, help="seconds commit_then_hang holds its answer")
+    args = parser.parse_args(argv)
+
+    if args.sse:
+        from mcp.server import _streamable_http_modern
+
+        _streamable_http_modern._SSE_PING_INTERVAL = SSE_WINDOW  # see the docstring: tools/call answers in SSE
+        TOOL_DELAY[0] = 2 * SSE_WINDOW
+
+    server = build_server()
+    app = FaultsAndEffects(server.streamable_http_app(json_response=args.json), args.hang)
+    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on")
+    uv = uvicorn.Server(config)
+
+    async def serve() -> None:
+        task = asyncio.create_task(uv.serve())
+        while not uv.started:
+            if task.done():
+                await task
+                return
+            await asyncio.sleep(0.02)
+        port = uv.servers[0].sockets[0].getsockname()[1]
+        print(f"mcp_server: ready http://127.0.0.1:{port}/mcp", flush=True)
+        await task
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""
+MCP tool calls through a proxy, before the addon knows MCP: the baseline the MCP support builds on.
+
+Real parts: the MCP server of the official SDK (tests/mcp_server.py, in JSON and SSE response
+modes), the SDK's own client in a subprocess (tests/mcp_client.py) in both protocol revisions
+(legacy 2025-11-25 and the default 2026-07-28), and a real mitmdump between them, found by the
+client through HTTP_PROXY.
+
+- Through a bare mitmdump (no receipts addon): a call succeeds and makes one effect; a
+  commit-then-drop reaches the client as an error, and the same call again makes a SECOND effect
+  (the problem issue 15 describes); the other faults show the shapes the addon will classify.
+- Through the receipts addon with rules that match no MCP request (rules for another host, and
+  tests/rules_it, whose host is 127.0.0.1 but whose paths are not /mcp): every MCP message passes
+  untouched, in both revisions and both modes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_RULES, Proxy
+from tests.mcp_client import REVISIONS, run_client
+
+# The MCP fixtures (mcp_server, mcp_json_server, mcp_sse_server, bare_mitmdump): tests/mcp_fixtures.py.
+pytest_plugins = ("tests.mcp_fixtures",)
+
+ISSUE = {"title": "Printer on fire", "body": "Third floor"}
+OTHER_HOST_RULES = """\
+api: elsewhere
+hosts: [api.example.invalid]
+operations:
+  things.create:
+    match: {method: POST, path: /mcp}
+    fingerprint: {body: [params.arguments.title]}
+"""
+
+
+@pytest.fixture(scope="module", params=["other-host", "rules_it"])
+def receipts_proxy(request, tmp_path_factory, confdir):
+    """The receipts addon, with rules that match no MCP message (one proxy per rules set, per module)."""
+    workdir = tmp_path_factory.mktemp(f"mcp-receipts-{request.param}")
+    if request.param == "other-host":
+        rules = workdir / "rules"
+        rules.mkdir()
+        (rules / "elsewhere.yaml").write_text(OTHER_HOST_RULES)
+    else:
+        rules = TEST_RULES
+    proxy = Proxy(workdir, confdir, rules=rules).start()
+    yield proxy
+    proxy.stop()
+
+
+def mcp_receipts(proxy: Proxy) -> list:
+    """The proxy's receipts for the MCP endpoint (a DB not created yet has none)."""
+    from proxy_addon.store import Store
+
+    if not Path(proxy.db).exists():
+        return []
+    store = Store.open(proxy.db, create=False)
+    try:
+        return [r for r in store.list(limit=None) if "/mcp" in r.target]
+    finally:
+        store.close()
+
+
+def ok_calls(report: dict) -> list[dict]:
+    assert "connect_error" not in report, report
+    return report["results"]
+
+
+def text_of(result: dict) -> str:
+    return "".join(c.get("text", "") for c in result.get("content") or [])
+
+
+# --- through a bare mitmdump -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_a_call_through_a_bare_proxy_makes_one_effect(mcp_server, bare_mitmdump, revision):
+    report = run_client(mcp_server.url, [("list_tools",), ("call", "create_issue", ISSUE)], revision=revision,
+                        proxy=bare_mitmdump.url, ca=bare_mitmdump.ca, timeout=5)
+    listed, created = ok_calls(report)
+    assert report["protocol_version"] == ("2025-11-25" if revision == "legacy" else "2026-07-28")
+    tools = {t["name"]: t["annotations"] for t in listed["tools"]}
+    assert tools["create_issue"]["readOnlyHint"] is False
+    assert tools["list_issues"]["readOnlyHint"] is True and tools["get_issue"]["readOnlyHint"] is True
+    assert created["ok"] and not created["is_error"], created
+    assert created["structured"] == {"number": 1, **ISSUE}
+    effects = mcp_server.effects()
+    assert effects["created"] == 1
+    # The calls went through the proxy (the client was told only HTTP_PROXY): the server saw them.
+    [call] = mcp_server.calls("create_issue")
+    assert call["arguments"] == ISSUE
+    if revision == "legacy":
+        assert call["headers"]["mcp-session-id"] and "mcp-method" not in call["headers"]
+    else:
+        assert call["headers"]["mcp-method"] == "tools/call" and call["headers"]["mcp-name"] == "create_issue"
+        assert "mcp-session-id" not in call["headers"]
+    expected_type = "text/event-stream" if mcp_server.mode == "sse" else "application/json"
+    assert call["response"]["content_type"] == expected_type
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_a_retry_after_a_dropped_answer_makes_a_second_effect(mcp_server, bare_mitmdump, revision):
+    """The problem: the client cannot tell a lost answer from a failed call, and its retry writes again."""
+    mcp_server.queue("commit_then_drop")
+    report = run_client(mcp_server.url, [("call", "create_issue", ISSUE), ("call", "create_issue", ISSUE)],
+                        revision=revision, proxy=bare_mitmdump.url, ca=bare_mitmdump.ca, timeout=5)
+    dropped, retried = ok_calls(report)
+    # mitmproxy answers the cut connection with a 502; the SDK turns any status >= 400 without a
+    # JSON-RPC body into this error.
+    assert dropped["ok"] is False
+    assert dropped["error"] == {"type": "MCPError", "code": -32603, "message": "Server returned an error response"}
+    assert [h["status"] for h in report["http"] if h["jsonrpc_method"] == "tools/call"] == [502, 200]
+    assert retried["ok"] and not retried["is_error"]
+    assert retried["structured"]["number"] == 2
+    effects = mcp_server.effects()
+    assert effects["created"] == 2, "the retry made a second effect"
+    assert [i["title"] for i in effects["issues"]] == [ISSUE["title"]] * 2
+    first, second = mcp_server.calls("create_issue")
+    assert first["fault"] == "commit_then_drop" and second["fault"] == ""
+    assert first["id"] != second["id"], "a retry is a new JSON-RPC request with a new id"
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_the_faults_as_the_client_sees_them_through_a_bare_proxy(mcp_server, bare_mitmdump, revision):
+    """tool_error, internal_error, invalid_params and commit_then_hang: what reaches the client, what was written."""
+    ops = [("call", "create_issue", {**ISSUE, "fault": f}) for f in ("tool_error", "internal_error", "invalid_params")]
+    mcp_server.queue("commit_then_hang")
+    ops.insert(0, ("call", "create_issue", ISSUE))
+    report = run_client(mcp_server.url, ops, revision=revision, proxy=bare_mitmdump.url, ca=bare_mitmdump.ca,
+                        timeout=1.5)
+    hung, tool_error, internal, invalid = ok_calls(report)
+    assert hung["ok"] is False and hung["error"]["type"] in ("TimeoutError", "MCPError"), hung
+    assert tool_error["ok"] and tool_error["is_error"] is True
+    assert "fault tool_error" in text_of(tool_error)
+    assert internal["error"]["code"] == -32603 and "internal error after commit" in internal["error"]["message"]
+    assert invalid["error"]["code"] == -32602
+    # hang and internal_error recorded the issue; tool_error and invalid_params did not
+    assert mcp_server.effects()["created"] == 2
+
+
+# --- through the receipts addon, rules that match no MCP message -------------------------------
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_mcp_passes_the_addon_untouched_when_no_rule_matches(mcp_server, receipts_proxy, revision):
+    ops = [("list_tools",), ("call", "create_issue", ISSUE), ("call", "create_issue", ISSUE),
+           ("call", "list_issues", {}), ("call", "get_issue", {"number": 1})]
+    report = run_client(mcp_server.url, ops, revision=revision, proxy=receipts_proxy.url, ca=receipts_proxy.ca,
+                        timeout=5)
+    listed, first, second, listing, got = ok_calls(report)
+    assert report["protocol_version"] == ("2025-11-25" if revision == "legacy" else "2026-07-28")
+    assert {t["name"] for t in listed["tools"]} == {"create_issue", "list_issues", "get_issue"}
+    assert [first["structured"]["number"], second["structured"]["number"]] == [1, 2], "no rule: both calls go out"
+    assert listing["structured"] == {"issues": [{"number": 1, **ISSUE}, {"number": 2, **ISSUE}]}
+    assert got["structured"] == {"number": 1, **ISSUE}
+    assert mcp_server.effects()["created"] == 2
+    # Nothing was a write to the addon: no receipt header on any answer, and the handshake went through.
+    assert all(h["status"] in (200, 202) for h in report["http"] if h["method"] == "POST"), report["http"]
+    methods = [r["jsonrpc_method"] for r in mcp_server.effects()["requests"]]
+    assert methods[0] == ("initialize" if revision == "legacy" else "server/discover")
+    if revision == "legacy":
+        assert "notifications/initialized" in methods
+        assert any(r["http_method"] == "DELETE" for r in mcp_server.effects()["requests"])
+    assert mcp_receipts(receipts_proxy) == []
