@@ -18,6 +18,7 @@ from proxy_addon.mcp import answers as mcp_answers
 from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
+from proxy_addon.terminal import escape_controls
 
 META = "receipts"  # flow.metadata key: a plain, serializable dict
 
@@ -56,7 +57,9 @@ def comment(receipt: Receipt, prefix: str = "") -> str:
         state = f"{receipt.state} ({receipt.error})"
     else:
         state = str(receipt.state)
-    what = f"{receipt.api} {receipt.operation} · receipt {receipt.operation_id}"
+    tool = receipt.intent.get("tool") if isinstance(receipt.intent, dict) else None
+    named = f" (tool {escape_controls(str(tool))[:64]})" if tool else ""  # an MCP tool call
+    what = f"{receipt.api} {receipt.operation}{named} · receipt {receipt.operation_id}"
     if prefix == HELD or (not prefix and receipt.state == State.AWAITING_APPROVAL):
         return f"{HELD} · {what}"
     if prefix:

@@ -36,6 +36,9 @@ def describe(store: ReceiptStore, operation_id: str, *, answer: str | None = Non
             verb = "REPLAYED from" if answer == "replay" else "BLOCKED: a duplicate of"
             lines += [f"This request was {verb} receipt {r.operation_id} (now {r.state}); it was not sent.", ""]
     lines += _fields(r)
+    if tool := r.intent.get("tool"):
+        args = ", ".join(k.removeprefix("params.arguments.") for k in (r.intent.get("body") or {}))
+        lines += [f"MCP tool call: {tool}({args})  (its JSON-RPC id and session are never stored)"]
     lines += ["", "intent (the allowlisted fields; credentials are never stored):"]
     lines += ["  " + line for line in json.dumps(r.intent, indent=2, sort_keys=True).splitlines()]
     if notes := intent_notes(r.intent):  # a fallback, missing or hashed fields: said, never silent
