@@ -152,7 +152,7 @@ def test_a_retry_after_a_dropped_answer_is_blocked_with_words_for_the_model(mcp_
     assert "answer was lost" in text(first) and receipt.operation_id in text(first)
     assert retry["ok"] and retry["is_error"], retry
     said = text(retry)
-    assert said.startswith("NOT SENT") and receipt.operation_id in said and "outcome is outcome unknown" in said
+    assert said.startswith("NOT SENT") and receipt.operation_id in said and "outcome is unknown" in said
     assert [h["status"] for h in calls_http(report)] == [200, 200]
     if revision == "2026-07-28":
         assert retry["result"].get("result_type", retry["result"].get("resultType")) == "complete"

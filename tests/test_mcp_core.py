@@ -239,7 +239,7 @@ def test_a_blocked_duplicate_is_a_tool_error_the_model_reads():
     doc = json.loads(got.body)
     assert doc["id"] == 42 and doc["result"]["isError"] is True and doc["result"]["resultType"] == "complete"
     text = doc["result"]["content"][0]["text"]
-    assert "r1" in text and "outcome unknown" in text and "NOT SENT" in text
+    assert "r1" in text and "outcome is unknown" in text and "NOT SENT" in text
     assert ("X-Receipt-Id", "r1") in got.headers
     legacy = json.loads(as_tool_answer(blocked, ToolCall(42, "create_issue"), "application/json").body)
     assert "resultType" not in legacy["result"]

@@ -30,6 +30,13 @@ from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.mcp.jsonrpc import framed, is_sse, messages_of, wants_sse
 
 INVALID_REQUEST = -32600
+_STATES = {  # a receipt's state, as the model reads it: "whose outcome is ..."
+    "outcome_unknown": "unknown",
+    "submitted": "not known yet (it is still in flight)",
+    "reconciling": "being checked",
+    "manual_review": "waiting for an operator's review",
+    "awaiting_approval": "waiting for an operator's approval",
+}
 _DROPPED = frozenset({"content-type", "content-length", "mcp-session-id", "content-encoding"})
 
 
@@ -75,7 +82,7 @@ def text_of(doc: dict[str, Any], call: ToolCall) -> str:
     hint = doc.get("hint")
     receipt = f" (receipt {rid})" if rid else ""
     if error == "duplicate_unresolved":
-        state = str(doc.get("state", "unknown")).replace("_", " ")
+        state = _STATES.get(str(doc.get("state")), "unresolved")
         return (
             f"NOT SENT: this call to {tool} duplicates an earlier identical call{receipt} whose outcome is "
             f"{state}. It may already have taken effect, so sending it again could do it twice. Do not repeat "
