@@ -96,6 +96,10 @@ class McpServer:
     def reset(self) -> None:
         self._control("POST", "/_reset")
 
+    def can(self, message: dict, **how) -> None:
+        """The next tools/call is answered with this JSON-RPC `message` (how: id=, framing="sse", status=)."""
+        self._control("POST", "/_canned", {"message": message, **how})
+
     def queue(self, *faults: str) -> None:
         """The next create_issue calls get these faults, one each, in order."""
         self._control("POST", "/_faults", {"faults": list(faults)})

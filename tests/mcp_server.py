@@ -36,7 +36,12 @@ Control endpoints (plain HTTP on the same port; tests call them directly, not th
                      "headers": {"mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version",
                      "accept", "content-type"} (those present)}; `created` counts the issues recorded
     POST /_faults    {"faults": [...]}: queue faults for the next create_issue calls
-    POST /_reset     forget issues, requests and queued faults
+    POST /_canned    {"message": {"result": {...}} or {"error": {...}}, "id"?: X, "framing"?: "json"|"sse",
+                     "status"?: 200}: the next tools/call (any tool) is answered with this JSON-RPC
+                     message, with the request's own id unless "id" is given ("$string": the
+                     request's id as a string); the tool does not
+                     run. To check what the SDK client accepts (tests/test_mcp_baseline.py).
+    POST /_reset     forget issues, requests, queued faults and canned answers
 
 Response modes: --json answers every request with one `application/json` body. --sse answers
 with `text/event-stream`, but not always: in the 2026-07-28 revision the SDK's server commits to
@@ -74,6 +79,36 @@ Legacy 2025-11-25 (Client(mode="legacy")):
        capabilities); every result carries `"resultType": "complete"`, and the client rejects a
        result without it (see tests/mcp_client.py's report of a hand-made answer)
 
+Every JSON-RPC id is an integer counting from 1 per client session (initialize or server/discover
+is 1). In 2026-07-28 every params carries `_meta` {"io.modelcontextprotocol/protocolVersion",
+".../clientInfo", ".../clientCapabilities"} (tools/list too); legacy tools/list has no params.
+The client's call_tool sends a tools/list of its own after a tool's first successful call, to
+learn its outputSchema. When the client's read timeout passes, it reports MCPError(-32001,
+"Request 'tools/call' timed out"); the legacy client then POSTs notifications/cancelled
+{"requestId": N, "reason": "timed out after 1.5s"} (202), the 2026 client closes the POST's
+connection. The SDK never retries a tools/call itself: a retry is a new request with a new id.
+
+What the client requires of an answer (tests/test_mcp_baseline.py,
+test_what_the_sdk_client_accepts_as_a_tool_result; answers made with POST /_canned):
+    - 2026-07-28: a result without "resultType": "complete" is refused (a pydantic ValidationError
+      raised from call_tool); legacy accepts it with or without
+    - JSON: the response's id must be the request's (3 or "3"); another id is never matched and
+      the call times out (-32001). SSE: the client overwrites the id of any response event it
+      reads on that POST with the request's id, so any id is taken
+    - a result needs "content"; for a tool whose tools/list entry has an outputSchema (all three
+      here) it needs "structuredContent" too unless "isError" is true (RuntimeError "Tool X has
+      an output schema but did not return structured content")
+    - {"isError": true, "content": [{"type": "text", "text": ...}]} reaches the caller as a result,
+      text intact: that is what a model sees
+    - HTTP >= 400 with an application/json body holding a JSON-RPC error: that error (code and
+      message) reaches the caller; any other HTTP >= 400: MCPError(-32603, "Server returned an
+      error response") (a 404 in a legacy session: -32600 "Session terminated"); 202 to a
+      request: an error too
+    - Without a proxy, a JSON body cut short (commit_then_drop) breaks the whole client session
+      (httpx2's RemoteProtocolError escapes the transport); a cut SSE stream is MCPError(-32000,
+      "SSE stream ended without a response"). Through mitmproxy, which buffers answers, both are
+      a 502, so MCPError(-32603, "Server returned an error response").
+
 Framing: JSON mode is one JSON-RPC response object with status 200. SSE is `text/event-stream`
 with events `event: message\\r\\ndata: <one JSON-RPC message on one line>\\r\\n\\r\\n`; legacy streams may
 start with a priming event (an `id:` and empty `data:`), 2026 streams with `: ping` comments.
@@ -110,18 +145,24 @@ class Effects:
         self.issues: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         self.queued: list[str] = []
+        self.canned: list[dict[str, Any]] = []
 
     def reset(self) -> None:
         with self.lock:
             self.issues.clear()
             self.requests.clear()
             self.queued.clear()
+            self.canned.clear()
 
     def record_issue(self, title: str, body: str) -> dict[str, Any]:
         with self.lock:
             issue = {"number": len(self.issues) + 1, "title": title, "body": body}
             self.issues.append(issue)
             return dict(issue)
+
+    def next_canned(self) -> dict[str, Any] | None:
+        with self.lock:
+            return self.canned.pop(0) if self.canned else None
 
     def next_fault(self) -> str:
         with self.lock:
@@ -195,7 +236,7 @@ class FaultsAndEffects:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope["path"], scope["method"]
-        if path in ("/_effects", "/_faults", "/_reset"):
+        if path in ("/_effects", "/_faults", "/_reset", "/_canned"):
             return await self.control(path, method, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         seen = {h: headers[h] for h in HEADERS_OF_INTEREST if h in headers}
@@ -234,9 +275,14 @@ class FaultsAndEffects:
                         # A queued fault reaches the tool as its `fault` argument (the record keeps the original).
                         msg["params"]["arguments"] = {**args, "fault": fault}
                         raw = json.dumps(msg).encode()
+        canned = EFFECTS.next_canned() if entry["jsonrpc_method"] == "tools/call" else None
+        if canned is not None:
+            fault = "canned"
         entry["fault"] = fault
         with EFFECTS.lock:
             EFFECTS.requests.append(entry)
+        if canned is not None:
+            return await self.answer_canned(canned, entry, send)
 
         sent = False
 
@@ -284,6 +330,21 @@ class FaultsAndEffects:
         await watch({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
         raise ConnectionAbortedError("commit_then_drop: connection cut after the commit")  # uvicorn closes it
 
+    async def answer_canned(self, canned: dict[str, Any], entry: dict[str, Any], send) -> None:
+        """Answer a tools/call with a hand-made JSON-RPC message (the tool does not run)."""
+        rid = canned.get("id", entry["id"])
+        rid = str(entry["id"]) if rid == "$string" else rid  # the request's id, as a string
+        message = {"jsonrpc": "2.0", "id": rid, **canned["message"]}
+        data = json.dumps(message, separators=(",", ":"))
+        if canned.get("framing") == "sse":
+            body, ctype = f"event: message\r\ndata: {data}\r\n\r\n".encode(), b"text/event-stream"
+        else:
+            body, ctype = data.encode(), b"application/json"
+        entry["response"] = {"status": canned.get("status", 200), "content_type": ctype.decode(), "body": body.decode()}
+        await send({"type": "http.response.start", "status": canned.get("status", 200),
+                    "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
     async def control(self, path, method, receive, send):
         if path == "/_effects" and method == "GET":
             messages = _json_response(200, EFFECTS.snapshot())
@@ -306,6 +367,22 @@ class FaultsAndEffects:
                 with EFFECTS.lock:
                     EFFECTS.queued.extend(faults)
                 messages = _json_response(200, {"queued": faults})
+        elif path == "/_canned" and method == "POST":
+            raw = b""
+            while True:
+                message = await receive()
+                raw += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            try:
+                canned = json.loads(raw)
+                assert isinstance(canned, dict) and isinstance(canned.get("message"), dict)
+            except (ValueError, AssertionError):
+                messages = _json_response(400, {"error": "expected {'message': {...}, 'id'?, 'framing'?, 'status'?}"})
+            else:
+                with EFFECTS.lock:
+                    EFFECTS.canned.append(canned)
+                messages = _json_response(200, {"canned": canned})
         else:
             messages = _json_response(405, {"error": f"{method} {path} is not served"})
         for m in messages:

@@ -16,6 +16,7 @@ client through HTTP_PROXY.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -133,7 +134,10 @@ def test_the_faults_as_the_client_sees_them_through_a_bare_proxy(mcp_server, bar
     report = run_client(mcp_server.url, ops, revision=revision, proxy=bare_mitmdump.url, ca=bare_mitmdump.ca,
                         timeout=1.5)
     hung, tool_error, internal, invalid = ok_calls(report)
-    assert hung["ok"] is False and hung["error"]["type"] in ("TimeoutError", "MCPError"), hung
+    assert hung["error"] == {"type": "MCPError", "code": -32001, "message": "Request 'tools/call' timed out"}
+    if revision == "legacy":  # the legacy client says it gave up; the 2026 one closes the POST's connection
+        cancelled = [r for r in mcp_server.effects()["requests"] if r["jsonrpc_method"] == "notifications/cancelled"]
+        assert len(cancelled) == 1 and '"requestId"' in cancelled[0]["body"]
     assert tool_error["ok"] and tool_error["is_error"] is True
     assert "fault tool_error" in text_of(tool_error)
     assert internal["error"]["code"] == -32603 and "internal error after commit" in internal["error"]["message"]
@@ -166,3 +170,57 @@ def test_mcp_passes_the_addon_untouched_when_no_rule_matches(mcp_server, receipt
         assert "notifications/initialized" in methods
         assert any(r["http_method"] == "DELETE" for r in mcp_server.effects()["requests"])
     assert mcp_receipts(receipts_proxy) == []
+
+
+# --- what the SDK client accepts as an answer: what the addon's own answers must look like -----
+
+LISTED = {"issues": []}
+TEXT = [{"type": "text", "text": json.dumps(LISTED)}]
+DONE = {"content": TEXT, "structuredContent": LISTED, "isError": False, "resultType": "complete"}
+# (name, canned answer, what the client reports: "ok", "is_error", or an error's (type, code, words))
+ANSWERS = [
+    ("complete", {"message": {"result": DONE}}, "ok"),
+    ("no resultType", {"message": {"result": {k: v for k, v in DONE.items() if k != "resultType"}}},
+     {"legacy": "ok", "2026-07-28": ("ValidationError", None, "resultType")}),
+    ("sse framing", {"message": {"result": DONE}, "framing": "sse"}, "ok"),
+    ("sse, another id", {"message": {"result": DONE}, "framing": "sse", "id": 999}, "ok"),  # SSE: id rewritten
+    ("no structuredContent", {"message": {"result": {"content": TEXT, "isError": False, "resultType": "complete"}}},
+     ("RuntimeError", None, "output schema")),
+    ("isError", {"message": {"result": {"content": [{"type": "text", "text": "a duplicate"}], "isError": True,
+                                        "resultType": "complete"}}}, "is_error"),
+    ("409 with a JSON-RPC error", {"message": {"error": {"code": -32001, "message": "a duplicate"}}, "status": 409},
+     ("MCPError", -32001, "a duplicate")),
+    ("409 without one", {"message": {"note": "refused"}, "status": 409},
+     ("MCPError", -32603, "Server returned an error response")),
+    ("json, another id", {"message": {"result": DONE}, "id": 999}, ("MCPError", -32001, "timed out")),
+    ("json, the id as a string", {"message": {"result": DONE}, "id": "$string"}, "ok"),  # "3" answers 3
+]
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_what_the_sdk_client_accepts_as_a_tool_result(mcp_json_server, revision):
+    """
+    Hand-made answers to tools/call (the server's /_canned), straight to the server: the rules the
+    addon's own answers (a replay, a blocked duplicate) must follow. 2026-07-28 needs
+    `"resultType": "complete"`; JSON answers must carry the request's id (the SDK takes "3" for 3),
+    while the SSE path puts the request's id into any response it reads; a tool that declares
+    an outputSchema needs structuredContent unless isError; a JSON-RPC error at HTTP 409 reaches the
+    caller as that error, any other 4xx as -32603.
+    """
+    mcp_json_server.reset()
+    for _, canned, _ in ANSWERS:
+        mcp_json_server.can(**canned)
+    ops = [("call", "list_issues", {})] * len(ANSWERS)
+    report = run_client(mcp_json_server.url, ops, revision=revision, timeout=1.0)
+    for (name, _, expected), got in zip(ANSWERS, ok_calls(report), strict=True):
+        expected = expected[revision] if isinstance(expected, dict) else expected
+        if expected == "ok":
+            assert got["ok"] and not got["is_error"] and got["structured"] == LISTED, (name, got)
+        elif expected == "is_error":
+            assert got["ok"] and got["is_error"] and text_of(got) == "a duplicate", (name, got)
+        else:
+            kind, code, words = expected
+            assert not got["ok"], (name, got)
+            assert (got["error"]["type"], got["error"]["code"]) == (kind, code), (name, got)
+            assert words in got["error"]["message"], (name, got)
+    assert mcp_json_server.effects()["created"] == 0
