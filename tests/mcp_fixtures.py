@@ -26,16 +26,17 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"mcp_server: ready (http://127\.0\.0\.1:(\d+)/mcp)")
+READY = re.compile(r"mcp_server: ready (https?://127\.0\.0\.1:(\d+)/mcp)")
 MODES = ("json", "sse")
 
 
 class McpServer:
     """`python -m tests.mcp_server --port 0 --json|--sse` in `workdir`; its URL read from its ready line."""
 
-    def __init__(self, mode: str, workdir: Path, *, hang: float = 3.0):
+    def __init__(self, mode: str, workdir: Path, *, hang: float = 3.0, tls: bool = False):
         assert mode in MODES, mode
-        self.mode, self.hang = mode, hang
+        self.mode, self.hang, self.tls = mode, hang, tls
+        self.cert_path = workdir / "upstream-cert.pem" if tls else None  # the CA a proxy trusts upstream
         self.log_path = workdir / f"mcp-server-{mode}-{uuid.uuid4().hex[:6]}.log"
         self.proc: subprocess.Popen | None = None
         self.url = self.base = ""
@@ -43,10 +44,11 @@ class McpServer:
     def start(self) -> McpServer:
         from tests.conftest import wait_for
 
+        tls = ["--tls", str(self.log_path.parent)] if self.tls else []
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.mcp_server", "--port", "0", f"--{self.mode}",
-                                          "--hang", str(self.hang)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                          "--hang", str(self.hang), *tls], stdout=out, stderr=subprocess.STDOUT,
+                                         cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         match = wait_for(self._ready, timeout=20, what=f"the MCP server to listen (log: {self.log_path})")
         self.url = match.group(1)
         self.base = self.url.removesuffix("/mcp")
@@ -77,10 +79,15 @@ class McpServer:
         return self.log_path.read_text(errors="replace")
 
     def _control(self, method: str, path: str, body: dict | None = None) -> Any:
+        import ssl
+
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.base + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # direct, never through a proxy
+        handlers: list = [urllib.request.ProxyHandler({})]  # direct, never through a proxy
+        if self.cert_path:
+            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=self.cert_path)))
+        opener = urllib.request.build_opener(*handlers)
         with opener.open(req, timeout=10) as r:
             return json.loads(r.read())
 
@@ -108,8 +115,8 @@ class McpServer:
 class BareMitmdump:
     """A mitmdump without the receipts addon (the baseline), on a port the kernel picks; stopped by PID."""
 
-    def __init__(self, workdir: Path, confdir: Path):
-        self.workdir, self.confdir = workdir, confdir
+    def __init__(self, workdir: Path, confdir: Path, upstream_ca: Path | None = None):
+        self.workdir, self.confdir, self.upstream_ca = workdir, confdir, upstream_ca
         self.log_path = workdir / f"bare-mitmdump-{uuid.uuid4().hex[:6]}.log"
         self.proc: subprocess.Popen | None = None
         self.port = 0
@@ -117,10 +124,12 @@ class BareMitmdump:
     def start(self) -> BareMitmdump:
         from tests.conftest import BIN, LISTENING, wait_for
 
+        args = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", "0",
+                "--set", f"confdir={self.confdir}", "--set", "flow_detail=0"]
+        if self.upstream_ca:
+            args += ["--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}"]
         with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen([str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", "0",
-                                          "--set", f"confdir={self.confdir}", "--set", "flow_detail=0"],
-                                         stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir)
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir)
 
         def listening():
             assert self.proc is not None

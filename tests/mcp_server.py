@@ -7,6 +7,7 @@ MCP-Protocol-Version header.
 
     python -m tests.mcp_server --port 0 --json      # or --sse; prints one line once it listens:
     mcp_server: ready http://127.0.0.1:PORT/mcp
+    python -m tests.mcp_server --json --tls CERTDIR # https, a self-signed certificate in CERTDIR
 
 Tools:
     create_issue(title, body, fault="")   a write (readOnlyHint false, destructiveHint false,
@@ -398,6 +399,8 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--json", action="store_true", help="answer application/json")
     mode.add_argument("--sse", action="store_true", help="answer text/event-stream (both revisions)")
     parser.add_argument("--hang", type=float, default=3.0, help="seconds commit_then_hang holds its answer")
+    parser.add_argument("--tls", metavar="CERTDIR", help="serve https with a self-signed certificate for 127.0.0.1 "
+                        "written in CERTDIR (upstream-cert.pem: the CA a proxy must trust upstream)")
     args = parser.parse_args(argv)
 
     if args.sse:
@@ -408,7 +411,15 @@ def main(argv: list[str] | None = None) -> None:
 
     server = build_server()
     app = FaultsAndEffects(server.streamable_http_app(json_response=args.json), args.hang)
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on")
+    tls: dict[str, Any] = {}
+    if args.tls:
+        from pathlib import Path
+
+        from tests.upstream import make_self_signed_cert
+
+        cert, key = make_self_signed_cert(Path(args.tls))
+        tls = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on", **tls)
     uv = uvicorn.Server(config)
 
     async def serve() -> None:
@@ -419,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
                 return
             await asyncio.sleep(0.02)
         port = uv.servers[0].sockets[0].getsockname()[1]
-        print(f"mcp_server: ready http://127.0.0.1:{port}/mcp", flush=True)
+        print(f"mcp_server: ready {'https' if args.tls else 'http'}://127.0.0.1:{port}/mcp", flush=True)
         await task
 
     asyncio.run(serve())

@@ -172,6 +172,39 @@ def test_mcp_passes_the_addon_untouched_when_no_rule_matches(mcp_server, receipt
     assert mcp_receipts(receipts_proxy) == []
 
 
+# --- over https: the proxy intercepts TLS, the client trusts mitmproxy's CA through SSL_CERT_FILE ----
+
+
+@pytest.fixture(scope="module")
+def mcp_tls_server(tmp_path_factory):
+    from tests.mcp_fixtures import McpServer
+
+    with McpServer("json", tmp_path_factory.mktemp("mcp-tls"), tls=True) as server:
+        yield server
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_https_through_a_bare_proxy_and_through_the_addon(mcp_tls_server, tmp_path, confdir, revision):
+    from tests.mcp_fixtures import BareMitmdump
+
+    mcp_tls_server.reset()
+    assert mcp_tls_server.url.startswith("https://")
+    bare = BareMitmdump(tmp_path, confdir, upstream_ca=mcp_tls_server.cert_path).start()
+    addon = Proxy(tmp_path, confdir, upstream_ca=mcp_tls_server.cert_path).start()  # tests/rules_it: 127.0.0.1
+    try:
+        for proxy in (bare, addon):
+            report = run_client(mcp_tls_server.url, [("list_tools",), ("call", "create_issue", ISSUE)],
+                                revision=revision, proxy=proxy.url, ca=proxy.ca, timeout=5)
+            listed, created = ok_calls(report)
+            assert listed["ok"] and created["ok"] and not created["is_error"], report["results"]
+            assert report["http"][0]["url"].startswith("https://127.0.0.1:")
+    finally:
+        bare.stop()
+        addon.stop()
+    assert mcp_tls_server.effects()["created"] == 2
+    assert mcp_receipts(addon) == []
+
+
 # --- what the SDK client accepts as an answer: what the addon's own answers must look like -----
 
 LISTED = {"issues": []}
