@@ -32,10 +32,13 @@ order, then none). The queue keeps retries of the same arguments ordinary: a ret
     invalid_params     records nothing; a JSON-RPC error -32602 ("invalid params: ...")
 
 Control endpoints (plain HTTP on the same port; tests call them directly, not through the proxy):
-    GET  /_effects   {"created": n, "issues": [...], "requests": [...]}: every POST to /mcp, in
-                     order, as {"jsonrpc_method", "id", "tool", "arguments", "fault",
-                     "headers": {"mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version",
-                     "accept", "content-type"} (those present)}; `created` counts the issues recorded
+    GET  /_effects   {"created": n, "issues": [...], "requests": [...], "queued": [...]}: `created`
+                     counts the issues recorded; `requests` lists every request to /mcp, in order:
+                     {"http_method", "jsonrpc_method", "headers": {"mcp-method", "mcp-name",
+                     "mcp-session-id", "mcp-protocol-version", "accept", "content-type"} (those
+                     present)}, and for a POST also "id", "tool", "arguments" (of a tools/call),
+                     "fault", "body" (as received) and "response" {"status", "content_type", "body"}
+                     (as sent, its first 4000 characters)
     POST /_faults    {"faults": [...]}: queue faults for the next create_issue calls
     POST /_canned    {"message": {"result": {...}} or {"error": {...}}, "id"?: X, "framing"?: "json"|"sse",
                      "status"?: 200}: the next tools/call (any tool) is answered with this JSON-RPC
@@ -109,6 +112,13 @@ test_what_the_sdk_client_accepts_as_a_tool_result; answers made with POST /_cann
       (httpx2's RemoteProtocolError escapes the transport); a cut SSE stream is MCPError(-32000,
       "SSE stream ended without a response"). Through mitmproxy, which buffers answers, both are
       a 502, so MCPError(-32603, "Server returned an error response").
+
+The server (not the client) refuses a JSON-RPC batch (a JSON array) in both revisions with HTTP
+400: legacy -32602 "Validation error: ...", 2026 -32600 "Body must be a single JSON-RPC request
+or notification object", both with id null; the SDK client never sends one. In 2026-07-28 a
+Mcp-Method or Mcp-Name header that disagrees with the body (or a missing Mcp-Method) is HTTP 400
+with -32020 (HEADER_MISMATCH), e.g. "mcp-name header does not match the request body's 'name'
+parameter"; a notification is 202; GET /mcp is 405.
 
 Framing: JSON mode is one JSON-RPC response object with status 200. SSE is `text/event-stream`
 with events `event: message\\r\\ndata: <one JSON-RPC message on one line>\\r\\n\\r\\n`; legacy streams may

@@ -99,8 +99,19 @@ def test_a_call_through_a_bare_proxy_makes_one_effect(mcp_server, bare_mitmdump,
     else:
         assert call["headers"]["mcp-method"] == "tools/call" and call["headers"]["mcp-name"] == "create_issue"
         assert "mcp-session-id" not in call["headers"]
-    expected_type = "text/event-stream" if mcp_server.mode == "sse" else "application/json"
-    assert call["response"]["content_type"] == expected_type
+    # The wire format tests/mcp_server.py's docstring describes, as the server sent it.
+    answer = call["response"]
+    assert answer["status"] == 200
+    if mcp_server.mode == "sse":
+        assert answer["content_type"] == "text/event-stream"
+        events = [e for e in answer["body"].split("\r\n\r\n") if e.startswith("event: message\r\ndata: ")]
+        assert len(events) == 1, answer["body"]
+        message = json.loads(events[0].removeprefix("event: message\r\ndata: "))
+    else:
+        assert answer["content_type"] == "application/json"
+        message = json.loads(answer["body"])
+    assert message["id"] == call["id"] and message["result"]["structuredContent"] == {"number": 1, **ISSUE}
+    assert ("resultType" in message["result"]) == (revision != "legacy")  # "complete" in 2026-07-28 only
 
 
 @pytest.mark.parametrize("revision", REVISIONS)
