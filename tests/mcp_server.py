@@ -59,15 +59,15 @@ SSE in the legacy revision. (A window of 0 makes the SDK loop on pings and starv
 What the SDK (mcp 2.3.0) puts on the wire, seen through this server (tests/test_mcp_baseline.py):
 
 Every POST: `Content-Type: application/json`, `Accept: application/json, text/event-stream`,
-one JSON-RPC message per body (the SDK client never batches). Request ids are integers from 0,
-per client session; a retry is a new request with a new id.
+one JSON-RPC message per body (the SDK client never batches).
 
 Legacy 2025-11-25 (Client(mode="legacy")):
     1. POST initialize {"protocolVersion": "2025-11-25", "capabilities", "clientInfo"}, no
        MCP-Protocol-Version header; the answer carries `mcp-session-id: <hex>` and the result
        {"protocolVersion", "capabilities", "serverInfo", "instructions"?}, no resultType
     2. POST notifications/initialized (no id) -> 202 Accepted, empty body
-    3. GET /mcp (Accept: text/event-stream) the standalone stream, held open
+    3. GET /mcp (Accept: text/event-stream) the standalone stream, held open (mitmproxy buffers
+       it and never completes it; the client does not wait for it)
     4. tools/list, tools/call: headers `mcp-session-id`, `mcp-protocol-version: 2025-11-25`; no
        Mcp-Method/Mcp-Name; results without resultType
     5. DELETE /mcp with mcp-session-id when the client closes
@@ -75,13 +75,16 @@ Legacy 2025-11-25 (Client(mode="legacy")):
 
 2026-07-28 (Client() default, mode="auto"; or mode="2026-07-28" to skip the probe):
     1. POST server/discover with `mcp-protocol-version: 2026-07-28`, `mcp-method: server/discover`;
-       result {"supportedVersions", "capabilities", "serverInfo"?, "resultType": "complete",
-       "ttlMs", "cacheScope"} (mode="auto" falls back to initialize on a 400/404 answer)
+       result {"supportedVersions": ["2026-07-28"], "capabilities", "instructions"?,
+       "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
+       "_meta": {"io.modelcontextprotocol/serverInfo": {...}}}. mode="auto" falls back to the
+       legacy initialize on ANY JSON-RPC error or unparseable result of server/discover, and
+       on no answer within 10 s (DISCOVER_TIMEOUT_SECONDS): a proxy that mishandles discover
+       silently turns a 2026 client into a legacy one (report["protocol_version"] shows it)
     2. POST tools/list: `mcp-method: tools/list`; POST tools/call: `mcp-method: tools/call`,
        `mcp-name: <tool name>`; never an Mcp-Session-Id; no GET stream, no DELETE
-    3. params carry `_meta` with "io.modelcontextprotocol/protocolVersion" (and client info and
-       capabilities); every result carries `"resultType": "complete"`, and the client rejects a
-       result without it (see tests/mcp_client.py's report of a hand-made answer)
+    3. every result carries `"resultType": "complete"` (and `_meta` with the serverInfo); the
+       client rejects a result without resultType (below)
 
 Every JSON-RPC id is an integer counting from 1 per client session (initialize or server/discover
 is 1). In 2026-07-28 every params carries `_meta` {"io.modelcontextprotocol/protocolVersion",
@@ -121,12 +124,10 @@ with -32020 (HEADER_MISMATCH), e.g. "mcp-name header does not match the request 
 parameter"; a notification is 202; GET /mcp is 405.
 
 Framing: JSON mode is one JSON-RPC response object with status 200. SSE is `text/event-stream`
-with events `event: message\\r\\ndata: <one JSON-RPC message on one line>\\r\\n\\r\\n`; legacy streams may
-start with a priming event (an `id:` and empty `data:`), 2026 streams with `: ping` comments.
-The client reads events until the one whose JSON-RPC `id` is its request's, then closes the stream.
-A JSON-RPC error at HTTP 4xx with an application/json body is surfaced as that error; any other
-HTTP status >= 400 becomes MCPError(-32603, "Server returned an error response") (404 in a legacy
-session: "Session terminated").
+with events `event: message\\r\\ndata: <one JSON-RPC message on one line>\\r\\n\\r\\n` (no `id:`
+lines here; a server with an event store sends a priming event, an `id:` and empty data, first);
+2026 streams start with `: ping\\r\\n\\r\\n` comments. The client reads events until a JSON-RPC
+response or error (whatever its id), then closes the stream; notifications before it are passed on.
 """
 
 from __future__ import annotations
