@@ -6,8 +6,13 @@ The MCP test server (tests/mcp_server.py) as a subprocess, for the MCP tests; st
         server.reset(); server.queue("commit_then_drop")
         server.effects()["created"]            # issues recorded by the server
 
-Fixtures: `mcp_json_server`, `mcp_sse_server` (one per module), and `mcp_server` parametrized over both
-modes (a module using it gets both). Each test should call `server.reset()` first, or count deltas.
+    McpServer("json", workdir, tls=True)     # https; server.cert_path is the CA a proxy trusts upstream
+    server.can({"result": {...}})              # the next tools/call gets this hand-made answer
+
+`BareMitmdump(workdir, confdir, upstream_ca=None)`: a mitmdump without the addon (the baseline).
+Fixtures: `mcp_json_server`, `mcp_sse_server` (one per module), `mcp_server` parametrized over both
+modes (a module using it gets both; reset for each test), `bare_mitmdump` (one per module). A test
+module gets them with `pytest_plugins = ("tests.mcp_fixtures",)`.
 """
 
 from __future__ import annotations
