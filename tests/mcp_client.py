@@ -7,8 +7,10 @@ operations, printing one JSON report. Tests call `run_client(...)`, which return
 
 The proxy comes from the environment, as for any agent: HTTP_PROXY/HTTPS_PROXY (and lowercase)
 are set to `proxy`, NO_PROXY/no_proxy are emptied so 127.0.0.1 is not excluded, and `ca`
-(mitmproxy's CA) is given as SSL_CERT_FILE and passed to the client's httpx2 client (`verify=`:
-httpx2 itself does not read SSL_CERT_FILE). Without `proxy`, the proxy variables are removed.
+(mitmproxy's CA) is given as SSL_CERT_FILE, which the SDK's HTTP client (httpx2, trust_env)
+reads as an agent's would. Without `proxy`, the proxy variables are removed. The client is the
+SDK's own transport (`streamable_http_client`) with an httpx2.AsyncClient of ours, built as the
+SDK's default one but with event hooks (the "http" list below) and timeouts above `timeout`.
 
 revision:
     "legacy"       Client(mode="legacy"): initialize, notifications/initialized, Mcp-Session-Id
@@ -75,8 +77,6 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 
 async def _run(plan: dict[str, Any]) -> dict[str, Any]:
-    import ssl
-
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
@@ -100,10 +100,9 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
             http[i].update(status=response.status_code, content_type=response.headers.get("content-type"),
                            session_id=response.headers.get("mcp-session-id"))
 
-    ca = os.environ.get("SSL_CERT_FILE")
-    verify: Any = ssl.create_default_context(cafile=ca) if ca else True
     timeout = float(plan["timeout"])
-    http_client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout + 5, read=timeout + 5), verify=verify,
+    # trust_env (the default): the proxy from HTTP(S)_PROXY, the CA from SSL_CERT_FILE (httpcore2 reads it).
+    http_client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout + 5, read=timeout + 5),
                                      event_hooks={"request": [on_request], "response": [on_response]})
     revision = plan["revision"]
     report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http}

@@ -6,8 +6,13 @@ The MCP test server (tests/mcp_server.py) as a subprocess, for the MCP tests; st
         server.reset(); server.queue("commit_then_drop")
         server.effects()["created"]            # issues recorded by the server
 
-Fixtures: `mcp_json_server`, `mcp_sse_server` (one per module), and `mcp_server` parametrized over both
-modes (a module using it gets both). Each test should call `server.reset()` first, or count deltas.
+    McpServer("json", workdir, tls=True)     # https; server.cert_path is the CA a proxy trusts upstream
+    server.can({"result": {...}})              # the next tools/call gets this hand-made answer
+
+`BareMitmdump(workdir, confdir, upstream_ca=None)`: a mitmdump without the addon (the baseline).
+Fixtures: `mcp_json_server`, `mcp_sse_server` (one per module), `mcp_server` parametrized over both
+modes (a module using it gets both; reset for each test), `bare_mitmdump` (one per module). A test
+module gets them with `pytest_plugins = ("tests.mcp_fixtures",)`.
 """
 
 from __future__ import annotations
@@ -26,16 +31,17 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"mcp_server: ready (http://127\.0\.0\.1:(\d+)/mcp)")
+READY = re.compile(r"mcp_server: ready (https?://127\.0\.0\.1:(\d+)/mcp)")
 MODES = ("json", "sse")
 
 
 class McpServer:
     """`python -m tests.mcp_server --port 0 --json|--sse` in `workdir`; its URL read from its ready line."""
 
-    def __init__(self, mode: str, workdir: Path, *, hang: float = 3.0):
+    def __init__(self, mode: str, workdir: Path, *, hang: float = 3.0, tls: bool = False):
         assert mode in MODES, mode
-        self.mode, self.hang = mode, hang
+        self.mode, self.hang, self.tls = mode, hang, tls
+        self.cert_path = workdir / "upstream-cert.pem" if tls else None  # the CA a proxy trusts upstream
         self.log_path = workdir / f"mcp-server-{mode}-{uuid.uuid4().hex[:6]}.log"
         self.proc: subprocess.Popen | None = None
         self.url = self.base = ""
@@ -43,10 +49,11 @@ class McpServer:
     def start(self) -> McpServer:
         from tests.conftest import wait_for
 
+        tls = ["--tls", str(self.log_path.parent)] if self.tls else []
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.mcp_server", "--port", "0", f"--{self.mode}",
-                                          "--hang", str(self.hang)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                          "--hang", str(self.hang), *tls], stdout=out, stderr=subprocess.STDOUT,
+                                         cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         match = wait_for(self._ready, timeout=20, what=f"the MCP server to listen (log: {self.log_path})")
         self.url = match.group(1)
         self.base = self.url.removesuffix("/mcp")
@@ -77,10 +84,15 @@ class McpServer:
         return self.log_path.read_text(errors="replace")
 
     def _control(self, method: str, path: str, body: dict | None = None) -> Any:
+        import ssl
+
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.base + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # direct, never through a proxy
+        handlers: list = [urllib.request.ProxyHandler({})]  # direct, never through a proxy
+        if self.cert_path:
+            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=self.cert_path)))
+        opener = urllib.request.build_opener(*handlers)
         with opener.open(req, timeout=10) as r:
             return json.loads(r.read())
 
@@ -96,6 +108,10 @@ class McpServer:
     def reset(self) -> None:
         self._control("POST", "/_reset")
 
+    def can(self, message: dict, **how) -> None:
+        """The next tools/call is answered with this JSON-RPC `message` (how: id=, framing="sse", status=)."""
+        self._control("POST", "/_canned", {"message": message, **how})
+
     def queue(self, *faults: str) -> None:
         """The next create_issue calls get these faults, one each, in order."""
         self._control("POST", "/_faults", {"faults": list(faults)})
@@ -104,8 +120,8 @@ class McpServer:
 class BareMitmdump:
     """A mitmdump without the receipts addon (the baseline), on a port the kernel picks; stopped by PID."""
 
-    def __init__(self, workdir: Path, confdir: Path):
-        self.workdir, self.confdir = workdir, confdir
+    def __init__(self, workdir: Path, confdir: Path, upstream_ca: Path | None = None):
+        self.workdir, self.confdir, self.upstream_ca = workdir, confdir, upstream_ca
         self.log_path = workdir / f"bare-mitmdump-{uuid.uuid4().hex[:6]}.log"
         self.proc: subprocess.Popen | None = None
         self.port = 0
@@ -113,10 +129,12 @@ class BareMitmdump:
     def start(self) -> BareMitmdump:
         from tests.conftest import BIN, LISTENING, wait_for
 
+        args = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", "0",
+                "--set", f"confdir={self.confdir}", "--set", "flow_detail=0"]
+        if self.upstream_ca:
+            args += ["--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}"]
         with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen([str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", "0",
-                                          "--set", f"confdir={self.confdir}", "--set", "flow_detail=0"],
-                                         stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir)
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir)
 
         def listening():
             assert self.proc is not None

@@ -7,6 +7,7 @@ MCP-Protocol-Version header.
 
     python -m tests.mcp_server --port 0 --json      # or --sse; prints one line once it listens:
     mcp_server: ready http://127.0.0.1:PORT/mcp
+    python -m tests.mcp_server --json --tls CERTDIR # https, a self-signed certificate in CERTDIR
 
 Tools:
     create_issue(title, body, fault="")   a write (readOnlyHint false, destructiveHint false,
@@ -31,12 +32,20 @@ order, then none). The queue keeps retries of the same arguments ordinary: a ret
     invalid_params     records nothing; a JSON-RPC error -32602 ("invalid params: ...")
 
 Control endpoints (plain HTTP on the same port; tests call them directly, not through the proxy):
-    GET  /_effects   {"created": n, "issues": [...], "requests": [...]}: every POST to /mcp, in
-                     order, as {"jsonrpc_method", "id", "tool", "arguments", "fault",
-                     "headers": {"mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version",
-                     "accept", "content-type"} (those present)}; `created` counts the issues recorded
+    GET  /_effects   {"created": n, "issues": [...], "requests": [...], "queued": [...]}: `created`
+                     counts the issues recorded; `requests` lists every request to /mcp, in order:
+                     {"http_method", "jsonrpc_method", "headers": {"mcp-method", "mcp-name",
+                     "mcp-session-id", "mcp-protocol-version", "accept", "content-type"} (those
+                     present)}, and for a POST also "id", "tool", "arguments" (of a tools/call),
+                     "fault", "body" (as received) and "response" {"status", "content_type", "body"}
+                     (as sent, its first 4000 characters)
     POST /_faults    {"faults": [...]}: queue faults for the next create_issue calls
-    POST /_reset     forget issues, requests and queued faults
+    POST /_canned    {"message": {"result": {...}} or {"error": {...}}, "id"?: X, "framing"?: "json"|"sse",
+                     "status"?: 200}: the next tools/call (any tool) is answered with this JSON-RPC
+                     message, with the request's own id unless "id" is given ("$string": the
+                     request's id as a string); the tool does not
+                     run. To check what the SDK client accepts (tests/test_mcp_baseline.py).
+    POST /_reset     forget issues, requests, queued faults and canned answers
 
 Response modes: --json answers every request with one `application/json` body. --sse answers
 with `text/event-stream`, but not always: in the 2026-07-28 revision the SDK's server commits to
@@ -50,15 +59,15 @@ SSE in the legacy revision. (A window of 0 makes the SDK loop on pings and starv
 What the SDK (mcp 2.3.0) puts on the wire, seen through this server (tests/test_mcp_baseline.py):
 
 Every POST: `Content-Type: application/json`, `Accept: application/json, text/event-stream`,
-one JSON-RPC message per body (the SDK client never batches). Request ids are integers from 0,
-per client session; a retry is a new request with a new id.
+one JSON-RPC message per body (the SDK client never batches).
 
 Legacy 2025-11-25 (Client(mode="legacy")):
     1. POST initialize {"protocolVersion": "2025-11-25", "capabilities", "clientInfo"}, no
        MCP-Protocol-Version header; the answer carries `mcp-session-id: <hex>` and the result
        {"protocolVersion", "capabilities", "serverInfo", "instructions"?}, no resultType
     2. POST notifications/initialized (no id) -> 202 Accepted, empty body
-    3. GET /mcp (Accept: text/event-stream) the standalone stream, held open
+    3. GET /mcp (Accept: text/event-stream) the standalone stream, held open (mitmproxy buffers
+       it and never completes it; the client does not wait for it)
     4. tools/list, tools/call: headers `mcp-session-id`, `mcp-protocol-version: 2025-11-25`; no
        Mcp-Method/Mcp-Name; results without resultType
     5. DELETE /mcp with mcp-session-id when the client closes
@@ -66,21 +75,59 @@ Legacy 2025-11-25 (Client(mode="legacy")):
 
 2026-07-28 (Client() default, mode="auto"; or mode="2026-07-28" to skip the probe):
     1. POST server/discover with `mcp-protocol-version: 2026-07-28`, `mcp-method: server/discover`;
-       result {"supportedVersions", "capabilities", "serverInfo"?, "resultType": "complete",
-       "ttlMs", "cacheScope"} (mode="auto" falls back to initialize on a 400/404 answer)
+       result {"supportedVersions": ["2026-07-28"], "capabilities", "instructions"?,
+       "resultType": "complete", "ttlMs": 0, "cacheScope": "private",
+       "_meta": {"io.modelcontextprotocol/serverInfo": {...}}}. mode="auto" falls back to the
+       legacy initialize on ANY JSON-RPC error or unparseable result of server/discover, and
+       on no answer within 10 s (DISCOVER_TIMEOUT_SECONDS): a proxy that mishandles discover
+       silently turns a 2026 client into a legacy one (report["protocol_version"] shows it)
     2. POST tools/list: `mcp-method: tools/list`; POST tools/call: `mcp-method: tools/call`,
        `mcp-name: <tool name>`; never an Mcp-Session-Id; no GET stream, no DELETE
-    3. params carry `_meta` with "io.modelcontextprotocol/protocolVersion" (and client info and
-       capabilities); every result carries `"resultType": "complete"`, and the client rejects a
-       result without it (see tests/mcp_client.py's report of a hand-made answer)
+    3. every result carries `"resultType": "complete"` (and `_meta` with the serverInfo); the
+       client rejects a result without resultType (below)
+
+Every JSON-RPC id is an integer counting from 1 per client session (initialize or server/discover
+is 1). In 2026-07-28 every params carries `_meta` {"io.modelcontextprotocol/protocolVersion",
+".../clientInfo", ".../clientCapabilities"} (tools/list too); legacy tools/list has no params.
+The client's call_tool sends a tools/list of its own after a tool's first successful call, to
+learn its outputSchema. When the client's read timeout passes, it reports MCPError(-32001,
+"Request 'tools/call' timed out"); the legacy client then POSTs notifications/cancelled
+{"requestId": N, "reason": "timed out after 1.5s"} (202), the 2026 client closes the POST's
+connection. The SDK never retries a tools/call itself: a retry is a new request with a new id.
+
+What the client requires of an answer (tests/test_mcp_baseline.py,
+test_what_the_sdk_client_accepts_as_a_tool_result; answers made with POST /_canned):
+    - 2026-07-28: a result without "resultType": "complete" is refused (a pydantic ValidationError
+      raised from call_tool); legacy accepts it with or without
+    - JSON: the response's id must be the request's (3 or "3"); another id is never matched and
+      the call times out (-32001). SSE: the client overwrites the id of any response event it
+      reads on that POST with the request's id, so any id is taken
+    - a result needs "content"; for a tool whose tools/list entry has an outputSchema (all three
+      here) it needs "structuredContent" too unless "isError" is true (RuntimeError "Tool X has
+      an output schema but did not return structured content")
+    - {"isError": true, "content": [{"type": "text", "text": ...}]} reaches the caller as a result,
+      text intact: that is what a model sees
+    - HTTP >= 400 with an application/json body holding a JSON-RPC error: that error (code and
+      message) reaches the caller; any other HTTP >= 400: MCPError(-32603, "Server returned an
+      error response") (a 404 in a legacy session: -32600 "Session terminated"); 202 to a
+      request: an error too
+    - Without a proxy, a JSON body cut short (commit_then_drop) breaks the whole client session
+      (httpx2's RemoteProtocolError escapes the transport); a cut SSE stream is MCPError(-32000,
+      "SSE stream ended without a response"). Through mitmproxy, which buffers answers, both are
+      a 502, so MCPError(-32603, "Server returned an error response").
+
+The server (not the client) refuses a JSON-RPC batch (a JSON array) in both revisions with HTTP
+400: legacy -32602 "Validation error: ...", 2026 -32600 "Body must be a single JSON-RPC request
+or notification object", both with id null; the SDK client never sends one. In 2026-07-28 a
+Mcp-Method or Mcp-Name header that disagrees with the body (or a missing Mcp-Method) is HTTP 400
+with -32020 (HEADER_MISMATCH), e.g. "mcp-name header does not match the request body's 'name'
+parameter"; a notification is 202; GET /mcp is 405.
 
 Framing: JSON mode is one JSON-RPC response object with status 200. SSE is `text/event-stream`
-with events `event: message\\r\\ndata: <one JSON-RPC message on one line>\\r\\n\\r\\n`; legacy streams may
-start with a priming event (an `id:` and empty `data:`), 2026 streams with `: ping` comments.
-The client reads events until the one whose JSON-RPC `id` is its request's, then closes the stream.
-A JSON-RPC error at HTTP 4xx with an application/json body is surfaced as that error; any other
-HTTP status >= 400 becomes MCPError(-32603, "Server returned an error response") (404 in a legacy
-session: "Session terminated").
+with events `event: message\\r\\ndata: <one JSON-RPC message on one line>\\r\\n\\r\\n` (no `id:`
+lines here; a server with an event store sends a priming event, an `id:` and empty data, first);
+2026 streams start with `: ping\\r\\n\\r\\n` comments. The client reads events until a JSON-RPC
+response or error (whatever its id), then closes the stream; notifications before it are passed on.
 """
 
 from __future__ import annotations
@@ -110,18 +157,24 @@ class Effects:
         self.issues: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         self.queued: list[str] = []
+        self.canned: list[dict[str, Any]] = []
 
     def reset(self) -> None:
         with self.lock:
             self.issues.clear()
             self.requests.clear()
             self.queued.clear()
+            self.canned.clear()
 
     def record_issue(self, title: str, body: str) -> dict[str, Any]:
         with self.lock:
             issue = {"number": len(self.issues) + 1, "title": title, "body": body}
             self.issues.append(issue)
             return dict(issue)
+
+    def next_canned(self) -> dict[str, Any] | None:
+        with self.lock:
+            return self.canned.pop(0) if self.canned else None
 
     def next_fault(self) -> str:
         with self.lock:
@@ -195,7 +248,7 @@ class FaultsAndEffects:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope["path"], scope["method"]
-        if path in ("/_effects", "/_faults", "/_reset"):
+        if path in ("/_effects", "/_faults", "/_reset", "/_canned"):
             return await self.control(path, method, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         seen = {h: headers[h] for h in HEADERS_OF_INTEREST if h in headers}
@@ -234,9 +287,14 @@ class FaultsAndEffects:
                         # A queued fault reaches the tool as its `fault` argument (the record keeps the original).
                         msg["params"]["arguments"] = {**args, "fault": fault}
                         raw = json.dumps(msg).encode()
+        canned = EFFECTS.next_canned() if entry["jsonrpc_method"] == "tools/call" else None
+        if canned is not None:
+            fault = "canned"
         entry["fault"] = fault
         with EFFECTS.lock:
             EFFECTS.requests.append(entry)
+        if canned is not None:
+            return await self.answer_canned(canned, entry, send)
 
         sent = False
 
@@ -284,6 +342,21 @@ class FaultsAndEffects:
         await watch({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
         raise ConnectionAbortedError("commit_then_drop: connection cut after the commit")  # uvicorn closes it
 
+    async def answer_canned(self, canned: dict[str, Any], entry: dict[str, Any], send) -> None:
+        """Answer a tools/call with a hand-made JSON-RPC message (the tool does not run)."""
+        rid = canned.get("id", entry["id"])
+        rid = str(entry["id"]) if rid == "$string" else rid  # the request's id, as a string
+        message = {"jsonrpc": "2.0", "id": rid, **canned["message"]}
+        data = json.dumps(message, separators=(",", ":"))
+        if canned.get("framing") == "sse":
+            body, ctype = f"event: message\r\ndata: {data}\r\n\r\n".encode(), b"text/event-stream"
+        else:
+            body, ctype = data.encode(), b"application/json"
+        entry["response"] = {"status": canned.get("status", 200), "content_type": ctype.decode(), "body": body.decode()}
+        await send({"type": "http.response.start", "status": canned.get("status", 200),
+                    "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
     async def control(self, path, method, receive, send):
         if path == "/_effects" and method == "GET":
             messages = _json_response(200, EFFECTS.snapshot())
@@ -306,6 +379,22 @@ class FaultsAndEffects:
                 with EFFECTS.lock:
                     EFFECTS.queued.extend(faults)
                 messages = _json_response(200, {"queued": faults})
+        elif path == "/_canned" and method == "POST":
+            raw = b""
+            while True:
+                message = await receive()
+                raw += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            try:
+                canned = json.loads(raw)
+                assert isinstance(canned, dict) and isinstance(canned.get("message"), dict)
+            except (ValueError, AssertionError):
+                messages = _json_response(400, {"error": "expected {'message': {...}, 'id'?, 'framing'?, 'status'?}"})
+            else:
+                with EFFECTS.lock:
+                    EFFECTS.canned.append(canned)
+                messages = _json_response(200, {"canned": canned})
         else:
             messages = _json_response(405, {"error": f"{method} {path} is not served"})
         for m in messages:
@@ -321,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--json", action="store_true", help="answer application/json")
     mode.add_argument("--sse", action="store_true", help="answer text/event-stream (both revisions)")
     parser.add_argument("--hang", type=float, default=3.0, help="seconds commit_then_hang holds its answer")
+    parser.add_argument("--tls", metavar="CERTDIR", help="serve https with a self-signed certificate for 127.0.0.1 "
+                        "written in CERTDIR (upstream-cert.pem: the CA a proxy must trust upstream)")
     args = parser.parse_args(argv)
 
     if args.sse:
@@ -331,7 +422,15 @@ def main(argv: list[str] | None = None) -> None:
 
     server = build_server()
     app = FaultsAndEffects(server.streamable_http_app(json_response=args.json), args.hang)
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on")
+    tls: dict[str, Any] = {}
+    if args.tls:
+        from pathlib import Path
+
+        from tests.upstream import make_self_signed_cert
+
+        cert, key = make_self_signed_cert(Path(args.tls))
+        tls = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on", **tls)
     uv = uvicorn.Server(config)
 
     async def serve() -> None:
@@ -342,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
                 return
             await asyncio.sleep(0.02)
         port = uv.servers[0].sockets[0].getsockname()[1]
-        print(f"mcp_server: ready http://127.0.0.1:{port}/mcp", flush=True)
+        print(f"mcp_server: ready {'https' if args.tls else 'http'}://127.0.0.1:{port}/mcp", flush=True)
         await task
 
     asyncio.run(serve())

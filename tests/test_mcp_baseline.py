@@ -16,6 +16,7 @@ client through HTTP_PROXY.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -98,8 +99,19 @@ def test_a_call_through_a_bare_proxy_makes_one_effect(mcp_server, bare_mitmdump,
     else:
         assert call["headers"]["mcp-method"] == "tools/call" and call["headers"]["mcp-name"] == "create_issue"
         assert "mcp-session-id" not in call["headers"]
-    expected_type = "text/event-stream" if mcp_server.mode == "sse" else "application/json"
-    assert call["response"]["content_type"] == expected_type
+    # The wire format tests/mcp_server.py's docstring describes, as the server sent it.
+    answer = call["response"]
+    assert answer["status"] == 200
+    if mcp_server.mode == "sse":
+        assert answer["content_type"] == "text/event-stream"
+        events = [e for e in answer["body"].split("\r\n\r\n") if e.startswith("event: message\r\ndata: ")]
+        assert len(events) == 1, answer["body"]
+        message = json.loads(events[0].removeprefix("event: message\r\ndata: "))
+    else:
+        assert answer["content_type"] == "application/json"
+        message = json.loads(answer["body"])
+    assert message["id"] == call["id"] and message["result"]["structuredContent"] == {"number": 1, **ISSUE}
+    assert ("resultType" in message["result"]) == (revision != "legacy")  # "complete" in 2026-07-28 only
 
 
 @pytest.mark.parametrize("revision", REVISIONS)
@@ -133,7 +145,10 @@ def test_the_faults_as_the_client_sees_them_through_a_bare_proxy(mcp_server, bar
     report = run_client(mcp_server.url, ops, revision=revision, proxy=bare_mitmdump.url, ca=bare_mitmdump.ca,
                         timeout=1.5)
     hung, tool_error, internal, invalid = ok_calls(report)
-    assert hung["ok"] is False and hung["error"]["type"] in ("TimeoutError", "MCPError"), hung
+    assert hung["error"] == {"type": "MCPError", "code": -32001, "message": "Request 'tools/call' timed out"}
+    if revision == "legacy":  # the legacy client says it gave up; the 2026 one closes the POST's connection
+        cancelled = [r for r in mcp_server.effects()["requests"] if r["jsonrpc_method"] == "notifications/cancelled"]
+        assert len(cancelled) == 1 and '"requestId"' in cancelled[0]["body"]
     assert tool_error["ok"] and tool_error["is_error"] is True
     assert "fault tool_error" in text_of(tool_error)
     assert internal["error"]["code"] == -32603 and "internal error after commit" in internal["error"]["message"]
@@ -166,3 +181,90 @@ def test_mcp_passes_the_addon_untouched_when_no_rule_matches(mcp_server, receipt
         assert "notifications/initialized" in methods
         assert any(r["http_method"] == "DELETE" for r in mcp_server.effects()["requests"])
     assert mcp_receipts(receipts_proxy) == []
+
+
+# --- over https: the proxy intercepts TLS, the client trusts mitmproxy's CA through SSL_CERT_FILE ----
+
+
+@pytest.fixture(scope="module")
+def mcp_tls_server(tmp_path_factory):
+    from tests.mcp_fixtures import McpServer
+
+    with McpServer("json", tmp_path_factory.mktemp("mcp-tls"), tls=True) as server:
+        yield server
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_https_through_a_bare_proxy_and_through_the_addon(mcp_tls_server, tmp_path, confdir, revision):
+    from tests.mcp_fixtures import BareMitmdump
+
+    mcp_tls_server.reset()
+    assert mcp_tls_server.url.startswith("https://")
+    bare = BareMitmdump(tmp_path, confdir, upstream_ca=mcp_tls_server.cert_path).start()
+    addon = Proxy(tmp_path, confdir, upstream_ca=mcp_tls_server.cert_path).start()  # tests/rules_it: 127.0.0.1
+    try:
+        for proxy in (bare, addon):
+            report = run_client(mcp_tls_server.url, [("list_tools",), ("call", "create_issue", ISSUE)],
+                                revision=revision, proxy=proxy.url, ca=proxy.ca, timeout=5)
+            listed, created = ok_calls(report)
+            assert listed["ok"] and created["ok"] and not created["is_error"], report["results"]
+            assert report["http"][0]["url"].startswith("https://127.0.0.1:")
+    finally:
+        bare.stop()
+        addon.stop()
+    assert mcp_tls_server.effects()["created"] == 2
+    assert mcp_receipts(addon) == []
+
+
+# --- what the SDK client accepts as an answer: what the addon's own answers must look like -----
+
+LISTED = {"issues": []}
+TEXT = [{"type": "text", "text": json.dumps(LISTED)}]
+DONE = {"content": TEXT, "structuredContent": LISTED, "isError": False, "resultType": "complete"}
+# (name, canned answer, what the client reports: "ok", "is_error", or an error's (type, code, words))
+ANSWERS = [
+    ("complete", {"message": {"result": DONE}}, "ok"),
+    ("no resultType", {"message": {"result": {k: v for k, v in DONE.items() if k != "resultType"}}},
+     {"legacy": "ok", "2026-07-28": ("ValidationError", None, "resultType")}),
+    ("sse framing", {"message": {"result": DONE}, "framing": "sse"}, "ok"),
+    ("sse, another id", {"message": {"result": DONE}, "framing": "sse", "id": 999}, "ok"),  # SSE: id rewritten
+    ("no structuredContent", {"message": {"result": {"content": TEXT, "isError": False, "resultType": "complete"}}},
+     ("RuntimeError", None, "output schema")),
+    ("isError", {"message": {"result": {"content": [{"type": "text", "text": "a duplicate"}], "isError": True,
+                                        "resultType": "complete"}}}, "is_error"),
+    ("409 with a JSON-RPC error", {"message": {"error": {"code": -32001, "message": "a duplicate"}}, "status": 409},
+     ("MCPError", -32001, "a duplicate")),
+    ("409 without one", {"message": {"note": "refused"}, "status": 409},
+     ("MCPError", -32603, "Server returned an error response")),
+    ("json, another id", {"message": {"result": DONE}, "id": 999}, ("MCPError", -32001, "timed out")),
+    ("json, the id as a string", {"message": {"result": DONE}, "id": "$string"}, "ok"),  # "3" answers 3
+]
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_what_the_sdk_client_accepts_as_a_tool_result(mcp_json_server, revision):
+    """
+    Hand-made answers to tools/call (the server's /_canned), straight to the server: the rules the
+    addon's own answers (a replay, a blocked duplicate) must follow. 2026-07-28 needs
+    `"resultType": "complete"`; JSON answers must carry the request's id (the SDK takes "3" for 3),
+    while the SSE path puts the request's id into any response it reads; a tool that declares
+    an outputSchema needs structuredContent unless isError; a JSON-RPC error at HTTP 409 reaches the
+    caller as that error, any other 4xx as -32603.
+    """
+    mcp_json_server.reset()
+    for _, canned, _ in ANSWERS:
+        mcp_json_server.can(**canned)
+    ops = [("call", "list_issues", {})] * len(ANSWERS)
+    report = run_client(mcp_json_server.url, ops, revision=revision, timeout=1.0)
+    for (name, _, expected), got in zip(ANSWERS, ok_calls(report), strict=True):
+        expected = expected[revision] if isinstance(expected, dict) else expected
+        if expected == "ok":
+            assert got["ok"] and not got["is_error"] and got["structured"] == LISTED, (name, got)
+        elif expected == "is_error":
+            assert got["ok"] and got["is_error"] and text_of(got) == "a duplicate", (name, got)
+        else:
+            kind, code, words = expected
+            assert not got["ok"], (name, got)
+            assert (got["error"]["type"], got["error"]["code"]) == (kind, code), (name, got)
+            assert words in got["error"]["message"], (name, got)
+    assert mcp_json_server.effects()["created"] == 0
