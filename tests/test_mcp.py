@@ -126,6 +126,8 @@ def states(proxy: Proxy, operation_id: str) -> list[str]:
 def call(server, proxy: Proxy, revision: str, *ops: tuple, timeout: float = 5.0) -> dict:
     report = run_client(server.url, list(ops), revision=revision, proxy=proxy.url, ca=proxy.ca, timeout=timeout)
     assert "connect_error" not in report, report
+    # The 2026 client falls back to the legacy revision if server/discover fails: it must not have.
+    assert report["protocol_version"] == ("2025-11-25" if revision == "legacy" else "2026-07-28"), report
     return report
 
 

@@ -191,6 +191,65 @@ def test_try_it_by_hand_as_written(tmp_path):
         kill_group(proc.pid)
 
 
+def run_block(tmp_path: Path, block: str, ports: dict[str, str], proxy_port: int, web_port: int) -> str:
+    """Run a README sh block as written (ports and paths changed as the module docstring says); its output."""
+    block = block.replace("/tmp/", f"{tmp_path}/tmp/")
+    for old, new in (*ports.items(), (".venv/bin/", f"{BIN}/")):
+        block = substitute(block, old, new)
+    script = tmp_path / "block.sh"
+    script.write_text(block)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "tmp").mkdir()
+    env = {
+        **os.environ,
+        "RECEIPT_PROXY_PORT": str(proxy_port),
+        "RECEIPT_PROXY_WEB_PORT": str(web_port),
+        "RECEIPT_PROXY_METRICS": "127.0.0.1:0",
+        "RECEIPT_PROXY_VENV": sys.prefix,
+        "PYTHONPATH": str(ROOT),
+        "HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path / "tmp"),
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "RECEIPT_PROXY_STATE_DIR",
+                 "RECEIPT_PROXY_DB", "RECEIPT_PROXY_RULES", "SSL_CERT_FILE"):
+        env.pop(name, None)
+    log = tmp_path / "out.txt"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the block did not finish in 90 s:\n{log.read_text(errors='replace')}") from None
+        return log.read_text(errors="replace")
+    finally:
+        kill_group(proc.pid)
+
+
+def test_agents_that_use_mcp_servers_as_written(tmp_path):
+    """README "Agents that use MCP servers": the SDK's client through scripts/run; one issue, the retry blocked."""
+    mcp_port, proxy_port, web_port = free_port(), free_port(), free_port()
+    text = run_block(tmp_path, sh_block("Agents that use MCP servers"),
+                     {"9100": str(mcp_port), "8080": str(proxy_port)}, proxy_port, web_port)
+    call = re.search(r"^call: isError=True: (.*)$", text, re.M)
+    retry = re.search(r"^retry: isError=True: (.*)$", text, re.M)
+    assert call and retry, text
+    assert "answer was lost" in call.group(1), text
+    assert retry.group(1).startswith("NOT SENT: this call to create_issue duplicates") and "outcome is unknown" in \
+        retry.group(1), text
+    ids = set(re.findall(r"\(receipt (\S+)\)", call.group(1) + retry.group(1)))
+    assert len(ids) == 1, text
+    rows = receipts_rows(text)
+    assert [(r["ID"], r["OPERATION"], r["STATE"], r["BLOCKED"]) for r in rows] == [
+        (ids.pop(), "tracker/issues.create", "outcome_unknown", "1")
+    ], text
+    assert re.search(r"^1 issue created$", text, re.M), text
+
+
 def test_run_a_fleet_as_written(tmp_path, pg_url, upstream, bucket):
     """README "Run a fleet": two proxies on one PostgreSQL behind HAProxy, started by the block as written
     (its ports, its database URL and the recipe's ports replaced by the test's); identical writes through
