@@ -28,27 +28,16 @@ from tests.mcp_client import REVISIONS, run_client
 pytest_plugins = ("tests.mcp_fixtures",)
 
 ISSUE = {"title": "Printer on fire", "body": "Third floor"}
-OTHER_HOST_RULES = """\
-api: elsewhere
-hosts: [api.example.invalid]
-operations:
-  things.create:
-    match: {method: POST, path: /mcp}
-    fingerprint: {body: [params.arguments.title]}
-"""
 
 
-@pytest.fixture(scope="module", params=["other-host", "rules_it"])
-def receipts_proxy(request, tmp_path_factory, confdir):
-    """The receipts addon, with rules that match no MCP message (one proxy per rules set, per module)."""
-    workdir = tmp_path_factory.mktemp(f"mcp-receipts-{request.param}")
-    if request.param == "other-host":
-        rules = workdir / "rules"
-        rules.mkdir()
-        (rules / "elsewhere.yaml").write_text(OTHER_HOST_RULES)
-    else:
-        rules = TEST_RULES
-    proxy = Proxy(workdir, confdir, rules=rules).start()
+@pytest.fixture(scope="module")
+def receipts_proxy(tmp_path_factory, confdir):
+    """
+    The receipts addon with tests/rules_it, whose host is 127.0.0.1 but whose paths are not /mcp:
+    rules that match no MCP message. (tests/test_mcp.py passes MCP messages through rules that do
+    name the endpoint.)
+    """
+    proxy = Proxy(tmp_path_factory.mktemp("mcp-receipts"), confdir, rules=TEST_RULES).start()
     yield proxy
     proxy.stop()
 
