@@ -9,8 +9,8 @@ client through HTTP_PROXY.
 - Through a bare mitmdump (no receipts addon): a call succeeds and makes one effect; a
   commit-then-drop reaches the client as an error, and the same call again makes a SECOND effect
   (the problem issue 15 describes); the other faults show the shapes the addon will classify.
-- Through the receipts addon with rules that match no MCP request (rules for another host, and
-  tests/rules_it, whose host is 127.0.0.1 but whose paths are not /mcp): every MCP message passes
+- Through the receipts addon with rules that match no MCP request (tests/rules_it, whose host is
+  127.0.0.1 but whose paths are not /mcp): every MCP message passes
   untouched, in both revisions and both modes.
 """
 

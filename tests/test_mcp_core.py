@@ -8,13 +8,13 @@ import json
 import pytest
 
 from proxy_addon.answers import Answer, json_answer
+from proxy_addon.errors import RulesError
 from proxy_addon.fingerprint import RequestView, fingerprint
 from proxy_addon.mcp import Refused, ToolCall, read_call, response_for
 from proxy_addon.mcp.answers import as_tool_answer
 from proxy_addon.mcp.jsonrpc import messages_of, wants_sse
 from proxy_addon.mcp.outcomes import tool_outcome
 from proxy_addon.rules import RuleSet, load_rules
-from proxy_addon.errors import RulesError
 from proxy_addon.states import State
 
 KEY = b"k" * 32
@@ -156,7 +156,7 @@ operations:
     match: {{method: POST, path: /mcp, mcp: {{tool: t}}}}
     {text}
 """
-    with pytest.raises(RulesError, match="params.arguments"):
+    with pytest.raises(RulesError, match=r"params\.arguments"):
         load_rules(rules, "t.yaml")
 
 
