@@ -15,6 +15,7 @@ from proxy_addon.jsonpath import parse_json
 from proxy_addon.mcp.catalog import ToolCatalog
 from proxy_addon.mcp.jsonrpc import response_for
 from proxy_addon.rules import Operation, RuleSet
+from proxy_addon.terminal import escape_controls
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +48,15 @@ def learn(flow: http.HTTPFlow, catalog: ToolCatalog) -> None:
     if noted is None or resp is None or resp.status_code // 100 != 2:
         return
     endpoint, call_id, first = noted
-    found = response_for(resp.content or b"", resp.headers.get("content-type"), call_id)
+    try:
+        body = resp.content or b""
+    except ValueError:  # a Content-Encoding mitmproxy cannot undo: nothing learnt
+        return
+    found = response_for(body, resp.headers.get("content-type"), call_id)
     if found is None or not isinstance(found.get("result"), dict):
         return
     n = catalog.learn(endpoint, found["result"], first_page=first)
-    writes = sorted(name for name, ro in catalog.tools(endpoint).items() if not ro)
+    writes = sorted(escape_controls(name)[:64] for name, ro in catalog.tools(endpoint).items() if not ro)
     logger.info(
         f"receipt-proxy: {endpoint}: tools/list named {n} tools; writes (no readOnlyHint): "
         f"{', '.join(writes[:20]) or 'none'}{' …' if len(writes) > 20 else ''}"
