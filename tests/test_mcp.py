@@ -297,3 +297,28 @@ def test_a_batch_holding_a_tool_call_is_refused(mcp_json_server, proxy):
         r = client.post(server.url, json=batch, headers={"Accept": "application/json, text/event-stream"})
     assert r.status_code == 400 and "batch" in r.json()["error"]["message"]
     assert server.effects()["requests"] == []
+
+
+def test_the_cli_reconciles_a_tool_call_through_its_read_tool(mcp_json_server, reconciling_proxy):
+    """`receipts reconcile ID` runs the same read as the proxy: a session of its own, the read-only tool."""
+    import os
+    import subprocess
+    import sys
+
+    server = mcp_json_server
+    server.reset()
+    args = issue()
+    server.queue("commit_then_drop")
+    first = call(server, reconciling_proxy, "legacy", ("call", "create_issue", args))["results"][0]
+    assert first["is_error"] and "answer was lost" in text(first)
+    [receipt] = receipts(reconciling_proxy, args["title"])
+    assert receipt.state == "outcome_unknown"
+    receipts_cli = Path(sys.executable).parent / "receipts"
+    done = subprocess.run([str(receipts_cli), "--db", str(reconciling_proxy.db), "reconcile", receipt.operation_id,
+                           "--rules", str(reconciling_proxy.rules)], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()})
+    assert done.returncode == 0, done.stdout + done.stderr
+    [settled] = receipts(reconciling_proxy, args["title"])
+    assert settled.state == "succeeded" and settled.external_id is not None
+    assert [c["tool"] for c in server.calls()] == ["create_issue", "list_issues"]
+    assert server.effects()["created"] == 1
