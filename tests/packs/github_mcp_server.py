@@ -26,8 +26,12 @@ applies F to the next call of that tool whose arguments hold those values (once)
     {"kind": "github", "status": 502, "commit": true}
                                             the effect is recorded, then the tool error (GitHub
                                             answered 502 after acting: it happens)
+    {"kind": "reaction_fails", "comment_first": bool}
+                                            add_issue_comment: the reaction fails (GitHub's 422),
+                                            after the comment (@009bb7b5's order) or before it
+                                            (@03d3cfd1's order, where nothing is made)
 Control (plain HTTP, never through the proxy): GET /_effects {"issues", "comments", "pulls",
-"files", "updates", "calls": [{"tool", "arguments", "authorization"}]}; POST /_reset.
+"files", "updates", "reactions", "calls": [{"tool", "arguments", "authorization"}]}; POST /_reset.
 The responses are the SDK's default (json_response off): SSE in the legacy revision, JSON for a
 quick tool in 2026-07-28.
 """
@@ -67,6 +71,7 @@ class State:
         self.pulls: list[dict[str, Any]] = []
         self.files: list[dict[str, Any]] = []
         self.updates: list[dict[str, Any]] = []
+        self.reactions: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
         self.faults: list[dict[str, Any]] = []
         self.pending: dict[str, dict[str, Any]] = {}  # a fault taken for a call, for its tool to apply
@@ -84,7 +89,7 @@ class State:
 
     def snapshot(self) -> dict[str, Any]:
         return {k: json.loads(json.dumps(getattr(self, k)))
-                for k in ("issues", "comments", "pulls", "files", "updates", "calls", "faults")}
+                for k in ("issues", "comments", "pulls", "files", "updates", "reactions", "calls", "faults")}
 
 
 STATE = State()
@@ -163,6 +168,33 @@ REQUIRED = {"create_issue": ("owner", "repo", "title"), "add_issue_comment": ("o
             "update_issue": ("owner", "repo", "issue_number")}
 
 
+def _comment(a: dict[str, Any], fault: dict[str, Any] | None) -> CallToolResult:
+    """add_issue_comment: a comment and/or a reaction (to the issue, or with comment_id to a comment, as the
+    newer server takes it). The order differs between versions: @009bb7b5 makes the comment first, @03d3cfd1
+    the reaction first; a fault {"kind": "reaction_fails", "comment_first": bool} fails the reaction."""
+    for name in REQUIRED["add_issue_comment"]:
+        if name not in a:
+            return _error(f"missing required parameter: {name}")
+    if "body" not in a and "reaction" not in a:
+        return _error("at least one of body or reaction is required")
+    comment_first = bool(fault and fault.get("comment_first"))
+    made: dict[str, Any] = {}
+    if "body" in a and comment_first:
+        made["comment"] = _create_comment(a)
+    if "reaction" in a:
+        target = f"comments/{a['comment_id']}" if "comment_id" in a else str(a["issue_number"])
+        url = f"{API}/repos/{a['owner']}/{a['repo']}/issues/{target}/reactions"
+        if fault and fault["kind"] == "reaction_fails":
+            what = "failed to add reaction to issue comment" if "comment_id" in a else "failed to add reaction to issue"
+            return _error(github_error(what, "POST", url, 422))
+        rid = STATE.new_id()
+        STATE.reactions.append({k: a.get(k) for k in ("owner", "repo", "issue_number", "comment_id", "reaction")})
+        made["reaction"] = {"id": str(rid), "url": f"{url}/{rid}"}
+    if "body" in a and not comment_first:
+        made["comment"] = _create_comment(a)
+    return _text(made if len(made) == 2 else next(iter(made.values())))
+
+
 def _write(kind: str, a: dict[str, Any], fault: dict[str, Any] | None) -> CallToolResult:
     for name in REQUIRED[kind]:
         if name not in a:
@@ -225,6 +257,8 @@ class GitHubMCP(MCPServer):
                 if kind is None:
                     return _error("missing required parameter: method")
                 return _write(kind, arguments, fault)
+            if name == "add_issue_comment" and (fault is None or fault["kind"] != "github"):
+                return _comment(arguments, fault)
             if name in WRITES:
                 return _write(name, arguments, fault)
             return _read(name, arguments)

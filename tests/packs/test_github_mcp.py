@@ -310,3 +310,58 @@ def test_issue_write_update_is_not_a_create(fake, proxy, revision):
         assert not [r for r in store.list(limit=None) if tag in json.dumps(r.intent)], "no receipt for an update"
     finally:
         store.close()
+
+
+@pytest.fixture(scope="module")
+def reactions(fake, proxy):
+    """add_issue_comment with reactions, in one client session: a reaction to each of two comments of one
+    issue (comment_id, as the newer server takes it), then a comment and a reaction whose reaction fails,
+    in each order the server's versions use (the comment first, @009bb7b5; the reaction first, @03d3cfd1),
+    each followed by the identical call."""
+    tag = uuid.uuid4().hex[:8]
+    base = {"owner": "octo", "repo": f"reactions-{tag}", "issue_number": 7}
+    on_comments = [{**base, "comment_id": 501, "reaction": "+1"}, {**base, "comment_id": 502, "reaction": "+1"}]
+    comment_first = {**base, "body": f"Thanks {tag} (comment first)", "reaction": "heart"}
+    reaction_first = {**base, "body": f"Thanks {tag} (reaction first)", "reaction": "heart"}
+    fake.fault("add_issue_comment", {"body": comment_first["body"]}, kind="reaction_fails", comment_first=True)
+    fake.fault("add_issue_comment", {"body": reaction_first["body"]}, kind="reaction_fails", comment_first=False)
+    plan = [("call", "add_issue_comment", a) for a in
+            (*on_comments, comment_first, comment_first, reaction_first, reaction_first)]
+    report = run_client(fake.url, plan, revision="2026-07-28", proxy=proxy.url, ca=proxy.ca, timeout=8.0,
+                        headers={"Authorization": TOKEN})
+    assert "connect_error" not in report and all(r["ok"] for r in report["results"]), report
+    effects = fake.effects()
+    store = Store.open(proxy.db, create=False)
+    try:
+        mine = [r for r in store.list(limit=None) if base["repo"] in json.dumps(r.intent)]
+        history = {r.operation_id: [str(e.to_state) for e in store.events(r.operation_id) if e.event == "transition"]
+                   for r in mine}
+    finally:
+        store.close()
+    return {"tag": tag, "repo": base["repo"], "report": report, "effects": effects, "receipts": mine,
+            "history": history, "comment_first": comment_first["body"], "reaction_first": reaction_first["body"]}
+
+
+def test_a_reaction_to_another_comment_is_another_write(reactions):
+    one, two = reactions["report"]["results"][:2]
+    assert not one["is_error"] and not two["is_error"], (one, two)
+    made = [r for r in reactions["effects"]["reactions"] if r["repo"] == reactions["repo"] and r["comment_id"]]
+    assert sorted(r["comment_id"] for r in made) == [501, 502], "the second reaction was not replayed from the first"
+
+
+@pytest.mark.parametrize("order", ["comment_first", "reaction_first"])
+def test_a_failed_reaction_leaves_the_comment_to_the_read(reactions, order):
+    i = 2 if order == "comment_first" else 4
+    first, retry = reactions["report"]["results"][i:i + 2]
+    body = reactions[order]
+    assert first["is_error"] and "failed to add reaction to issue: POST " in text(first), first
+    comments = [c for c in reactions["effects"]["comments"] if c["body"] == body]
+    assert len([c for c in reactions["effects"]["calls"] if c["arguments"].get("body") == body]) == 1, "retry not sent"
+    [receipt] = [r for r in reactions["receipts"] if body in json.dumps(r.intent)]
+    steps = reactions["history"][receipt.operation_id]
+    if order == "comment_first":  # the comment exists: the read finds it
+        assert len(comments) == 1 and steps[-3:] == ["outcome_unknown", "reconciling", "succeeded"], steps
+        assert "already succeeded" in text(retry)
+    else:  # the reaction failed before any comment: the read finds none, and cannot prove it: an operator decides
+        assert comments == [] and steps[-3:] == ["outcome_unknown", "reconciling", "manual_review"], steps
+        assert retry["is_error"] and text(retry).startswith("NOT SENT")
