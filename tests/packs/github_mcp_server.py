@@ -11,6 +11,9 @@ _meta published in tests/packs/github_mcp_tools.py, and answering as the real se
   "<what failed>: <METHOD> <URL>: <status> <message> <errors>" (go-github's ErrorResponse);
   a second open pull request for the same head and base gets GitHub's 422 "A pull request
   already exists for <owner>:<head>.", as GitHub does;
+- create_or_update_file as repositories.go @ 803f9803: a stale sha → "SHA mismatch: ..." without
+  writing; no sha on an existing file → overwritten, the JSON after a "Warning: File updated
+  without SHA validation..." text;
 - reads: list_issues {"issues": [...], "totalCount", "pageInfo"} newest first,
   list_pull_requests [...] (filtered by state, head "owner:branch", base), issue_read
   get_comments [...] (oldest first).
@@ -26,6 +29,8 @@ applies F to the next call of that tool whose arguments hold those values (once)
     {"kind": "github", "status": 502, "commit": true}
                                             the effect is recorded, then the tool error (GitHub
                                             answered 502 after acting: it happens)
+    {"kind": "text", "text": "..."}         a tool error with this text, nothing sent to GitHub (the
+                                            MCP App form: "An interactive form has been shown...")
     {"kind": "reaction_fails", "comment_first": bool}
                                             add_issue_comment: the reaction fails (GitHub's 422),
                                             after the comment (@009bb7b5's order) or before it
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 import threading
@@ -137,12 +143,23 @@ def _create_pull(a: dict[str, Any]) -> dict[str, Any]:
     return {"id": str(pid), "url": f"https://github.com/{a['owner']}/{a['repo']}/pull/{n}"}
 
 
+def blob_sha(content: str) -> str:
+    data = content.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def current_file(a: dict[str, Any]) -> dict[str, Any] | None:
+    key = (a["owner"], a["repo"], a["branch"], a["path"])
+    found = [f for f in STATE.files if (f["owner"], f["repo"], f["branch"], f["path"]) == key]
+    return found[-1] if found else None
+
+
 def _put_file(a: dict[str, Any]) -> dict[str, Any]:
     commit = f"{STATE.new_id():040x}"
     STATE.files.append({k: a.get(k) for k in ("owner", "repo", "branch", "path", "content", "message", "sha")}
-                       | {"commit": commit})
+                       | {"commit": commit, "blob": blob_sha(a["content"])})
     name = a["path"].rsplit("/", 1)[-1]
-    return {"content": {"name": name, "path": a["path"], "sha": "b" * 40,
+    return {"content": {"name": name, "path": a["path"], "sha": blob_sha(a["content"]),
                         "html_url": f"https://github.com/{a['owner']}/{a['repo']}/blob/{a['branch']}/{a['path']}"},
             "commit": {"sha": commit, "html_url": f"https://github.com/{a['owner']}/{a['repo']}/commit/{commit}"}}
 
@@ -211,6 +228,19 @@ def _write(kind: str, a: dict[str, Any], fault: dict[str, Any] | None) -> CallTo
         if fault.get("commit"):
             effect(a)
         return _error(github_error(what, method, url, int(fault["status"])))
+    if fault and fault["kind"] == "text":  # the server answers this text without calling GitHub (the MCP App form)
+        return _error(fault["text"])
+    if kind == "create_or_update_file" and (existing := current_file(a)):
+        # repositories.go @ 803f9803: a given sha is checked first; none: the file is overwritten, with a warning.
+        if a.get("sha") and a["sha"] != existing["blob"]:
+            return _error(f"SHA mismatch: provided SHA {a['sha']} is stale. Current file SHA is {existing['blob']}. "
+                          "Use get_file_contents or compare commits to review changes before updating.")
+        if not a.get("sha"):
+            return _text(effect(a), prefix=(
+                f"Warning: File updated without SHA validation. Previous file SHA was {existing['blob']}. "
+                "Verify no unintended changes were overwritten: \n1. Extract the SHA of the local version using "
+                f"git ls-tree HEAD {a['path']}.\n2. Compare with the previous SHA above.\n3. Revert changes if shas "
+                "do not match.\n\n"))
     return _text(effect(a))
 
 

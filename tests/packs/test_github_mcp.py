@@ -38,6 +38,7 @@ import pytest
 from proxy_addon.store import Receipt, Store
 from tests.conftest import ROOT, SECRETS, Proxy, wait_for
 from tests.mcp_client import REVISIONS, run_client
+from tests.packs.github_mcp_tools import ERRORS
 
 TOKEN = SECRETS["authorization"]  # a marker secret: the session-wide sweep checks it never reaches a DB or a log
 READY = re.compile(r"github_mcp_server: ready (http://127\.0\.0\.1:(\d+)/mcp/)")
@@ -365,3 +366,85 @@ def test_a_failed_reaction_leaves_the_comment_to_the_read(reactions, order):
     else:  # the reaction failed before any comment: the read finds none, and cannot prove it: an operator decides
         assert comments == [] and steps[-3:] == ["outcome_unknown", "reconciling", "manual_review"], steps
         assert retry["is_error"] and text(retry).startswith("NOT SENT")
+
+
+@pytest.fixture(scope="module")
+def edges(fake, proxy):
+    """The pack's other claims, in one client session (2026-07-28): a second pull request for the same
+    branches (GitHub's "A pull request already exists"), a file overwritten without its sha (the JSON
+    after a warning), a stale sha, and the MCP App form shown instead of acting."""
+    tag = uuid.uuid4().hex[:8]
+    repo = {"owner": "octo", "repo": f"edges-{tag}"}
+    pr = {**repo, "head": f"fix-{tag}", "base": "main"}
+    file = {**repo, "branch": "main", "path": f"docs/{tag}.md", "message": "Update the doc"}
+    form = {**repo, "method": "create", "title": f"Form {tag}", "body": "from the form"}
+    fake.fault("issue_write", {"title": form["title"]}, kind="text", text=ERRORS["issue_form"])
+    calls = {
+        "pr_a": {**pr, "title": "Fix it (A)"}, "pr_b": {**pr, "title": "Fix it (B)"},
+        "file_1": {**file, "content": "one\n"}, "file_2": {**file, "content": "two\n"},
+        "file_3": {**file, "content": "three\n", "sha": "a" * 40},
+    }
+    plan = [("call", "create_pull_request", calls["pr_a"]), ("call", "create_pull_request", calls["pr_b"]),
+            ("call", "create_pull_request", calls["pr_b"]),
+            ("call", "create_or_update_file", calls["file_1"]), ("call", "create_or_update_file", calls["file_2"]),
+            ("call", "create_or_update_file", calls["file_2"]), ("call", "create_or_update_file", calls["file_3"]),
+            ("call", "create_or_update_file", calls["file_3"]),
+            ("call", "issue_write", form), ("call", "issue_write", form)]
+    report = run_client(fake.url, plan, revision="2026-07-28", proxy=proxy.url, ca=proxy.ca, timeout=8.0,
+                        headers={"Authorization": TOKEN})
+    assert "connect_error" not in report and all(r["ok"] for r in report["results"]), report
+    results = dict(zip(("pr_a", "pr_b", "pr_b_retry", "file_1", "file_2", "file_2_retry", "file_3", "file_3_retry",
+                        "form", "form_retry"), report["results"], strict=True))
+    store = Store.open(proxy.db, create=False)
+    try:
+        mine = sorted((r for r in store.list(limit=None) if repo["repo"] in json.dumps(r.intent)),
+                      key=lambda r: r.submitted_at)
+        history = {r.operation_id: [str(e.to_state) for e in store.events(r.operation_id) if e.event == "transition"]
+                   for r in mine}
+    finally:
+        store.close()
+    effects = fake.effects()
+    sent = [c for c in effects["calls"] if c["arguments"].get("repo") == repo["repo"]]
+    return {"results": results, "receipts": mine, "history": history, "effects": effects, "sent": sent,
+            "repo": repo["repo"], "calls": calls, "form": form}
+
+
+def test_a_second_pull_request_for_the_same_branches_is_settled_by_the_read(edges):
+    res, repo = edges["results"], edges["repo"]
+    assert not res["pr_a"]["is_error"]
+    assert res["pr_b"]["is_error"] and "A pull request already exists for octo:" in text(res["pr_b"])
+    assert len([p for p in edges["effects"]["pulls"] if p["repo"] == repo]) == 1
+    [b] = [r for r in edges["receipts"] if "Fix it (B)" in json.dumps(r.intent)]
+    # GitHub's 422 is evidence the pull request exists (maybe this call's own): the retry reads, finds it.
+    assert edges["history"][b.operation_id][-3:] == ["outcome_unknown", "reconciling", "succeeded"]
+    assert "already succeeded" in text(res["pr_b_retry"])
+    assert len([c for c in edges["sent"] if c["tool"] == "create_pull_request"]) == 2, "the retry was not sent"
+
+
+def test_a_file_overwritten_without_its_sha_is_a_success_replayed(edges):
+    res = edges["results"]
+    said = text(res["file_2"])
+    assert not res["file_2"]["is_error"] and said.startswith("Warning: File updated without SHA validation")
+    [two] = [r for r in edges["receipts"] if "two" in json.dumps(r.intent) and r.operation == "files.put"]
+    assert two.state == "succeeded"
+    assert two.external_id is None  # the text is not JSON: the commit sha stays unread (the pack says so)
+    assert not res["file_2_retry"]["is_error"] and res["file_2_retry"]["content"] == res["file_2"]["content"]
+    puts = [c for c in edges["sent"] if c["tool"] == "create_or_update_file"]
+    assert [c["arguments"]["content"] for c in puts] == ["one\n", "two\n", "three\n"], "the replay was not sent"
+
+
+def test_a_stale_sha_is_unknown_and_the_retry_blocked(edges):
+    res = edges["results"]
+    assert res["file_3"]["is_error"] and text(res["file_3"]).startswith("SHA mismatch: provided SHA")
+    [three] = [r for r in edges["receipts"] if "three" in json.dumps(r.intent)]
+    assert three.state == "outcome_unknown"  # maybe changed by this very write's first attempt: never a refusal
+    assert text(res["file_3_retry"]).startswith("NOT SENT") and three.operation_id in text(res["file_3_retry"])
+    assert not [f for f in edges["effects"]["files"] if f["content"] == "three\n"]
+
+
+def test_the_mcp_app_form_is_a_refusal_and_the_retry_is_sent(edges):
+    res, title = edges["results"], edges["form"]["title"]
+    assert res["form"]["is_error"] and "has NOT been created yet" in text(res["form"])
+    assert not res["form_retry"]["is_error"]
+    assert [r.state for r in edges["receipts"] if title in json.dumps(r.intent)] == ["rejected", "succeeded"]
+    assert len([i for i in edges["effects"]["issues"] if i["title"] == title]) == 1
