@@ -379,6 +379,8 @@ def edges(fake, proxy):
     file = {**repo, "branch": "main", "path": f"docs/{tag}.md", "message": "Update the doc"}
     form = {**repo, "method": "create", "title": f"Form {tag}", "body": "from the form"}
     fake.fault("issue_write", {"title": form["title"]}, kind="text", text=ERRORS["issue_form"])
+    bodyless = {**repo, "method": "create", "title": f"No body {tag}"}
+    fake.fault("issue_write", {"title": bodyless["title"]}, kind="drop")
     calls = {
         "pr_a": {**pr, "title": "Fix it (A)"}, "pr_b": {**pr, "title": "Fix it (B)"},
         "file_1": {**file, "content": "one\n"}, "file_2": {**file, "content": "two\n"},
@@ -389,12 +391,13 @@ def edges(fake, proxy):
             ("call", "create_or_update_file", calls["file_1"]), ("call", "create_or_update_file", calls["file_2"]),
             ("call", "create_or_update_file", calls["file_2"]), ("call", "create_or_update_file", calls["file_3"]),
             ("call", "create_or_update_file", calls["file_3"]),
-            ("call", "issue_write", form), ("call", "issue_write", form)]
+            ("call", "issue_write", form), ("call", "issue_write", form),
+            ("call", "issue_write", bodyless), ("call", "issue_write", bodyless)]
     report = run_client(fake.url, plan, revision="2026-07-28", proxy=proxy.url, ca=proxy.ca, timeout=8.0,
                         headers={"Authorization": TOKEN})
     assert "connect_error" not in report and all(r["ok"] for r in report["results"]), report
     results = dict(zip(("pr_a", "pr_b", "pr_b_retry", "file_1", "file_2", "file_2_retry", "file_3", "file_3_retry",
-                        "form", "form_retry"), report["results"], strict=True))
+                        "form", "form_retry", "bodyless", "bodyless_retry"), report["results"], strict=True))
     store = Store.open(proxy.db, create=False)
     try:
         mine = sorted((r for r in store.list(limit=None) if repo["repo"] in json.dumps(r.intent)),
@@ -406,7 +409,7 @@ def edges(fake, proxy):
     effects = fake.effects()
     sent = [c for c in effects["calls"] if c["arguments"].get("repo") == repo["repo"]]
     return {"results": results, "receipts": mine, "history": history, "effects": effects, "sent": sent,
-            "repo": repo["repo"], "calls": calls, "form": form}
+            "repo": repo["repo"], "calls": calls, "form": form, "bodyless": bodyless}
 
 
 def test_a_second_pull_request_for_the_same_branches_is_settled_by_the_read(edges):
@@ -447,4 +450,14 @@ def test_the_mcp_app_form_is_a_refusal_and_the_retry_is_sent(edges):
     assert res["form"]["is_error"] and "has NOT been created yet" in text(res["form"])
     assert not res["form_retry"]["is_error"]
     assert [r.state for r in edges["receipts"] if title in json.dumps(r.intent)] == ["rejected", "succeeded"]
+    assert len([i for i in edges["effects"]["issues"] if i["title"] == title]) == 1
+
+
+def test_a_lost_issue_without_a_body_goes_to_manual_review(edges):
+    """The read finds by title and body: an issue sent without `body` has none to look for (the pack says so)."""
+    res, title = edges["results"], edges["bodyless"]["title"]
+    assert res["bodyless"]["is_error"] and "answer was lost" in text(res["bodyless"])
+    [receipt] = [r for r in edges["receipts"] if title in json.dumps(r.intent)]
+    assert edges["history"][receipt.operation_id][-3:] == ["outcome_unknown", "reconciling", "manual_review"]
+    assert text(res["bodyless_retry"]).startswith("NOT SENT")
     assert len([i for i in edges["effects"]["issues"] if i["title"] == title]) == 1
