@@ -27,7 +27,8 @@ The report: {"revision", "protocol_version", "connect_error"?, "results": [...],
 hooks), `status` None when no answer came. Note the SDK's call_tool sends a tools/list of its own
 after a tool's first successful call (to learn its outputSchema), and mode "auto" sends
 server/discover first.
-`timeout` is the client's read timeout per request (`read_timeout_seconds`), in seconds.
+`timeout` is the client's read timeout per request (`read_timeout_seconds`), in seconds; `headers`
+are sent on every request (e.g. an Authorization header, as an agent configures one).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ INTERESTING = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version
 
 
 def run_client(url: str, ops: list[tuple], *, revision: str, proxy: str | None = None, ca: Path | str | None = None,
-               timeout: float = 5.0, env: dict[str, str] | None = None) -> dict[str, Any]:
+               timeout: float = 5.0, env: dict[str, str] | None = None,
+               headers: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the SDK client in a subprocess (see the module docstring); return its JSON report."""
     assert revision in REVISIONS, revision
     child_env = {k: v for k, v in os.environ.items()
@@ -56,7 +58,7 @@ def run_client(url: str, ops: list[tuple], *, revision: str, proxy: str | None =
     if ca:
         child_env["SSL_CERT_FILE"] = str(ca)
     child_env.update(env or {})
-    plan = json.dumps({"url": url, "ops": ops, "revision": revision, "timeout": timeout})
+    plan = json.dumps({"url": url, "ops": ops, "revision": revision, "timeout": timeout, "headers": headers or {}})
     budget = 20 + timeout * (len(ops) + 2)
     p = subprocess.run([sys.executable, "-m", "tests.mcp_client"], input=plan.encode(), capture_output=True,
                        env=child_env, cwd=ROOT, timeout=budget)
@@ -103,6 +105,7 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
     timeout = float(plan["timeout"])
     # trust_env (the default): the proxy from HTTP(S)_PROXY, the CA from SSL_CERT_FILE (httpcore2 reads it).
     http_client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout + 5, read=timeout + 5),
+                                     headers=plan.get("headers") or {},
                                      event_hooks={"request": [on_request], "response": [on_response]})
     revision = plan["revision"]
     report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http}
