@@ -81,6 +81,17 @@ def at_once(*calls):
 LISTENING = re.compile(r"(?:HTTP\(S\) proxy|SOCKS v5 proxy|reverse proxy)[^\n]* listening at 127\.0\.0\.1:(\d+)\.")
 
 
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """Stop a process this test started, by its PID: SIGTERM, then SIGKILL after 10 s."""
+    if proc and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
 class Proxy:
     """A mitmdump process with the receipts addon, on a port the kernel picks; stopped by PID."""
 
@@ -228,13 +239,7 @@ class ScriptsRun:
         return self.proxy_url
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -66,13 +65,9 @@ class McpServer:
         return READY.search(self.log_path.read_text(errors="replace"))
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        from tests.conftest import stop_process
+
+        stop_process(self.proc)
 
     def __enter__(self) -> McpServer:
         return self.start()
@@ -146,13 +141,9 @@ class BareMitmdump:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        from tests.conftest import stop_process
+
+        stop_process(self.proc)
 
     @property
     def url(self) -> str:

@@ -20,6 +20,7 @@ the real curl through a real proxy to a real HTTPS upstream.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,11 +31,12 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import certifi
-import requests
 import pytest
+import requests
 
 from tests.conftest import ROOT, TEST_RULES, ScriptsRun, wait_for
 from tests.upstream import free_port
@@ -114,57 +116,11 @@ def receipts_rows(out: str) -> list[dict[str, str]]:
 
 def test_try_it_by_hand_as_written(tmp_path):
     up_port, proxy_port, web_port = free_port(), free_port(), free_port()
+    # A newcomer's shell that would send a careless curl straight to the API (also NO_PROXY: run_block).
     block = sh_block("Try it by hand")
-    # None now; a block that wrote to /tmp would not touch it. First: the paths put in below may hold "/tmp/".
-    block = block.replace("/tmp/", f"{tmp_path}/tmp/")
-    for old, new in (("9000", str(up_port)), ("8080", str(proxy_port)), (".venv/bin/", f"{BIN}/")):
-        block = substitute(block, old, new)
-    script = tmp_path / "try-it-by-hand.sh"
-    script.write_text(block)
-    (tmp_path / "home").mkdir()
-    (tmp_path / "tmp").mkdir()
-    env = {
-        **os.environ,
-        "RECEIPT_PROXY_PORT": str(proxy_port),
-        "RECEIPT_PROXY_WEB_PORT": str(web_port),
-        "RECEIPT_PROXY_METRICS": "127.0.0.1:0",  # scripts/run's 9464 may be another run's
-        "RECEIPT_PROXY_VENV": sys.prefix,
-        "PYTHONPATH": str(ROOT),
-        "HOME": str(tmp_path / "home"),
-        "TMPDIR": str(tmp_path / "tmp"),
-        # A newcomer's shell that would send a careless curl straight to the API.
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
-        "http_proxy": f"http://127.0.0.1:{free_port()}",
-        "PYTHONUNBUFFERED": "1",
-    }
-    for name in (
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "https_proxy",
-        "RECEIPT_PROXY_STATE_DIR",
-        "RECEIPT_PROXY_DB",
-        "RECEIPT_PROXY_RULES",
-    ):
-        env.pop(name, None)
-    log = tmp_path / "out.txt"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            ["bash", str(script)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the block did not finish in 90 s:\n{log.read_text(errors='replace')}") from None
-        text = log.read_text(errors="replace")
-
+    ports = {"9000": str(up_port), "8080": str(proxy_port)}
+    careless = {"http_proxy": f"http://127.0.0.1:{free_port()}"}
+    with run_block(tmp_path, block, ports, proxy_port, web_port, env=careless) as text:
         # What the two curls got: the write's 502, then the retry's 409, both naming the one receipt.
         statuses = re.findall(r"^HTTP/1\.1 (\d{3})", text, re.M)
         assert statuses == ["502", "409"], text
@@ -187,12 +143,14 @@ def test_try_it_by_hand_as_written(tmp_path):
         assert [t["title"] for t in things] == ["hi"], things
         # The Web UI line the prose after the block points to, with its token.
         assert re.search(rf"^Web UI: http://127\.0\.0\.1:{web_port}/\?token=[0-9a-f]{{32}} ", text, re.M), text
-    finally:
-        kill_group(proc.pid)
 
 
-def run_block(tmp_path: Path, block: str, ports: dict[str, str], proxy_port: int, web_port: int) -> str:
-    """Run a README sh block as written (ports and paths changed as the module docstring says); its output."""
+@contextlib.contextmanager
+def run_block(
+    tmp_path: Path, block: str, ports: dict[str, str], proxy_port: int, web_port: int, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Run a README sh block as written (ports and paths changed as the module docstring says), and give its
+    output; what it left running in the background (its process group) is stopped when the `with` ends."""
     block = block.replace("/tmp/", f"{tmp_path}/tmp/")
     for old, new in (*ports.items(), (".venv/bin/", f"{BIN}/")):
         block = substitute(block, old, new)
@@ -200,11 +158,11 @@ def run_block(tmp_path: Path, block: str, ports: dict[str, str], proxy_port: int
     script.write_text(block)
     (tmp_path / "home").mkdir()
     (tmp_path / "tmp").mkdir()
-    env = {
+    environ = {
         **os.environ,
         "RECEIPT_PROXY_PORT": str(proxy_port),
         "RECEIPT_PROXY_WEB_PORT": str(web_port),
-        "RECEIPT_PROXY_METRICS": "127.0.0.1:0",
+        "RECEIPT_PROXY_METRICS": "127.0.0.1:0",  # scripts/run's 9464 may be another run's
         "RECEIPT_PROXY_VENV": sys.prefix,
         "PYTHONPATH": str(ROOT),
         "HOME": str(tmp_path / "home"),
@@ -215,17 +173,18 @@ def run_block(tmp_path: Path, block: str, ports: dict[str, str], proxy_port: int
     }
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "RECEIPT_PROXY_STATE_DIR",
                  "RECEIPT_PROXY_DB", "RECEIPT_PROXY_RULES", "SSL_CERT_FILE"):
-        env.pop(name, None)
+        environ.pop(name, None)
+    environ.update(env or {})
     log = tmp_path / "out.txt"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         try:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"the block did not finish in 90 s:\n{log.read_text(errors='replace')}") from None
-        return log.read_text(errors="replace")
+        yield log.read_text(errors="replace")
     finally:
         kill_group(proc.pid)
 
@@ -233,8 +192,9 @@ def run_block(tmp_path: Path, block: str, ports: dict[str, str], proxy_port: int
 def test_agents_that_use_mcp_servers_as_written(tmp_path):
     """README "Agents that use MCP servers": the SDK's client through scripts/run; one issue, the retry blocked."""
     mcp_port, proxy_port, web_port = free_port(), free_port(), free_port()
-    text = run_block(tmp_path, sh_block("Agents that use MCP servers"),
-                     {"9100": str(mcp_port), "8080": str(proxy_port)}, proxy_port, web_port)
+    with run_block(tmp_path, sh_block("Agents that use MCP servers"),
+                   {"9100": str(mcp_port), "8080": str(proxy_port)}, proxy_port, web_port) as text:
+        pass
     call = re.search(r"^call: isError=True: (.*)$", text, re.M)
     retry = re.search(r"^retry: isError=True: (.*)$", text, re.M)
     assert call and retry, text

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -36,7 +35,7 @@ from typing import Any
 import pytest
 
 from proxy_addon.store import Receipt, Store
-from tests.conftest import ROOT, SECRETS, Proxy, wait_for
+from tests.conftest import ROOT, SECRETS, Proxy, stop_process, wait_for
 from tests.mcp_client import REVISIONS, run_client
 from tests.packs.github_mcp_tools import ERRORS
 
@@ -70,13 +69,7 @@ class FakeGitHubMCP:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
     def _control(self, method: str, path: str, body: dict | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
