@@ -322,3 +322,29 @@ def test_the_cli_reconciles_a_tool_call_through_its_read_tool(mcp_json_server, r
     assert settled.state == "succeeded" and settled.external_id is not None
     assert [c["tool"] for c in server.calls()] == ["create_issue", "list_issues"]
     assert server.effects()["created"] == 1
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_an_https_mcp_server_gets_receipts_too(tmp_path_factory, confdir, revision):
+    """Real MCP servers speak https: the addon's own exchange, TLS verified against the server's CA."""
+    from tests.mcp_fixtures import McpServer
+
+    with McpServer("json", tmp_path_factory.mktemp("mcp-tls"), tls=True) as server:
+        workdir = tmp_path_factory.mktemp("mcp-tls-proxy")
+        rules = workdir / "rules"
+        rules.mkdir()
+        (rules / "tracker.yaml").write_text(RULES)
+        proxy = Proxy(workdir, confdir, rules=rules, upstream_ca=server.cert_path).start()
+        try:
+            args = issue()
+            server.queue("commit_then_drop")
+            report = call(server, proxy, revision, ("call", "create_issue", args), ("call", "create_issue", args),
+                          ("call", "create_issue", {**args, "body": "Fourth floor"}))
+            lost, blocked, other = report["results"]
+            assert lost["is_error"] and "answer was lost" in text(lost)
+            assert blocked["is_error"] and text(blocked).startswith("NOT SENT")
+            assert other["ok"] and not other["is_error"]  # another intent: sent
+            assert server.effects()["created"] == 2
+            assert [r.state for r in receipts(proxy, args["title"])] == ["outcome_unknown", "succeeded"]
+        finally:
+            proxy.stop()
