@@ -261,3 +261,14 @@ def test_a_replay_carries_the_duplicates_id_in_the_framing_asked_for():
 def test_framing_follows_accept():
     assert wants_sse("text/event-stream", False) and not wants_sse("application/json, text/event-stream", False)
     assert wants_sse("application/json, text/event-stream", True) and not wants_sse("application/json", True)
+
+
+def test_a_body_with_a_key_twice_is_refused_not_guessed(rules):
+    # Python's json takes the last "name", other parsers the first: the proxy would see a read, a server a write.
+    twice = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+             b'"params":{"name":"create_issue","name":"list_issues","arguments":{"title":"t"}}}')
+    m = match(rules, twice)
+    assert m is not None and "twice" in m.refused and "'name'" in m.refused
+    inner = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_issue","arguments":{"a":1,"a":2}}}'
+    assert "twice" in match(rules, inner).refused
+    assert match(rules, b'{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/list"}').refused

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy_addon.jsonpath import parse_json
+from proxy_addon.jsonpath import NOT_JSON, parse_json
 
 _B64 = re.compile(r"=\?base64\?(?P<payload>.*)\?=")
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
@@ -61,7 +62,9 @@ def decode_header_value(value: str | None) -> str | None:
 
 
 def read_call(doc: Any, headers: Mapping[str, str]) -> ToolCall | Refused | None:
-    """The tool call a parsed JSON-RPC body makes; `headers` with lower-case names."""
+    """The tool call a parsed JSON-RPC body makes (`parse_message`); `headers` with lower-case names."""
+    if isinstance(doc, Refused):
+        return doc
     method_header, name_header = headers.get("mcp-method"), headers.get("mcp-name")
     if isinstance(doc, list):
         if any(isinstance(m, dict) and m.get("method") == "tools/call" for m in doc):
@@ -100,6 +103,37 @@ def read_call(doc: Any, headers: Mapping[str, str]) -> ToolCall | Refused | None
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "...'"
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _DuplicateKey(dup)
+    return out
+
+
+def parse_message(body: bytes) -> Any:
+    """
+    A JSON-RPC body sent to an MCP endpoint, parsed; NOT_JSON when it is not JSON; Refused when
+    an object in it has a key twice. Parsers disagree on which of two keys counts (Python's
+    takes the last, others the first): a body that names a read-only tool for the proxy could
+    name a write for the server. So such a body is refused, never guessed.
+    """
+    if parse_json(body) is NOT_JSON:
+        return NOT_JSON
+    try:
+        return json.loads(body, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        return Refused(
+            f"the JSON-RPC body has the key {_short(str(e))} twice in one object: servers disagree on "
+            "which one counts, so the proxy does not guess"
+        )
 
 
 def unread_call(body: bytes, tool: str, headers: Mapping[str, str]) -> ToolCall:

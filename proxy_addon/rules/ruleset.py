@@ -12,8 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy_addon.canonical import canonical_host, canonical_path, ip_literal, method_overrides
-from proxy_addon.jsonpath import parse_json
-from proxy_addon.mcp.calls import Refused, ToolCall, read_call
+from proxy_addon.mcp.calls import Refused, ToolCall, parse_message, read_call
 from proxy_addon.rules.model import ANY_TOOL, Match, Operation, PathTemplate, RuleFile, same_value
 
 
@@ -162,7 +161,7 @@ class RuleSet:
                     if body is None:
                         return Match(op, params, pending=True)
                     if call is False:
-                        call = read_call(parse_json(body), _lower(headers))
+                        call = read_call(parse_message(body), _lower(headers))
                     if isinstance(call, Refused):  # on an MCP endpoint a rule names: 400, never sent
                         return Match(op, params, refused=call.why)
                     if isinstance(call, ToolCall) and op_takes(op, call):
