@@ -66,7 +66,9 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
     "proxy_addon.rules": {
         "AFTER_SUCCESS": ("proxy_addon.rules.model", "AFTER_SUCCESS"),
         "ALREADY_EXISTS": ("proxy_addon.rules.model", "ALREADY_EXISTS"),
+        "ANY_TOOL": ("proxy_addon.rules.model", "ANY_TOOL"),
         "CLASSIFIABLE": ("proxy_addon.rules.model", "CLASSIFIABLE"),
+        "FROM_SERVER": ("proxy_addon.rules.model", "FROM_SERVER"),
         "KEYS": ("proxy_addon.rules.model", "KEYS"),
         "METHODS": ("proxy_addon.rules.model", "METHODS"),
         "TEMPLATE_VAR": ("proxy_addon.rules.model", "TEMPLATE_VAR"),
@@ -113,7 +115,8 @@ ALL = {
         "is_postgres", "iso", "new_operation_id", "open_store", "utcnow",
     ],
     "proxy_addon.rules": [
-        "AFTER_SUCCESS", "ALREADY_EXISTS", "CLASSIFIABLE", "KEYS", "METHODS", "TEMPLATE_VAR", "AfterSuccess", "Check",
+        "AFTER_SUCCESS", "ALREADY_EXISTS", "ANY_TOOL", "CLASSIFIABLE", "FROM_SERVER", "KEYS", "METHODS", "TEMPLATE_VAR",
+        "AfterSuccess", "Check",
         "ClassifyRule", "FingerprintSpec", "Match", "Operation", "PathTemplate", "ReconcileSpec", "RuleFile",
         "RuleSet", "check_rules", "check_rules_path", "host_pattern", "load_rules", "load_rules_path",
         "parse_path_template", "rules_files", "rules_signature", "template_variables",
