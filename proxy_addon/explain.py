@@ -28,6 +28,7 @@ from proxy_addon.canonical import canonical_host, canonical_path, method_overrid
 from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes
 from proxy_addon.jsonpath import NOT_JSON, parse_json
+from proxy_addon.mcp.explain import describe_tool_call
 from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
 from proxy_addon.rules import ANY_TOOL, Check, ClassifyRule, Operation, ReconcileSpec, RuleSet
 
@@ -261,39 +262,8 @@ def explain(
         return report
     _describe(report, op, fingerprint(m, view, key), headers, body)
     if m.mcp_call is not None:
-        _describe_tool_call(report, op, m.mcp_call.name)
+        describe_tool_call(report, op, m.mcp_call.name, [_rule_text(r) for r in op.classify_rules])
     return report
-
-
-def _describe_tool_call(report: dict[str, Any], op: Operation, tool: str) -> None:
-    """An MCP tool call: which tool, whether the rule names it or `mcp.tools: from_server` derived it, its answers."""
-    derived = op.mcp_tool == ANY_TOOL
-    report["match"]["mcp"] = {"tool": tool, "derived": derived}
-    if derived:
-        report["match"]["mcp"]["why"] = (
-            f"no operation names the tool {tool}, and {op.source}:{op.line} says mcp.tools: from_server: a write, "
-            "fingerprinted on all its arguments, unless the server's tools/list (read as it passes the proxy) "
-            f"declares {tool} readOnlyHint: true, in which case the call passes untouched"
-        )
-    rules = [_rule_text(r).replace("→", "(the tool's result) →", 1) for r in op.classify_rules]
-    report["classify"] = [
-        *rules,
-        "a 2xx answer (JSON or an event stream) is read for the JSON-RPC response with the call's id: a result → "
-        "succeeded; isError: true → rejected; error -32602 (invalid params) → rejected; any other error, or no "
-        "response with that id → outcome_unknown",
-        "another status: as any write (4xx → rejected, 5xx → outcome_unknown)",
-    ]
-    report["duplicates"] = [
-        d.replace(
-            "blocked with 409 duplicate_unresolved",
-            "blocked: HTTP 200 with an isError tool result saying "
-            "why, for the model (the receipt id, what an operator can do)",
-        ).replace(
-            "answered with the recorded response",
-            "answered with the recorded result under the duplicate's own JSON-RPC id",
-        )
-        for d in report["duplicates"]
-    ]
 
 
 # The body fallbacks (intent_body.FALLBACKS) that leave the named fields unread: the intent is the whole body's hash.

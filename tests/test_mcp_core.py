@@ -272,3 +272,22 @@ def test_a_body_with_a_key_twice_is_refused_not_guessed(rules):
     inner = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_issue","arguments":{"a":1,"a":2}}}'
     assert "twice" in match(rules, inner).refused
     assert match(rules, b'{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/list"}').refused
+
+
+def test_explain_shows_what_from_server_derived_and_why_a_call_did_not_match():
+    from proxy_addon.explain import explain, render
+
+    derived = RuleSet.of([load_rules(RULES.replace("operations:", "mcp: {path: /mcp, tools: from_server}\noperations:"),
+                                     "mcp.yaml")])
+    body = call_body("delete_repo", {"name": "r", "token": "sk-SECRET"})
+    report = explain(derived, "POST", "https://mcp.example/mcp", body, {"content-type": "application/json"}, KEY)
+    assert report["match"]["operation"] == "from_server" and report["match"]["mcp"]["derived"]
+    shown = render(report)
+    assert "derived: no operation names the tool delete_repo" in shown and "readOnlyHint: true" in shown
+    assert "SECRET" not in shown  # an argument with a credential's name enters as a keyed hash
+    assert "isError tool result" in shown
+    rules = RuleSet.of([load_rules(RULES, "mcp.yaml")])
+    missed = explain(rules, "POST", "https://mcp.example/mcp", call_body("file_write", {"mode": "update"}),
+                     {"content-type": "application/json"}, KEY)
+    assert missed["match"] is None
+    assert any("not a tools/call of file_write with mode=create" in line for line in missed["why"])

@@ -1,0 +1,41 @@
+"""
+`receipts rules explain` for an MCP tool call: which tool, whether a rule names it or
+`mcp.tools: from_server` derived it, how its answers are classified, what a duplicate gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy_addon.rules import ANY_TOOL, Operation
+
+
+def describe_tool_call(report: dict[str, Any], op: Operation, tool: str, rules: list[str]) -> None:
+    """An MCP tool call: which tool, whether the rule names it or `mcp.tools: from_server` derived it, its answers."""
+    derived = op.mcp_tool == ANY_TOOL
+    report["match"]["mcp"] = {"tool": tool, "derived": derived}
+    if derived:
+        report["match"]["mcp"]["why"] = (
+            f"no operation names the tool {tool}, and {op.source}:{op.line} says mcp.tools: from_server: a write, "
+            "fingerprinted on all its arguments, unless the server's tools/list (read as it passes the proxy) "
+            f"declares {tool} readOnlyHint: true, in which case the call passes untouched"
+        )
+    rules = [text.replace("→", "(the tool's result) →", 1) for text in rules]
+    report["classify"] = [
+        *rules,
+        "a 2xx answer (JSON or an event stream) is read for the JSON-RPC response with the call's id: a result → "
+        "succeeded; isError: true → rejected; error -32602 (invalid params) → rejected; any other error, or no "
+        "response with that id → outcome_unknown",
+        "another status: as any write (4xx → rejected, 5xx → outcome_unknown)",
+    ]
+    report["duplicates"] = [
+        d.replace(
+            "blocked with 409 duplicate_unresolved",
+            "blocked: HTTP 200 with an isError tool result saying "
+            "why, for the model (the receipt id, what an operator can do)",
+        ).replace(
+            "answered with the recorded response",
+            "answered with the recorded result under the duplicate's own JSON-RPC id",
+        )
+        for d in report["duplicates"]
+    ]
