@@ -143,8 +143,11 @@ class SentTwice(Exception):
 
 # What our exchange's client may raise: httpx's own errors, h11's when httpcore does not map them, and ours.
 CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL, h11.ProtocolError, NotProcessed, SentTwice)
-# Where httpcore builds an HTTP/1.1 request head and asks h11 for its bytes, before writing any.
-_HEAD_BUILDERS = frozenset({"AsyncHTTP11Connection._send_request_headers", "HTTP11Connection._send_request_headers"})
+# Where httpcore, and the exchange's own HTTP/1.1 (mitm/http1.py), build a request head and ask h11 for its
+# bytes, before writing any.
+_HEAD_BUILDERS = frozenset(
+    {"AsyncHTTP11Connection._send_request_headers", "HTTP11Connection._send_request_headers", "_h11_request_bytes"}
+)
 # Where httpcore raises ConnectionNotAvailable for a stream above a GOAWAY's last-stream-id.
 _GOAWAY_CHECKS = frozenset({"AsyncHTTP2Connection._receive_events", "HTTP2Connection._receive_events"})
 _QUOTED = re.compile(r"(?<!\w)(?:b'(?:[^'\\]|\\.)*'" + "|" + r'b"(?:[^"\\]|\\.)*")')

@@ -24,7 +24,6 @@ import dataclasses
 import logging
 import time
 
-import httpcore
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
@@ -61,7 +60,7 @@ class Receipts:
         self.rules_sig: tuple = ()
         self.rules_problem: str | None = None  # a failed reload's first problem (file:line): flows say so (watch.py)
         self.config_error: str | None = "receipt-proxy is not configured yet"
-        self._client: httpcore.AsyncConnectionPool | None = None  # sends matched requests (receipts_forward=addon)
+        self._client: exchange.Client | None = None  # sends matched requests (receipts_forward=addon)
         self._client_config: tuple | None = None
         self._closing: asyncio.Task | None = None  # the replaced client, closing
         self._deadlines = internals.Deadlines()  # receipts_forward=mitmproxy: our upstream deadline
