@@ -13,6 +13,7 @@ records every request it reads:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -203,3 +204,54 @@ async def test_a_reused_connection_that_breaks_after_the_write_is_outcome_unknow
     assert second.reason.startswith("outcome unknown: the request may have reached the upstream"), second.reason
     assert server.requests == [(0, "/api/first"), (0, "/api/second")]
     assert server.accepted == 1
+
+
+@pytest.mark.parametrize("offers", ["h2", "http/1.1"])
+async def test_with_http2_on_an_https_upstream_gets_the_protocol_it_chooses_each_write_once(offers, tls_upstream):
+    """
+    With `http2` on, the exchange offers h2 and http/1.1 by ALPN. An upstream that chooses h2
+    is found out on the first connection, which is closed before a byte of the request is
+    written; that write and the next go over HTTP/2 (httpcore), each once. One that chooses
+    HTTP/1.1 is answered over it.
+    """
+    from tests.upstream_h2 import H2Upstream
+
+    paths = ["/api/alpn/first", "/api/alpn/second"]
+    with contextlib.ExitStack() as stack:
+        up = stack.enter_context(H2Upstream(certdir=tls_upstream.certdir)) if offers == "h2" else tls_upstream
+        async with make_client(Upstream(ca_file=str(tls_upstream.cert_path), http2=True)) as client:
+            answers = [await once(client, up.url + p) for p in paths]
+        for p, answer in zip(paths, answers, strict=True):
+            assert isinstance(answer, http.Response) and answer.status_code == 201, answer
+            assert answer.http_version == ("HTTP/2.0" if offers == "h2" else "HTTP/1.1")
+            assert up.seen(p) == 1
+            if offers == "h2":
+                assert up.protocols(p) == ["HTTP/2"]
+
+
+def answer_each(server: Scripted, conn: socket.socket) -> None:
+    """Answer every request on the connection, keep-alive, until the client closes it (then `closed`)."""
+    n = server.accepted - 1
+    with conn:
+        while server.read_request(n, conn) is not None:
+            conn.sendall(ANSWER)
+    server.closed.set()
+
+
+async def test_the_idle_pool_is_bounded_and_keeps_the_newest_connections(scripted):
+    """
+    With room for 2 idle connections: after writes to origins A and B, a write to C makes room
+    by closing the connection idle longest (A's), and C's next write reuses C's connection.
+    (A full pool that refused every new idle connection would leave keep-alive off for good.)
+    """
+    from proxy_addon.mitm.http1 import Http1Pool
+
+    a, b, c = (scripted(answer_each, answer_each) for _ in range(3))
+    async with make_client(Upstream()) as client:
+        client.http1 = Http1Pool(client.http1._ssl, max_keepalive=2)
+        for server in (a, b, c, c):
+            answer = await once(client, server.url("/api/bounded"))
+            assert isinstance(answer, http.Response) and answer.status_code == 201, answer
+        assert a.closed.wait(5), "the connection idle longest was not closed"
+        assert not b.closed.is_set()
+        assert (a.accepted, b.accepted, c.accepted) == (1, 1, 1)

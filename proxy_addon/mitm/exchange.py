@@ -9,10 +9,22 @@ itself, inside its async `request` hook, waits for the real answer up to
 `receipts_upstream_timeout`, records it, and sets `flow.response`. The SDK's retry then gets
 the recorded answer instead of a second write.
 
-It sends through httpcore's connection pool (`Upstream.pool`, built as httpx builds its
-transport), not httpx's client: the same connections, without the layers it would not use
-(about 0.15 ms of CPU per request), and no cookie jar. httpcore's errors are raised as httpx's
-(`httpx_errors`), which classify.py reads.
+How it sends (`Client`, chosen per origin):
+- HTTP/1.1 upstreams, reached directly: through a keep-alive pool of its own (http1.py, h11
+  on asyncio's streams): 0.23 ms of CPU per request against httpcore's 0.53 (measured in one
+  process against bench/upstream.py; 0.9 against 1.4 ms, and 1.0 against 1.6 over TLS, against
+  tests/upstream.py, whose answers come in two segments).
+- With `http2` on, an https connection offers h2 and http/1.1 by ALPN. An upstream that
+  chooses h2 (as large public APIs commonly do) is remembered, and its requests go through httpcore's pool
+  (`Upstream.pool`), which speaks HTTP/2; the connection that found it out is closed before a
+  byte of the request is written: one TLS handshake per origin, once. Why not h11 for them too:
+  over TLS, httpcore's HTTP/2 costs about what h11's HTTP/1.1 does (1.0 ms a request against
+  the same h2 upstream, tests/upstream_h2.py), and HTTP/2 is what mitmproxy's `http2` asks for.
+- Through an `upstream:` proxy (CONNECT for https, absolute-form for http, `upstream_auth`):
+  httpcore's pool, always.
+httpcore is used directly, not through httpx's client: the same connections, without the
+layers the exchange would not use, and no cookie jar. httpcore's errors are raised as httpx's
+(`httpx_errors`); http1.py raises httpx's itself: classify.py reads those.
 
 What it keeps from mitmproxy (`Upstream`, built from its options): upstream TLS
 verification (`ssl_insecure`, `ssl_verify_upstream_trusted_ca`,
@@ -70,7 +82,7 @@ from proxy_addon.classify import (
     failure_outcome,
     not_processed,
 )
-from proxy_addon.mitm.http1 import Http1Pool
+from proxy_addon.mitm.http1 import Http1Pool, SpeaksHttp2
 from proxy_addon.upstream import Upstream
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and framing that the new exchange sets itself.
@@ -97,29 +109,26 @@ def make_client(upstream: Upstream) -> Client:
 
 class Client:
     """
-    The exchange's connections. HTTP/1.1 upstreams, reached directly, go through `http1`
-    (http1.py: h11 on asyncio's streams, less than half of httpcore's CPU per request): plain
-    http always, https when HTTP/2 is off. The rest goes through `pool`, httpcore's, as httpx
-    would build it (`Upstream.pool`): https when HTTP/2 is on (ALPN decides there between h2
-    and HTTP/1.1), and everything through an upstream proxy (CONNECT, absolute-form, its
-    auth). httpcore directly, not httpx's client: the same connections, TLS, proxy and HTTP/2,
-    without the layers the exchange does not use (about 0.2 ms of CPU per request). Neither adds
-    anything to the agent's headers but `Host` (when it sent none) and the body's framing, nor
-    sends back a cookie an upstream set.
+    The exchange's connections (the module docstring says which carries what): `http1`, its own
+    HTTP/1.1 pool (none through an upstream proxy), and `pool`, httpcore's, as httpx would build
+    it. Neither adds anything to the agent's headers but `Host` (when it sent none) and the
+    body's framing, nor sends back a cookie an upstream set.
     """
 
     def __init__(self, upstream: Upstream) -> None:
         self.pool = upstream.pool(max_keepalive=64)
         self.http1: Http1Pool | None = None
-        self._tls_http1 = not upstream.http2
+        self._http2 = upstream.http2
         if upstream.proxy is None:
             context = httpx.create_ssl_context(verify=upstream.verify(), trust_env=False)
-            context.set_alpn_protocols(["http/1.1"])
+            context.set_alpn_protocols(["h2", "http/1.1"] if upstream.http2 else ["http/1.1"])
             self.http1 = Http1Pool(context, max_keepalive=64)
 
-    def http1_for(self, scheme: bytes) -> Http1Pool | None:
-        """The HTTP/1.1 pool when it carries requests to `scheme`, else None (httpcore's pool does)."""
-        return self.http1 if scheme == b"http" or self._tls_http1 else None
+    def http1_for(self, scheme: bytes, host: bytes, port: int) -> Http1Pool | None:
+        """The HTTP/1.1 pool when it carries requests to this origin, else None (httpcore's pool does)."""
+        if self.http1 is None or (self._http2 and scheme == b"https" and self.http1.speaks_http2((scheme, host, port))):
+            return None
+        return self.http1
 
     async def aclose(self) -> None:
         if self.http1 is not None:
@@ -207,22 +216,26 @@ async def send(
         return failure_outcome(e)
     content = request.raw_content or b""
     headers = framed(end_to_end(request.headers.fields), netloc, request.method, content)
-    http1 = client.http1_for(scheme)
+    to = port or (443 if scheme == b"https" else 80)
+    http1 = client.http1_for(scheme, host, to)
     loop = asyncio.get_running_loop()
     ends = loop.time() + deadline
     try:
         async with asyncio.timeout(deadline):
+            head = None
             if http1 is not None:
-                head = await http1.send(
-                    scheme,
-                    host,
-                    port or (443 if scheme == b"https" else 80),
-                    request.data.method,
-                    request.data.path,  # the request target exactly as the agent sent it
-                    headers,
-                    content,
-                    connect_timeout=min(connect_timeout, deadline),
-                )
+                with contextlib.suppress(SpeaksHttp2):  # nothing written: over HTTP/2, through httpcore
+                    head = await http1.send(
+                        scheme,
+                        host,
+                        to,
+                        request.data.method,
+                        request.data.path,  # the request target exactly as the agent sent it
+                        headers,
+                        content,
+                        connect_timeout=min(connect_timeout, deadline),
+                    )
+            if head is not None:
                 status, phrase, version, fields = head.status, head.reason, head.http_version, head.headers
                 chunks, close = head.body(), head.aclose
             else:

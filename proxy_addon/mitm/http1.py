@@ -131,12 +131,21 @@ class Answer:
                 await conn.writer.wait_closed()
 
 
+class SpeaksHttp2(Exception):
+    """The upstream chose HTTP/2 by ALPN on a new connection: closed before a byte of the request was written."""
+
+
 class Http1Pool:
     """
     Keep-alive HTTP/1.1 connections to upstreams, by (scheme, host, port); no limit on the
     connections open at once, `max_keepalive` idle ones in all. `ssl_context` verifies https
-    upstreams (with ALPN "http/1.1" only).
+    upstreams; its ALPN protocols are the ones offered. When it offers h2 too and an upstream
+    chooses it, the new connection is closed before the request is written, the origin is
+    remembered (`speaks_http2`, up to `MAX_HTTP2_ORIGINS`, the oldest forgotten first), and
+    `send` raises SpeaksHttp2: the caller sends it over HTTP/2 itself.
     """
+
+    MAX_HTTP2_ORIGINS = 1024
 
     def __init__(self, ssl_context: ssl.SSLContext, *, max_keepalive: int = 64, keepalive_expiry: float = 5.0) -> None:
         self._ssl = ssl_context
@@ -145,6 +154,11 @@ class Http1Pool:
         self._idle: dict[Key, list[_Conn]] = {}
         self._count = 0
         self._closed = False
+        self._http2: dict[Key, None] = {}  # origins that chose h2, oldest first
+
+    def speaks_http2(self, key: Key) -> bool:
+        """Whether the upstream at `key` (scheme, host, port) chose HTTP/2 on a connection of this pool."""
+        return key in self._http2
 
     async def send(
         self,
@@ -158,7 +172,10 @@ class Http1Pool:
         *,
         connect_timeout: float,
     ) -> Answer:
-        """Send the request once, and return the answer's head (the module docstring says what a failure means)."""
+        """
+        Send the request once, and return the answer's head (the module docstring says what a
+        failure means), or raise SpeaksHttp2 (nothing written).
+        """
         key = (scheme, host, port)
         conn = self._take(key)
         if conn is None:
@@ -186,14 +203,19 @@ class Http1Pool:
     def _take(self, key: Key) -> _Conn | None:
         """The most recently used idle connection to `key` that can carry a request; unusable ones are closed."""
         idle = self._idle.get(key)
-        now = time.monotonic()
-        while idle:
+        if not idle:
+            return None
+        now, found = time.monotonic(), None
+        while idle and found is None:
             conn = idle.pop()
             self._count -= 1
             if conn.reusable(now, self._expiry):
-                return conn
-            conn.abort()
-        return None
+                found = conn
+            else:
+                conn.abort()
+        if not idle:
+            del self._idle[key]  # the origins held stay as many as the idle connections
+        return found
 
     async def _connect(self, key: Key, timeout: float) -> _Conn:
         scheme, host, port = key
@@ -208,27 +230,44 @@ class Http1Pool:
             raise httpx.ConnectTimeout(f"no connection to {name}:{port} within {timeout:g}s") from e
         except _CONNECT_ERRORS as e:
             raise httpx.ConnectError(str(e) or type(e).__name__) from e
+        tls_object = writer.get_extra_info("ssl_object") if tls else None
+        if tls_object is not None and tls_object.selected_alpn_protocol() == "h2":
+            writer.transport.abort()
+            if len(self._http2) >= self.MAX_HTTP2_ORIGINS:
+                del self._http2[next(iter(self._http2))]
+            self._http2[key] = None
+            raise SpeaksHttp2(f"{name}:{port} chose h2")
         return _Conn(key, reader, writer)
 
     def _release(self, conn: _Conn) -> None:
-        """After an answer read to its end: back to the pool if both sides are done and there is room, else closed."""
+        """After an answer read to its end: back to the pool if both sides are done, else closed."""
         state = conn.h11
-        if (
-            self._closed
-            or self._count >= self._max
-            or state.our_state is not h11.DONE
-            or state.their_state is not h11.DONE
-        ):
+        if self._closed or state.our_state is not h11.DONE or state.their_state is not h11.DONE:
             conn.close()
             return
         state.start_next_cycle()
-        conn.idle_since = time.monotonic()
-        idle = self._idle.setdefault(conn.key, [])
-        while idle and conn.idle_since - idle[0].idle_since > self._expiry:  # the oldest, expired: closed
-            idle.pop(0).close()
-            self._count -= 1
-        idle.append(conn)
+        now = conn.idle_since = time.monotonic()
+        if self._count >= self._max:
+            self._make_room(now)
+        if self._count >= self._max:
+            conn.close()
+            return
+        self._idle.setdefault(conn.key, []).append(conn)
         self._count += 1
+
+    def _make_room(self, now: float) -> None:
+        """Close the idle connections that expired (to any origin), else the one idle longest."""
+        every = [conn for idle in self._idle.values() for conn in idle]
+        if not every:
+            return
+        gone = [conn for conn in every if now - conn.idle_since > self._expiry]
+        for conn in gone or [min(every, key=lambda conn: conn.idle_since)]:
+            idle = self._idle[conn.key]
+            idle.remove(conn)
+            if not idle:
+                del self._idle[conn.key]
+            conn.close()
+            self._count -= 1
 
     async def aclose(self) -> None:
         """Close the idle connections; a connection in use is closed when its answer ends."""
