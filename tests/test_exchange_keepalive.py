@@ -255,3 +255,21 @@ async def test_the_idle_pool_is_bounded_and_keeps_the_newest_connections(scripte
         assert a.closed.wait(5), "the connection idle longest was not closed"
         assert not b.closed.is_set()
         assert (a.accepted, b.accepted, c.accepted) == (1, 1, 1)
+
+
+async def test_an_answer_with_a_large_head_is_read_as_httpcore_read_it(scripted):
+    """An answer head of 60 KiB (long cookies, a large CSP) is read: the limit is httpcore's 100 KiB, not h11's 16."""
+
+    def script(server: Scripted, conn: socket.socket) -> None:
+        with conn:
+            assert server.read_request(0, conn) is not None
+            head = ANSWER.replace(b"\r\n\r\n", b"\r\nX-Large: " + b"v" * 60 * 1024 + b"\r\n\r\n", 1)
+            conn.sendall(head[: 40 * 1024])  # in two parts: the client holds 40 KiB of an unfinished head
+            time.sleep(0.1)
+            conn.sendall(head[40 * 1024 :])
+
+    server = scripted(script)
+    async with make_client(Upstream()) as client:
+        answer = await once(client, server.url("/api/large-head"))
+    assert isinstance(answer, http.Response) and answer.status_code == 201, answer
+    assert len(answer.headers["x-large"]) == 60 * 1024

@@ -45,6 +45,7 @@ import h11
 import httpx
 
 _READ = 65536
+_MAX_HEAD = 100 * 1024  # the largest answer head read, as httpcore's (h11's own default is 16 KiB)
 Key = tuple[bytes, bytes, int]  # scheme, host, port
 # What opening a connection raises when it fails (ssl.SSLError, a refused certificate among them, is an OSError;
 # a host name that cannot be encoded is a ValueError), and what reading a broken one raises.
@@ -59,7 +60,7 @@ class _Conn:
         self.key = key
         self.reader = reader
         self.writer = writer
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
         self.idle_since = 0.0
 
     def reusable(self, now: float, expiry: float) -> bool:
