@@ -1022,3 +1022,87 @@ def test_an_unresolved_receipt_that_is_not_its_intents_latest_fails_closed(store
     assert (n_receipts(store), n_events(store)) == (n, e)
     assert store.get(older).state is State.SUBMITTED
     assert not in_transaction(store)
+
+
+# --- answer_duplicate: the event loop's connection (SQLite in WAL mode) ---------------------------
+
+
+def _unknown(path: Path) -> tuple[Store, str]:
+    """A store with one outcome_unknown receipt for attempt(): (the store, its operation id)."""
+    store = Store.open(path)
+    first = store.begin_attempt(attempt()).receipt
+    store.record_outcome(first.operation_id, State.OUTCOME_UNKNOWN, reason="the connection dropped")
+    return store, first.operation_id
+
+
+def _loop_connection(path: Path, clock=None) -> Store:
+    return Store.open(path, lock_timeout=0, create=False, checkpoints=False, **({"clock": clock} if clock else {}))
+
+
+def test_answer_duplicate_answers_from_one_read_and_records_the_answer(db_path):
+    store, op_id = _unknown(db_path)
+    local = _loop_connection(db_path)
+    try:
+        decision = local.answer_duplicate(attempt(flow_id="flow-2"))
+        assert decision != "busy" and decision != "new"
+        assert (decision.kind, decision.receipt.operation_id) == ("blocked", op_id)
+        blocked = [e for e in store.events(op_id) if e.event == "blocked"]  # committed: another connection sees it
+        assert [(e.flow_id, e.to_state) for e in blocked] == [("flow-2", State.OUTCOME_UNKNOWN)]
+        before = len(store.events(op_id))
+        assert local.answer_duplicate(attempt("fp-new")) == "new"  # a new receipt is the store thread's, durably
+        assert [r.intent_fingerprint for r in store.list(limit=None)] == ["fp-1"]
+        assert len(store.events(op_id)) == before
+        assert not local.conn.in_transaction
+    finally:
+        local.close()
+        store.close()
+
+
+def test_answer_duplicate_does_not_wait_for_another_writer(db_path):
+    store, op_id = _unknown(db_path)
+    local = _loop_connection(db_path)
+    other = Store.open(db_path, create=False)
+    other.conn.execute("BEGIN IMMEDIATE")  # another process writing
+    try:
+        started = time.monotonic()
+        assert local.answer_duplicate(attempt()) == "busy"
+        assert time.monotonic() - started < 0.5
+        assert not local.conn.in_transaction
+    finally:
+        other.conn.execute("ROLLBACK")
+        other.close()
+    try:
+        assert [e.event for e in store.events(op_id) if e.event != "transition"] == []  # nothing written
+        assert local.answer_duplicate(attempt()) != "busy"  # the lock is free again
+    finally:
+        local.close()
+        store.close()
+
+
+def test_answer_duplicate_never_answers_from_a_read_another_writer_made_stale(db_path):
+    """
+    Another process settles the receipt between answer_duplicate's read and its write (the
+    clock is read there): the read is stale, so nothing is written and it says "busy"; the
+    store's begin_attempt then decides on what was committed (a retry, not a 409).
+    """
+    store, op_id = _unknown(db_path)
+    other = Store.open(db_path, create=False)
+    reads = []
+
+    def clock():
+        reads.append(1)
+        if len(reads) == 2:  # after the read of the receipt, before the duplicate's event
+            other.resolve(op_id, State.SAFE_TO_RETRY, note="checked by hand: it never arrived", actor="ops")
+        return T0
+
+    local = _loop_connection(db_path, clock)
+    try:
+        assert local.answer_duplicate(attempt()) == "busy"
+        assert not local.conn.in_transaction
+        assert [e.event for e in store.events(op_id) if e.event in ("blocked", "replayed")] == []
+        decision = store.begin_attempt(attempt())
+        assert (decision.kind, decision.receipt.retry_of) == ("forward", op_id)
+    finally:
+        local.close()
+        other.close()
+        store.close()

@@ -44,10 +44,12 @@ from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, ReceiptStore, utcnow
+from proxy_addon.store import Attempt, Receipt, ReceiptStore, utcnow
 from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)
+
+LOOP_FINGERPRINT = 64 * 1024  # bytes of decoded body up to which a write is fingerprinted on the event loop
 
 
 class Receipts:
@@ -218,10 +220,14 @@ class Receipts:
             return
         op, view, inst = m.operation, request_view(flow.request, body), self.installation
         credentials = credentials_from(op.credential_headers, view.headers)
+
+        def attempt() -> Attempt:
+            return build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance)
+
         try:
-            admitted = await self.gate.admit(
-                lambda: build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance), op, credentials
-            )
+            # A small body is fingerprinted here, and a duplicate answered on the event loop (gate.py);
+            # a large one on the store's thread.
+            admitted = await self.gate.admit(attempt() if len(body) <= LOOP_FINGERPRINT else attempt, op, credentials)
         except StoreError as e:
             self._answer_unavailable(flow, meta, str(e))
             return

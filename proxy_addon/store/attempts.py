@@ -2,6 +2,11 @@
 The hot path: deciding an attempt (`begin_attempt`), in one write transaction committed before
 it returns: a duplicate answered from its receipt (blocked, or a success replayed), or a new
 receipt inserted, with its first event, for the proxy to forward.
+
+`answer_duplicate` is the same decision for a connection that must never wait (the event
+loop's, on SQLite in WAL mode): a duplicate is answered from one read, and its answer recorded
+in the same transaction (not waiting for the disk); anything else ("new", or "busy": another
+writer holds the lock or committed meanwhile) is left to `begin_attempt` on the store's thread.
 """
 
 from __future__ import annotations
@@ -10,10 +15,11 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Callable
+from typing import Literal
 
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
-from proxy_addon.store.base import UniqueViolation, marks
+from proxy_addon.store.base import UniqueViolation, WouldWait, marks
 from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
 from proxy_addon.store.transitions import ReceiptTransitions
 
@@ -54,6 +60,7 @@ class ReceiptAttempts(ReceiptTransitions):
         replay_window: float = 86400.0,
         actor: str = "proxy",
         record_duplicate: bool | Callable[[Decision], bool] = True,
+        durable: bool | None = None,
     ) -> Decision:
         """
         Decide what to do with an attempt and commit that decision before returning.
@@ -66,6 +73,8 @@ class ReceiptAttempts(ReceiptTransitions):
         A duplicate's answer is appended to the receipt's events, unless `record_duplicate` is
         False or says False of the decision (the proxy does not record a duplicate that will
         first wait for or reconcile the receipt; it records the answer it finally gets).
+        `durable=True`: begin durably without the guess below (`answer_duplicate` just read it
+        is a new receipt); the decision is the transaction's, whatever was read before.
         """
         if after_success not in ("replay", "block", "allow"):
             raise ValueError(f"after_success must be replay, block or allow, not {after_success!r}")
@@ -73,32 +82,72 @@ class ReceiptAttempts(ReceiptTransitions):
         # backend that can relax a transaction once it knows starts durable; SQLite cannot (its
         # pragma is set before BEGIN), so a guess from one indexed read decides, and a guess of
         # "duplicate" that turns out a new receipt is rolled back and decided again, durably.
-        durable = self.relaxes_late or not self._likely_duplicate(attempt.intent_fingerprint, after_success)
+        if not durable:
+            durable = self.relaxes_late or not self._likely_duplicate(attempt.intent_fingerprint, after_success)
         tries = 0
         while tries < 3:
             try:
                 with self._write(durable=durable):
                     decision = self._decide(attempt, after_success, replay_window, actor, durable=durable)
-                    record = record_duplicate(decision) if callable(record_duplicate) else record_duplicate
-                    if decision.kind != "forward" and record:
-                        r = decision.receipt
-                        self._relax()
-                        self._event(
-                            r.operation_id,
-                            "replayed" if decision.kind == "replay" else "blocked",
-                            r.state,
-                            r.state,
-                            decision.reason,
-                            actor,
-                            attempt.flow_id,
-                            iso(self.clock()),
-                        )
+                    if decision.kind != "forward":
+                        self._record_duplicate(decision, attempt, actor, record_duplicate)
                     return decision
             except _NeedsDurable:
                 durable = True  # guessed a duplicate, and it is a new receipt: decide again, durably
             except UniqueViolation:
                 tries += 1  # lost a race on the unique index to another connection: decide again
         raise StoreUnavailable(f"could not record the attempt in {self.location}: the unique index kept refusing it")
+
+    def answer_duplicate(
+        self,
+        attempt: Attempt,
+        *,
+        after_success: str = "replay",
+        replay_window: float = 86400.0,
+        actor: str = "proxy",
+        record_duplicate: bool | Callable[[Decision], bool] = True,
+    ) -> Decision | Literal["new", "busy"]:
+        """
+        `begin_attempt`'s decision, without ever waiting (where `snapshot_writes`: SQLite in
+        WAL mode, on a connection opened with lock_timeout=0, such as the event loop's). A
+        duplicate is answered from one read of the committed receipts, and its answer (as
+        `begin_attempt` records it) written in the same transaction, which becomes a write
+        only if no other writer committed since that read, and commits without waiting for
+        the disk. "new": the read found no duplicate (a new receipt is due: `begin_attempt`,
+        `durable=True`); "busy": another writer holds the lock or wrote meanwhile (nothing
+        written: `begin_attempt` decides).
+        """
+        if not self.snapshot_writes:
+            return "busy"
+        try:
+            with self._snapshot_write():
+                try:
+                    decision = self._decide(attempt, after_success, replay_window, actor, durable=False)
+                except _NeedsDurable:
+                    return "new"  # nothing was written: the transaction only read
+                self._record_duplicate(decision, attempt, actor, record_duplicate)
+                return decision
+        except WouldWait:
+            return "busy"
+
+    def _record_duplicate(
+        self, decision: Decision, attempt: Attempt, actor: str, record: bool | Callable[[Decision], bool]
+    ) -> None:
+        """In the deciding transaction: a duplicate's answer in its receipt's events (not durable), if `record`."""
+        if not (record(decision) if callable(record) else record):
+            return
+        r = decision.receipt
+        self._relax()
+        self._event(
+            r.operation_id,
+            "replayed" if decision.kind == "replay" else "blocked",
+            r.state,
+            r.state,
+            decision.reason,
+            actor,
+            attempt.flow_id,
+            iso(self.clock()),
+        )
 
     def _likely_duplicate(self, fingerprint: str, after_success: str) -> bool:
         """

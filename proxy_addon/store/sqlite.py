@@ -30,18 +30,20 @@ from typing import Any
 from sqlite_utils import Database
 
 from proxy_addon.errors import StoreError, StoreUnavailable
-from proxy_addon.store.base import Dialect, UniqueViolation
+from proxy_addon.store.base import Dialect, UniqueViolation, WouldWait
 from proxy_addon.store.migrations import migrations
 from proxy_addon.store.receipts import ReceiptStore
 from proxy_addon.store.records import Clock, utcnow
 
 _UNIQUE = frozenset({sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY})
+_BUSY = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})  # primary codes (BUSY_SNAPSHOT is BUSY's)
 
 
 class SQLiteStore(ReceiptStore):
     """The receipts database in one SQLite file. Not thread-safe: give each thread its own store."""
 
     dialect = Dialect(insertion_order="rowid")
+    snapshot_writes = True  # in WAL mode (open sets it): a read transaction becomes a write, or says it would wait
 
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock = utcnow, path: str | None = None):
         self.db = Database(conn)
@@ -49,15 +51,26 @@ class SQLiteStore(ReceiptStore):
         self.clock = clock
         self.path = path
         self._writing = False
+        self._snapshot = False  # in a _snapshot_write: a busy database is WouldWait
         self._durable = True  # the connection's synchronous level: FULL (open sets it), or NORMAL
         self._identity = _identity(path) if path else None  # (device, inode) of the file opened
         self._wal_identity: tuple[int, int] | None = None  # the WAL's, once a write has made it
 
     @classmethod
     def open(
-        cls, path: str | Path, *, lock_timeout: float = 5.0, clock: Clock = utcnow, create: bool = True
+        cls,
+        path: str | Path,
+        *,
+        lock_timeout: float = 5.0,
+        clock: Clock = utcnow,
+        create: bool = True,
+        checkpoints: bool = True,
     ) -> SQLiteStore:
-        """Open (and create with mode 0600, and migrate) the receipts database at `path`."""
+        """
+        Open (and create with mode 0600, and migrate) the receipts database at `path`.
+        `checkpoints=False`: this connection's commits never checkpoint the WAL (one on the event
+        loop, which must not wait for the disk; the store's own connection checkpoints it).
+        """
         p = Path(path).expanduser()
         try:
             if create:
@@ -68,6 +81,8 @@ class SQLiteStore(ReceiptStore):
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute(f"PRAGMA busy_timeout={int(lock_timeout * 1000)}")
+            if not checkpoints:
+                conn.execute("PRAGMA wal_autocheckpoint=0")
             store = cls(conn, clock=clock, path=str(p))
             if create:
                 # Switching a new file to WAL can fail with "locked" without waiting for the busy
@@ -161,6 +176,49 @@ class SQLiteStore(ReceiptStore):
             self._writing = False
             self._settled(committed)
 
+    @contextlib.contextmanager
+    def _snapshot_write(self) -> Iterator[None]:
+        """
+        base.py's `_snapshot_write`: a deferred `BEGIN`. Its first read takes a snapshot of the
+        committed state (WAL: without a lock); its first write takes the write lock, which
+        SQLite refuses at once (SQLITE_BUSY_SNAPSHOT) when another connection committed since
+        that snapshot, and, on a store opened with lock_timeout=0 (`open(..., waits=False)`), when
+        another writer holds it (SQLITE_BUSY): WouldWait, nothing written. A commit needs no
+        disk wait (synchronous=NORMAL), and the next FULL commit makes it durable.
+        """
+        self._check_same_file()
+        try:
+            self._synchronous(False)
+            self.conn.execute("BEGIN")
+        except sqlite3.Error as e:
+            raise self._failure(e, writing=True) from e
+        self._writing = self._snapshot = True
+        committed = False
+        try:
+            yield
+            self.conn.execute("COMMIT")
+            committed = True
+            if self._wal_identity is None and self.path:
+                self._wal_identity = _identity(f"{self.path}-wal")
+        except BaseException as e:
+            self._rollback(e)
+            if isinstance(e, sqlite3.Error):
+                raise self._failure(e) from e
+            raise
+        finally:
+            self._writing = self._snapshot = False
+            self._settled(committed)
+
+    def checkpoint(self) -> None:
+        """
+        A PASSIVE checkpoint of the WAL (it waits for no reader or writer): for the commits of a
+        connection opened with checkpoints=False, which never checkpoints at its own commits.
+        """
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as e:
+            raise self._failure(e, writing=True) from e
+
     def _synchronous(self, durable: bool) -> None:
         """synchronous=FULL for a durable transaction, NORMAL for another; the pragma runs only when it changes."""
         if self._durable is not durable:
@@ -192,7 +250,12 @@ class SQLiteStore(ReceiptStore):
         self._execute("PRAGMA defer_foreign_keys = ON")  # reset by SQLite at the end of the transaction
 
     def _failure(self, e: sqlite3.Error, *, writing: bool | None = None) -> StoreError:
-        """The StoreError for a sqlite3 error: in a write, UniqueViolation or StoreUnavailable; else a failed read."""
+        """
+        The StoreError for a sqlite3 error: in a snapshot write, a busy database is WouldWait; in a
+        write, UniqueViolation or StoreUnavailable; else a failed read.
+        """
+        if self._snapshot and getattr(e, "sqlite_errorcode", 0) & 0xFF in _BUSY:
+            return WouldWait(f"the receipts database {self.location} is being written: {e}")
         if not (self._writing if writing is None else writing):
             return StoreError(f"cannot read the receipts database {self.location}: {e}")
         if isinstance(e, sqlite3.IntegrityError) and e.sqlite_errorcode in _UNIQUE:
