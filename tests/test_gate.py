@@ -81,11 +81,13 @@ class World:
         A gate over its own store connection (two gates: two proxy processes on one database),
         and, when `local`, the event loop's connection that never waits (mitm/store.py opens it).
         """
-        calls = StoreThread(Store.open(self.db, clock=self.clock))
+        store = Store.open(self.db, clock=self.clock)
+        calls = StoreThread(store)
         self.threads.append(calls)
         local = None
         if self.local:
-            local = Store.open(self.db, clock=self.clock, lock_timeout=0, create=False, checkpoints=False)
+            local = Store.open(self.db, clock=self.clock, lock_timeout=0, create=False, checkpoints=False,
+                               writes_with=store)
             self.locals_.append(local)
         return Gate(calls, GateSettings(reads=ReadSettings(timeout=5), **settings), local=local)
 

@@ -141,7 +141,12 @@ class ReceiptsDb:
             return None
         try:
             local = SQLiteStore.open(
-                inst.store.path, lock_timeout=0, clock=inst.store.clock, create=False, checkpoints=False
+                inst.store.path,
+                lock_timeout=0,
+                clock=inst.store.clock,
+                create=False,
+                checkpoints=False,
+                writes_with=inst.store,
             )
         except ReceiptsError as e:
             logger.warning(f"receipt-proxy: duplicates are decided on the store's thread only: {e}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -52,6 +53,10 @@ class SQLiteStore(ReceiptStore):
         self.path = path
         self._writing = False
         self._snapshot = False  # in a _snapshot_write: a busy database is WouldWait
+        # Taken around each write transaction by this process's connections to this file (`writes_with`):
+        # between them a mutex, not SQLite's busy handler, which sleeps a millisecond or more.
+        self._writers = threading.Lock()
+        self._holds_writers = False
         self._durable = True  # the connection's synchronous level: FULL (open sets it), or NORMAL
         self._identity = _identity(path) if path else None  # (device, inode) of the file opened
         self._wal_identity: tuple[int, int] | None = None  # the WAL's, once a write has made it
@@ -65,11 +70,14 @@ class SQLiteStore(ReceiptStore):
         clock: Clock = utcnow,
         create: bool = True,
         checkpoints: bool = True,
+        writes_with: SQLiteStore | None = None,
     ) -> SQLiteStore:
         """
         Open (and create with mode 0600, and migrate) the receipts database at `path`.
         `checkpoints=False`: this connection's commits never checkpoint the WAL (one on the event
         loop, which must not wait for the disk; the store's own connection checkpoints it).
+        `writes_with`: another connection of this process to the file, whose writes this one's
+        exclude with a mutex: its `_write` waits on it, a `_snapshot_write` says WouldWait.
         """
         p = Path(path).expanduser()
         try:
@@ -84,6 +92,8 @@ class SQLiteStore(ReceiptStore):
             if not checkpoints:
                 conn.execute("PRAGMA wal_autocheckpoint=0")
             store = cls(conn, clock=clock, path=str(p))
+            if writes_with is not None:
+                store._writers = writes_with._writers
             if create:
                 # Switching a new file to WAL can fail with "locked" without waiting for the busy
                 # timeout when other connections are opening it too: retry within lock_timeout.
@@ -154,27 +164,31 @@ class SQLiteStore(ReceiptStore):
         checkpoint, makes it durable: base.py, "Durability").
         """
         self._check_same_file()
+        self._writers.acquire()  # this process's other connection (the event loop's) never makes us sleep
         try:
-            self._synchronous(durable)  # a pragma SQLite refuses inside a transaction: set before BEGIN
-            self.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise self._failure(e, writing=True) from e
-        self._writing = True
-        committed = False
-        try:
-            yield
-            self.conn.execute("COMMIT")
-            committed = True
-            if self._wal_identity is None and self.path:
-                self._wal_identity = _identity(f"{self.path}-wal")
-        except BaseException as e:
-            self._rollback(e)
-            if isinstance(e, sqlite3.Error):
-                raise self._failure(e) from e
-            raise
+            try:
+                self._synchronous(durable)  # a pragma SQLite refuses inside a transaction: set before BEGIN
+                self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise self._failure(e, writing=True) from e
+            self._writing = True
+            committed = False
+            try:
+                yield
+                self.conn.execute("COMMIT")
+                committed = True
+                if self._wal_identity is None and self.path:
+                    self._wal_identity = _identity(f"{self.path}-wal")
+            except BaseException as e:
+                self._rollback(e)
+                if isinstance(e, sqlite3.Error):
+                    raise self._failure(e) from e
+                raise
+            finally:
+                self._writing = False
+                self._settled(committed)
         finally:
-            self._writing = False
-            self._settled(committed)
+            self._writers.release()
 
     @contextlib.contextmanager
     def _snapshot_write(self) -> Iterator[None]:
@@ -183,8 +197,9 @@ class SQLiteStore(ReceiptStore):
         committed state (WAL: without a lock); its first write takes the write lock, which
         SQLite refuses at once (SQLITE_BUSY_SNAPSHOT) when another connection committed since
         that snapshot, and, on a store opened with lock_timeout=0 (`open(..., waits=False)`), when
-        another writer holds it (SQLITE_BUSY): WouldWait, nothing written. A commit needs no
-        disk wait (synchronous=NORMAL), and the next FULL commit makes it durable.
+        another writer holds it (SQLITE_BUSY), or this process's other connection writes (its
+        `writes_with` mutex): WouldWait, nothing written. A commit needs no disk wait
+        (synchronous=NORMAL), and the next FULL commit makes it durable.
         """
         self._check_same_file()
         try:
@@ -207,6 +222,9 @@ class SQLiteStore(ReceiptStore):
             raise
         finally:
             self._writing = self._snapshot = False
+            if self._holds_writers:
+                self._holds_writers = False
+                self._writers.release()
             self._settled(committed)
 
     def checkpoint(self) -> None:
@@ -241,6 +259,10 @@ class SQLiteStore(ReceiptStore):
             raise self._failure(e) from e
 
     def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        if self._snapshot and not self._holds_writers:  # the first write of a _snapshot_write
+            if not self._writers.acquire(blocking=False):
+                raise WouldWait(f"the receipts database {self.location} is being written by this process")
+            self._holds_writers = True
         try:
             return self.conn.execute(sql, params).rowcount
         except sqlite3.Error as e:
