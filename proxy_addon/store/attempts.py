@@ -45,6 +45,14 @@ _RECEIPT_COLUMNS = (
 )
 
 
+# How a succeeded receipt became so: the from_state of its last transition to succeeded, in a
+# subquery of the read that decides (`receipts` is that read's row).
+_ANSWERED_FROM = (
+    "SELECT e.from_state FROM receipt_events e WHERE e.operation_id = receipts.operation_id "
+    "AND e.event = 'transition' AND e.to_state = ? ORDER BY e.id DESC LIMIT 1"
+)
+
+
 class _NeedsDurable(Exception):
     """A transaction begun as not durable was about to insert a receipt: rolled back, begun again durably."""
 
@@ -171,10 +179,13 @@ class ReceiptAttempts(ReceiptTransitions):
         """In the write transaction: answer a duplicate from its receipt, or insert a new one (if `durable`)."""
         now = self.clock()
         order = self.dialect.insertion_order
-        latest = self._receipt(
-            f"SELECT * FROM receipts WHERE intent_fingerprint = ? ORDER BY {order} DESC LIMIT 1",
-            (a.intent_fingerprint,),
+        # One read: the latest receipt of this intent and, if it succeeded, how (_after_success).
+        rows = self._rows(
+            f"SELECT *, CASE WHEN state = ? THEN ({_ANSWERED_FROM}) END AS answered_from "
+            f"FROM receipts WHERE intent_fingerprint = ? ORDER BY {order} DESC LIMIT 1",
+            (State.SUCCEEDED, State.SUCCEEDED, a.intent_fingerprint),
         )
+        latest = Receipt.from_row(rows[0]) if rows else None
         if a.client_key:
             other = self._receipt(
                 "SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint != ? "
@@ -193,7 +204,8 @@ class ReceiptAttempts(ReceiptTransitions):
         if unresolved is not None:
             return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
-            answer = self._after_success(latest, after_success, replay_window, now)
+            answered = rows[0]["answered_from"] == State.SUBMITTED
+            answer = self._after_success(latest, after_success, replay_window, now, answered=answered)
             if answer is not None:
                 return answer
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
@@ -203,16 +215,19 @@ class ReceiptAttempts(ReceiptTransitions):
         return self._insert(a, latest, now, actor)
 
     def _after_success(
-        self, latest: Receipt, after_success: str, replay_window: float, now: dt.datetime
+        self, latest: Receipt, after_success: str, replay_window: float, now: dt.datetime, *, answered: bool
     ) -> Decision | None:
-        """A duplicate of a success: replayed, blocked, or (older than the window) None: a new attempt."""
+        """
+        A duplicate of a success: replayed, blocked, or (older than the window) None: a new attempt.
+        `answered`: it became succeeded from the upstream's answer (submitted → succeeded).
+        """
         if after_success == "block":
             return Decision("blocked_succeeded", latest, "duplicate blocked: the operation already succeeded")
         # updated_at: when it became succeeded (a terminal state, never updated again)
         age = (now - dt.datetime.fromisoformat(latest.updated_at)).total_seconds()
         if age > replay_window:
             return None
-        if not self._answered_success(latest.operation_id):
+        if not answered:
             # Found by a read or resolved by hand: the recorded answer (a 5xx, an "already
             # exists") is not the success, so it is never replayed as one.
             return Decision(
@@ -225,15 +240,6 @@ class ReceiptAttempts(ReceiptTransitions):
         return Decision(
             "blocked_succeeded", latest, "duplicate blocked: succeeded, and no complete response was recorded to replay"
         )
-
-    def _answered_success(self, operation_id: str) -> bool:
-        """Whether a succeeded receipt became so from the upstream's answer (submitted → succeeded)."""
-        rows = self._rows(
-            "SELECT from_state FROM receipt_events WHERE operation_id = ? AND event = 'transition' AND to_state = ? "
-            "ORDER BY id DESC LIMIT 1",
-            (operation_id, State.SUCCEEDED),
-        )
-        return bool(rows) and rows[0]["from_state"] == State.SUBMITTED
 
     def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
         """A new receipt (and its first event) for an attempt to forward."""
