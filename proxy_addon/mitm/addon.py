@@ -367,7 +367,10 @@ class Receipts:
             outcome,
             flow_id=flow.id,
             op=op,
-            credentials=credentials_from(op.credential_headers, headers_of(flow.request)) if op is not None else None,
+            # only an answer that says the effect may exist is reconciled at once, with them
+            credentials=credentials_from(op.credential_headers, headers_of(flow.request))
+            if op is not None and outcome.evidence
+            else None,
         )
         if receipt is None:
             flow.comment = f"NOT RECORDED as {outcome.state}: the store refused it · receipt {meta['operation_id']}"
