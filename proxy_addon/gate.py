@@ -319,10 +319,12 @@ class Gate:
     def _record_here(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt | None:
         """
         The outcome's transition on `local`, on the event loop, without a hand-off (it never waits
-        for the lock or the disk); None when there is no `local`, or it did not record it (another
-        writer, a receipt that moved on, a failure): nothing was written, and the store's thread does.
+        for the lock or the disk), when the store's thread is idle; None when there is no `local`,
+        the store's thread has calls to run (under load the hand-off wins: SQLite runs there without
+        the GIL, beside the event loop), or it did not record it (another writer, a receipt that
+        moved on, a failure): nothing was written, and the store's thread does.
         """
-        if self.local is None:
+        if self.local is None or not self.calls.idle:
             return None
         try:
             receipt = self.local.record_outcome(
