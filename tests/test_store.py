@@ -1106,3 +1106,37 @@ def test_answer_duplicate_never_answers_from_a_read_another_writer_made_stale(db
         local.close()
         other.close()
         store.close()
+
+
+def test_a_replay_costs_the_same_after_many_replays(db_path):
+    """
+    Deciding a replay reads how the receipt became succeeded: looked for from the receipt's first
+    event, not its last, or each replay would scan every replay before it. Counted in SQLite's
+    virtual machine steps (deterministic), after 20 and after 2000 replays.
+    """
+    store = Store.open(db_path)
+    first = store.begin_attempt(attempt()).receipt
+    store.record_outcome(first.operation_id, State.SUCCEEDED, reason="HTTP 201", http_status=201, response=RESPONSE)
+
+    def steps_of_one_replay() -> int:
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0
+
+        store.conn.set_progress_handler(count, 1)
+        try:
+            assert store.begin_attempt(attempt()).kind == "replay"
+        finally:
+            store.conn.set_progress_handler(None, 1)
+        return steps[0]
+
+    for _ in range(20):
+        store.begin_attempt(attempt())
+    few = steps_of_one_replay()
+    for _ in range(2000):
+        store.begin_attempt(attempt())
+    many = steps_of_one_replay()
+    store.close()
+    assert many < 2 * few, f"a replay took {few} steps after 20 replays and {many} after 2000"

@@ -45,11 +45,13 @@ _RECEIPT_COLUMNS = (
 )
 
 
-# How a succeeded receipt became so: the from_state of its last transition to succeeded, in a
-# subquery of the read that decides (`receipts` is that read's row).
+# How a succeeded receipt became so: the from_state of its transition to succeeded, in a
+# subquery of the read that decides (`receipts` is that read's row). There is one (nothing
+# leaves succeeded: states.TRANSITIONS), so it is looked for from the receipt's first event:
+# from its last, each replay would scan every replay before it.
 _ANSWERED_FROM = (
     "SELECT e.from_state FROM receipt_events e WHERE e.operation_id = receipts.operation_id "
-    "AND e.event = 'transition' AND e.to_state = ? ORDER BY e.id DESC LIMIT 1"
+    "AND e.event = 'transition' AND e.to_state = ? ORDER BY e.id LIMIT 1"
 )
 
 
