@@ -20,6 +20,13 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 `record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait
 for it, and reconciles at once when the answer says the effect may already exist.
 
+On SQLite the gate has `local`, a connection of the event loop's own that never waits
+(mitm/store.py): a duplicate is decided and its answer recorded there, from one read, without
+a hand-off, and an outcome too while the store's thread is idle. Whatever it cannot do at
+once (a new receipt, which is durable; another writer holding the lock or having written
+since its read) goes to the store's thread, which decides as always. PostgreSQL has no
+`local`: the fleet's database decides, through the store's thread.
+
 The gate counts in its `metrics` (metrics.py) what only it sees: each duplicate's final answer,
 the duplicates that wait, how long a new receipt took to commit, and each reconcile read's result.
 
