@@ -20,6 +20,13 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 `record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait
 for it, and reconciles at once when the answer says the effect may already exist.
 
+On SQLite the gate has `local`, a connection of the event loop's own that never waits
+(mitm/store.py): a duplicate is decided and its answer recorded there, from one read, without
+a hand-off, and an outcome too while the store's thread is idle. Whatever it cannot do at
+once (a new receipt, which is durable; another writer holding the lock or having written
+since its read) goes to the store's thread, which decides as always. PostgreSQL has no
+`local`: the fleet's database decides, through the store's thread.
+
 The gate counts in its `metrics` (metrics.py) what only it sees: each duplicate's final answer,
 the duplicates that wait, how long a new receipt took to commit, and each reconcile read's result.
 
@@ -54,7 +61,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from proxy_addon.classify import Outcome
 from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable
@@ -70,6 +77,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RECORD_RETRY = 10.0  # seconds an outcome's write is retried after a lost connection (PostgreSQL)
+LOCAL_CHECKPOINT = 256  # commits on the event loop's connection between two checkpoints of the WAL
 REMOTE_POLL = 5.0  # seconds between two reads of another process's receipt while LISTEN/NOTIFY wakes us
 
 
@@ -100,8 +108,14 @@ class Gate:
         post_reads: Callable[[str], tuple[PathTemplate, ...]] = lambda api: (),
         on_change: Callable[[Receipt], None] = lambda receipt: None,
         metrics: Metrics | None = None,
+        local: ReceiptStore | None = None,
     ):
         self.calls = calls
+        # A connection of the event loop's own that never waits (SQLite in WAL, lock_timeout=0):
+        # duplicates are answered on it without a hand-off to the store's thread (`_decide_here`).
+        self.local = local
+        self._local_commits = 0  # since the last checkpoint: `local` never checkpoints at its commits
+        self._checkpoint: asyncio.Task[None] | None = None
         self.settings = settings or GateSettings()
         self.metrics = metrics or Metrics()  # duplicates, waits, commit times, reads (metrics.py)
         self.post_reads = post_reads
@@ -129,10 +143,14 @@ class Gate:
     async def admit(
         self, attempt: Attempt | Callable[[], Attempt], op: Operation, credentials: Mapping[str, str]
     ) -> Admitted:
-        """Decide what to do with a matched write; StoreError when the store cannot decide (do not forward)."""
-        built: list[Attempt] = []
+        """
+        Decide what to do with a matched write; StoreError when the store cannot decide (do not
+        forward). An Attempt already built is first decided on the event loop (`_decide_here`);
+        a callable one (a large body to fingerprint) is built on the store's thread.
+        """
+        built: list[Attempt] = [] if callable(attempt) else [attempt]
 
-        def decide(final: bool) -> Callable[[ReceiptStore], Decision]:
+        def decide(final: bool, durable: bool | None) -> Callable[[ReceiptStore], Decision]:
             def run(store: ReceiptStore) -> Decision:
                 if not built:  # built once, on the store's thread (fingerprinting a large body)
                     built.append(attempt() if callable(attempt) else attempt)
@@ -142,7 +160,8 @@ class Gate:
                     built[0],
                     after_success=op.after_success,
                     replay_window=self.settings.replay_window,
-                    record_duplicate=True if final else (lambda d: not self._follows_up(op, d)),
+                    record_duplicate=self._records_answer(op, final),
+                    durable=durable,
                 )
                 if decision.kind == "forward":
                     self.metrics.committed(op.api, op.name, time.perf_counter() - started)
@@ -150,7 +169,13 @@ class Gate:
 
             return run
 
-        decision = await self.calls(decide(False))
+        async def decided(final: bool) -> Decision:
+            here = self._decide_here(built[0], op, final) if built else "busy"
+            if isinstance(here, Decision):
+                return here
+            return await self.calls(decide(final, True if here == "new" else None))
+
+        decision = await decided(False)
         if self._follows_up(op, decision):
             receipt = decision.receipt
             if receipt.state is State.SUBMITTED:
@@ -159,12 +184,59 @@ class Gate:
                 receipt = await self.calls(lambda s: s.get(receipt.operation_id))
             if receipt.state is State.OUTCOME_UNKNOWN and reconcilable_now(op, receipt, self._now()):
                 await self.reconcile(op, receipt, credentials, reason="a duplicate arrived: reconciling with a read")
-            decision = await self.calls(decide(True))
+            decision = await decided(True)
         if decision.kind == "forward":
             self._outcomes[decision.receipt.operation_id] = asyncio.Event()
         else:
             self.metrics.duplicate(op.api, op.name, decision.kind)
         return Admitted(decision, built[0])
+
+    def _records_answer(self, op: Operation, final: bool) -> bool | Callable[[Decision], bool]:
+        """Whether a duplicate's answer is recorded now: only the one it finally gets (not one that follows up)."""
+        return True if final else (lambda d: not self._follows_up(op, d))
+
+    def _decide_here(self, attempt: Attempt, op: Operation, final: bool) -> Decision | Literal["new", "busy"]:
+        """
+        On the event loop, on `local` (SQLite): a duplicate answered from one read, with its answer
+        recorded (store/attempts.py, `answer_duplicate`): no hand-off, and never a wait for the
+        lock or the disk. "new" (a receipt to insert, durably) and "busy" (another writer) are the
+        store thread's to decide, as is everything when `local` is None (PostgreSQL: a fleet's
+        store decides) or fails.
+        """
+        if self.local is None:
+            return "busy"
+        try:
+            decision = self.local.answer_duplicate(
+                attempt,
+                after_success=op.after_success,
+                replay_window=self.settings.replay_window,
+                record_duplicate=self._records_answer(op, final),
+            )
+        except StoreError as e:  # the store's thread decides, and reports what fails there too
+            logger.debug("receipts: the event loop's connection could not decide (%s); the store's thread decides", e)
+            return "busy"
+        if isinstance(decision, Decision):
+            self._checkpoint_later()
+        return decision
+
+    def _checkpoint_later(self) -> None:
+        """
+        Every LOCAL_CHECKPOINT commits on `local`, a checkpoint of the WAL on the store's thread,
+        not waited for: `local` never checkpoints (that would wait for the disk on the event
+        loop), and without it a stream of duplicates only would grow the WAL without bound.
+        """
+        self._local_commits += 1
+        if self._local_commits < LOCAL_CHECKPOINT or (self._checkpoint is not None and not self._checkpoint.done()):
+            return
+        self._local_commits = 0
+
+        async def checkpoint() -> None:
+            try:
+                await self.calls(lambda s: s.checkpoint())
+            except (StoreError, RuntimeError) as e:  # RuntimeError: the store's thread has closed
+                logger.warning(f"receipts: could not checkpoint the database's log: {e}")
+
+        self._checkpoint = asyncio.get_running_loop().create_task(checkpoint())
 
     async def record(
         self,
@@ -226,6 +298,8 @@ class Gate:
         commit that happened) takes it. Failing that, the receipt stays submitted, and the
         lease's expiry, or a restart, makes it outcome_unknown.
         """
+        if (here := self._record_here(operation_id, outcome, flow_id)) is not None:
+            return here
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (RECORD_RETRY if getattr(self.calls.store, "reconnects", False) else 0)
         delay, retried = 0.1, False
@@ -248,6 +322,31 @@ class Gate:
                 logger.warning("receipt %s: recording %s failed (%s); trying again", operation_id, outcome.state, e)
                 await asyncio.sleep(delay)
                 delay, retried = min(delay * 2, 1.0), True
+
+    def _record_here(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt | None:
+        """
+        The outcome's transition on `local`, on the event loop, without a hand-off (it never waits
+        for the lock or the disk), when the store's thread is idle; None when there is no `local`,
+        the store's thread has calls to run (under load the hand-off wins: SQLite runs there without
+        the GIL, beside the event loop), or it did not record it (another writer, a receipt that
+        moved on, a failure): nothing was written, and the store's thread does.
+        """
+        if self.local is None or not self.calls.idle:
+            return None
+        try:
+            receipt = self.local.record_outcome(
+                operation_id,
+                outcome.state,
+                reason=outcome.reason,
+                flow_id=flow_id,
+                without_waiting=True,
+                **outcome.fields(),
+            )
+        except StoreError as e:
+            logger.debug("receipt %s: the event loop's connection did not record the outcome (%s)", operation_id, e)
+            return None
+        self._checkpoint_later()
+        return receipt
 
     def wake(self, operation_id: str) -> None:
         """Another process changed this receipt (PostgreSQL's NOTIFY): its waiting duplicates look again."""

@@ -32,6 +32,9 @@ class StoreThread:
             queue.SimpleQueue()
         )
         self._closed = False
+        # Calls submitted (by any thread, under the lock) and run to their end (by the store's thread only): `idle`.
+        self._submitted = self._finished = 0
+        self._counting = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="receipts-store", daemon=True)
         self._thread.start()
 
@@ -41,14 +44,23 @@ class StoreThread:
             try:
                 result = fn(self.store)
             except BaseException as e:  # the caller's to handle, on its side
+                self._finished += 1
                 done(None, e)
             else:
+                self._finished += 1
                 done(result, None)
 
     def _submit(self, fn: Callable[[ReceiptStore], Any], done: Callable[..., None]) -> None:
         if self._closed:
             raise RuntimeError("the receipts store thread is closed")
+        with self._counting:
+            self._submitted += 1
         self._queue.put((fn, done))
+
+    @property
+    def idle(self) -> bool:
+        """No call queued or running now: its connection is not writing (a hint; the store still decides)."""
+        return self._submitted == self._finished
 
     async def __call__(self, fn: Callable[[ReceiptStore], T]) -> T:
         loop = asyncio.get_running_loop()

@@ -8,6 +8,7 @@ here with httpx, once, as the exchange would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -22,7 +23,7 @@ from proxy_addon import answers
 from proxy_addon.classify import Outcome, answer_outcome, failure_outcome
 from proxy_addon.errors import StoreError
 from proxy_addon.fingerprint import RequestView, build_attempt
-from proxy_addon.gate import Admitted, Gate, GateSettings
+from proxy_addon.gate import LOCAL_CHECKPOINT, Admitted, Gate, GateSettings
 from proxy_addon.store_thread import StoreThread
 from proxy_addon.reads import ReadSettings
 from proxy_addon.rules import Operation, RuleSet, load_rules
@@ -68,16 +69,27 @@ class World:
     rules: RuleSet = field(default_factory=lambda: RuleSet.of([load_rules(RULES, "gate-test.yaml")]))
     clock: FakeClock = field(default_factory=FakeClock)
     threads: list[StoreThread] = field(default_factory=list)
+    local: bool = False  # gates with the event loop's own connection, as the proxy's on SQLite
+    locals_: list[Store] = field(default_factory=list)
 
     @property
     def db(self):
         return self.tmp_path / "r.db"
 
     def gate(self, **settings) -> Gate:
-        """A gate over its own store connection (two gates: two proxy processes on one database)."""
-        calls = StoreThread(Store.open(self.db, clock=self.clock))
+        """
+        A gate over its own store connection (two gates: two proxy processes on one database),
+        and, when `local`, the event loop's connection that never waits (mitm/store.py opens it).
+        """
+        store = Store.open(self.db, clock=self.clock)
+        calls = StoreThread(store)
         self.threads.append(calls)
-        return Gate(calls, GateSettings(reads=ReadSettings(timeout=5), **settings))
+        local = None
+        if self.local:
+            local = Store.open(self.db, clock=self.clock, lock_timeout=0, create=False, checkpoints=False,
+                               writes_with=store)
+            self.locals_.append(local)
+        return Gate(calls, GateSettings(reads=ReadSettings(timeout=5), **settings), local=local)
 
     def path(self, kind: str = "things") -> str:
         return f"/api/{self.bucket}/{kind}"
@@ -133,12 +145,15 @@ def duplicates(events: list[Event]) -> list[tuple[str, str]]:
     return [(e.event, str(e.to_state)) for e in events if e.event != "transition"]
 
 
-@pytest.fixture
-def world(tmp_path, upstream, bucket) -> Iterator[World]:
-    w = World(upstream, bucket, tmp_path)
+@pytest.fixture(params=["store thread", "event loop"])
+def world(request, tmp_path, upstream, bucket) -> Iterator[World]:
+    """Each test twice: duplicates and outcomes decided on the store's thread only, or first on the event loop."""
+    w = World(upstream, bucket, tmp_path, local=request.param == "event loop")
     yield w
     for calls in w.threads:
         calls.close()
+    for local in w.locals_:
+        local.close()
 
 
 async def forward_through(gate: Gate, w: World, attempt: Attempt, op: Operation, kind: str = "things",
@@ -358,18 +373,22 @@ async def test_evidence_without_the_operation_is_left_unknown(world):
 
 # --- the store refusing --------------------------------------------------------------------------
 
-def refuse(calls: StoreThread, how: str) -> None:
-    """Make the store refuse every write, on its own thread."""
+def refuse(gate: Gate, how: str) -> None:
+    """Make the store refuse every write: on its own thread, and on the event loop's connection if any."""
     if how == "closed":
-        calls.wait(lambda s: s.conn.close())
+        gate.calls.wait(lambda s: s.conn.close())
+        if gate.local is not None:
+            gate.local.conn.close()
     else:
-        calls.wait(lambda s: s.conn.execute("PRAGMA query_only = ON"))
+        gate.calls.wait(lambda s: s.conn.execute("PRAGMA query_only = ON"))
+        if gate.local is not None:
+            gate.local.conn.execute("PRAGMA query_only = ON")
 
 
 @pytest.mark.parametrize("how", ["closed", "read-only"])
 async def test_admit_raises_when_the_store_refuses_and_nothing_is_forwarded(world, how):
     gate = world.gate()
-    refuse(gate.calls, how)
+    refuse(gate, how)
     attempt, op = world.attempt()
     with pytest.raises(StoreError):
         await forward_through(gate, world, attempt, op)
@@ -384,7 +403,7 @@ async def test_record_returns_none_and_logs_when_the_store_refuses(world, how, c
     admitted = await gate.admit(attempt, op, CREDENTIALS)
     operation_id = admitted.decision.receipt.operation_id
     outcome = await world.send(op)
-    refuse(gate.calls, how)
+    refuse(gate, how)
     with caplog.at_level(logging.ERROR, logger="proxy_addon.gate"):
         assert await gate.record(operation_id, outcome) is None
     errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "proxy_addon.gate"]
@@ -393,6 +412,117 @@ async def test_record_returns_none_and_logs_when_the_store_refuses(world, how, c
     (stored,) = world.receipts()
     assert (stored.operation_id, stored.state) == (operation_id, State.SUBMITTED)  # recovered at restart
     assert world.upstream.seen(world.path()) == 1
+
+
+# --- the event loop's connection (SQLite) ---------------------------------------------------------
+
+
+@pytest.fixture
+def local_world(tmp_path, upstream, bucket) -> Iterator[World]:
+    w = World(upstream, bucket, tmp_path, local=True)
+    yield w
+    for calls in w.threads:
+        calls.close()
+    for local in w.locals_:
+        local.close()
+
+
+@contextlib.contextmanager
+def store_thread_held(gate: Gate) -> Iterator[None]:
+    """The store's thread busy with a call that ends only when the block does (a slow fsync, a long prune)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(store):
+        entered.set()
+        release.wait(10)
+
+    done = gate.calls._submit(hold, lambda result, error: None)  # not awaited: it holds the thread
+    assert done is None and entered.wait(5)
+    try:
+        yield
+    finally:
+        release.set()
+
+
+async def test_a_duplicate_is_answered_on_the_event_loop_while_the_store_thread_is_busy(local_world):
+    """One read and its event on the event loop's connection: no hand-off, so a busy store thread does not delay it."""
+    w = local_world
+    gate = w.gate()
+    receipt = await unknown_receipt(w, gate, "drop", kind="plain")  # no read: a duplicate is blocked at once
+    attempt, op = w.attempt("plain")
+    with store_thread_held(gate):
+        dup = await asyncio.wait_for(gate.admit(attempt, op, CREDENTIALS), 2)
+        assert dup.decision.kind == "blocked"
+        assert dup.decision.receipt.operation_id == receipt.operation_id
+        # committed (not waiting for the disk) before the answer: another connection sees it now
+        assert duplicates(w.events(receipt.operation_id)) == [("blocked", "outcome_unknown")]
+    assert w.upstream.seen(w.path("plain")) == 1
+    assert len(w.receipts()) == 1
+
+
+async def test_an_outcome_is_recorded_on_the_event_loop_when_the_store_thread_is_idle(local_world):
+    """
+    No hand-off for the outcome while the store's thread has nothing to run: the event loop's
+    connection records it (here the store thread's own connection could not have: read-only).
+    """
+    w = local_world
+    gate = w.gate()
+    attempt, op = w.attempt()
+    admitted = await gate.admit(attempt, op, CREDENTIALS)
+    assert admitted.decision.kind == "forward"  # a new receipt: durably, on the store's thread
+    outcome = await w.send(op)
+    gate.calls.wait(lambda s: s.conn.execute("PRAGMA query_only = ON"))
+    receipt = await gate.record(admitted.decision.receipt.operation_id, outcome)
+    assert receipt is not None and receipt.state is State.SUCCEEDED
+    (stored,) = w.receipts()
+    assert (stored.state, stored.http_status) == (State.SUCCEEDED, 201)
+    assert transitions(w.events(stored.operation_id)) == [(None, "submitted"), ("submitted", "succeeded")]
+
+
+async def test_the_event_loop_never_waits_for_another_writer(local_world):
+    """
+    Another process holds the write lock: the event loop's connection does not wait for it (the
+    loop keeps running), the store's thread waits in its place, and then decides as always.
+    """
+    w = local_world
+    gate = w.gate()
+    receipt = await unknown_receipt(w, gate, "drop", kind="plain")
+    attempt, op = w.attempt("plain")
+    other = w.store()
+    other.conn.execute("BEGIN IMMEDIATE")
+    try:
+        dup = asyncio.create_task(gate.admit(attempt, op, CREDENTIALS))
+        ticks = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 0.5:
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks >= 20, "the event loop was held while another process held the write lock"
+        assert not dup.done()  # the store's thread waits for the lock (lock_timeout)
+    finally:
+        other.conn.execute("ROLLBACK")
+        other.close()
+    decided = await asyncio.wait_for(dup, 5)
+    assert (decided.decision.kind, decided.decision.receipt.operation_id) == ("blocked", receipt.operation_id)
+    assert duplicates(w.events(receipt.operation_id)) == [("blocked", "outcome_unknown")]
+
+
+async def test_the_event_loops_commits_keep_the_wal_bounded(local_world):
+    """The event loop's connection never checkpoints: the gate has the store's thread do it, so duplicates alone
+    (no new receipt) do not grow the WAL without bound."""
+    w = local_world
+    gate = w.gate()
+    receipt = await unknown_receipt(w, gate, "drop", kind="plain")
+    attempt, op = w.attempt("plain")
+    wal = w.tmp_path / "r.db-wal"
+    sizes = []
+    for i in range(6 * LOCAL_CHECKPOINT):
+        assert (await gate.admit(attempt, op, CREDENTIALS)).decision.kind == "blocked"
+        if i % LOCAL_CHECKPOINT == LOCAL_CHECKPOINT - 1:
+            await asyncio.sleep(0.05)  # the checkpoint, on the store's thread, is not waited for
+            sizes.append(wal.stat().st_size)
+    assert len([e for e in w.events(receipt.operation_id) if e.event == "blocked"]) == 6 * LOCAL_CHECKPOINT
+    assert max(sizes) < 1.5 * sizes[0], f"the WAL kept growing: {sizes}"  # without the checkpoints: 6× the first
 
 
 # --- the store's thread --------------------------------------------------------------------------

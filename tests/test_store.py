@@ -1022,3 +1022,121 @@ def test_an_unresolved_receipt_that_is_not_its_intents_latest_fails_closed(store
     assert (n_receipts(store), n_events(store)) == (n, e)
     assert store.get(older).state is State.SUBMITTED
     assert not in_transaction(store)
+
+
+# --- answer_duplicate: the event loop's connection (SQLite in WAL mode) ---------------------------
+
+
+def _unknown(path: Path) -> tuple[Store, str]:
+    """A store with one outcome_unknown receipt for attempt(): (the store, its operation id)."""
+    store = Store.open(path)
+    first = store.begin_attempt(attempt()).receipt
+    store.record_outcome(first.operation_id, State.OUTCOME_UNKNOWN, reason="the connection dropped")
+    return store, first.operation_id
+
+
+def _loop_connection(path: Path, clock=None) -> Store:
+    return Store.open(path, lock_timeout=0, create=False, checkpoints=False, **({"clock": clock} if clock else {}))
+
+
+def test_answer_duplicate_answers_from_one_read_and_records_the_answer(db_path):
+    store, op_id = _unknown(db_path)
+    local = _loop_connection(db_path)
+    try:
+        decision = local.answer_duplicate(attempt(flow_id="flow-2"))
+        assert decision != "busy" and decision != "new"
+        assert (decision.kind, decision.receipt.operation_id) == ("blocked", op_id)
+        blocked = [e for e in store.events(op_id) if e.event == "blocked"]  # committed: another connection sees it
+        assert [(e.flow_id, e.to_state) for e in blocked] == [("flow-2", State.OUTCOME_UNKNOWN)]
+        before = len(store.events(op_id))
+        assert local.answer_duplicate(attempt("fp-new")) == "new"  # a new receipt is the store thread's, durably
+        assert [r.intent_fingerprint for r in store.list(limit=None)] == ["fp-1"]
+        assert len(store.events(op_id)) == before
+        assert not local.conn.in_transaction
+    finally:
+        local.close()
+        store.close()
+
+
+def test_answer_duplicate_does_not_wait_for_another_writer(db_path):
+    store, op_id = _unknown(db_path)
+    local = _loop_connection(db_path)
+    other = Store.open(db_path, create=False)
+    other.conn.execute("BEGIN IMMEDIATE")  # another process writing
+    try:
+        started = time.monotonic()
+        assert local.answer_duplicate(attempt()) == "busy"
+        assert time.monotonic() - started < 0.5
+        assert not local.conn.in_transaction
+    finally:
+        other.conn.execute("ROLLBACK")
+        other.close()
+    try:
+        assert [e.event for e in store.events(op_id) if e.event != "transition"] == []  # nothing written
+        assert local.answer_duplicate(attempt()) != "busy"  # the lock is free again
+    finally:
+        local.close()
+        store.close()
+
+
+def test_answer_duplicate_never_answers_from_a_read_another_writer_made_stale(db_path):
+    """
+    Another process settles the receipt between answer_duplicate's read and its write (the
+    clock is read there): the read is stale, so nothing is written and it says "busy"; the
+    store's begin_attempt then decides on what was committed (a retry, not a 409).
+    """
+    store, op_id = _unknown(db_path)
+    other = Store.open(db_path, create=False)
+    reads = []
+
+    def clock():
+        reads.append(1)
+        if len(reads) == 2:  # after the read of the receipt, before the duplicate's event
+            other.resolve(op_id, State.SAFE_TO_RETRY, note="checked by hand: it never arrived", actor="ops")
+        return T0
+
+    local = _loop_connection(db_path, clock)
+    try:
+        assert local.answer_duplicate(attempt()) == "busy"
+        assert not local.conn.in_transaction
+        assert [e.event for e in store.events(op_id) if e.event in ("blocked", "replayed")] == []
+        decision = store.begin_attempt(attempt())
+        assert (decision.kind, decision.receipt.retry_of) == ("forward", op_id)
+    finally:
+        local.close()
+        other.close()
+        store.close()
+
+
+def test_a_replay_costs_the_same_after_many_replays(db_path):
+    """
+    Deciding a replay reads how the receipt became succeeded: looked for from the receipt's first
+    event, not its last, or each replay would scan every replay before it. Counted in SQLite's
+    virtual machine steps (deterministic), after 20 and after 2000 replays.
+    """
+    store = Store.open(db_path)
+    first = store.begin_attempt(attempt()).receipt
+    store.record_outcome(first.operation_id, State.SUCCEEDED, reason="HTTP 201", http_status=201, response=RESPONSE)
+
+    def steps_of_one_replay() -> int:
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0
+
+        store.conn.set_progress_handler(count, 1)
+        try:
+            assert store.begin_attempt(attempt()).kind == "replay"
+        finally:
+            store.conn.set_progress_handler(None, 1)
+        return steps[0]
+
+    for _ in range(20):
+        store.begin_attempt(attempt())
+    few = steps_of_one_replay()
+    for _ in range(2000):
+        store.begin_attempt(attempt())
+    many = steps_of_one_replay()
+    store.close()
+    assert many < 2 * few, f"a replay took {few} steps after 20 replays and {many} after 2000"

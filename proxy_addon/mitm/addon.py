@@ -46,10 +46,12 @@ from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import ANY_TOOL, Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, ReceiptStore, utcnow
+from proxy_addon.store import Attempt, Receipt, ReceiptStore, utcnow
 from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)
+
+LOOP_FINGERPRINT = 64 * 1024  # bytes of decoded body up to which a write is fingerprinted on the event loop
 
 
 class Receipts:
@@ -231,10 +233,14 @@ class Receipts:
             return
         op, view, inst = m.operation, request_view(flow.request, body), self.installation
         credentials = credentials_from(op.credential_headers, view.headers)
+
+        def attempt() -> Attempt:
+            return build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance)
+
         try:
-            admitted = await self.gate.admit(
-                lambda: build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance), op, credentials
-            )
+            # A small body is fingerprinted here, and a duplicate answered on the event loop (gate.py);
+            # a large one on the store's thread.
+            admitted = await self.gate.admit(attempt() if len(body) <= LOOP_FINGERPRINT else attempt, op, credentials)
         except StoreError as e:
             self._answer_unavailable(flow, meta, str(e))
             return
@@ -389,7 +395,10 @@ class Receipts:
             outcome,
             flow_id=flow.id,
             op=op,
-            credentials=credentials_from(op.credential_headers, headers_of(flow.request)) if op is not None else None,
+            # only an answer that says the effect may exist is reconciled at once, with them
+            credentials=credentials_from(op.credential_headers, headers_of(flow.request))
+            if op is not None and outcome.evidence
+            else None,
         )
         if receipt is None:
             flow.comment = f"NOT RECORDED as {outcome.state}: the store refused it · receipt {meta['operation_id']}"

@@ -5,7 +5,9 @@ The receipts store as the options open it: receipts_db, receipts_secret, receipt
 `ReceiptsDb` holds what the hooks write through and the rest reads from:
 - the Installation (crash recovery on open, its lock or lease released on close) and the
   StoreThread that runs its calls off the event loop;
-- the Gate bound to that thread (its settings are the addon's to set);
+- the Gate bound to that thread (its settings are the addon's to set), and, on SQLite, the
+  event loop's own connection on which it answers duplicates without a hand-off (one that
+  never waits for the lock or the disk: gate.py, `_decide_here`);
 - on PostgreSQL, the Listener that wakes duplicates waiting on another proxy's write;
 - a read connection on the event loop's thread (the content view, commands, watch.py);
 - the metrics' view of the store: every state change it commits, and the database the
@@ -28,7 +30,7 @@ from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import options
-from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, open_store
+from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, SQLiteStore, open_store
 from proxy_addon.store.listener import Listener
 from proxy_addon.store.postgres import without_password
 from proxy_addon.store_thread import StoreThread
@@ -58,6 +60,7 @@ class ReceiptsDb:
         self._post_reads, self._on_change = post_reads, on_change  # the gate's, from the rules in force
         self._config: tuple | None = None
         self._read_store: ReceiptStore | None = None
+        self._local: ReceiptStore | None = None  # SQLite: the gate's connection on the event loop
         self._listener: Listener | None = None  # PostgreSQL: LISTEN for receipts other proxies change
         self._passwords: dict[str, str] = {}  # receipts_db as shown → as given, with its password
 
@@ -98,7 +101,9 @@ class ReceiptsDb:
         if self._read_store is not None:
             self._read_store.close()
             self._read_store = None
+        self._close_local()
         inst.store.observer = self.metrics.changed  # every state change it commits (recovery's too)
+        self._local = self._open_local(inst)
         self.metrics.watch_db(inst.db, lock_timeout=opts.receipts_lock_timeout)
         self.installation, self.calls = inst, StoreThread(inst.store)
         self.gate = Gate(
@@ -107,6 +112,7 @@ class ReceiptsDb:
             post_reads=self._post_reads,
             on_change=self._on_change,
             metrics=self.metrics,
+            local=self._local,
         )
         if self._listener is not None:
             self._listener.stop()
@@ -124,6 +130,41 @@ class ReceiptsDb:
             old_inst.release()
         logger.info(f"receipt-proxy: receipts in {inst.store.location} (instance {inst.instance})")
 
+    def _open_local(self, inst: Installation) -> ReceiptStore | None:
+        """
+        SQLite (in WAL mode): a connection for the event loop that never waits: no busy timeout
+        (a locked database is the store thread's to wait for), no checkpoint at its commits.
+        None on PostgreSQL (the fleet's database decides, through the store thread), or when it
+        cannot be opened (then the store thread decides everything, as before).
+        """
+        if not isinstance(inst.store, SQLiteStore) or not inst.store.path:
+            return None
+        try:
+            local = SQLiteStore.open(
+                inst.store.path,
+                lock_timeout=0,
+                clock=inst.store.clock,
+                create=False,
+                checkpoints=False,
+                writes_with=inst.store,
+            )
+        except ReceiptsError as e:
+            logger.warning(f"receipt-proxy: duplicates are decided on the store's thread only: {e}")
+            return None
+        local.observer = self.metrics.changed
+        return local
+
+    def _close_local(self) -> None:
+        """Close the event loop's connection; the gate that had it decides on the store's thread."""
+        if self.gate is not None:
+            self.gate.local = None
+        if self._local is not None:
+            local, self._local = self._local, None
+            try:
+                local.close()
+            except ReceiptsError as e:
+                logger.warning(f"receipt-proxy: {e}")
+
     def reader(self) -> ReceiptStore | None:
         """A connection for reads on the event loop's thread (the content view, commands)."""
         if self._read_store is None and self.installation is not None:
@@ -140,6 +181,7 @@ class ReceiptsDb:
     def close_reader(self) -> None:
         if self._read_store is not None:
             self._read_store.close()
+        self._close_local()
 
     def close(self) -> None:
         if self.calls is not None:

@@ -2,6 +2,11 @@
 The hot path: deciding an attempt (`begin_attempt`), in one write transaction committed before
 it returns: a duplicate answered from its receipt (blocked, or a success replayed), or a new
 receipt inserted, with its first event, for the proxy to forward.
+
+`answer_duplicate` is the same decision for a connection that must never wait (the event
+loop's, on SQLite in WAL mode): a duplicate is answered from one read, and its answer recorded
+in the same transaction (not waiting for the disk); anything else ("new", or "busy": another
+writer holds the lock or committed meanwhile) is left to `begin_attempt` on the store's thread.
 """
 
 from __future__ import annotations
@@ -10,10 +15,11 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Callable
+from typing import Literal
 
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
-from proxy_addon.store.base import UniqueViolation, marks
+from proxy_addon.store.base import UniqueViolation, WouldWait, marks
 from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
 from proxy_addon.store.transitions import ReceiptTransitions
 
@@ -39,6 +45,16 @@ _RECEIPT_COLUMNS = (
 )
 
 
+# How a succeeded receipt became so: the from_state of its transition to succeeded, in a
+# subquery of the read that decides (`receipts` is that read's row). There is one (nothing
+# leaves succeeded: states.TRANSITIONS), so it is looked for from the receipt's first event:
+# from its last, each replay would scan every replay before it.
+_ANSWERED_FROM = (
+    "SELECT e.from_state FROM receipt_events e WHERE e.operation_id = receipts.operation_id "
+    "AND e.event = 'transition' AND e.to_state = ? ORDER BY e.id LIMIT 1"
+)
+
+
 class _NeedsDurable(Exception):
     """A transaction begun as not durable was about to insert a receipt: rolled back, begun again durably."""
 
@@ -54,6 +70,7 @@ class ReceiptAttempts(ReceiptTransitions):
         replay_window: float = 86400.0,
         actor: str = "proxy",
         record_duplicate: bool | Callable[[Decision], bool] = True,
+        durable: bool | None = None,
     ) -> Decision:
         """
         Decide what to do with an attempt and commit that decision before returning.
@@ -66,6 +83,8 @@ class ReceiptAttempts(ReceiptTransitions):
         A duplicate's answer is appended to the receipt's events, unless `record_duplicate` is
         False or says False of the decision (the proxy does not record a duplicate that will
         first wait for or reconcile the receipt; it records the answer it finally gets).
+        `durable=True`: begin durably without the guess below (`answer_duplicate` just read it
+        is a new receipt); the decision is the transaction's, whatever was read before.
         """
         if after_success not in ("replay", "block", "allow"):
             raise ValueError(f"after_success must be replay, block or allow, not {after_success!r}")
@@ -73,32 +92,72 @@ class ReceiptAttempts(ReceiptTransitions):
         # backend that can relax a transaction once it knows starts durable; SQLite cannot (its
         # pragma is set before BEGIN), so a guess from one indexed read decides, and a guess of
         # "duplicate" that turns out a new receipt is rolled back and decided again, durably.
-        durable = self.relaxes_late or not self._likely_duplicate(attempt.intent_fingerprint, after_success)
+        if not durable:
+            durable = self.relaxes_late or not self._likely_duplicate(attempt.intent_fingerprint, after_success)
         tries = 0
         while tries < 3:
             try:
                 with self._write(durable=durable):
                     decision = self._decide(attempt, after_success, replay_window, actor, durable=durable)
-                    record = record_duplicate(decision) if callable(record_duplicate) else record_duplicate
-                    if decision.kind != "forward" and record:
-                        r = decision.receipt
-                        self._relax()
-                        self._event(
-                            r.operation_id,
-                            "replayed" if decision.kind == "replay" else "blocked",
-                            r.state,
-                            r.state,
-                            decision.reason,
-                            actor,
-                            attempt.flow_id,
-                            iso(self.clock()),
-                        )
+                    if decision.kind != "forward":
+                        self._record_duplicate(decision, attempt, actor, record_duplicate)
                     return decision
             except _NeedsDurable:
                 durable = True  # guessed a duplicate, and it is a new receipt: decide again, durably
             except UniqueViolation:
                 tries += 1  # lost a race on the unique index to another connection: decide again
         raise StoreUnavailable(f"could not record the attempt in {self.location}: the unique index kept refusing it")
+
+    def answer_duplicate(
+        self,
+        attempt: Attempt,
+        *,
+        after_success: str = "replay",
+        replay_window: float = 86400.0,
+        actor: str = "proxy",
+        record_duplicate: bool | Callable[[Decision], bool] = True,
+    ) -> Decision | Literal["new", "busy"]:
+        """
+        `begin_attempt`'s decision, without ever waiting (where `snapshot_writes`: SQLite in
+        WAL mode, on a connection opened with lock_timeout=0, such as the event loop's). A
+        duplicate is answered from one read of the committed receipts, and its answer (as
+        `begin_attempt` records it) written in the same transaction, which becomes a write
+        only if no other writer committed since that read, and commits without waiting for
+        the disk. "new": the read found no duplicate (a new receipt is due: `begin_attempt`,
+        `durable=True`); "busy": another writer holds the lock or wrote meanwhile (nothing
+        written: `begin_attempt` decides).
+        """
+        if not self.snapshot_writes:
+            return "busy"
+        try:
+            with self._snapshot_write():
+                try:
+                    decision = self._decide(attempt, after_success, replay_window, actor, durable=False)
+                except _NeedsDurable:
+                    return "new"  # nothing was written: the transaction only read
+                self._record_duplicate(decision, attempt, actor, record_duplicate)
+                return decision
+        except WouldWait:
+            return "busy"
+
+    def _record_duplicate(
+        self, decision: Decision, attempt: Attempt, actor: str, record: bool | Callable[[Decision], bool]
+    ) -> None:
+        """In the deciding transaction: a duplicate's answer in its receipt's events (not durable), if `record`."""
+        if not (record(decision) if callable(record) else record):
+            return
+        r = decision.receipt
+        self._relax()
+        self._event(
+            r.operation_id,
+            "replayed" if decision.kind == "replay" else "blocked",
+            r.state,
+            r.state,
+            decision.reason,
+            actor,
+            attempt.flow_id,
+            iso(self.clock()),
+        )
 
     def _likely_duplicate(self, fingerprint: str, after_success: str) -> bool:
         """
@@ -122,10 +181,13 @@ class ReceiptAttempts(ReceiptTransitions):
         """In the write transaction: answer a duplicate from its receipt, or insert a new one (if `durable`)."""
         now = self.clock()
         order = self.dialect.insertion_order
-        latest = self._receipt(
-            f"SELECT * FROM receipts WHERE intent_fingerprint = ? ORDER BY {order} DESC LIMIT 1",
-            (a.intent_fingerprint,),
+        # One read: the latest receipt of this intent and, if it succeeded, how (_after_success).
+        rows = self._rows(
+            f"SELECT *, CASE WHEN state = ? THEN ({_ANSWERED_FROM}) END AS answered_from "
+            f"FROM receipts WHERE intent_fingerprint = ? ORDER BY {order} DESC LIMIT 1",
+            (State.SUCCEEDED, State.SUCCEEDED, a.intent_fingerprint),
         )
+        latest = Receipt.from_row(rows[0]) if rows else None
         if a.client_key:
             other = self._receipt(
                 "SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint != ? "
@@ -144,7 +206,8 @@ class ReceiptAttempts(ReceiptTransitions):
         if unresolved is not None:
             return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
-            answer = self._after_success(latest, after_success, replay_window, now)
+            answered = rows[0]["answered_from"] == State.SUBMITTED
+            answer = self._after_success(latest, after_success, replay_window, now, answered=answered)
             if answer is not None:
                 return answer
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
@@ -154,16 +217,19 @@ class ReceiptAttempts(ReceiptTransitions):
         return self._insert(a, latest, now, actor)
 
     def _after_success(
-        self, latest: Receipt, after_success: str, replay_window: float, now: dt.datetime
+        self, latest: Receipt, after_success: str, replay_window: float, now: dt.datetime, *, answered: bool
     ) -> Decision | None:
-        """A duplicate of a success: replayed, blocked, or (older than the window) None: a new attempt."""
+        """
+        A duplicate of a success: replayed, blocked, or (older than the window) None: a new attempt.
+        `answered`: it became succeeded from the upstream's answer (submitted → succeeded).
+        """
         if after_success == "block":
             return Decision("blocked_succeeded", latest, "duplicate blocked: the operation already succeeded")
         # updated_at: when it became succeeded (a terminal state, never updated again)
         age = (now - dt.datetime.fromisoformat(latest.updated_at)).total_seconds()
         if age > replay_window:
             return None
-        if not self._answered_success(latest.operation_id):
+        if not answered:
             # Found by a read or resolved by hand: the recorded answer (a 5xx, an "already
             # exists") is not the success, so it is never replayed as one.
             return Decision(
@@ -176,15 +242,6 @@ class ReceiptAttempts(ReceiptTransitions):
         return Decision(
             "blocked_succeeded", latest, "duplicate blocked: succeeded, and no complete response was recorded to replay"
         )
-
-    def _answered_success(self, operation_id: str) -> bool:
-        """Whether a succeeded receipt became so from the upstream's answer (submitted → succeeded)."""
-        rows = self._rows(
-            "SELECT from_state FROM receipt_events WHERE operation_id = ? AND event = 'transition' AND to_state = ? "
-            "ORDER BY id DESC LIMIT 1",
-            (operation_id, State.SUCCEEDED),
-        )
-        return bool(rows) and rows[0]["from_state"] == State.SUBMITTED
 
     def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
         """A new receipt (and its first event) for an attempt to forward."""

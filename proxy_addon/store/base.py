@@ -16,6 +16,10 @@ subclasses ReceiptStore (sqlite.py: `SQLiteStore`; postgres.py: `PostgresStore`)
                              returns (see "Durability" below).
     _relax()                 inside a durable `_write`: its commit need not reach the disk
                              after all; only where `relaxes_late` (PostgreSQL), else a no-op.
+    _snapshot_write()        optional (`snapshot_writes`: SQLite in WAL): a transaction that
+                             reads without a lock and raises WouldWait, having written
+                             nothing, when its first write would wait for another writer;
+                             committed as `_write(durable=False)` (`answer_duplicate`).
     _rows(sql, params)       the rows of a query, as dicts of column → value.
     _execute(sql, params)    run a statement; returns its row count.
     _defer_foreign_keys()    inside `_write`: check foreign keys at commit, not per statement.
@@ -85,8 +89,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from proxy_addon.errors import StoreUnavailable
+from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.store.records import Clock, Receipt
+
+
+class WouldWait(StoreError):
+    """`_snapshot_write` would have to wait for another writer: nothing was written."""
 
 
 class UniqueViolation(StoreUnavailable):
@@ -113,6 +121,7 @@ class Backend(abc.ABC):
     path: str | None = None  # the SQLite file (None for a server's database)
     reconnects: ClassVar[bool] = False  # whether a write that failed for a lost connection may be tried again
     relaxes_late: ClassVar[bool] = False  # whether `_relax` works inside a transaction (SQLite: no)
+    snapshot_writes: ClassVar[bool] = False  # whether `_snapshot_write` is there (SQLite in WAL: yes)
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -125,6 +134,20 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def _write(self, *, durable: bool = True) -> contextlib.AbstractContextManager[Any]:
         """One serialized write transaction (see the module docstring)."""
+
+    def _snapshot_write(self) -> contextlib.AbstractContextManager[Any]:
+        """
+        A transaction that never waits (where `snapshot_writes`): it begins as a read of the
+        committed state, and its first write statement makes it a write transaction, committed
+        without waiting for the disk, as `_write(durable=False)`; `WouldWait` when that would
+        wait (another writer holds the lock, or committed since the read began): nothing is
+        written, and the caller decides in a `_write` instead.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no snapshot writes")
+
+    def checkpoint(self) -> None:
+        """Move what the log holds into the database now, where there is such a log (SQLite's WAL)."""
+        return None  # the server's own business (PostgreSQL)
 
     def _relax(self) -> None:
         """Inside a durable `_write`: its commit need not be durable after all (where `relaxes_late`)."""

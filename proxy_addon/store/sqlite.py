@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,18 +31,20 @@ from typing import Any
 from sqlite_utils import Database
 
 from proxy_addon.errors import StoreError, StoreUnavailable
-from proxy_addon.store.base import Dialect, UniqueViolation
+from proxy_addon.store.base import Dialect, UniqueViolation, WouldWait
 from proxy_addon.store.migrations import migrations
 from proxy_addon.store.receipts import ReceiptStore
 from proxy_addon.store.records import Clock, utcnow
 
 _UNIQUE = frozenset({sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY})
+_BUSY = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})  # primary codes (BUSY_SNAPSHOT is BUSY's)
 
 
 class SQLiteStore(ReceiptStore):
     """The receipts database in one SQLite file. Not thread-safe: give each thread its own store."""
 
     dialect = Dialect(insertion_order="rowid")
+    snapshot_writes = True  # in WAL mode (open sets it): a read transaction becomes a write, or says it would wait
 
     def __init__(self, conn: sqlite3.Connection, *, clock: Clock = utcnow, path: str | None = None):
         self.db = Database(conn)
@@ -49,15 +52,33 @@ class SQLiteStore(ReceiptStore):
         self.clock = clock
         self.path = path
         self._writing = False
+        self._snapshot = False  # in a _snapshot_write: a busy database is WouldWait
+        # Taken around each write transaction by this process's connections to this file (`writes_with`):
+        # between them a mutex, not SQLite's busy handler, which sleeps a millisecond or more.
+        self._writers = threading.Lock()
+        self._holds_writers = False
         self._durable = True  # the connection's synchronous level: FULL (open sets it), or NORMAL
         self._identity = _identity(path) if path else None  # (device, inode) of the file opened
         self._wal_identity: tuple[int, int] | None = None  # the WAL's, once a write has made it
 
     @classmethod
     def open(
-        cls, path: str | Path, *, lock_timeout: float = 5.0, clock: Clock = utcnow, create: bool = True
+        cls,
+        path: str | Path,
+        *,
+        lock_timeout: float = 5.0,
+        clock: Clock = utcnow,
+        create: bool = True,
+        checkpoints: bool = True,
+        writes_with: SQLiteStore | None = None,
     ) -> SQLiteStore:
-        """Open (and create with mode 0600, and migrate) the receipts database at `path`."""
+        """
+        Open (and create with mode 0600, and migrate) the receipts database at `path`.
+        `checkpoints=False`: this connection's commits never checkpoint the WAL (one on the event
+        loop, which must not wait for the disk; the store's own connection checkpoints it).
+        `writes_with`: another connection of this process to the file, whose writes this one's
+        exclude with a mutex: its `_write` waits on it, a `_snapshot_write` says WouldWait.
+        """
         p = Path(path).expanduser()
         try:
             if create:
@@ -68,7 +89,11 @@ class SQLiteStore(ReceiptStore):
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute(f"PRAGMA busy_timeout={int(lock_timeout * 1000)}")
+            if not checkpoints:
+                conn.execute("PRAGMA wal_autocheckpoint=0")
             store = cls(conn, clock=clock, path=str(p))
+            if writes_with is not None:
+                store._writers = writes_with._writers
             if create:
                 # Switching a new file to WAL can fail with "locked" without waiting for the busy
                 # timeout when other connections are opening it too: retry within lock_timeout.
@@ -139,12 +164,50 @@ class SQLiteStore(ReceiptStore):
         checkpoint, makes it durable: base.py, "Durability").
         """
         self._check_same_file()
+        self._writers.acquire()  # this process's other connection (the event loop's) never makes us sleep
         try:
-            self._synchronous(durable)  # a pragma SQLite refuses inside a transaction: set before BEGIN
-            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._synchronous(durable)  # a pragma SQLite refuses inside a transaction: set before BEGIN
+                self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise self._failure(e, writing=True) from e
+            self._writing = True
+            committed = False
+            try:
+                yield
+                self.conn.execute("COMMIT")
+                committed = True
+                if self._wal_identity is None and self.path:
+                    self._wal_identity = _identity(f"{self.path}-wal")
+            except BaseException as e:
+                self._rollback(e)
+                if isinstance(e, sqlite3.Error):
+                    raise self._failure(e) from e
+                raise
+            finally:
+                self._writing = False
+                self._settled(committed)
+        finally:
+            self._writers.release()
+
+    @contextlib.contextmanager
+    def _snapshot_write(self) -> Iterator[None]:
+        """
+        base.py's `_snapshot_write`: a deferred `BEGIN`. Its first read takes a snapshot of the
+        committed state (WAL: without a lock); its first write takes the write lock, which
+        SQLite refuses at once (SQLITE_BUSY_SNAPSHOT) when another connection committed since
+        that snapshot, and, on a store opened with lock_timeout=0 (`open(..., waits=False)`), when
+        another writer holds it (SQLITE_BUSY), or this process's other connection writes (its
+        `writes_with` mutex): WouldWait, nothing written. A commit needs no disk wait
+        (synchronous=NORMAL), and the next FULL commit makes it durable.
+        """
+        self._check_same_file()
+        try:
+            self._synchronous(False)
+            self.conn.execute("BEGIN")
         except sqlite3.Error as e:
             raise self._failure(e, writing=True) from e
-        self._writing = True
+        self._writing = self._snapshot = True
         committed = False
         try:
             yield
@@ -158,8 +221,21 @@ class SQLiteStore(ReceiptStore):
                 raise self._failure(e) from e
             raise
         finally:
-            self._writing = False
+            self._writing = self._snapshot = False
+            if self._holds_writers:
+                self._holds_writers = False
+                self._writers.release()
             self._settled(committed)
+
+    def checkpoint(self) -> None:
+        """
+        A PASSIVE checkpoint of the WAL (it waits for no reader or writer): for the commits of a
+        connection opened with checkpoints=False, which never checkpoints at its own commits.
+        """
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as e:
+            raise self._failure(e, writing=True) from e
 
     def _synchronous(self, durable: bool) -> None:
         """synchronous=FULL for a durable transaction, NORMAL for another; the pragma runs only when it changes."""
@@ -183,6 +259,10 @@ class SQLiteStore(ReceiptStore):
             raise self._failure(e) from e
 
     def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        if self._snapshot and not self._holds_writers:  # the first write of a _snapshot_write
+            if not self._writers.acquire(blocking=False):
+                raise WouldWait(f"the receipts database {self.location} is being written by this process")
+            self._holds_writers = True
         try:
             return self.conn.execute(sql, params).rowcount
         except sqlite3.Error as e:
@@ -192,7 +272,12 @@ class SQLiteStore(ReceiptStore):
         self._execute("PRAGMA defer_foreign_keys = ON")  # reset by SQLite at the end of the transaction
 
     def _failure(self, e: sqlite3.Error, *, writing: bool | None = None) -> StoreError:
-        """The StoreError for a sqlite3 error: in a write, UniqueViolation or StoreUnavailable; else a failed read."""
+        """
+        The StoreError for a sqlite3 error: in a snapshot write, a busy database is WouldWait; in a
+        write, UniqueViolation or StoreUnavailable; else a failed read.
+        """
+        if self._snapshot and getattr(e, "sqlite_errorcode", 0) & 0xFF in _BUSY:
+            return WouldWait(f"the receipts database {self.location} is being written: {e}")
         if not (self._writing if writing is None else writing):
             return StoreError(f"cannot read the receipts database {self.location}: {e}")
         if isinstance(e, sqlite3.IntegrityError) and e.sqlite_errorcode in _UNIQUE:

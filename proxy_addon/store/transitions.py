@@ -88,14 +88,34 @@ class ReceiptTransitions(ReceiptReads):
         return self._transition(operation_id, to, reason, actor, expect, flow_id, fields, durable=True)
 
     def record_outcome(
-        self, operation_id: str, to: State, *, reason: str, flow_id: str | None = None, **fields: Any
+        self,
+        operation_id: str,
+        to: State,
+        *,
+        reason: str,
+        flow_id: str | None = None,
+        without_waiting: bool = False,
+        **fields: Any,
     ) -> Receipt:
         """
         A forwarded write's outcome: `submitted` → `to`, as `transition(..., expect=[SUBMITTED])`,
         committed without waiting for the disk. An OS crash may lose it, and then the receipt
         is `submitted` again, which recovery makes `outcome_unknown` (base.py, "Durability").
+        `without_waiting` (where `snapshot_writes`: the event loop's SQLite connection): in a
+        `_snapshot_write`, so WouldWait, with nothing written, when another writer holds the
+        lock or wrote since the receipt was read.
         """
-        return self._transition(operation_id, to, reason, "proxy", [State.SUBMITTED], flow_id, fields, durable=False)
+        return self._transition(
+            operation_id,
+            to,
+            reason,
+            "proxy",
+            [State.SUBMITTED],
+            flow_id,
+            fields,
+            durable=False,
+            snapshot=without_waiting,
+        )
 
     def _transition(
         self,
@@ -108,6 +128,7 @@ class ReceiptTransitions(ReceiptReads):
         fields: dict[str, Any],
         *,
         durable: bool,
+        snapshot: bool = False,
     ) -> Receipt:
         unknown = set(fields) - _UPDATABLE
         if unknown:
@@ -126,7 +147,7 @@ class ReceiptTransitions(ReceiptReads):
                 sets[k] = v
             elif v is not None:
                 sets.update(v.columns())
-        with self._write(durable=durable):
+        with self._snapshot_write() if snapshot else self._write(durable=durable):
             return self._step(
                 operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
             )
