@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlite_utils import Database
 
@@ -175,20 +175,27 @@ class SQLiteStore(ReceiptStore):
             committed = False
             try:
                 yield
-                self.conn.execute("COMMIT")
+                self._commit()
                 committed = True
-                if self._wal_identity is None and self.path:
-                    self._wal_identity = _identity(f"{self.path}-wal")
             except BaseException as e:
-                self._rollback(e)
-                if isinstance(e, sqlite3.Error):
-                    raise self._failure(e) from e
-                raise
+                self._abort(e)
             finally:
                 self._writing = False
                 self._settled(committed)
         finally:
             self._writers.release()
+
+    def _commit(self) -> None:
+        self.conn.execute("COMMIT")
+        if self._wal_identity is None and self.path:
+            self._wal_identity = _identity(f"{self.path}-wal")
+
+    def _abort(self, e: BaseException) -> NoReturn:
+        """Roll back after `e`, and raise it: an SQLite error as the store's own failure."""
+        self._rollback(e)
+        if isinstance(e, sqlite3.Error):
+            raise self._failure(e) from e
+        raise e
 
     @contextlib.contextmanager
     def _snapshot_write(self) -> Iterator[None]:
@@ -211,15 +218,10 @@ class SQLiteStore(ReceiptStore):
         committed = False
         try:
             yield
-            self.conn.execute("COMMIT")
+            self._commit()
             committed = True
-            if self._wal_identity is None and self.path:
-                self._wal_identity = _identity(f"{self.path}-wal")
         except BaseException as e:
-            self._rollback(e)
-            if isinstance(e, sqlite3.Error):
-                raise self._failure(e) from e
-            raise
+            self._abort(e)
         finally:
             self._writing = self._snapshot = False
             if self._holds_writers:
