@@ -13,6 +13,10 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
     duplicates_total{answer}                 duplicates answered from a receipt, nothing sent:
                                              blocked, blocked_succeeded, key_conflict, replayed
     duplicate_waits_total                    duplicates that waited for an original still in flight
+    refused_total{reason}                    matched requests not sent, answered by the proxy before or
+                                             without a receipt: store_unavailable (503), stopping (503),
+                                             body_too_large (413), bad_encoding, bad_header,
+                                             method_override_refused (400; MCP refusals among them)
     unknown_outcomes{state} (gauge)          receipts in the database (every process's) whose outcome
                                              is not known: outcome_unknown, reconciling, manual_review;
                                              read at scrape time
@@ -66,6 +70,14 @@ ANSWERS = {
     "key_conflict": "key_conflict",
     "replay": "replayed",
 }  # the store's Decision.kind of a duplicate → the `answer` label
+REFUSALS = (
+    "store_unavailable",
+    "stopping",
+    "body_too_large",
+    "bad_encoding",
+    "bad_header",
+    "method_override_refused",
+)  # a matched request the proxy answered instead of sending (flows.refuse's kinds) → the `reason` label
 READ_RESULTS = {
     State.SUCCEEDED: "found",
     State.SAFE_TO_RETRY: "absent",
@@ -125,6 +137,12 @@ class Metrics:
             OP,
             registry=r,
         )
+        self.refusals = Counter(
+            f"{PREFIX}refused",
+            "Matched requests the proxy answered itself and never sent (the store could not write a receipt, 413, 400s)",
+            (*OP, "reason"),
+            registry=r,
+        )
         self.reads = Counter(
             f"{PREFIX}reconcile_reads", "Reconcile reads run by this process, by result", (*OP, "result"), registry=r
         )
@@ -178,6 +196,11 @@ class Metrics:
     def duplicate(self, api: str, operation: str, kind: str) -> None:
         """A duplicate's final answer (the store's Decision.kind: blocked, blocked_succeeded, key_conflict, replay)."""
         self._duplicate(api, operation, ANSWERS[kind]).inc()
+
+    def refused(self, api: str, operation: str, reason: str) -> None:
+        """A matched request answered by the proxy and never sent (REFUSALS); other kinds are not counted here."""
+        if reason in REFUSALS:
+            self.refusals.labels(api, operation, reason).inc()
 
     def waited(self, api: str, operation: str) -> None:
         self.waits.labels(api, operation).inc()

@@ -190,6 +190,7 @@ class Receipts:
             return
         body = await request_body.decoded(flow, meta, self._body_cap, configured=not self.config_error)
         if body is None:  # refused for its body (413, 400): never sent, whatever the rules say by now
+            self.metrics.refused(meta["api"], meta["operation"], meta.get("answer", ""))
             return
         if meta.pop("pending", False) and self.rules is not None and not self.config_error:
             req = flow.request
@@ -216,6 +217,7 @@ class Receipts:
                 logger.exception("receipt-proxy: internal error before forwarding")
                 await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
         finally:
+            self.metrics.refused(meta["api"], meta["operation"], meta.get("answer", ""))
             if "mcp" in meta:
                 flows.as_tool_answer(flow, meta)  # the proxy's own answer, as a result the model reads
 

@@ -345,3 +345,26 @@ async def test_an_edit_made_while_the_approval_is_committed_is_not_sent(setup):
     assert f.response is None  # approved: forwarded...
     assert f.request.content == b'{"sku": "R-8"}'  # ...as recorded
     assert Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"]).state == "submitted"
+
+
+async def test_refusals_are_counted_by_reason(setup):
+    """receipt_proxy_refused_total: matched writes the proxy answered itself and never sent."""
+    addon, tctx, _ = setup
+
+    def refused(reason: str) -> float | None:
+        labels = {"api": "shop", "operation": "orders.create", "reason": reason}
+        return addon.metrics.registry.get_sample_value("receipt_proxy_refused_total", labels)
+
+    bad = order("R-1")
+    bad.request.headers["X-Note"] = "one\r\ntwo"  # no HTTP client can send this field: 400, never sent
+    await send(addon, bad)
+    assert bad.response.status_code == 400 and bad.response.json()["error"] == "bad_header"
+    assert refused("bad_header") == 1
+    ok = order("R-2")
+    await send(addon, ok)
+    assert ok.response is None  # forwarded: not a refusal
+    tctx.configure(addon, receipts_body_cap=8)
+    big = order("R-3")
+    await send(addon, big)
+    assert big.response.status_code == 413
+    assert refused("body_too_large") == 1 and refused("bad_header") == 1
