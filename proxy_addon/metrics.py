@@ -139,7 +139,7 @@ class Metrics:
         )
         self.refusals = Counter(
             f"{PREFIX}refused",
-            "Matched requests the proxy answered itself and never sent (the store could not write a receipt, 413, 400s)",
+            "Matched requests the proxy answered itself and never sent (no receipt written, 413, 400s)",
             (*OP, "reason"),
             registry=r,
         )
