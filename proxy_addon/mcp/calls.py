@@ -110,23 +110,22 @@ class _DuplicateKey(ValueError):
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise _DuplicateKey(dup)
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
     return out
 
 
 def parse_message(body: bytes) -> Any:
     """
-    A JSON-RPC body sent to an MCP endpoint, parsed; NOT_JSON when it is not JSON; Refused when
-    an object in it has a key twice. Parsers disagree on which of two keys counts (Python's
-    takes the last, others the first): a body that names a read-only tool for the proxy could
-    name a write for the server. So such a body is refused, never guessed.
+    A JSON-RPC body sent to an MCP endpoint, parsed once; NOT_JSON when it is not JSON (as
+    jsonpath.parse_json); Refused when an object in it has a key twice. Parsers disagree on
+    which of two keys counts (Python's takes the last, others the first): a body that names a
+    read-only tool for the proxy could name a write for the server. So such a body is refused,
+    never guessed.
     """
-    if parse_json(body) is NOT_JSON:
-        return NOT_JSON
     try:
         return json.loads(body, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as e:
@@ -134,6 +133,8 @@ def parse_message(body: bytes) -> Any:
             f"the JSON-RPC body has the key {_short(str(e))} twice in one object: servers disagree on "
             "which one counts, so the proxy does not guess"
         )
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return NOT_JSON
 
 
 def unread_call(body: bytes, tool: str, headers: Mapping[str, str]) -> ToolCall:

@@ -35,7 +35,7 @@ from typing import Any
 from proxy_addon.classify import Outcome, answer_outcome, rule_fits
 from proxy_addon.jsonpath import NOT_JSON, id_in, parse_json
 from proxy_addon.mcp.jsonrpc import response_for
-from proxy_addon.rules import Operation
+from proxy_addon.rules import ALREADY_EXISTS, Operation
 from proxy_addon.states import State
 from proxy_addon.store import RecordedResponse
 
@@ -92,7 +92,7 @@ def tool_outcome(
     for rule in op.classify_rules:
         if rule_fits(dataclasses.replace(rule, statuses=()), status, headers, b"", [view]):
             return _outcome(
-                State(rule.state) if rule.state != "already_exists" else None, rule.reason, status, view, op, recorded
+                State(rule.state) if rule.state != ALREADY_EXISTS else None, rule.reason, status, view, op, recorded
             )
     if "error" in view:
         code = view["error"].get("code")

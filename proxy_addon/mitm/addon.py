@@ -40,7 +40,7 @@ from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body, tools
 from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
-from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view, response_of
+from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view
 from proxy_addon.mitm.store import ReceiptsDb
 from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
@@ -218,8 +218,6 @@ class Receipts:
                 await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
         finally:
             self.metrics.refused(meta["api"], meta["operation"], meta.get("answer", ""))
-            if "mcp" in meta:
-                flows.as_tool_answer(flow, meta)  # the proxy's own answer, as a result the model reads
 
     async def _begin(self, flow: http.HTTPFlow, meta: dict, body: bytes) -> None:
         if self.drain.refuses(flow, meta):  # stopping: new matched writes are not sent (drain.py)
@@ -298,12 +296,12 @@ class Receipts:
         result = await exchange.send(self._client, flow.request, deadline=timeout, cap=opts.receipts_response_cap)
         if isinstance(result, Outcome):
             await self._record(flow, meta, result)
-            flow.response = response_of(
-                answers.exchange_failed(meta["operation_id"], result.state, result.reason, timed_out=result.timed_out)
+            failed = answers.exchange_failed(
+                meta["operation_id"], result.state, result.reason, timed_out=result.timed_out
             )
+            flows.answer(flow, failed)
             return
         flow.response = result.response
-        meta["upstream_answer"] = True  # the server's own: never rewritten as a tool answer
         try:
             await self._debug_pause("after_answer", meta["operation_id"])
             await self._record_response(flow, meta, complete=result.complete)
@@ -410,7 +408,7 @@ class Receipts:
         return receipt
 
     def _answer(self, flow: http.HTTPFlow, answer: answers.Answer, marker: str, receipt: Receipt, prefix: str) -> None:
-        flow.response = response_of(answer)
+        flows.answer(flow, answer)
         mark(flow, marker, receipt, prefix=prefix)
 
     async def _not_forwarded(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:

@@ -50,7 +50,8 @@ from mitmproxy.flow import Error
 from proxy_addon import answers
 from proxy_addon.errors import StoreError
 from proxy_addon.metrics import Metrics
-from proxy_addon.mitm.flows import HELD, META, mark, response_of
+from proxy_addon.mitm import flows
+from proxy_addon.mitm.flows import HELD, META, mark
 from proxy_addon.states import State
 from proxy_addon.store import ApprovalDecision, Receipt
 from proxy_addon.store_thread import StoreThread
@@ -265,7 +266,7 @@ async def await_approval(
         meta["outcome"], meta["answer"] = str(to), "denied"
         # Answer the agent even when the flow was killed: undo the kill, send a 403 that says why.
         flow.error, flow.live, flow.intercepted = None, True, False
-        flow.response = response_of(answers.denied(receipt, reason))
+        flows.answer(flow, answers.denied(receipt, reason))
         logger.warning(f"receipt {receipt.operation_id}: {reason}")
     elif by_cli is not None:
         logger.warning(f"receipt {receipt.operation_id}: {reason} ({by_cli.actor})")

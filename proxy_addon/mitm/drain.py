@@ -42,8 +42,8 @@ from proxy_addon import answers
 from proxy_addon.classify import Outcome
 from proxy_addon.errors import StoreError
 from proxy_addon.gate import Gate
-from proxy_addon.mitm import internals
-from proxy_addon.mitm.flows import MARKERS, META, mark, response_of
+from proxy_addon.mitm import flows, internals
+from proxy_addon.mitm.flows import MARKERS, META, mark
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
 from proxy_addon.store_thread import StoreThread
@@ -130,7 +130,7 @@ class Drain:
         if not self.stopping:
             return False
         logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: the proxy is stopping")
-        flow.response = response_of(stopping_answer(meta["api"], meta["operation"], "the proxy is stopping"))
+        flows.answer(flow, stopping_answer(meta["api"], meta["operation"], "the proxy is stopping"))
         meta["answer"] = "stopping"
         flow.marked = MARKERS[State.NOT_SENT]
         flow.comment = "NOT SENT: the proxy is stopping (no receipt written)"
@@ -228,23 +228,22 @@ class Drain:
         operation_id = meta.get("operation_id")
         if operation_id is None or meta.get("answer") != "forward":
             # No write of its own was sent: a duplicate waiting for an original, or a decision in progress.
-            flow.response = response_of(stopping_answer(meta["api"], meta["operation"], why))
+            flows.answer(flow, stopping_answer(meta["api"], meta["operation"], why))
             flow.marked, flow.comment = MARKERS[State.NOT_SENT], f"NOT SENT: {why}"
             return
         if "outcome" in meta:  # recorded already; what was cut came after (a read the answer asked for)
             if flow.response is None:
-                flow.response = response_of(
-                    answers.exchange_failed(operation_id, State(meta["outcome"]), why, timed_out=False)
-                )
+                flows.answer(flow, answers.exchange_failed(operation_id, State(meta["outcome"]), why, timed_out=False))
             return
         if meta.get("state") == State.AWAITING_APPROVAL:
             held = await self._not_sent(flow, meta, operation_id, why)
             if held is not None:
-                flow.response = response_of(stopping_answer(meta["api"], meta["operation"], why, held))
+                flows.answer(flow, stopping_answer(meta["api"], meta["operation"], why, held))
                 return
         await self._record_unknown(flow, meta, operation_id, why)
-        flow.response = response_of(
-            answers.exchange_failed(operation_id, State(meta["state"]), f"outcome unknown: {why}", timed_out=False)
+        flows.answer(
+            flow,
+            answers.exchange_failed(operation_id, State(meta["state"]), f"outcome unknown: {why}", timed_out=False),
         )
 
     async def _not_sent(self, flow: http.HTTPFlow, meta: dict, operation_id: str, why: str) -> Receipt | None:

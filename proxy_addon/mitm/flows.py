@@ -143,18 +143,20 @@ def refresh(receipt: Receipt) -> None:
     ctx.master.addons.trigger(hooks.UpdateHook([f]))
 
 
-def refuse(flow: http.HTTPFlow, meta: dict, answer: Answer, kind: str, why: str, *, marker: str = "refused") -> None:
+def answer(flow: http.HTTPFlow, given: Answer) -> None:
+    """
+    The proxy's own answer to a matched request. An MCP tool call gets it as a tool result the
+    model reads, under its own JSON-RPC id and in its framing (mcp/answers.py).
+    """
+    meta = flow.metadata.get(META)
+    if meta is not None and "mcp" in meta:
+        given = mcp_answers.as_tool_answer(given, ToolCall(**meta["mcp"]), meta.get("accept"))
+    flow.response = response_of(given)
+
+
+def refuse(flow: http.HTTPFlow, meta: dict, given: Answer, kind: str, why: str, *, marker: str = "refused") -> None:
     """Answer a matched request that is not sent: the proxy's answer, its kind in the metadata, the flow marked."""
-    flow.response = response_of(answer)
+    answer(flow, given)
     meta["answer"] = kind
     flow.marked = MARKERS[marker]
     flow.comment = f"NOT SENT: {why}"
-
-
-def as_tool_answer(flow: http.HTTPFlow, meta: dict) -> None:
-    """An MCP tool call answered by the proxy itself: its answer as a tool result for the model (mcp/answers.py)."""
-    resp = flow.response
-    if resp is None or meta.get("upstream_answer"):
-        return
-    answer = Answer(resp.status_code, tuple(resp.headers.items(multi=True)), resp.raw_content or b"")
-    flow.response = response_of(mcp_answers.as_tool_answer(answer, ToolCall(**meta["mcp"]), meta.get("accept")))

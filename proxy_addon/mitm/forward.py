@@ -17,8 +17,9 @@ from proxy_addon.bodies import codings, decode_body
 from proxy_addon.classify import Outcome, answer_outcome, head_outcome
 from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.mcp.outcomes import tool_outcome
+from proxy_addon.mitm import flows
 from proxy_addon.mitm.exchange import Rest
-from proxy_addon.mitm.flows import headers_of, response_of
+from proxy_addon.mitm.flows import headers_of
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
@@ -92,8 +93,8 @@ def pass_rest(flow: http.HTTPFlow, meta: dict, rest: Rest, *, limit: int, timeou
             f"{rest.why} after {rest.received} bytes{f' ({rest.detail})' if rest.detail else ''}; "
             f"recorded as {meta['state']} from its status"
         )
-    meta["upstream_answer"] = False  # the proxy's own answer now
-    flow.response = response_of(
+    flows.answer(
+        flow,
         answers.response_not_passed(
             meta["operation_id"],
             State(meta["state"]),
@@ -103,5 +104,5 @@ def pass_rest(flow: http.HTTPFlow, meta: dict, rest: Rest, *, limit: int, timeou
             limit=limit,
             timeout=timeout,
             detail=rest.detail,
-        )
+        ),
     )

@@ -166,11 +166,7 @@ class SQLiteStore(ReceiptStore):
         self._check_same_file()
         self._writers.acquire()  # this process's other connection (the event loop's) never makes us sleep
         try:
-            try:
-                self._synchronous(durable)  # a pragma SQLite refuses inside a transaction: set before BEGIN
-                self.conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as e:
-                raise self._failure(e, writing=True) from e
+            self._begin("BEGIN IMMEDIATE", durable)
             self._writing = True
             committed = False
             try:
@@ -184,6 +180,13 @@ class SQLiteStore(ReceiptStore):
                 self._settled(committed)
         finally:
             self._writers.release()
+
+    def _begin(self, sql: str, durable: bool) -> None:
+        try:
+            self._synchronous(durable)  # a pragma SQLite refuses inside a transaction: set before BEGIN
+            self.conn.execute(sql)
+        except sqlite3.Error as e:
+            raise self._failure(e, writing=True) from e
 
     def _commit(self) -> None:
         self.conn.execute("COMMIT")
@@ -209,11 +212,7 @@ class SQLiteStore(ReceiptStore):
         (synchronous=NORMAL), and the next FULL commit makes it durable.
         """
         self._check_same_file()
-        try:
-            self._synchronous(False)
-            self.conn.execute("BEGIN")
-        except sqlite3.Error as e:
-            raise self._failure(e, writing=True) from e
+        self._begin("BEGIN", False)
         self._writing = self._snapshot = True
         committed = False
         try:
