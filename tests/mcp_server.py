@@ -237,6 +237,57 @@ def _json_response(send_status: int, payload: Any):
     ]
 
 
+
+# --- ASGI helpers, shared with the GitHub fake (tests/packs/github_mcp_server.py) ---------------
+
+
+async def read_body(receive) -> bytes:
+    """An ASGI request's whole body."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def replaying(raw: bytes, receive):
+    """An ASGI `receive` that gives the body already read first, then what `receive` gives."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def serve(app, *, port: int, ready: str, tls: dict[str, Any] | None = None) -> None:
+    """Run `app` under uvicorn on 127.0.0.1 and print `ready` (with {port} filled) once it listens."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **(tls or {}))
+    uv = uvicorn.Server(config)
+
+    async def run() -> None:
+        task = asyncio.create_task(uv.serve())
+        while not uv.started:
+            if task.done():
+                await task
+                return
+            await asyncio.sleep(0.02)
+        print(ready.format(port=uv.servers[0].sockets[0].getsockname()[1]), flush=True)
+        await task
+
+    asyncio.run(run())
+
+
 class FaultsAndEffects:
     """ASGI wrapper: the control endpoints, a record of each POST to /mcp, and the wire faults."""
 
@@ -258,15 +309,7 @@ class FaultsAndEffects:
                     EFFECTS.requests.append({"http_method": method, "jsonrpc_method": None, "headers": seen})
             return await self.app(scope, receive, send)
 
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        raw = b"".join(chunks)
+        raw = await read_body(receive)
         try:
             msg = json.loads(raw)
         except ValueError:
@@ -296,14 +339,7 @@ class FaultsAndEffects:
         if canned is not None:
             return await self.answer_canned(canned, entry, send)
 
-        sent = False
-
-        async def replay_receive():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
+        replay_receive = replaying(raw, receive)
 
         response: dict[str, Any] = {"status": None, "content_type": None, "body": ""}
         entry["response"] = response
@@ -364,12 +400,7 @@ class FaultsAndEffects:
             EFFECTS.reset()
             messages = _json_response(200, {"reset": True})
         elif path == "/_faults" and method == "POST":
-            raw = b""
-            while True:
-                message = await receive()
-                raw += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            raw = await read_body(receive)
             try:
                 faults = json.loads(raw)["faults"]
                 assert isinstance(faults, list) and all(f in FAULTS for f in faults)
@@ -380,12 +411,7 @@ class FaultsAndEffects:
                     EFFECTS.queued.extend(faults)
                 messages = _json_response(200, {"queued": faults})
         elif path == "/_canned" and method == "POST":
-            raw = b""
-            while True:
-                message = await receive()
-                raw += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            raw = await read_body(receive)
             try:
                 canned = json.loads(raw)
                 assert isinstance(canned, dict) and isinstance(canned.get("message"), dict)
@@ -402,8 +428,6 @@ class FaultsAndEffects:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
     parser = argparse.ArgumentParser(description="An MCP test server (see tests/mcp_server.py)")
     parser.add_argument("--port", type=int, default=0, help="0: the kernel picks; printed in the ready line")
     mode = parser.add_mutually_exclusive_group(required=True)
@@ -430,22 +454,8 @@ def main(argv: list[str] | None = None) -> None:
 
         cert, key = make_self_signed_cert(Path(args.tls))
         tls = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on", **tls)
-    uv = uvicorn.Server(config)
-
-    async def serve() -> None:
-        task = asyncio.create_task(uv.serve())
-        while not uv.started:
-            if task.done():
-                await task
-                return
-            await asyncio.sleep(0.02)
-        port = uv.servers[0].sockets[0].getsockname()[1]
-        print(f"mcp_server: ready {'https' if args.tls else 'http'}://127.0.0.1:{port}/mcp", flush=True)
-        await task
-
-    asyncio.run(serve())
-
+    serve(app, port=args.port, ready=f"mcp_server: ready {'https' if args.tls else 'http'}://127.0.0.1:{{port}}/mcp",
+          tls=tls)
 
 if __name__ == "__main__":
     sys.exit(main())

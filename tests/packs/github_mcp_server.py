@@ -44,7 +44,6 @@ quick tool in 2026-07-28.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import sys
@@ -55,6 +54,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent
 from mcp_types import Tool as MCPTool
 
+from tests.mcp_server import read_body, replaying, serve
 from tests.packs.github_mcp_tools import TOOLS
 
 PATH = "/mcp/"
@@ -305,7 +305,7 @@ class FaultsAndEffects:
             if scope["type"] == "http" and scope["path"] in ("/_effects", "/_faults", "/_reset"):
                 return await self.control(scope, receive, send)
             return await self.app(scope, receive, send)
-        raw = await _body(receive)
+        raw = await read_body(receive)
         try:
             msg = json.loads(raw)
         except ValueError:
@@ -319,14 +319,7 @@ class FaultsAndEffects:
                 fault = STATE.fault_for(name, arguments)
                 if fault and fault["kind"] != "drop":
                     STATE.pending[name] = fault
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
+        replay = replaying(raw, receive)
 
         if not fault or fault["kind"] != "drop":
             return await self.app(scope, replay, send)
@@ -357,7 +350,7 @@ class FaultsAndEffects:
                 STATE.reset()
             doc = {"reset": True}
         elif path == "/_faults" and method == "POST":
-            f = json.loads(await _body(receive))
+            f = json.loads(await read_body(receive))
             with STATE.lock:
                 STATE.faults.append({"tool": f["tool"], "when": f.get("when") or {}, "fault": f["fault"]})
             doc = {"queued": f}
@@ -369,41 +362,13 @@ class FaultsAndEffects:
         await send({"type": "http.response.body", "body": body})
 
 
-async def _body(receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    return b"".join(chunks)
-
-
 def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
     parser = argparse.ArgumentParser(description="A fake of GitHub's MCP server (see tests/packs/github_mcp_server.py)")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     server = GitHubMCP("github-mcp-server", instructions="A fake of GitHub's MCP server for the pack's tests.")
     app = FaultsAndEffects(server.streamable_http_app(streamable_http_path=PATH))
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on"))
-
-    async def serve() -> None:
-        task = asyncio.create_task(uv.serve())
-        while not uv.started:
-            if task.done():
-                await task
-                return
-            await asyncio.sleep(0.02)
-        port = uv.servers[0].sockets[0].getsockname()[1]
-        print(f"github_mcp_server: ready http://127.0.0.1:{port}{PATH}", flush=True)
-        await task
-
-    asyncio.run(serve())
-
+    serve(app, port=args.port, ready=f"github_mcp_server: ready http://127.0.0.1:{{port}}{PATH}")
 
 if __name__ == "__main__":
     sys.exit(main())
