@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from mitmproxy import http
 from mitmproxy.flow import Error
@@ -25,10 +27,11 @@ operations:
 """
 
 
-@pytest.fixture
-async def setup(tmp_path):
-    rules = tmp_path / "shop.yaml"
-    rules.write_text(RULES)
+@contextlib.asynccontextmanager
+async def running(tmp_path, rules_text: str = RULES):
+    """The addons loaded in mitmproxy's test context with these rules, forwarding left to mitmproxy."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(rules_text)
     addons = make_addons()
     addon = addons[0]
     with taddons.context() as tctx:
@@ -37,8 +40,16 @@ async def setup(tmp_path):
         tctx.configure(addon, receipts_db=str(tmp_path / "r.db"), receipts_rules=str(rules),
                        receipts_watch_rules=False, receipts_forward="mitmproxy")
         tctx.commands = addons[1]  # the receipts.* commands addon
+        try:
+            yield addon, tctx
+        finally:
+            await addon.done()
+
+
+@pytest.fixture
+async def setup(tmp_path):
+    async with running(tmp_path) as (addon, tctx):
         yield addon, tctx, tmp_path
-        await addon.done()
 
 
 def order(sku: str = "A-1", path: str = "/v1/orders") -> http.HTTPFlow:

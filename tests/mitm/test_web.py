@@ -86,43 +86,33 @@ async def test_mcp_receipts_show_in_mitmweb_like_any_other(tmp_path):
 
     from mitmproxy import contentviews
 
-    from proxy_addon.mitm import make_addons
+    from tests.mitm.conftest import running
 
-    rules = tmp_path / "tracker.yaml"
-    rules.write_text(MCP_RULES)
-    addons = make_addons()
-    addon = addons[0]
-    with taddons.context() as tctx:
-        tctx.options.add_option("connection_strategy", str, "eager", "as the proxyserver addon declares it")
-        tctx.master.addons.add(*addons)
-        tctx.configure(addon, receipts_db=str(tmp_path / "r.db"), receipts_rules=str(rules),
-                       receipts_watch_rules=False, receipts_forward="mitmproxy")
-        try:
-            first = tool_call("Printer on fire", 1)
-            await send(addon, first)
-            assert first.response is None and first.marked == MARKERS["submitted"]
-            first.error = Error("server closed connection")
-            first.server_conn.timestamp_tcp_setup = first.server_conn.timestamp_tls_setup = 1.0
-            await addon.error(first)
-            receipt = first.metadata["receipts"]["operation_id"]
-            assert first.marked == MARKERS["outcome_unknown"]
-            assert first.comment == f"outcome_unknown · tracker issues.create (tool create_issue) · receipt {receipt}"
+    async with running(tmp_path, MCP_RULES) as (addon, _):
+        first = tool_call("Printer on fire", 1)
+        await send(addon, first)
+        assert first.response is None and first.marked == MARKERS["submitted"]
+        first.error = Error("server closed connection")
+        first.server_conn.timestamp_tcp_setup = first.server_conn.timestamp_tls_setup = 1.0
+        await addon.error(first)
+        receipt = first.metadata["receipts"]["operation_id"]
+        assert first.marked == MARKERS["outcome_unknown"]
+        assert first.comment == f"outcome_unknown · tracker issues.create (tool create_issue) · receipt {receipt}"
 
-            dup = tool_call("Printer on fire", 2)
-            await send(addon, dup)
-            assert dup.marked == MARKERS["blocked"]
-            assert dup.comment.startswith("BLOCKED duplicate · tracker issues.create (tool create_issue)")
-            assert dup.response.status_code == 200
-            answer = json.loads(dup.response.content)
-            assert answer["id"] == 2 and answer["result"]["isError"] is True
-            assert receipt in answer["result"]["content"][0]["text"]
-            shown = contentviews.prettify_message(dup.response, dup)
-            assert shown.view_name == "Receipt"
-            assert "MCP tool call: create_issue(title)" in shown.text
-            assert '"params.arguments.title": "Printer on fire"' in shown.text
-            assert "sess-SECRET-1" not in shown.text and "t0k3n" not in shown.text
-            stored = Store.open(tmp_path / "r.db", create=False)
-            assert "sess-SECRET-1" not in json.dumps(stored.get(receipt).intent)
-            stored.close()
-        finally:
-            await addon.done()
+        dup = tool_call("Printer on fire", 2)
+        await send(addon, dup)
+        assert dup.marked == MARKERS["blocked"]
+        assert dup.comment.startswith("BLOCKED duplicate · tracker issues.create (tool create_issue)")
+        assert dup.response.status_code == 200
+        answer = json.loads(dup.response.content)
+        assert answer["id"] == 2 and answer["result"]["isError"] is True
+        assert receipt in answer["result"]["content"][0]["text"]
+        shown = contentviews.prettify_message(dup.response, dup)
+        assert shown.view_name == "Receipt"
+        assert "MCP tool call: create_issue(title)" in shown.text
+        assert '"params.arguments.title": "Printer on fire"' in shown.text
+        assert "sess-SECRET-1" not in shown.text and "t0k3n" not in shown.text
+        stored = Store.open(tmp_path / "r.db", create=False)
+        assert "sess-SECRET-1" not in json.dumps(stored.get(receipt).intent)
+        stored.close()
+
