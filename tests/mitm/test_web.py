@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from mitmproxy import exceptions, http
+from mitmproxy import http
 from mitmproxy.flow import Error
-from mitmproxy.test import taddons
 
-from proxy_addon.mitm.addon import Receipts
 from proxy_addon.mitm.flows import MARKERS
 from proxy_addon.store import Store
-from tests.mitm.conftest import held, order, send, unknown
+from tests.mitm.conftest import order, send, unknown
 
 
 async def test_receipt_content_view(setup):
