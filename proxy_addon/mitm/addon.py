@@ -34,6 +34,7 @@ from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
+from proxy_addon.log_limit import LogLimit
 from proxy_addon.mcp.calls import ToolCall, unread_call
 from proxy_addon.mcp.catalog import ToolCatalog
 from proxy_addon.metrics import Metrics
@@ -73,6 +74,7 @@ class Receipts:
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
         self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
         self.tool_catalog = ToolCatalog()  # mcp.tools: from_server: which tools the servers declare read-only
+        self._duplicate_lines = LogLimit()  # a retry storm logs one line per receipt every 10 s (log_limit.py)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -248,12 +250,17 @@ class Receipts:
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "replay":
             self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED")
-            logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response")
+            if (held := self._duplicate_lines.allow(receipt.operation_id)) is not None:
+                more = LogLimit.more(held)
+                logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response{more}")
         elif decision.kind != "forward":
             blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
             prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
             self._answer(flow, blocked, "blocked", receipt, prefix)
-            logger.warning(f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state})")
+            if (held := self._duplicate_lines.allow(receipt.operation_id)) is not None:
+                logger.warning(
+                    f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state}){LogLimit.more(held)}"
+                )
         else:
             await self._forward(flow, meta, op, receipt, given_key=admitted.attempt.given_key, body=view.body)
 
