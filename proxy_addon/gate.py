@@ -21,7 +21,7 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 for it, and reconciles at once when the answer says the effect may already exist.
 
 On SQLite the gate has `local`, a connection of the event loop's own that never waits
-(mitm/store.py): a duplicate is decided and its answer recorded there, from one read, without
+(mitm/store.py; loop_connection.py): a duplicate is decided and its answer recorded there, from one read, without
 a hand-off, and an outcome too while the store's thread is idle. Whatever it cannot do at
 once (a new receipt, which is durable; another writer holding the lock or having written
 since its read) goes to the store's thread, which decides as always. PostgreSQL has no
@@ -30,24 +30,9 @@ since its read) goes to the store's thread, which decides as always. PostgreSQL 
 The gate counts in its `metrics` (metrics.py) what only it sees: each duplicate's final answer,
 the duplicates that wait, how long a new receipt took to commit, and each reconcile read's result.
 
-Reads at once are bounded (`reads_max`, the option receipts_reads_max, 8): every reconcile read
-of this process (a duplicate's, an answer's evidence, an operator's) takes a slot first, and
-the others wait their turn, first come first served. Only reads wait; no other request does,
-nor a reconcile of an operation with no read configured (decided by its idempotency key, or
-manual_review).
-- The slot is taken before the claim and given back as soon as the read is judged, before the
-  verdict is recorded (reconcile.py). While a read waits, its receipt stays `outcome_unknown`
-  (another process or the CLI may settle it meanwhile: this read's claim then fails, and the
-  duplicate is answered from what they recorded); it is `reconciling` only while its read runs.
-- A read waits for a slot at most `reads.timeout` (receipts_read_timeout), then gives up: nothing
-  is claimed, read or recorded, the receipt stays as it was (no failed read is counted: the API
-  was not asked), and its duplicates get the 409 of an `outcome_unknown` receipt. The wait does
-  not count against the read's own timeout: a read that got its slot always has all of
-  `reads.timeout`, so waiting never turns into a failed read. A duplicate (and every duplicate
-  that shares its read) so waits at most twice `reads.timeout` for a read.
-- `reads_in_progress()` counts the reads waiting for a slot too: a stopping proxy waits for them.
-- A change of `reads_max` applies to reads asked for after it; the ones already running or
-  waiting keep the bound they started under. The bound is per process.
+Reads at once are bounded (`reads_max`, receipts_reads_max): every reconcile read takes a slot
+first (read_slots.py); `reads_in_progress()` counts the reads waiting for a slot too, and a
+stopping proxy waits for them.
 Nothing here imports mitmproxy: the tests drive the gate directly.
 """
 
@@ -59,13 +44,15 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from proxy_addon.classify import Outcome
 from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable
+from proxy_addon.loop_connection import OnTheLoop
 from proxy_addon.metrics import Metrics, read_result
+from proxy_addon.read_slots import NoReadSlot, ReadSlots
 from proxy_addon.reads import ReadSettings
 from proxy_addon.reconcile import reconcilable_now, reconcile
 from proxy_addon.rules import Operation, PathTemplate
@@ -77,7 +64,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RECORD_RETRY = 10.0  # seconds an outcome's write is retried after a lost connection (PostgreSQL)
-LOCAL_CHECKPOINT = 256  # commits on the event loop's connection between two checkpoints of the WAL
 REMOTE_POLL = 5.0  # seconds between two reads of another process's receipt while LISTEN/NOTIFY wakes us
 
 
@@ -87,10 +73,6 @@ class GateSettings:
     wait_submitted: float = 30.0  # seconds a duplicate of an in-flight request waits for its outcome
     reads: ReadSettings = field(default_factory=ReadSettings)
     reads_max: int = 8  # reconcile reads running at once in this process; the others wait (receipts_reads_max)
-
-
-class _NoReadSlot(Exception):
-    """No read slot came free within the read timeout: nothing was claimed or read."""
 
 
 @dataclass(frozen=True)
@@ -114,16 +96,14 @@ class Gate:
         # A connection of the event loop's own that never waits (SQLite in WAL, lock_timeout=0):
         # duplicates are answered on it without a hand-off to the store's thread (`_decide_here`).
         self.local = local
-        self._local_commits = 0  # since the last checkpoint: `local` never checkpoints at its commits
-        self._checkpoint: asyncio.Task[None] | None = None
+        self._here = OnTheLoop(calls)  # decisions and records on `local` (loop_connection.py)
         self.settings = settings or GateSettings()
         self.metrics = metrics or Metrics()  # duplicates, waits, commit times, reads (metrics.py)
         self.post_reads = post_reads
         self.on_change = on_change  # a receipt changed here outside a flow's own hooks (a reconcile)
         self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
         self._reconciles: dict[str, asyncio.Task[Receipt | None]] = {}  # receipt id → the read in progress
-        self._slots: asyncio.Semaphore | None = None  # at most reads_max reads at once (_read_slot)
-        self._slots_max = 0
+        self._slots = ReadSlots(lambda: self.settings.reads_max)  # at most reads_max reads at once
         self._remote: dict[str, asyncio.Event] = {}  # receipt id → set when another process changed it (wake)
         self._waiters: collections.Counter[str] = collections.Counter()  # receipt id → duplicates waiting on it
         # Whether a listener (PostgreSQL's LISTEN) is calling `wake` now: polling then only backs it up.
@@ -196,47 +176,16 @@ class Gate:
         return True if final else (lambda d: not self._follows_up(op, d))
 
     def _decide_here(self, attempt: Attempt, op: Operation, final: bool) -> Decision | Literal["new", "busy"]:
-        """
-        On the event loop, on `local` (SQLite): a duplicate answered from one read, with its answer
-        recorded (store/attempts.py, `answer_duplicate`): no hand-off, and never a wait for the
-        lock or the disk. "new" (a receipt to insert, durably) and "busy" (another writer) are the
-        store thread's to decide, as is everything when `local` is None (PostgreSQL: a fleet's
-        store decides) or fails.
-        """
+        """A duplicate answered on `local` (loop_connection.py); "busy" when there is none (PostgreSQL)."""
         if self.local is None:
             return "busy"
-        try:
-            decision = self.local.answer_duplicate(
-                attempt,
-                after_success=op.after_success,
-                replay_window=self.settings.replay_window,
-                record_duplicate=self._records_answer(op, final),
-            )
-        except StoreError as e:  # the store's thread decides, and reports what fails there too
-            logger.debug("receipts: the event loop's connection could not decide (%s); the store's thread decides", e)
-            return "busy"
-        if isinstance(decision, Decision):
-            self._checkpoint_later()
-        return decision
-
-    def _checkpoint_later(self) -> None:
-        """
-        Every LOCAL_CHECKPOINT commits on `local`, a checkpoint of the WAL on the store's thread,
-        not waited for: `local` never checkpoints (that would wait for the disk on the event
-        loop), and without it a stream of duplicates only would grow the WAL without bound.
-        """
-        self._local_commits += 1
-        if self._local_commits < LOCAL_CHECKPOINT or (self._checkpoint is not None and not self._checkpoint.done()):
-            return
-        self._local_commits = 0
-
-        async def checkpoint() -> None:
-            try:
-                await self.calls(lambda s: s.checkpoint())
-            except (StoreError, RuntimeError) as e:  # RuntimeError: the store's thread has closed
-                logger.warning(f"receipts: could not checkpoint the database's log: {e}")
-
-        self._checkpoint = asyncio.get_running_loop().create_task(checkpoint())
+        return self._here.decide(
+            self.local,
+            attempt,
+            after_success=op.after_success,
+            replay_window=self.settings.replay_window,
+            record_duplicate=self._records_answer(op, final),
+        )
 
     async def record(
         self,
@@ -298,7 +247,8 @@ class Gate:
         commit that happened) takes it. Failing that, the receipt stays submitted, and the
         lease's expiry, or a restart, makes it outcome_unknown.
         """
-        if (here := self._record_here(operation_id, outcome, flow_id)) is not None:
+        here = self._here.record(self.local, operation_id, outcome, flow_id) if self.local is not None else None
+        if here is not None:
             return here
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (RECORD_RETRY if getattr(self.calls.store, "reconnects", False) else 0)
@@ -322,31 +272,6 @@ class Gate:
                 logger.warning("receipt %s: recording %s failed (%s); trying again", operation_id, outcome.state, e)
                 await asyncio.sleep(delay)
                 delay, retried = min(delay * 2, 1.0), True
-
-    def _record_here(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt | None:
-        """
-        The outcome's transition on `local`, on the event loop, without a hand-off (it never waits
-        for the lock or the disk), when the store's thread is idle; None when there is no `local`,
-        the store's thread has calls to run (under load the hand-off wins: SQLite runs there without
-        the GIL, beside the event loop), or it did not record it (another writer, a receipt that
-        moved on, a failure): nothing was written, and the store's thread does.
-        """
-        if self.local is None or not self.calls.idle:
-            return None
-        try:
-            receipt = self.local.record_outcome(
-                operation_id,
-                outcome.state,
-                reason=outcome.reason,
-                flow_id=flow_id,
-                without_waiting=True,
-                **outcome.fields(),
-            )
-        except StoreError as e:
-            logger.debug("receipt %s: the event loop's connection did not record the outcome (%s)", operation_id, e)
-            return None
-        self._checkpoint_later()
-        return receipt
 
     def wake(self, operation_id: str) -> None:
         """Another process changed this receipt (PostgreSQL's NOTIFY): its waiting duplicates look again."""
@@ -391,37 +316,6 @@ class Gate:
         """
         return len(self._reconciles)
 
-    def _read_slots(self) -> asyncio.Semaphore:
-        """The semaphore of `reads_max` slots; a new one when `reads_max` changed (the reads already
-        holding or waiting for the old one keep it)."""
-        if self._slots is None or self._slots_max != self.settings.reads_max:
-            self._slots_max = self.settings.reads_max
-            self._slots = asyncio.Semaphore(self._slots_max)
-        return self._slots
-
-    @contextlib.asynccontextmanager
-    async def _read_slot(self, receipt: Receipt, timeout: float) -> AsyncIterator[None]:
-        """Hold one of the `reads_max` slots; _NoReadSlot when none comes free within `timeout` seconds."""
-        slots, bound = self._read_slots(), self._slots_max
-        if slots.locked():
-            logger.info(
-                "receipt %s: all %d read slots are taken (receipts_reads_max); its read waits for one to end",
-                receipt.operation_id,
-                bound,
-            )
-        try:
-            async with asyncio.timeout(timeout):
-                await slots.acquire()
-        except TimeoutError:
-            raise _NoReadSlot(
-                f"no read slot came free within {timeout:g}s (receipts_read_timeout): other reconcile reads "
-                f"held all {bound} (receipts_reads_max)"
-            ) from None
-        try:
-            yield
-        finally:
-            slots.release()
-
     def reconcile(
         self,
         op: Operation,
@@ -462,11 +356,11 @@ class Gate:
                 reason=reason,
                 evidence=evidence,
                 # An operation with no read configured is decided without one (by its key, or manual_review).
-                slot=self._read_slot(receipt, settings.timeout) if op.reconcile is not None else None,
+                slot=self._slots.hold(receipt, settings.timeout) if op.reconcile is not None else None,
             )
         except IllegalTransition:
             return None  # another proxy process claimed it first
-        except _NoReadSlot as e:
+        except NoReadSlot as e:
             self.metrics.read(op.api, op.name, "no_slot")
             logger.warning(
                 "receipt %s %s %s: not read: %s; it stays %s, nothing recorded",

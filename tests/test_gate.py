@@ -23,7 +23,8 @@ from proxy_addon import answers
 from proxy_addon.classify import Outcome, answer_outcome, failure_outcome
 from proxy_addon.errors import StoreError
 from proxy_addon.fingerprint import RequestView, build_attempt
-from proxy_addon.gate import LOCAL_CHECKPOINT, Admitted, Gate, GateSettings
+from proxy_addon.gate import Admitted, Gate, GateSettings
+from proxy_addon.loop_connection import LOCAL_CHECKPOINT
 from proxy_addon.store_thread import StoreThread
 from proxy_addon.reads import ReadSettings
 from proxy_addon.rules import Operation, RuleSet, load_rules
