@@ -263,7 +263,8 @@ LOCAL_FAILURES = [
 
 @pytest.mark.parametrize(("how", "state", "says", "written"), [pytest.param(*row, id=row[0]) for row in LOCAL_FAILURES])
 async def test_a_local_refusal_is_not_sent_only_when_nothing_was_written(how, state, says, written):
-    from proxy_addon.classify import CLIENT_ERRORS, failure_outcome
+    from proxy_addon.classify import failure_outcome
+    from proxy_addon.exchange_failures import CLIENT_ERRORS
 
     listener = Listener()
     try:

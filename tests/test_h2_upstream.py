@@ -122,8 +122,9 @@ def test_a_second_send_of_one_request_is_stopped_before_it_is_written():
 
     import httpcore
 
-    from proxy_addon.classify import SentTwice, failure_outcome
-    from proxy_addon.mitm.exchange import _Trace
+    from proxy_addon.classify import failure_outcome
+    from proxy_addon.exchange_failures import SentTwice
+    from proxy_addon.mitm.httpcore_send import _Trace
 
     trace = _Trace()
     write = httpcore.Request("POST", "https://127.0.0.1/api/x")

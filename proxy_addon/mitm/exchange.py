@@ -22,24 +22,21 @@ How it sends (`Client`, chosen per origin):
   the same h2 upstream, tests/upstream_h2.py), and HTTP/2 is what mitmproxy's `http2` asks for.
 - Through an `upstream:` proxy (CONNECT for https, absolute-form for http, `upstream_auth`):
   httpcore's pool, always.
-httpcore is used directly, not through httpx's client: the same connections, without the
-layers the exchange would not use, and no cookie jar. httpcore's errors are raised as httpx's
-(`httpx_errors`); http1.py raises httpx's itself: classify.py reads those.
+Sending through httpcore's pool is httpcore_send.py. Both raise httpx's errors: classify.py
+reads those.
 
 What it keeps from mitmproxy (`Upstream`, built from its options): upstream TLS
 verification (`ssl_insecure`, `ssl_verify_upstream_trusted_ca`,
 `ssl_verify_upstream_trusted_confdir`), the `upstream:` proxy mode with `upstream_auth`, and
 HTTP/2 to the upstream (when `http2` is on). What it refuses: `client_certs` (set
 `receipts_forward=mitmproxy` to use them). What a failure means is decided in classify.py,
-which tells a request our client refused before writing a byte of it (not_sent) from one
-cut short after (outcome_unknown), and an HTTP/2 stream the upstream proved it did not
-process (REFUSED_STREAM, a GOAWAY that excludes it: not_sent) from one reset or cut off after
-(outcome_unknown).
+from what exchange_failures.py proves: a request our client refused before writing a byte of
+it (not_sent) is told from one cut short after (outcome_unknown), and an HTTP/2 stream the
+upstream proved it did not process (REFUSED_STREAM, a GOAWAY that excludes it: not_sent) from
+one reset or cut off after (outcome_unknown).
 
-Sent once: httpcore's connection pool sends a request again, on a new connection, when a
-GOAWAY excludes its stream. The exchange watches the request through httpcore's `trace`
-extension (`_Trace`): the proof becomes `NotProcessed` before the pool can act on it, and a
-second start of the same request is stopped (`SentTwice`) before a byte of it is written.
+Sent once: neither pool sends a request twice (http1.py never does; httpcore_send.py stops
+httpcore's pool from sending it again after a GOAWAY).
 
 What changes: a matched request's answer is held, not streamed. mitmproxy 12 sends a
 response set by the `request` hook in one piece (`send_response()` has no streaming path
@@ -65,24 +62,17 @@ import contextlib
 import functools
 import io
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-import httpcore
 import httpx
 from mitmproxy import http
 
 from proxy_addon.canonical import ip_literal
-from proxy_addon.classify import (
-    CLIENT_ERRORS,
-    NotProcessed,
-    Outcome,
-    SentTwice,
-    deadline_outcome,
-    failure_outcome,
-    not_processed,
-)
-from proxy_addon.mitm.http1 import Http1Pool, SpeaksHttp2
+from proxy_addon.classify import Outcome, deadline_outcome, failure_outcome
+from proxy_addon.exchange_failures import CLIENT_ERRORS
+from proxy_addon.mitm import httpcore_send
+from proxy_addon.mitm.http1 import Answer, Http1Pool, SpeaksHttp2
 from proxy_addon.upstream import Upstream
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and framing that the new exchange sets itself.
@@ -142,49 +132,6 @@ class Client:
         await self.aclose()
 
 
-@contextlib.contextmanager
-def httpx_errors() -> Iterator[None]:
-    """
-    httpcore's errors as httpx's (the same name: httpx.ReadError for httpcore.ReadError), raised
-    from the original, as httpx's transport maps them: classify.py reads httpx's types, and the
-    chain (`__cause__`, its traceback) still shows where httpcore raised it.
-    """
-    try:
-        yield
-    except Exception as e:
-        mapped = next((_HTTPX[t] for t in type(e).__mro__ if t in _HTTPX), None)
-        if mapped is None:
-            raise
-        raise mapped(str(e)) from e
-
-
-_HTTPX: dict[type, type[httpx.HTTPError]] = {
-    getattr(httpcore, name): getattr(httpx, name)
-    for name in (
-        "TimeoutException",
-        "ConnectTimeout",
-        "ReadTimeout",
-        "WriteTimeout",
-        "PoolTimeout",
-        "NetworkError",
-        "ConnectError",
-        "ReadError",
-        "WriteError",
-        "ProxyError",
-        "UnsupportedProtocol",
-        "ProtocolError",
-        "LocalProtocolError",
-        "RemoteProtocolError",
-    )
-}
-
-
-async def _raw(stream: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    with httpx_errors():
-        async for chunk in stream:
-            yield chunk
-
-
 def end_to_end(fields: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The header fields a proxy passes on: not the hop-by-hop ones, nor those `Connection` names."""
     fields = list(fields)
@@ -212,7 +159,7 @@ async def send(
     """
     try:
         scheme, host, port, netloc = origin(request.scheme, request.host, request.port)
-    except httpx.InvalidURL as e:  # refused before anything was sent: not_sent (classify.local_refusal)
+    except httpx.InvalidURL as e:  # refused before anything was sent: not_sent (exchange_failures.local_refusal)
         return failure_outcome(e)
     content = request.raw_content or b""
     headers = framed(end_to_end(request.headers.fields), netloc, request.method, content)
@@ -222,7 +169,7 @@ async def send(
     ends = loop.time() + deadline
     try:
         async with asyncio.timeout(deadline):
-            head = None
+            head: Answer | httpcore_send.Answer | None = None
             if http1 is not None:
                 with contextlib.suppress(SpeaksHttp2):  # nothing written: over HTTP/2, through httpcore
                     head = await http1.send(
@@ -235,17 +182,12 @@ async def send(
                         content,
                         connect_timeout=min(connect_timeout, deadline),
                     )
-            if head is not None:
-                status, phrase, version, fields = head.status, head.reason, head.http_version, head.headers
-                chunks, close = head.body(), head.aclose
-            else:
-                upstream = await _httpcore_send(
+            if head is None:
+                head = await httpcore_send.send(
                     client.pool, request, scheme, host, port, headers, content, deadline, connect_timeout
                 )
-                status, fields = upstream.status, upstream.headers
-                version = upstream.extensions.get("http_version", b"HTTP/1.1")
-                phrase = upstream.extensions.get("reason_phrase", b"")  # HTTP/2 has none: the status's own, below
-                chunks, close = _raw(upstream.stream), functools.partial(_close, upstream)  # type: ignore[arg-type]
+            status, phrase, version, fields = head.status, head.reason, head.http_version, head.headers
+            chunks, close = head.body(), head.aclose
             try:
                 body = io.BytesIO()
                 complete = True
@@ -277,76 +219,6 @@ async def send(
     return Reply(response, complete, None if complete else _Rest(chunks, close, ends))
 
 
-async def _httpcore_send(
-    pool: httpcore.AsyncConnectionPool,
-    request: http.Request,
-    scheme: bytes,
-    host: bytes,
-    port: int | None,
-    headers: list[tuple[bytes, bytes]],
-    content: bytes,
-    deadline: float,
-    connect_timeout: float,
-) -> httpcore.Response:
-    """The request through httpcore's pool (HTTP/2, an upstream proxy): its answer's head, the body still to read."""
-    outgoing = httpcore.Request(
-        request.data.method,
-        # The request target exactly as the agent sent it (httpx would remove `.` segments).
-        httpcore.URL(scheme=scheme, host=host, port=port, target=request.data.path),
-        headers=headers,
-        content=content,
-        extensions={
-            "timeout": {
-                "connect": min(connect_timeout, deadline),
-                "read": deadline,
-                "write": deadline,
-                "pool": deadline,
-            },
-            "trace": _Trace(),
-        },
-    )
-    with httpx_errors():
-        return await pool.handle_async_request(outgoing)
-
-
-# httpcore's trace events (`<http11|http2>.<step>.<started|complete|failed>`) that `_Trace` acts on.
-_SENDS = frozenset({"http11.send_request_headers.started", "http2.send_request_headers.started"})
-# The HTTP/2 steps before the answer's head is read: a proof that the stream was not processed counts there.
-_BEFORE_HEAD = frozenset(
-    {"http2.send_request_headers.failed", "http2.send_request_body.failed", "http2.receive_response_headers.failed"}
-)
-
-
-class _Trace:
-    """
-    httpcore's `trace` hook for one request: the HTTP/2 stream it goes on; the upstream's proof
-    that the stream was not processed, raised as `NotProcessed` where httpcore reports it (its
-    pool would otherwise send the request again on a new connection); and a stop to any second
-    send of the request, before a byte of it is written. A CONNECT to an upstream proxy, which
-    carries the request's extensions, is another request: not counted.
-    """
-
-    __slots__ = ("sends", "stream_id")
-
-    def __init__(self) -> None:
-        self.sends = 0
-        self.stream_id: int | None = None
-
-    async def __call__(self, name: str, info: dict) -> None:
-        if name in _SENDS:
-            if info["request"].method == b"CONNECT":
-                return
-            self.sends += 1
-            if self.sends > 1:
-                raise SentTwice("httpcore was about to send the request again; stopped before it was written")
-            self.stream_id = info.get("stream_id")
-        elif name in _BEFORE_HEAD:
-            error = info["exception"]
-            proof = not_processed(error, self.stream_id)
-            if proof is not None:
-                raise NotProcessed(proof) from error
-
-
 @functools.lru_cache(maxsize=1024)
 def origin(scheme: str, host: str, port: int) -> tuple[bytes, bytes, int | None, bytes]:
     """
@@ -372,11 +244,6 @@ def framed(fields: list[tuple[bytes, bytes]], netloc: bytes, method: str, conten
     elif method in ("POST", "PUT", "PATCH"):
         head.append((b"Content-Length", b"0"))
     return head + fields
-
-
-async def _close(upstream: httpcore.Response) -> None:
-    with httpx_errors():
-        await upstream.aclose()
 
 
 @dataclass

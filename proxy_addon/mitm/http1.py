@@ -15,7 +15,7 @@ What a failure means (classify.py reads httpx's types; each is raised from the o
 - Before a byte of the request is written: httpx.ConnectError (refused, unreachable, DNS, the
   TLS handshake failed or the certificate was refused) and httpx.ConnectTimeout → not_sent;
   a request head h11 will not build (two Host fields, a header it refuses) → an
-  httpx.LocalProtocolError raised from h11's, under `_h11_request_bytes` (classify.py's
+  httpx.LocalProtocolError raised from h11's, under `_h11_request_bytes` (exchange_failures.py's
   `_HEAD_BUILDERS`): nothing was written → not_sent.
 - Once the request's bytes were handed to the connection (one write: head and body): any
   failure is httpx.ReadError, httpx.RemoteProtocolError or httpx.WriteError → outcome_unknown,
@@ -286,8 +286,8 @@ def _h11_request_bytes(
     """
     The request's bytes, head and body, as h11 frames them (the body itself, not a copy: a large
     body is held once). h11 validates the head here (names, values, one Host, method, target)
-    and raises LocalProtocolError before any byte is written: classify.py reads a refusal
-    raised under this function as not_sent.
+    and raises LocalProtocolError before any byte is written: exchange_failures.py reads a
+    refusal raised under this function as not_sent.
     """
     out = state.send_with_data_passthrough(h11.Request(method=method, target=target, headers=headers)) or []
     if body:
