@@ -92,6 +92,12 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "rules_signature": ("proxy_addon.rules.loader", "rules_signature"),
         "template_variables": ("proxy_addon.rules.model", "template_variables"),
     },
+    "proxy_addon.explain": {
+        "BODY_LIMIT": ("proxy_addon.explain.report", "BODY_LIMIT"),
+        "SHOWN": ("proxy_addon.explain.render", "SHOWN"),
+        "explain": ("proxy_addon.explain.report", "explain"),
+        "render": ("proxy_addon.explain.render", "render"),
+    },
     "proxy_addon.mitm": {
         "MetricsServer": ("proxy_addon.mitm.metrics", "MetricsServer"),
         "ReceiptCommands": ("proxy_addon.mitm.commands", "ReceiptCommands"),
@@ -121,6 +127,7 @@ ALL = {
         "RuleSet", "check_rules", "check_rules_path", "host_pattern", "load_rules", "load_rules_path",
         "parse_path_template", "rules_files", "rules_signature", "template_variables",
     ],
+    "proxy_addon.explain": ["BODY_LIMIT", "SHOWN", "explain", "render"],
     "proxy_addon.mitm": ["MetricsServer", "ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"],
 }
 
