@@ -57,7 +57,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "SQLiteStore": ("proxy_addon.store.sqlite", "SQLiteStore"),
         "Store": ("proxy_addon.store.sqlite", "SQLiteStore"),
         "UniqueViolation": ("proxy_addon.store.base", "UniqueViolation"),
-        "is_postgres": ("proxy_addon.store.postgres", "is_postgres"),
+        "is_postgres": ("proxy_addon.store.dsn", "is_postgres"),
         "iso": ("proxy_addon.store.records", "iso"),
         "new_operation_id": ("proxy_addon.store.records", "new_operation_id"),
         "open_store": ("proxy_addon.store", "open_store"),
