@@ -40,7 +40,7 @@ def key_path(db: str | Path, secret: str | None = None) -> Path:
     """
     if secret:
         return Path(secret).expanduser()
-    from proxy_addon.store.postgres import is_postgres  # paths.py is imported before the store
+    from proxy_addon.store.dsn import is_postgres  # paths.py is imported before the store
 
     if is_postgres(db):
         return Path(os.environ.get("RECEIPT_PROXY_STATE_DIR") or STATE_DIR).expanduser() / KEY_NAME

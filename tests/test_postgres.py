@@ -19,7 +19,7 @@ from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.leases import recover_expired
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, PostgresStore, RecordedResponse, is_postgres, open_store
-from proxy_addon.store.postgres import describe
+from proxy_addon.store.dsn import describe
 from tests.conftest import T0, FakeClock
 from tests.pg import schema_url
 
@@ -50,7 +50,7 @@ def test_the_password_is_never_shown(pg_cluster, monkeypatch):
 
 
 def test_a_password_is_taken_out_of_the_option_and_kept_for_connecting():
-    from proxy_addon.store.postgres import without_password
+    from proxy_addon.store.dsn import without_password
 
     cases = {
         "postgresql://proxy:s3cret-PW@db.internal:5433/receipts?sslmode=require":

@@ -57,7 +57,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "SQLiteStore": ("proxy_addon.store.sqlite", "SQLiteStore"),
         "Store": ("proxy_addon.store.sqlite", "SQLiteStore"),
         "UniqueViolation": ("proxy_addon.store.base", "UniqueViolation"),
-        "is_postgres": ("proxy_addon.store.postgres", "is_postgres"),
+        "is_postgres": ("proxy_addon.store.dsn", "is_postgres"),
         "iso": ("proxy_addon.store.records", "iso"),
         "new_operation_id": ("proxy_addon.store.records", "new_operation_id"),
         "open_store": ("proxy_addon.store", "open_store"),
@@ -92,6 +92,12 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "rules_signature": ("proxy_addon.rules.loader", "rules_signature"),
         "template_variables": ("proxy_addon.rules.model", "template_variables"),
     },
+    "proxy_addon.explain": {
+        "BODY_LIMIT": ("proxy_addon.explain.report", "BODY_LIMIT"),
+        "SHOWN": ("proxy_addon.explain.render", "SHOWN"),
+        "explain": ("proxy_addon.explain.report", "explain"),
+        "render": ("proxy_addon.explain.render", "render"),
+    },
     "proxy_addon.mitm": {
         "MetricsServer": ("proxy_addon.mitm.metrics", "MetricsServer"),
         "ReceiptCommands": ("proxy_addon.mitm.commands", "ReceiptCommands"),
@@ -121,6 +127,7 @@ ALL = {
         "RuleSet", "check_rules", "check_rules_path", "host_pattern", "load_rules", "load_rules_path",
         "parse_path_template", "rules_files", "rules_signature", "template_variables",
     ],
+    "proxy_addon.explain": ["BODY_LIMIT", "SHOWN", "explain", "render"],
     "proxy_addon.mitm": ["MetricsServer", "ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"],
 }
 

@@ -1,6 +1,8 @@
 """
 `receipts rules explain` for an MCP tool call: which tool, whether a rule names it or
-`mcp.tools: from_server` derived it, how its answers are classified, what a duplicate gets.
+`mcp.tools: from_server` derived it, how its answers are classified, what a duplicate gets
+(`describe_tool_call`, for explain/report.py), and those lines of the text (`tool_call_lines`,
+for explain/render.py).
 """
 
 from __future__ import annotations
@@ -39,3 +41,11 @@ def describe_tool_call(report: dict[str, Any], op: Operation, tool: str, rules: 
         )
         for d in report["duplicates"]
     ]
+
+
+def tool_call_lines(mcp: dict[str, Any]) -> list[str]:
+    """The text of the report's `match.mcp` (describe_tool_call): the tool, and why it counts as a write if derived."""
+    lines = [f"  the MCP tool call {mcp['tool']} (its JSON-RPC id and session never enter the fingerprint)"]
+    if mcp["derived"]:
+        lines.append(f"  derived: {mcp['why']}")
+    return lines

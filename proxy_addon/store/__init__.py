@@ -19,6 +19,8 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
     sqlite.py       the SQLite backend (`SQLiteStore`, alias `Store`)
     postgres.py     the PostgreSQL backend (`PostgresStore`), for a fleet of proxies on one store
+    fleet.py        what that fleet shares besides receipts: instance leases, the key check
+    dsn.py          which values name a PostgreSQL database (`is_postgres`), shown without password
     listener.py     LISTEN for receipts other processes change (PostgreSQL's NOTIFY)
     migrations.py   the schema, as recorded migrations, in each backend's dialect
 
@@ -32,7 +34,8 @@ from __future__ import annotations
 import os
 
 from proxy_addon.store.base import Backend, Dialect, UniqueViolation
-from proxy_addon.store.postgres import PostgresStore, is_postgres
+from proxy_addon.store.dsn import is_postgres
+from proxy_addon.store.postgres import PostgresStore
 from proxy_addon.store.receipts import ReceiptStore
 from proxy_addon.store.records import (
     ApprovalDecision,

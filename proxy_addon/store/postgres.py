@@ -23,106 +23,36 @@ the proxy. Every psycopg error becomes a StoreError naming the database by `loca
 never contains a password. psycopg 3 is the driver: the maintained successor of psycopg2,
 with server-side parameter binding, LISTEN/NOTIFY as a generator with a timeout, and libpq's
 own parsing of URLs, conninfo and the PG* variables.
+
+Which values name a PostgreSQL database, and how messages show one without its password:
+dsn.py. The instance leases and the fleet's key check: fleet.py (the mixin `PostgresFleet`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import os
-import re
-import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-try:  # psycopg needs libpq (Debian's libpq5) or its binary extra: only a PostgreSQL database needs either
+try:  # psycopg needs libpq (Debian's libpq5) or its binary extra: dsn.MISSING says so, and open() refuses
     import psycopg
     from psycopg import errors as pgerrors
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg.rows import dict_row
-
-    MISSING: str | None = None
-except ImportError as e:  # pragma: no cover - depends on the machine
-    MISSING = (
-        f"PostgreSQL needs psycopg with libpq ({e}): pip install 'psycopg[binary]', or install libpq "
-        "(apt-get install libpq5)"
-    )
+except ImportError:  # pragma: no cover - depends on the machine
+    pass
 
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import State
 from proxy_addon.store.base import Dialect, UniqueViolation
+from proxy_addon.store.dsn import MISSING, describe
+from proxy_addon.store.dsn import without_password as without_password  # mitm/store.py imports it from here
+from proxy_addon.store.fleet import PostgresFleet
 from proxy_addon.store.migrations import apply_postgres
-from proxy_addon.store.receipts import ReceiptStore
-from proxy_addon.store.records import Attempt, Clock, Decision, Receipt, utcnow
+from proxy_addon.store.records import Clock, utcnow
 
 CHANNEL = "receipt_proxy"  # NOTIFY channel: the payload is the id of a receipt that changed
 WRITE_LOCK = 0x5EC1E7  # the advisory lock every write transaction takes (pg_advisory_xact_lock)
 MIGRATE_LOCK = 0x5EC1E8  # the advisory lock migrations run under
-_URL = re.compile(r"^postgres(ql)?://", re.IGNORECASE)
-_CONNINFO = re.compile(r"^\s*[a-z_]+\s*=", re.IGNORECASE)
-
-
-def is_postgres(db: str | os.PathLike[str]) -> bool:
-    """Whether a `receipts_db` / `--db` value names a PostgreSQL database (a URL or libpq conninfo)."""
-    s = os.fspath(db)
-    if _URL.match(s):
-        return True
-    if not _CONNINFO.match(s):
-        return False
-    if MISSING:
-        return bool(re.match(r"^\s*(host|hostaddr|port|dbname|user|service|sslmode)\s*=", s))
-    try:
-        conninfo_to_dict(s)
-    except psycopg.Error:
-        return False  # a path with '=' in it: a SQLite file
-    return True
-
-
-def without_password(db: str) -> tuple[str, bool]:
-    """
-    `db` without the password it carries, and whether it carried one: a URL keeps its form
-    (`postgresql://user:pw@host/db?password=pw` → `postgresql://user@host/db`), conninfo is
-    rewritten by libpq's rules. A SQLite path, or a value that cannot be parsed, is returned as is.
-    """
-    if MISSING or not is_postgres(db):
-        return db, False
-    if _URL.match(db):
-        parts = urllib.parse.urlsplit(db)
-        userinfo, _, hostport = parts.netloc.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != "password"]
-        if not colon and len(query) == len(urllib.parse.parse_qsl(parts.query, keep_blank_values=True)):
-            return db, False
-        netloc = f"{user}@{hostport}" if user else hostport
-        rest = f"?{urllib.parse.urlencode(query)}" if query else ""  # (urlunsplit drops `//` before an empty host)
-        return f"{parts.scheme}://{netloc}{parts.path}{rest}", True
-    try:
-        params = conninfo_to_dict(db)
-    except psycopg.Error:
-        return db, False
-    if "password" not in params:
-        return db, False
-    del params["password"]
-    return make_conninfo("", **params), True
-
-
-def describe(dsn: str) -> str:
-    """The database as messages name it: `postgresql://user@host:port/dbname`, never the password."""
-    if MISSING:
-        return "postgresql://(psycopg is missing)"
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        return "postgresql://(unparsable connection string)"
-    env = os.environ
-    user = str(params.get("user") or env.get("PGUSER") or "")
-    host = str(params.get("host") or params.get("hostaddr") or env.get("PGHOST") or "")
-    port = str(params.get("port") or env.get("PGPORT") or "")
-    dbname = str(params.get("dbname") or env.get("PGDATABASE") or "")
-    if "/" in str(host):  # a Unix socket directory
-        host = f"[{host}]"
-    where = f"{host}:{port}" if port else f"{host}"
-    return f"postgresql://{user + '@' if user else ''}{where}/{dbname}"
 
 
 def _placeholders(sql: str) -> str:
@@ -130,7 +60,7 @@ def _placeholders(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
-class PostgresStore(ReceiptStore):
+class PostgresStore(PostgresFleet):
     """The receipts database on a PostgreSQL server. Not thread-safe: give each thread its own store."""
 
     dialect = Dialect(insertion_order="seq")
@@ -311,79 +241,6 @@ class PostgresStore(ReceiptStore):
                     expect=[State.SUBMITTED],
                     actor="proxy",
                 )
-
-    # --- instance leases (liveness across machines: proxy_addon/leases.py drives them) ----------
-
-    def claim_lease(self, instance: str, host: str, pid: int, seconds: float) -> None:
-        """Hold (or take again) a lease for `instance` until `seconds` from now, in the server's time."""
-        with self._write():
-            self._execute(
-                "INSERT INTO receipt_instances (instance, host, pid, expires_at) "
-                "VALUES (?, ?, ?, now() + make_interval(secs => ?)) ON CONFLICT (instance) DO UPDATE "
-                "SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at",
-                (instance, host, pid, seconds),
-            )
-        self.lease = (instance, seconds)
-
-    def renew_lease(self, instance: str, host: str, pid: int, seconds: float) -> bool:
-        """The heartbeat: extend the lease; False when it had expired (it is taken again all the same)."""
-        with self._write():
-            live = self._execute(
-                "UPDATE receipt_instances SET heartbeat_at = now(), expires_at = now() + make_interval(secs => ?) "
-                "WHERE instance = ? AND expires_at > now()",
-                (seconds, instance),
-            )
-        if not live:
-            self.claim_lease(instance, host, pid, seconds)
-        return bool(live)
-
-    def drop_lease(self, instance: str) -> None:
-        """A clean stop: the lease row goes (its receipts, if any were left in flight, are recovered)."""
-        with self._write():
-            self._execute("DELETE FROM receipt_instances WHERE instance = ?", (instance,))
-
-    def live_instances(self) -> set[str]:
-        """The instances whose lease has not expired (the server's clock decides)."""
-        return {r["instance"] for r in self._rows("SELECT instance FROM receipt_instances WHERE expires_at > now()")}
-
-    def leases(self) -> dict[str, dict[str, Any]]:
-        """Every lease row: instance → host, pid, heartbeat_at, expires_at, expired."""
-        rows = self._rows(
-            "SELECT instance, host, pid, heartbeat_at, expires_at, expires_at <= now() AS expired "
-            "FROM receipt_instances"
-        )
-        return {r["instance"]: r for r in rows}
-
-    def forget_leases(self, older_than: float) -> int:
-        """Delete lease rows expired more than `older_than` seconds ago (their receipts were recovered long since)."""
-        with self._write():
-            return self._execute(
-                "DELETE FROM receipt_instances WHERE expires_at < now() - make_interval(secs => ?)", (older_than,)
-            )
-
-    def check_key(self, check: str) -> str:
-        """Record the fleet's key check value if there is none yet; the one recorded (compare it with yours)."""
-        with self._write():
-            self._execute(
-                "INSERT INTO receipt_settings (name, value) VALUES ('key_check', ?) ON CONFLICT (name) DO NOTHING",
-                (check,),
-            )
-            return str(self._rows("SELECT value FROM receipt_settings WHERE name = 'key_check'")[0]["value"])
-
-    def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
-        """A new receipt, only while this proxy's lease holds (renewed in the same transaction)."""
-        if self.lease is not None and a.instance == self.lease[0]:
-            held = self._execute(
-                "UPDATE receipt_instances SET expires_at = greatest(expires_at, now() + make_interval(secs => ?)) "
-                "WHERE instance = ? AND expires_at > now()",
-                (self.lease[1], a.instance),
-            )
-            if not held:
-                raise StoreUnavailable(
-                    f"this proxy's lease on {self.location} has expired (no heartbeat reached the database in time): "
-                    "other proxies may be recovering its receipts, so nothing is sent until the heartbeat renews it"
-                )
-        return super()._insert(a, latest, now, actor)
 
     def _failure(self, e: psycopg.Error) -> StoreError:
         """The StoreError for a psycopg error: in a write, UniqueViolation or StoreUnavailable; else a failed read."""

@@ -1,0 +1,174 @@
+"""
+The report `receipts rules explain` prints (render.py prints it as text): the operation that
+matches (or why none does: no_match.py), the fields that enter the fingerprint with their
+values (credentials never: they are shown as REDACTED), the fingerprint itself, how an answer
+would be classified, the identity the proxy adds and what a duplicate would get (duplicates.py).
+Warnings say when the named fields cannot be read from the body given (body_warnings.py).
+It matches and fingerprints exactly as the proxy does: `RuleSet.match` and `fingerprint` on
+the URL as given, whose canonical form (canonical.py) the report shows when it differs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from proxy_addon.bodies import codings, decode_body
+from proxy_addon.canonical import method_overrides
+from proxy_addon.errors import BadEncoding, BodyTooLarge
+from proxy_addon.explain.body_warnings import UNREAD, body_warnings
+from proxy_addon.explain.duplicates import duplicates
+from proxy_addon.explain.no_match import why_no_match
+from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes
+from proxy_addon.mcp.explain import describe_tool_call
+from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
+from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
+
+BODY_LIMIT = 256 * 1024 * 1024  # bytes a --body may decode to (the proxy's own bound is receipts_body_cap)
+
+
+def _check_text(check: Check) -> str:
+    if check.kind == "equal":
+        return json.dumps(check.value)
+    if check.kind == "one_of":
+        return "one of " + ", ".join(json.dumps(v) for v in check.value)
+    if check.kind == "matches":
+        return f"matches /{check.value.pattern}/"
+    if check.kind == "present":
+        return "present" if check.value else "absent"
+    return f"contains {json.dumps(check.value)}"
+
+
+def _rule_text(rule: ClassifyRule) -> str:
+    tests = []
+    if rule.statuses:
+        tests.append("HTTP " + "/".join(rule.statuses))
+    tests += [f"{path} {_check_text(c)}" for path, c in rule.body]
+    tests += [f"header {name} {_check_text(c)}" for name, c in rule.headers]
+    return " and ".join(tests) + f" → {rule.state}" + (f" ({rule.reason})" if rule.reason else "")
+
+
+def _flatten(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and not value:
+        return []
+    if isinstance(value, dict) and prefix.count(".") < 1:
+        return [kv for k, v in value.items() for kv in _flatten(f"{prefix}.{k}" if prefix else k, v)]
+    return [(prefix, value)]
+
+
+def _decoded(body: bytes, encoding: str | None, limit: int) -> tuple[bytes, str | None]:
+    """The body as the proxy fingerprints it (its Content-Encoding decoded), or b"" and why it is refused."""
+    if not codings(encoding):
+        return body, None
+    try:
+        return decode_body(body, encoding, limit=limit), None
+    except (BadEncoding, BodyTooLarge) as e:
+        return b"", str(e)
+
+
+def explain(
+    rules: RuleSet,
+    method: str,
+    url: str,
+    body: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    key: bytes = b"",
+    *,
+    body_limit: int = BODY_LIMIT,
+) -> dict[str, Any]:
+    """What the proxy would do with this request, as a JSON-able report (`render` prints it).
+    A body with a Content-Encoding is decoded first, as the proxy does (bodies.decode_body)."""
+    headers = {k.lower(): v for k, v in (headers or {}).items()}
+    encoding, raw_size = headers.get("content-encoding"), len(body)
+    body, refused = _decoded(body, encoding, body_limit)
+    method = method.upper()
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL")
+    port = u.port or {"http": 80, "https": 443}[u.scheme]
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    shown_headers = {
+        k: REDACTED if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) else v for k, v in headers.items()
+    }
+    view = RequestView(method, u.scheme, u.hostname, port, path, headers, body)
+    where = view.target
+    report: dict[str, Any] = {
+        "request": f"{method} {redact_url(u.scheme, u.hostname, port, path)}",
+        "headers": shown_headers,
+        "sent": False,
+    }
+    if codings(encoding) and refused is None:
+        report["body"] = (
+            f"{raw_size} bytes as {encoding}, {len(body)} bytes decoded: the fingerprint reads the decoded body"
+        )
+    if where.changed:
+        report["canonical"] = f"{method} {redact_url(where.scheme, where.host, where.port, where.path)}"
+    m = rules.match(u.hostname, port, method, path, body=body, headers=headers.items())
+    if m is None:
+        report["match"] = None
+        report["why"] = why_no_match(rules, u.hostname, port, method, path, body)
+        if named := sorted({n for _, n in method_overrides(headers.items())} - {method}):
+            report["why"].insert(-1, f"nor does {' or '.join(named)}, which its method override headers name")
+        return report
+    op = m.operation
+    refused = refused or m.refused  # its method override headers (RuleSet.match)
+    if op.method != method:  # matched as the method an override header names
+        report["canonical"] = f"{op.method} {redact_url(where.scheme, where.host, where.port, where.path)}"
+    for name in op.credential_headers:
+        if headers.get(name):
+            shown_headers[name] = REDACTED
+    # As stored: the values of the query parameters the fingerprint names, every other one REDACTED.
+    report["request"] = f"{method} {redact_url(u.scheme, u.hostname, port, path, keep=op.fingerprint.query)}"
+    if refused is not None:
+        report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
+        report["refused"] = refused
+        return report
+    _describe(report, op, fingerprint(m, view, key), headers, body)
+    if m.mcp_call is not None:
+        describe_tool_call(report, op, m.mcp_call.name, [_rule_text(r) for r in op.classify_rules])
+    return report
+
+
+def _describe(report: dict[str, Any], op: Operation, intent: Intent, headers: Mapping[str, str], body: bytes) -> None:
+    """The matched operation's part of the report: the fingerprint, classification, identity and duplicates."""
+    report["match"] = {
+        "api": op.api,
+        "operation": op.name,
+        "source": f"{op.source}:{op.line}",
+        "description": op.description,
+        "graphql": op.graphql,
+    }
+    warnings = body_warnings(op, intent.intent, headers, body)
+    warned = {"missing", *(["fallback"] if intent.intent.get("fallback") in UNREAD else [])} if warnings else set()
+    report["fingerprint"] = {
+        "fields": dict(
+            kv for part, value in intent.intent.items() if part not in NOTES for kv in _flatten(part, value)
+        ),
+        "principal": intent.principal,
+        "value": intent.fingerprint,
+        # how the body was read: hashed fields, json_sent_as_form, a method override (what warnings do not say)
+        "notes": intent_notes({k: v for k, v in intent.intent.items() if k not in warned}),
+        "warnings": warnings,  # the named fields cannot be applied to this body (body_warnings.py)
+    }
+    report["classify"] = (
+        [_rule_text(r) for r in op.classify_rules]
+        + [f"HTTP {k} → {v}" for k, v in op.classify]
+        + ["otherwise: 2xx/3xx → succeeded, 408 → outcome_unknown, other 4xx → rejected, 5xx → outcome_unknown"]
+    )
+    if op.idempotency_header:
+        report["identity"] = f"the proxy adds {op.idempotency_header}: <its key> (an agent's own key is kept)"
+    elif op.idempotency_body:
+        report["identity"] = (
+            f"the proxy writes a {op.idempotency_format} id at {op.idempotency_body} (an agent's own value is kept)"
+        )
+    if op.external_id_header:
+        report["external_id"] = f"header {op.external_id_header}"
+    elif op.external_id:
+        report["external_id"] = op.external_id if isinstance(op.external_id, str) else " + ".join(op.external_id)
+    report["duplicates"] = duplicates(op)
+    if op.approve:
+        report["duplicates"].insert(
+            0, "each write waits for an operator's approval (mitmweb, receipts approve) before it is sent"
+        )
