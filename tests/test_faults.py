@@ -311,7 +311,7 @@ def refused_lines() -> list[str]:
         "A matched write that no HTTP client can send is answered by the proxy, and the upstream reads",
         "not a byte of it. A header field that cannot be sent gets 400 before any receipt; a refusal",
         "inside the exchange is `not_sent` only when it provably came before the first byte was",
-        "written (classify.py says how that is known), and never blocks the same write made sendable.",
+        "written (exchange_failures.py says how that is known), and never blocks the same write made sendable.",
         "",
         "| the request | the agent gets | receipt | the same write, made sendable | shown by |",
         "|---|---|---|---|---|",

@@ -31,8 +31,8 @@ from proxy_addon.installation import Installation
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import options
 from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, SQLiteStore, open_store
+from proxy_addon.store.dsn import without_password
 from proxy_addon.store.listener import Listener
-from proxy_addon.store.postgres import without_password
 from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)

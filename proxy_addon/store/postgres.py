@@ -45,7 +45,6 @@ from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import State
 from proxy_addon.store.base import Dialect, UniqueViolation
 from proxy_addon.store.dsn import MISSING, describe
-from proxy_addon.store.dsn import without_password as without_password  # mitm/store.py imports it from here
 from proxy_addon.store.fleet import PostgresFleet
 from proxy_addon.store.migrations import apply_postgres
 from proxy_addon.store.records import Clock, utcnow
