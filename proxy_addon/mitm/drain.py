@@ -62,6 +62,7 @@ class Holder(Protocol):
 logger = logging.getLogger(__name__)
 
 POLL = 0.05  # seconds between two looks at what is still in flight
+PRUNE_AT = 64  # matched flows tracked before the answered ones are dropped (then twice those left)
 CUT_GRACE = 3.0  # seconds the flows cut at the timeout get to record their outcome and answer
 HELD = "not sent: the proxy stopped before an operator decided"
 
@@ -86,7 +87,8 @@ class Drain:
     def __init__(self, receipts: Holder) -> None:
         self.receipts = receipts
         self.stopping = False
-        self._flows: set[http.HTTPFlow] = set()  # matched flows, until they are answered
+        self._flows: set[http.HTTPFlow] = set()  # matched flows, until they are answered (pruned at _prune_at)
+        self._prune_at = PRUNE_AT
         self._hooks: dict[asyncio.Task, tuple[http.HTTPFlow, dict]] = {}  # request hooks running now
         self._cut: dict[asyncio.Task, str] = {}  # hooks the drain cancelled → why
         self._task: asyncio.Task | None = None
@@ -141,7 +143,9 @@ class Drain:
         """Count a matched flow in flight while its request hook runs (and until it is answered)."""
         task = asyncio.current_task()
         assert task is not None
-        self._prune()
+        if len(self._flows) >= self._prune_at:  # amortized: not a pass over every flow in flight per request
+            self._prune()
+            self._prune_at = max(PRUNE_AT, 2 * len(self._flows))
         self._flows.add(flow)
         self._hooks[task] = (flow, meta)
         try:

@@ -368,3 +368,17 @@ async def test_refusals_are_counted_by_reason(setup):
     await send(addon, big)
     assert big.response.status_code == 413
     assert refused("body_too_large") == 1 and refused("bad_header") == 1
+
+
+async def test_the_flows_a_drain_tracks_stay_bounded_while_answered_ones_are_dropped(setup):
+    from proxy_addon.mitm.drain import PRUNE_AT
+
+    addon, _, _ = setup
+    for i in range(5 * PRUNE_AT):
+        f = order(f"D-{i}")
+        await send(addon, f)
+        f.response = http.Response.make(201, b"{}", {"content-type": "application/json"})
+        await addon.response(f)
+        f.live = False  # answered: mitmproxy is done with it
+    assert len(addon.drain._flows) <= 2 * PRUNE_AT
+    assert addon.drain.in_flight() == 0
