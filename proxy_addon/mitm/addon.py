@@ -20,7 +20,6 @@ Hooks, one job each:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 
@@ -35,17 +34,17 @@ from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
 from proxy_addon.log_limit import LogLimit
-from proxy_addon.mcp.calls import ToolCall, unread_call
+from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.mcp.catalog import ToolCatalog
 from proxy_addon.metrics import Metrics
-from proxy_addon.mitm import exchange, flows, forward, internals, options, request_body, tools
+from proxy_addon.mitm import body_match, exchange, flows, forward, internals, options, refusals, request_body, tools
 from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
-from proxy_addon.mitm.flows import META, headers_of, mark, refuse, request_view
+from proxy_addon.mitm.flows import META, headers_of, mark, request_view
 from proxy_addon.mitm.store import ReceiptsDb
 from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
-from proxy_addon.rules import ANY_TOOL, Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Receipt, ReceiptStore, utcnow
 from proxy_addon.store_thread import StoreThread
@@ -194,23 +193,12 @@ class Receipts:
         if body is None:  # refused for its body (413, 400): never sent, whatever the rules say by now
             self.metrics.refused(meta["api"], meta["operation"], meta.get("answer", ""))
             return
-        if meta.pop("pending", False) and self.rules is not None and not self.config_error:
-            req = flow.request
-            m = self.rules.match(req.host, req.port, req.method, req.path, body=body, headers=req.headers.fields)
-            if m is not None and m.mcp_call is not None and self._declared_read_only(flow, m.mcp_call.name, m):
-                m = None  # mcp.tools: from_server, and the server's tools/list says this tool only reads
-            if m is None:  # a GraphQL query, a mutation or MCP message no rule names: passed through untouched
-                del flow.metadata[META]
-                tools.note_listing(flow, body, self.rules)  # a tools/list answer tells which tools only read
-                return
-            meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
-            meta["refused"] = m.refused  # the mutation's operation decides, as for the rest
-            if m.operation.mcp_tool is not None:  # an MCP tool call: its id and framing shape every answer
-                meta["mcp"] = dataclasses.asdict(m.mcp_call or unread_call(body, m.operation.mcp_tool, req.headers))
-                meta["accept"] = req.headers.get("accept")
+        rules = self.rules if meta.pop("pending", False) and not self.config_error else None
+        if rules is not None and not body_match.settle(flow, meta, body, rules, self.tool_catalog):  # GraphQL, MCP
+            return  # not a write after all: passed through untouched (body_match.py)
         try:
             if meta.get("refused"):  # method override headers the rules cannot take (RuleSet.match): 400, no receipt
-                self._refuse_override(flow, meta)
+                refusals.bad_override(flow, meta)
                 return
             try:
                 async with self.drain.track(flow, meta):
@@ -225,13 +213,13 @@ class Receipts:
         if self.drain.refuses(flow, meta):  # stopping: new matched writes are not sent (drain.py)
             return
         if self.config_error or self.gate is None or self.rules is None or self.installation is None:
-            self._answer_unavailable(flow, meta, self.config_error or "receipt-proxy is not configured")
+            refusals.unavailable(flow, meta, self.config_error or "receipt-proxy is not configured")
             return
         m = self._rematch(flow, meta)
         if m is None:
             return
         if (bad := bad_field(flow.request.headers.fields)) is not None:  # cannot be sent: 400, no receipt
-            self._refuse_header(flow, meta, *bad)
+            refusals.bad_header(flow, meta, *bad)
             return
         op, view, inst = m.operation, request_view(flow.request, body), self.installation
         credentials = credentials_from(op.credential_headers, view.headers)
@@ -244,7 +232,7 @@ class Receipts:
             # a large one on the store's thread.
             admitted = await self.gate.admit(attempt() if len(body) <= LOOP_FINGERPRINT else attempt, op, credentials)
         except StoreError as e:
-            self._answer_unavailable(flow, meta, str(e))
+            refusals.unavailable(flow, meta, str(e))
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
@@ -380,12 +368,6 @@ class Receipts:
         call = ToolCall(**meta["mcp"]) if meta.get("mcp", {}).get("id") is not None else None
         return Match(op, dict(meta["params"]), graphql_args=meta.get("graphql_args"), mcp_call=call)
 
-    def _declared_read_only(self, flow: http.HTTPFlow, tool: str, m: Match) -> bool:
-        """A tool call that only `mcp.tools: from_server` matched, of a tool the server declares read-only."""
-        if m.operation.mcp_tool != ANY_TOOL:
-            return False
-        return self.tool_catalog.read_only(tools.endpoint_of(flow, m.operation), tool)
-
     def _operation(self, meta: dict) -> Operation | None:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None
 
@@ -422,30 +404,7 @@ class Receipts:
         """Answer 503 and, if a receipt was already committed, record that it was not sent."""
         if meta.get("answer") == "forward" and "outcome" not in meta:
             await self._record(flow, meta, Outcome(State.NOT_SENT, f"not sent: {why}", error=why))
-        self._answer_unavailable(flow, meta, why)
-
-    @staticmethod
-    def _refuse_header(flow: http.HTTPFlow, meta: dict, header: str, problem: str) -> None:
-        """A header field no HTTP client can send (fields.py): 400 naming it, never its value; nothing sent."""
-        logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: its {header} header {problem}")
-        answer = answers.bad_header(meta["api"], meta["operation"], header, problem)
-        refuse(flow, meta, answer, "bad_header", f"the {header} header {problem}")
-
-    @staticmethod
-    def _refuse_override(flow: http.HTTPFlow, meta: dict) -> None:
-        """Method override headers that name different methods, or that the rule refuses: 400, nothing sent."""
-        logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {meta['refused']}")
-        answer = answers.method_override_refused(meta["api"], meta["operation"], meta["refused"])
-        refuse(flow, meta, answer, "method_override_refused", meta["refused"])
-
-    def _answer_unavailable(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
-        logger.error(
-            f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded, no receipt could be written: {why}"
-        )
-        answer = answers.unavailable(meta["api"], meta["operation"], why)
-        refuse(
-            flow, meta, answer, "store_unavailable", f"no receipt could be written ({why})", marker="store_unavailable"
-        )
+        refusals.unavailable(flow, meta, why)
 
     async def _debug_pause(self, point: str, operation_id: str) -> None:
         pause = self._pause

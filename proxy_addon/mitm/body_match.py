@@ -1,0 +1,44 @@
+"""
+Rules whose body decides: a GraphQL operation, an MCP tool call. `requestheaders` marks such a
+match pending; once the request hook has the body, it is matched again here.
+
+    if not body_match.settle(flow, meta, body, rules, catalog):
+        return   # a query, or a message no rule names: passed through untouched
+
+A tool call only `mcp.tools: from_server` matched, of a tool the server's `tools/list` declared
+read-only (mcp/catalog.py), is not a write. An MCP tool call keeps its JSON-RPC id and the
+client's Accept in the flow's metadata: they shape every answer the proxy makes to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mitmproxy import http
+
+from proxy_addon.mcp.calls import unread_call
+from proxy_addon.mcp.catalog import ToolCatalog
+from proxy_addon.mitm import tools
+from proxy_addon.mitm.flows import META
+from proxy_addon.rules import ANY_TOOL, RuleSet
+
+__all__ = ["settle"]
+
+
+def settle(flow: http.HTTPFlow, meta: dict, body: bytes, rules: RuleSet, catalog: ToolCatalog) -> bool:
+    """Match a pending request on its body; False (its metadata dropped) when it is not a write."""
+    req = flow.request
+    m = rules.match(req.host, req.port, req.method, req.path, body=body, headers=req.headers.fields)
+    call = m.mcp_call if m is not None and m.operation.mcp_tool == ANY_TOOL else None  # mcp.tools: from_server
+    if m is not None and call is not None and catalog.read_only(tools.endpoint_of(flow, m.operation), call.name):
+        m = None  # the server's tools/list says this tool only reads
+    if m is None:  # a GraphQL query, a mutation or MCP message no rule names: passed through untouched
+        del flow.metadata[META]
+        tools.note_listing(flow, body, rules)  # a tools/list answer tells which tools only read
+        return False
+    meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
+    meta["refused"] = m.refused  # the mutation's operation decides, as for the rest
+    if m.operation.mcp_tool is not None:  # an MCP tool call: its id and framing shape every answer
+        meta["mcp"] = dataclasses.asdict(m.mcp_call or unread_call(body, m.operation.mcp_tool, req.headers))
+        meta["accept"] = req.headers.get("accept")
+    return True

@@ -1,0 +1,40 @@
+"""
+Matched requests the proxy answers itself and never sends, with no receipt written: a header
+field no HTTP client can send (400, fields.py), method override headers the rules cannot take
+(400), and a store that cannot write the receipt (503: fail closed). Each logs one line naming
+the operation (never a header's value), answers, and marks the flow (flows.refuse).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import http
+
+from proxy_addon import answers
+from proxy_addon.mitm.flows import refuse
+
+__all__ = ["bad_header", "bad_override", "unavailable"]
+
+logger = logging.getLogger("proxy_addon.mitm.addon")
+
+
+def bad_header(flow: http.HTTPFlow, meta: dict, header: str, problem: str) -> None:
+    """A header field no HTTP client can send: 400 naming it, never its value."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: its {header} header {problem}")
+    answer = answers.bad_header(meta["api"], meta["operation"], header, problem)
+    refuse(flow, meta, answer, "bad_header", f"the {header} header {problem}")
+
+
+def bad_override(flow: http.HTTPFlow, meta: dict) -> None:
+    """Method override headers that name different methods, or that the rule refuses: 400."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {meta['refused']}")
+    answer = answers.method_override_refused(meta["api"], meta["operation"], meta["refused"])
+    refuse(flow, meta, answer, "method_override_refused", meta["refused"])
+
+
+def unavailable(flow: http.HTTPFlow, meta: dict, why: str) -> None:
+    """No receipt could be written (or the proxy is not configured): 503, loudly."""
+    logger.error(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded, no receipt could be written: {why}")
+    answer = answers.unavailable(meta["api"], meta["operation"], why)
+    refuse(flow, meta, answer, "store_unavailable", f"no receipt could be written ({why})", marker="store_unavailable")
