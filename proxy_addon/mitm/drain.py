@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -87,7 +88,9 @@ class Drain:
     def __init__(self, receipts: Holder) -> None:
         self.receipts = receipts
         self.stopping = False
-        self._flows: set[http.HTTPFlow] = set()  # matched flows, until they are answered (pruned at _prune_at)
+        # Matched flows until they are answered, pruned at _prune_at; weak: an answered flow mitmproxy has let go is
+        # not kept alive here until the next prune.
+        self._flows: weakref.WeakSet[http.HTTPFlow] = weakref.WeakSet()
         self._prune_at = PRUNE_AT
         self._hooks: dict[asyncio.Task, tuple[http.HTTPFlow, dict]] = {}  # request hooks running now
         self._cut: dict[asyncio.Task, str] = {}  # hooks the drain cancelled → why
@@ -200,7 +203,7 @@ class Drain:
 
     def _prune(self) -> None:
         running = {id(f) for f, _ in self._hooks.values()}
-        self._flows = {f for f in self._flows if self._pending(f, running)}
+        self._flows = weakref.WeakSet(f for f in list(self._flows) if self._pending(f, running))
 
     def _deny_held(self) -> None:
         """Writes held for approval are not sent: cut their hooks (track() records not_sent and answers)."""

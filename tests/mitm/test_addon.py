@@ -371,6 +371,8 @@ async def test_refusals_are_counted_by_reason(setup):
 
 
 async def test_the_flows_a_drain_tracks_stay_bounded_while_answered_ones_are_dropped(setup):
+    import gc
+
     from proxy_addon.mitm.drain import PRUNE_AT
 
     addon, _, _ = setup
@@ -381,4 +383,7 @@ async def test_the_flows_a_drain_tracks_stay_bounded_while_answered_ones_are_dro
         await addon.response(f)
         f.live = False  # answered: mitmproxy is done with it
     assert len(addon.drain._flows) <= 2 * PRUNE_AT
+    del f
+    gc.collect()
+    assert len(addon.drain._flows) == 0  # answered flows nobody else holds are not kept alive by the drain
     assert addon.drain.in_flight() == 0
