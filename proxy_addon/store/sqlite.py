@@ -166,20 +166,29 @@ class SQLiteStore(ReceiptStore):
         self._check_same_file()
         self._writers.acquire()  # this process's other connection (the event loop's) never makes us sleep
         try:
-            self._begin("BEGIN IMMEDIATE", durable)
-            self._writing = True
-            committed = False
-            try:
+            with self._transaction("BEGIN IMMEDIATE", durable, snapshot=False):
                 yield
-                self._commit()
-                committed = True
-            except BaseException as e:
-                self._abort(e)
-            finally:
-                self._writing = False
-                self._settled(committed)
         finally:
             self._writers.release()
+
+    @contextlib.contextmanager
+    def _transaction(self, begin: str, durable: bool, *, snapshot: bool) -> Iterator[None]:
+        """`begin`, then COMMIT, or roll back and raise (`_abort`); the observer is told what committed."""
+        self._begin(begin, durable)
+        self._writing, self._snapshot = True, snapshot
+        committed = False
+        try:
+            yield
+            self._commit()
+            committed = True
+        except BaseException as e:
+            self._abort(e)
+        finally:
+            self._writing = self._snapshot = False
+            if self._holds_writers:  # a _snapshot_write's first write took this process's writers' mutex
+                self._holds_writers = False
+                self._writers.release()
+            self._settled(committed)
 
     def _begin(self, sql: str, durable: bool) -> None:
         try:
@@ -212,21 +221,8 @@ class SQLiteStore(ReceiptStore):
         (synchronous=NORMAL), and the next FULL commit makes it durable.
         """
         self._check_same_file()
-        self._begin("BEGIN", False)
-        self._writing = self._snapshot = True
-        committed = False
-        try:
+        with self._transaction("BEGIN", False, snapshot=True):
             yield
-            self._commit()
-            committed = True
-        except BaseException as e:
-            self._abort(e)
-        finally:
-            self._writing = self._snapshot = False
-            if self._holds_writers:
-                self._holds_writers = False
-                self._writers.release()
-            self._settled(committed)
 
     def checkpoint(self) -> None:
         """
