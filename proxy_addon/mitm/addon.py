@@ -102,6 +102,7 @@ class Receipts:
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)
         terminal.escape_logs()  # an upstream's text (a reason phrase, an id) never writes raw controls to a terminal
+        internals.skip_legacy_log_events(loader.master)  # a log line costs no add_log event nobody listens to
         options.declare(loader)
         options.check_deferred(loader)
         # With eager connections, upstream failures happen at CONNECT time, outside any flow,

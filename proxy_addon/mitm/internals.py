@@ -7,7 +7,9 @@ What the addon needs from mitmproxy that no public API offers: a flow's transpor
   exchange when our deadline passes, which `flow.kill()` cannot do to a flow in transit.
 - `bound_request_body`: collect a matched request's body within a bound, in one buffer
   that becomes the request's content without a copy (`BoundedBody`).
-All read mitmproxy 12's proxyserver internals and do nothing when those are not there.
+- `skip_legacy_log_events`: our log lines skip mitmproxy's deprecated `add_log` event while
+  no addon listens to it (`SkipLegacyLogEvents`).
+All read mitmproxy 12's internals and do nothing when those are not there.
 """
 
 from __future__ import annotations
@@ -69,6 +71,40 @@ def close_server_connection(flow: http.HTTPFlow) -> None:
         logger.error(f"receipt-proxy: could not end the upstream exchange of flow {flow.id}")
         return
     transport.handler.cancel("receipt-proxy: upstream deadline passed")
+
+
+def skip_legacy_log_events(master: Any, prefix: str = "proxy_addon") -> None:
+    """
+    Let the log records of the loggers under `prefix` skip mitmproxy's deprecated `add_log`
+    event while no loaded addon has an `add_log` hook. Every record still reaches the
+    terminal, mitmweb's event log and any other logging handler: only the legacy event is
+    skipped, which mitmproxy 12 emits for each record by scheduling a call on the event loop
+    (a wake-up through its self-pipe) that dispatches the event to every addon, about
+    0.15 ms a line (docs/benchmarks.md).
+    """
+    handler = getattr(master, "_legacy_log_events", None)
+    if isinstance(handler, logging.Handler) and not any(isinstance(f, SkipLegacyLogEvents) for f in handler.filters):
+        handler.addFilter(SkipLegacyLogEvents(master.addons, prefix))
+
+
+class SkipLegacyLogEvents(logging.Filter):
+    """mitmproxy's legacy `add_log` handler's filter: drop our records while no addon has an `add_log` hook."""
+
+    def __init__(self, addons: Any, prefix: str) -> None:
+        super().__init__()
+        self._addons = addons
+        self._prefix, self._dotted = prefix, prefix + "."
+        self._seen: tuple = ()  # the addons last looked at (held, so that none is mistaken for a new one)
+        self._listened = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != self._prefix and not record.name.startswith(self._dotted):
+            return True
+        loaded = tuple(getattr(self._addons, "lookup", {}).values())  # every addon registered, scripts' included
+        if loaded != self._seen:
+            self._seen = loaded
+            self._listened = any(callable(getattr(a, "add_log", None)) for a in loaded)
+        return self._listened
 
 
 class BoundedBody(ReceiveBuffer):
