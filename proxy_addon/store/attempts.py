@@ -129,6 +129,10 @@ class ReceiptAttempts(ReceiptTransitions):
         """
         if not self.snapshot_writes:
             return "busy"
+        if not self._likely_duplicate(attempt.intent_fingerprint, after_success):
+            # One indexed read, outside any transaction, says a new receipt is due: no transaction
+            # begun for nothing. If a duplicate commits right after it, `begin_attempt` decides so.
+            return "new"
         try:
             with self._snapshot_write():
                 try:

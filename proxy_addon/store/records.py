@@ -36,7 +36,8 @@ def new_operation_id(now: dt.datetime) -> str:
     return f"{now.astimezone(dt.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"
 
 
-def _state(value: Any, what: str) -> State:
+def state_of(value: Any, what: str) -> State:
+    """A state read from the database; StoreError naming `what` for one this version does not know."""
     try:
         return State(value)
     except ValueError:
@@ -111,7 +112,7 @@ class Receipt:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
-        state = _state(row["state"], f"receipt {row['operation_id']}")
+        state = state_of(row["state"], f"receipt {row['operation_id']}")
         response = None
         if row.get("response_status") is not None:
             response = RecordedResponse(
@@ -173,8 +174,8 @@ class Event:
             operation_id=r["operation_id"],
             at=r["at"],
             event=r["event"],
-            from_state=_state(r["from_state"], what) if r["from_state"] else None,
-            to_state=_state(r["to_state"], what),
+            from_state=state_of(r["from_state"], what) if r["from_state"] else None,
+            to_state=state_of(r["to_state"], what),
             reason=r["reason"],
             actor=r["actor"],
             flow_id=r["flow_id"],

@@ -15,7 +15,7 @@ from proxy_addon.errors import IllegalTransition, UnknownReceipt
 from proxy_addon.states import TRANSITIONS, State, sources_of
 from proxy_addon.store.base import marks
 from proxy_addon.store.reads import ReceiptReads
-from proxy_addon.store.records import Receipt, iso
+from proxy_addon.store.records import Receipt, iso, state_of
 
 _UPDATABLE = frozenset(
     {"completed_at", "http_status", "error", "external_id", "response", "failed_reads", "next_read_at"}
@@ -170,8 +170,9 @@ class ReceiptTransitions(ReceiptReads):
         rows = self._rows("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
         if not rows:
             raise UnknownReceipt(f"no receipt {operation_id}")
-        row = Receipt.from_row(rows[0])
-        if row.state is State.SUBMITTED and set_completed:
+        old = rows[0]
+        was = state_of(old["state"], f"receipt {operation_id}")  # the row is made a Receipt once: as updated
+        if was is State.SUBMITTED and set_completed:
             sets["completed_at"] = at  # the attempt is over, whatever we learned of it
         changed = self._execute(
             f"UPDATE receipts SET {', '.join(f'{k} = ?' for k in sets)} "
@@ -179,7 +180,7 @@ class ReceiptTransitions(ReceiptReads):
             (*sets.values(), operation_id, *sorted(sources)),
         )
         if changed != 1:
-            raise IllegalTransition(f"receipt {operation_id} is {row.state}; {row.state} → {to} is not allowed")
-        self._event(operation_id, "transition", row.state, to, reason, actor, flow_id, at)
-        self._changed(row.api, row.operation, row.state, to)
-        return Receipt.from_row({**rows[0], **sets})  # what the UPDATE wrote, not read back
+            raise IllegalTransition(f"receipt {operation_id} is {was}; {was} → {to} is not allowed")
+        self._event(operation_id, "transition", was, to, reason, actor, flow_id, at)
+        self._changed(old["api"], old["operation"], was, to)
+        return Receipt.from_row({**old, **sets})  # what the UPDATE wrote, not read back
