@@ -15,8 +15,14 @@ distance from it to the addon is the rest of the addon (its Python included):
   records the answer (state, status, headers, body, external id), its event, COMMIT.
 
 The database is created by the store itself (`SQLiteStore.open`); the statements use the
-store's own column list and event INSERT. No rules, no fingerprint of a view (a SHA-256 of the
-body), no store layer in Python, no log line, no metrics; writes only (POSTs to /bench/things).
+store's own column list and event INSERT. No rules, no fingerprint of a view (a SHA-256 of
+the body and the flow's id: every request is a new write), no store layer in Python, no log
+line, no metrics; writes only (POSTs to /bench/things).
+
+`--compare-set schema_floor_store=true`: the same two transactions through the store's own
+methods instead (`begin_attempt(durable=True)`, `record_outcome`), on the same thread and
+connection: what the store's Python layer adds to its SQL (its checks, `Receipt`s, events,
+observer).
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
-from proxy_addon.store import SQLiteStore
+from proxy_addon.states import State
+from proxy_addon.store import Attempt, RecordedResponse, SQLiteStore
 from proxy_addon.store.attempts import _RECEIPT_COLUMNS
 from proxy_addon.store.base import marks
 from proxy_addon.store.transitions import _EVENT_INSERT
@@ -56,19 +65,30 @@ def _now() -> str:
 class SchemaFloor:
     def __init__(self) -> None:
         self.db: sqlite3.Connection | None = None
+        self.store: SQLiteStore | None = None  # schema_floor_store: the store's methods instead of its statements
         self.lock = threading.Lock()
 
     def load(self, loader: Loader) -> None:
         loader.add_option("receipts_db", str, "", "the receipts database (created by the store)")
         loader.add_option("receipts_rules", str, "", "ignored: every POST to /bench/things is a write")
+        loader.add_option("schema_floor_store", bool, False, "the two transactions through the store's methods")
 
     def running(self) -> None:
         path = Path(ctx.options.receipts_db)
         path.parent.mkdir(parents=True, exist_ok=True)
-        SQLiteStore.open(path).close()  # the schema, migrated, in WAL mode
+        store = SQLiteStore.open(path)  # the schema, migrated, in WAL mode
+        if ctx.options.schema_floor_store:
+            self.store = store
+            logging.getLogger("bench").info("receipt-proxy: ready (recording, the floor through the store)")
+            return
+        store.close()
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA foreign_keys=ON")
         logging.getLogger("bench").info("receipt-proxy: ready (recording, the floor with the receipts schema)")
+
+    def _locked(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            return call(*args, **kwargs)
 
     def _transaction(self, synchronous: str, statements: list[tuple[str, tuple]]) -> None:
         assert self.db is not None
@@ -87,7 +107,13 @@ class SchemaFloor:
         req = flow.request
         if req.method != "POST" or req.path.split("?")[0] != PATH:
             return
-        fingerprint = "sha256:" + hashlib.sha256(req.content or b"").hexdigest()
+        # One receipt a request, whatever its body (the bench's warm-up repeats bodies): the floor of a new write.
+        fingerprint = "sha256:" + hashlib.sha256((req.content or b"") + flow.id.encode()).hexdigest()
+        if self.store is not None:
+            attempt = Attempt("bench", "things.create", "POST", req.pretty_url, fingerprint, {}, "anonymous", flow.id)
+            decision = await asyncio.to_thread(self._locked, self.store.begin_attempt, attempt, durable=True)
+            flow.metadata["schema_floor"] = decision.receipt.operation_id
+            return
         at, operation_id = _now(), f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(5)}"
         row = (operation_id, "bench", "things.create", "POST", req.pretty_url, "submitted", fingerprint)
         row += (json.dumps({"body": {}, "path": {}}), "anonymous", at, at, flow.id) + (None,) * 6
@@ -101,10 +127,24 @@ class SchemaFloor:
         operation_id, resp = flow.metadata.get("schema_floor"), flow.response
         if operation_id is None or resp is None:
             return
-        at, headers = _now(), json.dumps([[k, v] for k, v in resp.headers.items()])
-        answer = (resp.status_code, resp.status_code, headers, resp.content, "1", at, at, operation_id)
-        event = (operation_id, at, "transition", "submitted", "succeeded", "upstream answered", "proxy", flow.id)
-        await asyncio.to_thread(self._transaction, "NORMAL", [(_ANSWER, answer), (_EVENT_INSERT, event)])
+        if self.store is not None:
+            recorded = RecordedResponse(resp.status_code, list(resp.headers.items()), resp.content or b"")
+            await asyncio.to_thread(
+                self._locked,
+                self.store.record_outcome,
+                operation_id,
+                State.SUCCEEDED,
+                reason="upstream answered",
+                flow_id=flow.id,
+                http_status=resp.status_code,
+                response=recorded,
+                external_id="1",
+            )
+        else:
+            at, headers = _now(), json.dumps([[k, v] for k, v in resp.headers.items()])
+            answer = (resp.status_code, resp.status_code, headers, resp.content, "1", at, at, operation_id)
+            event = (operation_id, at, "transition", "submitted", "succeeded", "upstream answered", "proxy", flow.id)
+            await asyncio.to_thread(self._transaction, "NORMAL", [(_ANSWER, answer), (_EVENT_INSERT, event)])
         resp.headers["X-Receipt-Id"] = operation_id
         resp.headers["X-Receipt-State"] = "succeeded"
 
