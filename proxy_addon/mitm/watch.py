@@ -2,7 +2,9 @@
 Once a second, while the proxy runs: follow receipts changed elsewhere, and reload changed rules.
 
 - Flows shown in mitmweb keep their marker and comment in step with receipts that another
-  process (the CLI, a second proxy) changed.
+  process (the CLI, a second proxy) changed: the state changes are followed by their events'
+  ids (a search of a primary key, whatever the size of the database), re-reading the last
+  LOOKBACK of them, since PostgreSQL hands out ids before its transactions commit.
 - A rules file that changed is loaded again once it has stopped changing (the same names,
   sizes and times on two ticks in a row), at most once every RELOAD_EVERY seconds, and in a
   worker thread: no rules file, however large or slow to load, stalls traffic, and a file
@@ -24,11 +26,11 @@ from mitmproxy import ctx
 from proxy_addon.errors import ReceiptsError, RulesError
 from proxy_addon.mitm.addon import Receipts
 from proxy_addon.rules import RuleSet, check_rules_path, host_pattern, load_rules_path, rules_signature
-from proxy_addon.store import iso, utcnow
 
 logger = logging.getLogger(__name__)
 
 RELOAD_EVERY = 2.0  # seconds between two rules reloads, at the least
+LOOKBACK = 256  # events before the last one followed that each tick reads again (a commit that came late)
 PROBLEMS_LOGGED = 10  # problems a failed reload's error line lists, at most
 
 
@@ -49,6 +51,7 @@ class Watch:
         self._allow_hosts: list[str] = []  # the allow_hosts we derived from the rules
         self._seen: tuple = ()  # the rules files' signature on the previous tick
         self._last_reload = float("-inf")
+        self._followed: set[int] = set()  # ids of the events followed, the last LOOKBACK of them
 
     def configure(self, updated: set[str]) -> None:
         self.sync_allow_hosts()
@@ -62,26 +65,43 @@ class Watch:
             self._task.cancel()
 
     async def _watch(self) -> None:
-        since = iso(utcnow())
+        after = None
         while True:
             await asyncio.sleep(1)
-            since = self.follow_receipts(since)
+            after = self.follow_receipts(after)
             if ctx.options.receipts_watch_rules:
                 await self.reload_rules()
 
-    def follow_receipts(self, since: str) -> str:
-        """Refresh the flows of receipts changed since `since`; the time to follow from next."""
+    def follow_receipts(self, after: int | None) -> int | None:
+        """
+        Refresh the flows of receipts whose state changed in the events after `after` (an event
+        id; None: from now on); the id to follow from next.
+        """
         reader = self.receipts.reader()
         if ctx.master.addons.get("view") is None or reader is None:
-            return since
+            return after
         try:
-            changed = reader.changed_since(since)
+            if after is None:
+                return reader.last_event_id()
+            changes = reader.transitions_after(max(after - LOOKBACK, 0))
         except ReceiptsError as e:
             logger.debug(f"receipt-proxy: could not follow receipts: {e}")
-            return since
-        for receipt in changed:
+            return after
+        changed: dict[str, None] = {}  # receipt ids, in the order of their changes
+        for event_id, operation_id in changes:
+            if event_id not in self._followed:
+                self._followed.add(event_id)
+                after = max(after, event_id)
+                changed[operation_id] = None
+        self._followed = {i for i in self._followed if i > after - LOOKBACK}
+        for operation_id in changed:  # each as it is now: once is enough
+            try:
+                receipt = reader.get(operation_id)
+            except ReceiptsError as e:  # pruned meanwhile, or the database went away: nothing to show
+                logger.debug(f"receipt-proxy: could not follow receipt {operation_id}: {e}")
+                continue
             self.receipts.refresh_flow(receipt)
-        return changed[-1].updated_at if changed else since
+        return after
 
     async def reload_rules(self) -> None:
         """Load changed rules files again, off the event loop, once they have settled."""

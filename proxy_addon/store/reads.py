@@ -52,12 +52,21 @@ class ReceiptReads(Backend):
         return [Receipt.from_row(r) for r in self._rows(sql, params)]
 
     # Below, `list` is the method above: the builtin is `builtins.list`.
-    def changed_since(self, at: str, *, limit: int = 500) -> builtins.list[Receipt]:
-        """Receipts whose state changed after `at` (an ISO time), oldest change first."""
-        return [
-            Receipt.from_row(r)
-            for r in self._rows("SELECT * FROM receipts WHERE updated_at > ? ORDER BY updated_at LIMIT ?", (at, limit))
-        ]
+    def transitions_after(self, event_id: int, *, limit: int = 500) -> builtins.list[tuple[int, str]]:
+        """
+        The state changes recorded after the event `event_id`, oldest first: each transition
+        event's id and receipt id. A search of the events' primary key (every state change
+        writes an event), never a scan of the receipts.
+        """
+        rows = self._rows(
+            "SELECT id, operation_id FROM receipt_events WHERE id > ? AND event = 'transition' ORDER BY id LIMIT ?",
+            (event_id, limit),
+        )
+        return [(r["id"], r["operation_id"]) for r in rows]
+
+    def last_event_id(self) -> int:
+        """The id of the newest event (0 when there is none)."""
+        return self._rows("SELECT max(id) AS id FROM receipt_events")[0]["id"] or 0
 
     def duplicates(self, *, since: str | None = None, limit: int | None = 100) -> builtins.list[tuple[Event, Receipt]]:
         """Blocked and replayed duplicates, newest first, each with the receipt it was checked against."""
