@@ -28,12 +28,14 @@ def utcnow() -> dt.datetime:
 
 
 def iso(t: dt.datetime) -> str:
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """`2026-08-16T01:20:30.123456Z` (isoformat, a few times faster than strftime)."""
+    return t.astimezone(dt.UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def new_operation_id(now: dt.datetime) -> str:
     """Time-sortable: `20260816T012030Z-1fd54b31a2`."""
-    return f"{now.astimezone(dt.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"
+    day, _, time = now.astimezone(dt.UTC).replace(tzinfo=None).isoformat(timespec="seconds").partition("T")
+    return f"{day.replace('-', '')}T{time.replace(':', '')}Z-{secrets.token_hex(5)}"
 
 
 def state_of(value: Any, what: str) -> State:
