@@ -10,7 +10,10 @@ no checkpoint at its commits (mitm/store.py opens it; PostgreSQL has none: the f
 decides, through the store's thread).
 - A duplicate is answered from one read, with its answer recorded in the same transaction
   (`synchronous=NORMAL`; store/attempts.py, `answer_duplicate`). "new" (a receipt to insert,
-  durably) and "busy" (another writer, a failure) are the store thread's to decide.
+  durably) and "busy" (another writer, a failure) are the store thread's to decide. An intent
+  not seen lately is first looked up with one read outside any transaction (a new write then
+  opens none); one seen lately (a retry) goes straight to the transaction. Which way it goes
+  is a guess (RECENT intents remembered): the store's transaction decides either way.
 - An outcome is recorded here only while the store's thread is idle: under load the hand-off
   wins (SQLite runs there without the GIL, beside the event loop).
 - Every LOCAL_CHECKPOINT commits here, a checkpoint of the WAL runs on the store's thread, not
@@ -35,6 +38,7 @@ __all__ = ["LOCAL_CHECKPOINT", "OnTheLoop"]
 logger = logging.getLogger("proxy_addon.gate")
 
 LOCAL_CHECKPOINT = 256  # commits on the event loop's connection between two checkpoints of the WAL
+RECENT = 4096  # intent fingerprints remembered as seen lately (a retry skips the lookup before its transaction)
 
 
 class OnTheLoop:
@@ -42,6 +46,7 @@ class OnTheLoop:
         self.calls = calls
         self._commits = 0  # since the last checkpoint: `local` never checkpoints at its commits
         self._checkpoint: asyncio.Task[None] | None = None
+        self._recent: dict[str, None] = {}  # fingerprints decided here lately, oldest first
 
     def decide(
         self,
@@ -53,9 +58,19 @@ class OnTheLoop:
         record_duplicate: bool | Callable[[Decision], bool],
     ) -> Decision | Literal["new", "busy"]:
         """A duplicate's answer, decided and recorded here; else "new" or "busy" for the store's thread."""
+        fingerprint = attempt.intent_fingerprint
+        seen = fingerprint in self._recent
+        if not seen:
+            self._recent[fingerprint] = None
+            if len(self._recent) > RECENT:
+                del self._recent[next(iter(self._recent))]
         try:
             decision = local.answer_duplicate(
-                attempt, after_success=after_success, replay_window=replay_window, record_duplicate=record_duplicate
+                attempt,
+                after_success=after_success,
+                replay_window=replay_window,
+                record_duplicate=record_duplicate,
+                look_first=not seen,
             )
         except StoreError as e:  # the store's thread decides, and reports what fails there too
             logger.debug("receipts: the event loop's connection could not decide (%s); the store's thread decides", e)

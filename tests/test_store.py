@@ -1050,9 +1050,14 @@ def test_answer_duplicate_answers_from_one_read_and_records_the_answer(db_path):
         assert [(e.flow_id, e.to_state) for e in blocked] == [("flow-2", State.OUTCOME_UNKNOWN)]
         before = len(store.events(op_id))
         assert local.answer_duplicate(attempt("fp-new")) == "new"  # a new receipt is the store thread's, durably
+        # Straight to the transaction (a likely retry, loop_connection.py): the same decisions.
+        assert local.answer_duplicate(attempt("fp-new"), look_first=False) == "new"
         assert [r.intent_fingerprint for r in store.list(limit=None)] == ["fp-1"]
         assert len(store.events(op_id)) == before
         assert not local.conn.in_transaction
+        again = local.answer_duplicate(attempt(flow_id="flow-3"), look_first=False)
+        assert again not in ("new", "busy") and (again.kind, again.receipt.operation_id) == ("blocked", op_id)
+        assert [e.flow_id for e in store.events(op_id) if e.event == "blocked"] == ["flow-2", "flow-3"]
     finally:
         local.close()
         store.close()

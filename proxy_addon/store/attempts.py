@@ -116,6 +116,7 @@ class ReceiptAttempts(ReceiptTransitions):
         replay_window: float = 86400.0,
         actor: str = "proxy",
         record_duplicate: bool | Callable[[Decision], bool] = True,
+        look_first: bool = True,
     ) -> Decision | Literal["new", "busy"]:
         """
         `begin_attempt`'s decision, without ever waiting (where `snapshot_writes`: SQLite in
@@ -125,11 +126,12 @@ class ReceiptAttempts(ReceiptTransitions):
         only if no other writer committed since that read, and commits without waiting for
         the disk. "new": the read found no duplicate (a new receipt is due: `begin_attempt`,
         `durable=True`); "busy": another writer holds the lock or wrote meanwhile (nothing
-        written: `begin_attempt` decides).
+        written: `begin_attempt` decides). `look_first`: an indexed read outside any transaction
+        first, so that an intent with no duplicate opens none (False for a likely retry).
         """
         if not self.snapshot_writes:
             return "busy"
-        if not self._likely_duplicate(attempt.intent_fingerprint, after_success):
+        if look_first and not self._likely_duplicate(attempt.intent_fingerprint, after_success):
             # One indexed read, outside any transaction, says a new receipt is due: no transaction
             # begun for nothing. If a duplicate commits right after it, `begin_attempt` decides so.
             return "new"
