@@ -52,6 +52,7 @@ class Watch:
         self._seen: tuple = ()  # the rules files' signature on the previous tick
         self._last_reload = float("-inf")
         self._followed: set[int] = set()  # ids of the events followed, the last LOOKBACK of them
+        self._reader: object | None = None  # the read connection they came from (another: another database)
 
     def configure(self, updated: set[str]) -> None:
         self.sync_allow_hosts()
@@ -80,8 +81,11 @@ class Watch:
         reader = self.receipts.reader()
         if ctx.master.addons.get("view") is None or reader is None:
             return after
+        if self._reader is not None and reader is not self._reader:  # receipts_db names another database
+            after, self._followed = None, set()
+        self._reader = reader
         try:
-            if after is None:
+            if after is None:  # from now on
                 return reader.last_event_id()
             changes = reader.transitions_after(max(after - LOOKBACK, 0))
         except ReceiptsError as e:

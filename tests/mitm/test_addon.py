@@ -325,6 +325,30 @@ async def test_the_watch_follows_a_resolution_made_elsewhere_without_scanning_th
     assert watch.follow_receipts(after) == after  # nothing new
 
 
+async def test_the_watch_follows_the_new_database_after_receipts_db_changes(setup):
+    """Event ids start again in another database: the watch follows it from then on, not from the old one's ids."""
+    from mitmproxy.addons import view
+
+    from proxy_addon.states import State
+
+    addon, tctx, tmp = setup
+    v = view.View()
+    tctx.master.addons.add(v)
+    watch = tctx.master.addons.get("watch")
+    for i in range(5):
+        await unknown(addon, f"OLD-{i}")  # the old database's ids run ahead of the new one's
+    after = watch.follow_receipts(watch.follow_receipts(None))
+    tctx.configure(addon, receipts_db=str(tmp / "r2.db"), receipts_new_db=True)
+    after = watch.follow_receipts(after)  # the new database: from now on
+    f = await unknown(addon, "NEW-1")
+    v.add([f])
+    cli = Store.open(tmp / "r2.db", create=False)
+    cli.resolve(f.metadata["receipts"]["operation_id"], State.SUCCEEDED, note="checked", actor="cli")
+    cli.close()
+    watch.follow_receipts(after)
+    assert f.marked == MARKERS["succeeded"] and f.comment.startswith("succeeded")
+
+
 async def test_a_held_write_keeps_awaiting_approval_in_its_comment(setup):
     """The watch refreshes flows from their receipts every second: a held one keeps its AWAITING APPROVAL comment."""
     import asyncio
