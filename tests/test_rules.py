@@ -540,6 +540,52 @@ operations:
     assert [op.name for op in rules.operations] == ["items.update", "items.special", "items.other"]
 
 
+def test_an_operation_with_several_paths_matches_at_each_and_fingerprints_the_parameters_they_share():
+    text = """\
+api: mcp
+hosts: [mcp.test]
+operations:
+  issue.create:
+    match: {method: POST, path: [/mcp/, "/mcp/x/{toolset}", "/v{n}/tools/{toolset}"]}
+    fingerprint: {body: [title]}
+  note.create:
+    match: {method: POST, path: ["/notes/{id}", "/v2/notes/{id}"]}
+"""
+    rules = RuleSet.of([load_rules(text, "mcp.yaml")])
+    found = {p: rules.match("mcp.test", 443, "POST", p) for p in ("/mcp", "/mcp/", "/mcp/x/issues", "/v1/tools/all")}
+    assert {p: (m.operation.name, m.params) for p, m in found.items()} == {
+        "/mcp": ("issue.create", {}),
+        "/mcp/": ("issue.create", {}),
+        "/mcp/x/issues": ("issue.create", {"toolset": "issues"}),
+        "/v1/tools/all": ("issue.create", {"n": "1", "toolset": "all"}),
+    }
+    assert rules.match("mcp.test", 443, "POST", "/mcp/y/issues") is None
+    issue, note = rules.operations
+    assert issue.path.params == () and issue.fingerprint.path == ()  # no parameter is in every path
+    assert note.path.params == ("id",) and note.fingerprint.path == ("id",)
+    assert rules.match("mcp.test", 443, "POST", "/v2/notes/7").params == {"id": "7"}
+    assert issue.path.template == "/mcp/ | /mcp/x/{toolset} | /v{n}/tools/{toolset}"
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ('[/a, "/b/{id}"], fingerprint: {path: [id]}', "'id' is not a parameter of '/a | /b/{id}' in each of its paths"),
+        ("[]", "must not be empty"),
+        ("[/a, /a]", "operations.x.match.path[1]: '/a' is listed twice"),
+        ('[/a, "/b/{id"]', "operations.x.match.path[1]: unbalanced"),
+    ],
+)
+def test_a_list_of_paths_is_checked_item_by_item(path, message):
+    fingerprint = ""
+    if ", fingerprint:" in path:
+        path, fingerprint = path.split(", fingerprint: ")
+        fingerprint = f"\n    fingerprint: {fingerprint}"
+    text = f"api: x\nhosts: [x.test]\noperations:\n  x:\n    match: {{method: POST, path: {path}}}{fingerprint}\n"
+    with pytest.raises(RulesError, match=message.replace("[", r"\[").replace("]", r"\]").replace("|", r"\|")):
+        load_rules(text, "x.yaml")
+
+
 def test_two_files_match_independently(tmp_path):
     (tmp_path / "a.yaml").write_text(DEV_TO.read_text())
     (tmp_path / "b.yml").write_text(HOSTS_RULES)  # .yml is read too

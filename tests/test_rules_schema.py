@@ -8,6 +8,7 @@ each of its operations to that operation.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -90,11 +91,10 @@ def test_the_schema_also_refuses_unknown_keys(path):
 # --- every shipped file, every operation -----------------------------------------------------
 
 
-def _sample(rf, op) -> tuple[str, str, bytes, dict[str, str]]:
+def _sample(rf, op, template=None) -> tuple[str, str, bytes, dict[str, str]]:
+    """A request the operation matches: at `template` (one of its paths; default its only one)."""
     host = rf.hosts[0].replace("*.", "sample.")
-    path = op.path.template
-    for param in op.path.params:
-        path = path.replace(f"{{{param}}}", f"sample-{param}")
+    path = re.sub(r"\{([^{}]*)\}", r"sample-\1", (template or op.path).template)
     body, headers = b"", {}
     if op.graphql:
         body = json.dumps({"query": f"mutation M {{ {op.graphql}(input: {{}}) {{ __typename }} }}",
@@ -123,11 +123,12 @@ def test_rules_explain_matches_a_sample_of_each_operation(path, name):
     rules = load_rules_path(ROOT / "rules")  # all files at once: no file shadows another's operation
     rf = next(f for f in rules.files if f.source == str(path))
     op = next(o for o in rf.operations if o.name == name)
-    method, url, body, headers = _sample(rf, op)
-    report = explain(rules, method, url, body, headers, b"k" * 32)
-    assert report["match"] is not None, report.get("why")
-    assert (report["match"]["api"], report["match"]["operation"]) == (rf.api, name)
-    assert report["sent"] is False
+    for template in op.path.alternatives or (op.path,):  # each of its paths (match.path: [...])
+        method, url, body, headers = _sample(rf, op, template)
+        report = explain(rules, method, url, body, headers, b"k" * 32)
+        assert report["match"] is not None, report.get("why")
+        assert (report["match"]["api"], report["match"]["operation"]) == (rf.api, name)
+        assert report["sent"] is False
 
 
 def test_rules_explain_through_the_cli_names_the_operation_and_redacts_credentials(tmp_path, capsys):

@@ -6,8 +6,6 @@ MCP tool), so that a rule that was meant to match can be fixed.
 
 from __future__ import annotations
 
-import re
-
 from proxy_addon import gql
 from proxy_addon.canonical import canonical_host, canonical_path
 from proxy_addon.rules import ANY_TOOL, RuleSet
@@ -33,7 +31,7 @@ def why_no_match(rules: RuleSet, host: str, port: int, method: str, path: str, b
                 why = f"method is {op.method}"
             elif op.path.match(bare) is None:
                 why = "path differs"
-                if re.fullmatch(op.path.regex.pattern, bare, re.IGNORECASE | re.ASCII):
+                if op.path.fits_in_another_case(bare):
                     why += " in letter case only (paths are case-sensitive unless match.case_insensitive: true)"
             elif op.graphql:
                 why = (

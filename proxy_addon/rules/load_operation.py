@@ -29,6 +29,7 @@ from proxy_addon.rules.model import (
     Operation,
     PathTemplate,
     parse_path_template,
+    parse_path_templates,
 )
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, scalar_value
 
@@ -200,8 +201,25 @@ def _method(ctx: Ctx, node: yaml.Node, field_: str) -> str:
 
 
 def _path(ctx: Ctx, node: yaml.Node, field_: str, case_insensitive: bool) -> PathTemplate:
+    """One path template, or a list of them (the operation at each of its paths)."""
+    if not isinstance(node, yaml.SequenceNode):
+        try:
+            return parse_path_template(ctx.string(node, field_), case_insensitive=case_insensitive)
+        except ValueError as e:
+            raise ctx.error(node, field_, str(e)) from None
+    items = ctx.strings(node, field_, allow_empty=False)
+    problems = []
+    for i, (item, template) in enumerate(items):  # each bad template is reported where it is, once
+        try:
+            parse_path_template(template, case_insensitive=case_insensitive)
+        except ValueError as e:
+            problems.append(ctx.error(item, f"{field_}[{i}]", str(e)))
+    for problem in problems[:-1]:
+        ctx.report(problem)
+    if problems:
+        raise problems[-1]
     try:
-        return parse_path_template(ctx.string(node, field_), case_insensitive=case_insensitive)
+        return parse_path_templates([t for _, t in items], case_insensitive=case_insensitive)
     except ValueError as e:
         raise ctx.error(node, field_, str(e)) from None
 
@@ -312,7 +330,9 @@ def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplat
                 bad(
                     item,
                     "path",
-                    f"{p!r} is not a parameter of {path.template!r} (it has: {', '.join(params) or 'none'})",
+                    f"{p!r} is not a parameter of {path.template!r}"
+                    + (" in each of its paths" if path.alternatives else "")
+                    + f" (it has: {', '.join(params) or 'none'})",
                 )
             else:
                 path_params.append(p)

@@ -16,6 +16,7 @@ Nothing here reads YAML (see loader.py); graphql-core loads only when a GraphQL 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -83,11 +84,21 @@ class PathTemplate:
     params: tuple[str, ...]
     regex: re.Pattern[str]
     case_insensitive: bool = False  # letters of the template's literal parts match either case (ASCII only)
+    # `match.path: [a, b]`: the templates, the first that fits matching; `params` are those in every one of them
+    alternatives: tuple[PathTemplate, ...] = ()
 
     def match(self, path: str) -> dict[str, str] | None:
         """The parameters of a canonical path (no query string) that fits, or None."""
+        if self.alternatives:
+            return next((found for t in self.alternatives if (found := t.match(path)) is not None), None)
         m = self.regex.fullmatch(path)
         return m.groupdict() if m else None
+
+    def fits_in_another_case(self, path: str) -> bool:
+        """Whether the path would fit with its letters in another case (what `receipts rules explain` says)."""
+        return any(
+            re.fullmatch(t.regex.pattern, path, re.IGNORECASE | re.ASCII) for t in (self.alternatives or (self,))
+        )
 
 
 @dataclass(frozen=True)
@@ -274,6 +285,22 @@ def parse_path_template(template: str, *, case_insensitive: bool = False) -> Pat
     pattern += re.escape(rest.rstrip("/")) + "/?"  # '/api/articles/' is the same route as '/api/articles'
     flags = re.IGNORECASE | re.ASCII if case_insensitive else 0
     return PathTemplate(template, tuple(params), re.compile(pattern, flags), case_insensitive)
+
+
+def parse_path_templates(templates: Sequence[str], *, case_insensitive: bool = False) -> PathTemplate:
+    """
+    One template, or several (`match.path: [/mcp/, /mcp/x/{toolset}]`: one operation at each of
+    its paths). Of several, the first that fits matches, and the parameters are those that every
+    one has: only those can be in the fingerprint, or in a reconcile template.
+    """
+    parsed = [parse_path_template(t, case_insensitive=case_insensitive) for t in templates]
+    if not parsed:
+        raise ValueError("no path template")
+    if len(parsed) == 1:
+        return parsed[0]
+    common = tuple(p for p in parsed[0].params if all(p in t.params for t in parsed[1:]))
+    shown = " | ".join(t.template for t in parsed)
+    return PathTemplate(shown, common, parsed[0].regex, case_insensitive, tuple(parsed))
 
 
 def template_variables(fp: FingerprintSpec) -> set[str]:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 import threading
 from typing import Any
@@ -58,6 +59,7 @@ from tests.mcp_server import read_body, replaying, serve
 from tests.packs.github_mcp_tools import TOOLS
 
 PATH = "/mcp/"
+TOOLSET = re.compile(r"/mcp/x/[a-z_]+/?")  # the remote server's toolset URLs, served here as PATH
 API = "https://api.github.com"
 MESSAGES = {400: "Bad Request", 401: "Bad credentials", 403: "Resource not accessible by integration",
             404: "Not Found", 409: "Conflict", 410: "Issues are disabled for this repo",
@@ -301,6 +303,8 @@ class FaultsAndEffects:
         self.app = app
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and TOOLSET.fullmatch(scope["path"]):  # /mcp/x/{toolset}: every tool here
+            scope = {**scope, "path": PATH, "raw_path": PATH.encode()}
         if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
             if scope["type"] == "http" and scope["path"] in ("/_effects", "/_faults", "/_reset"):
                 return await self.control(scope, receive, send)

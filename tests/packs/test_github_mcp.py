@@ -306,6 +306,29 @@ def test_issue_write_update_is_not_a_create(fake, proxy, revision):
         store.close()
 
 
+@each
+def test_a_toolset_url_is_the_same_endpoint(fake, proxy, revision):
+    """A client given /mcp/x/issues (GitHub's toolset URL) gets receipts; the same call at /mcp/ is its duplicate."""
+    tag = uuid.uuid4().hex[:8]
+    create = {"method": "create", "owner": "octo", "repo": "hello", "title": f"Toolset {tag}", "body": "on main"}
+    plan = [("call", "issue_write", create)] * 2
+    at_toolset = run_client(f"{fake.base}/mcp/x/issues", plan, revision=revision, proxy=proxy.url, ca=proxy.ca,
+                            headers={"Authorization": TOKEN})
+    at_root = run_client(fake.url, plan[:1], revision=revision, proxy=proxy.url, ca=proxy.ca,
+                         headers={"Authorization": TOKEN})
+    results = at_toolset["results"] + at_root["results"]
+    assert all(r["ok"] and not r["is_error"] for r in results), (at_toolset, at_root)
+    assert len([i for i in fake.effects()["issues"] if i.get("title") == create["title"]]) == 1, "one issue"
+    store = Store.open(proxy.db, create=False)
+    try:
+        mine = [r for r in store.list(limit=None) if tag in json.dumps(r.intent)]
+        assert len(mine) == 1 and mine[0].state == "succeeded" and "/mcp/x/issues" in mine[0].target, mine
+        replays = [e for e in store.events(mine[0].operation_id) if e.event == "replayed"]
+        assert len(replays) == 2, "the second call at the toolset URL and the call at /mcp/ were replayed"
+    finally:
+        store.close()
+
+
 @pytest.fixture(scope="module")
 def reactions(fake, proxy):
     """add_issue_comment with reactions, in one client session: a reaction to each of two comments of one
