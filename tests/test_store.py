@@ -1027,6 +1027,22 @@ def test_an_unresolved_receipt_that_is_not_its_intents_latest_fails_closed(store
 # --- answer_duplicate: the event loop's connection (SQLite in WAL mode) ---------------------------
 
 
+def test_transitions_after_lists_the_state_changes_after_an_event(store):
+    """What mitmweb's watch follows (mitm/watch.py): each state change by its event's id, on both backends."""
+    assert store.last_event_id() == 0 and store.transitions_after(0) == []
+    first = store.begin_attempt(attempt("fp-a")).receipt
+    mark = store.last_event_id()
+    second = store.begin_attempt(attempt("fp-b", flow_id="flow-2")).receipt
+    store.record_outcome(first.operation_id, State.SUCCEEDED, reason="upstream answered HTTP 201")
+    assert store.begin_attempt(attempt("fp-b", flow_id="flow-3")).kind == "blocked"  # an event, no state change
+    changes = store.transitions_after(mark)
+    assert [op for _, op in changes] == [second.operation_id, first.operation_id]
+    ids = [i for i, _ in changes]
+    assert ids == sorted(ids) and ids[0] > mark and store.last_event_id() > ids[-1]  # the blocked event came last
+    assert store.transitions_after(ids[-1]) == []
+    assert store.transitions_after(0, limit=1) == [(mark, first.operation_id)]
+
+
 def _unknown(path: Path) -> tuple[Store, str]:
     """A store with one outcome_unknown receipt for attempt(): (the store, its operation id)."""
     store = Store.open(path)
