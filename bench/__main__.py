@@ -73,6 +73,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="also measure the addon on PostgreSQL (a throwaway PostgreSQL 15 started from Debian's binaries "
                         "with fsync on, or RECEIPTS_TEST_PG) as the 'compare' path, and the 64-client throughput of 1 "
                         "and 2 PostgreSQL instances behind HAProxy (TCP mode, docs/fleet/haproxy.cfg)")
+    p.add_argument("--pin", action="store_true",
+                   help="every mitmdump on the last CPU, the client and the upstream on the others: a proxy's CPU per "
+                        "request then moves least between runs (to compare builds; not how a proxy runs)")
     p.add_argument("--workdir", default=None, help="where the temporary folder goes (default: the system's temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, databases)")
     p.add_argument("--write-docs", action="store_true",
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"receipt-proxy bench: {command}")
     log(f"  {info['date']} · {info['nproc']} CPUs ({info['cpu']}) · Linux {info['kernel']} · Python {info['python']} · "
         f"mitmproxy {info['mitmproxy']} · commit {info['commit']}")
+    log(f"  {procs.pin(a.pin)}")
     work = Path(tempfile.mkdtemp(prefix="receipt-bench-", dir=a.workdir))
     results: dict = {"command": command, "machine": info, "args": {k: v for k, v in vars(a).items()}}
     running: list[procs.Process] = []

@@ -56,9 +56,10 @@ class Process:
     """
 
     def __init__(self, name: str, args: list[str], log: Path, ready: str, port: int | None = None,
-                 cwd: Path = ROOT, listening: bool = False):
+                 cwd: Path = ROOT, listening: bool = False, cpus: set[int] | None = None):
         self.name, self.args, self.log_path, self.ready, self.port, self.cwd = name, args, log, ready, port, cwd
         self.listening = listening
+        self.cpus = cpus  # the CPUs it runs on (`scripts/bench --pin`), set before it starts; None: the bench's
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Process:
@@ -66,8 +67,10 @@ class Process:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_PROXY": "*", "no_proxy": "*"}
         for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
             env.pop(k, None)
+        cpus = self.cpus
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=self.cwd, env=env)
+                                     cwd=self.cwd, env=env,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         return self
 
     def log(self) -> str:
@@ -108,6 +111,22 @@ def upstream(workdir: Path) -> tuple[Process, int]:
     return p, port
 
 
+PROXY_CPUS: set[int] | None = None  # `--pin`: where every mitmdump runs (the bench and the rest: the other CPUs)
+
+
+def pin(pinned: bool) -> str:
+    """`--pin`: the proxies on the last CPU, this process (so the client, and every other child) on the
+    others; one process's CPU time then varies least from run to run. What it did, to say in the log."""
+    global PROXY_CPUS
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pinned or len(cpus) < 2:
+        PROXY_CPUS = None
+        return "not pinned" + (" (--pin needs 2 CPUs)" if pinned else "")
+    PROXY_CPUS = {cpus[-1]}
+    os.sched_setaffinity(0, set(cpus[:-1]))
+    return f"pinned: every mitmdump on CPU {cpus[-1]}, the client, the upstream and the rest on {cpus[:-1]}"
+
+
 def mitmdump(name: str, workdir: Path, script: Path, ready: str, extra: list[str] = ()) -> Process:
     """mitmdump on 127.0.0.1 with defaults, one script, and its own confdir (its own CA); its
     port (`.port`) is the kernel's pick, known once wait_ready() returns."""
@@ -115,4 +134,4 @@ def mitmdump(name: str, workdir: Path, script: Path, ready: str, extra: list[str
     confdir.mkdir(exist_ok=True)
     args = [str(BIN / "mitmdump"), "--listen-host", HOST, "-p", "0", "--set", f"confdir={confdir}",
             "-s", str(script), *extra]
-    return Process(name, args, workdir / f"{name}.log", ready, listening=True)
+    return Process(name, args, workdir / f"{name}.log", ready, listening=True, cpus=PROXY_CPUS)
