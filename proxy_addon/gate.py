@@ -94,9 +94,8 @@ class Gate:
     ):
         self.calls = calls
         # A connection of the event loop's own that never waits (SQLite in WAL, lock_timeout=0):
-        # duplicates are answered on it without a hand-off to the store's thread (`_decide_here`).
-        self.local = local
-        self._here = OnTheLoop(calls)  # decisions and records on `local` (loop_connection.py)
+        # duplicates are answered on it without a hand-off to the store's thread (loop_connection.py).
+        self._here = OnTheLoop(calls, local)
         self.settings = settings or GateSettings()
         self.metrics = metrics or Metrics()  # duplicates, waits, commit times, reads (metrics.py)
         self.post_reads = post_reads
@@ -175,12 +174,18 @@ class Gate:
         """Whether a duplicate's answer is recorded now: only the one it finally gets (not one that follows up)."""
         return True if final else (lambda d: not self._follows_up(op, d))
 
+    @property
+    def local(self) -> ReceiptStore | None:
+        """The event loop's own connection (None: PostgreSQL, or closed): mitm/store.py sets it."""
+        return self._here.local
+
+    @local.setter
+    def local(self, local: ReceiptStore | None) -> None:
+        self._here.local = local
+
     def _decide_here(self, attempt: Attempt, op: Operation, final: bool) -> Decision | Literal["new", "busy"]:
         """A duplicate answered on `local` (loop_connection.py); "busy" when there is none (PostgreSQL)."""
-        if self.local is None:
-            return "busy"
         return self._here.decide(
-            self.local,
             attempt,
             after_success=op.after_success,
             replay_window=self.settings.replay_window,
@@ -247,8 +252,7 @@ class Gate:
         commit that happened) takes it. Failing that, the receipt stays submitted, and the
         lease's expiry, or a restart, makes it outcome_unknown.
         """
-        here = self._here.record(self.local, operation_id, outcome, flow_id) if self.local is not None else None
-        if here is not None:
+        if (here := self._here.record(operation_id, outcome, flow_id)) is not None:
             return here
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (RECORD_RETRY if getattr(self.calls.store, "reconnects", False) else 0)

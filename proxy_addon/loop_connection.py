@@ -1,13 +1,14 @@
 """
 The gate's decisions on the event loop's own SQLite connection (`local`), without a hand-off.
 
-    here = OnTheLoop(calls)
-    decision = here.decide(local, attempt, after_success=..., replay_window=..., record_duplicate=...)
-    receipt = here.record(local, operation_id, outcome, flow_id)     # None: the store's thread records it
+    here = OnTheLoop(calls, local)
+    decision = here.decide(attempt, after_success=..., replay_window=..., record_duplicate=...)
+    receipt = here.record(operation_id, outcome, flow_id)     # None: the store's thread records it
 
 `local` is a connection of the event loop's own in WAL mode that never waits: no busy timeout,
-no checkpoint at its commits (mitm/store.py opens it; PostgreSQL has none: the fleet's database
-decides, through the store's thread).
+no checkpoint at its commits (mitm/store.py opens it, and sets it to None when it closes;
+PostgreSQL has none: the fleet's database decides, through the store's thread, as it does
+everything here when `local` is None).
 - A duplicate is answered from one read, with its answer recorded in the same transaction
   (`synchronous=NORMAL`; store/attempts.py, `answer_duplicate`). "new" (a receipt to insert,
   durably) and "busy" (another writer, a failure) are the store thread's to decide. An intent
@@ -42,15 +43,15 @@ RECENT = 4096  # intent fingerprints remembered as seen lately (a retry skips th
 
 
 class OnTheLoop:
-    def __init__(self, calls: StoreThread):
+    def __init__(self, calls: StoreThread, local: ReceiptStore | None):
         self.calls = calls
+        self.local = local
         self._commits = 0  # since the last checkpoint: `local` never checkpoints at its commits
         self._checkpoint: asyncio.Task[None] | None = None
         self._recent: dict[str, None] = {}  # fingerprints decided here lately, oldest first
 
     def decide(
         self,
-        local: ReceiptStore,
         attempt: Attempt,
         *,
         after_success: str,
@@ -58,6 +59,9 @@ class OnTheLoop:
         record_duplicate: bool | Callable[[Decision], bool],
     ) -> Decision | Literal["new", "busy"]:
         """A duplicate's answer, decided and recorded here; else "new" or "busy" for the store's thread."""
+        local = self.local
+        if local is None:
+            return "busy"
         fingerprint = attempt.intent_fingerprint
         seen = fingerprint in self._recent
         if not seen:
@@ -79,13 +83,14 @@ class OnTheLoop:
             self._checkpoint_later()
         return decision
 
-    def record(self, local: ReceiptStore, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt | None:
+    def record(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt | None:
         """
         The outcome's transition here, when the store's thread is idle; None when it has calls to
         run or this did not record it (another writer, a receipt that moved on, a failure):
         nothing was written, and the store's thread does.
         """
-        if not self.calls.idle:
+        local = self.local
+        if local is None or not self.calls.idle:
             return None
         try:
             receipt = local.record_outcome(
