@@ -2,8 +2,7 @@
 At most one log line per key in a window: the lines a retry storm would repeat.
 
     lines = LogLimit(window=10.0)
-    if (held := lines.allow(receipt.operation_id)) is not None:
-        logger.warning(f"receipt {id}: duplicate blocked{LogLimit.more(held)}")
+    lines.log(logger, logging.WARNING, receipt.operation_id, f"receipt {id}: duplicate blocked")
 
 An agent that retries one write in a loop gets each duplicate blocked or replayed, and each is
 recorded in the receipt's events, counted in the metrics and marked in mitmweb. The log says the
@@ -16,6 +15,7 @@ answer (docs/benchmarks.md). At most `keys` keys are remembered; the oldest is f
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Callable
 
@@ -43,6 +43,11 @@ class LogLimit:
         while len(self._last) > self.keys:
             self._last.popitem(last=False)
         return seen[1] if seen is not None else 0
+
+    def log(self, logger: logging.Logger, level: int, key: str, message: str) -> None:
+        """`message` at `level`, unless held back (`allow`); it then says how many it held back."""
+        if (held := self.allow(key)) is not None:
+            logger.log(level, message + self.more(held))
 
     @staticmethod
     def more(held: int) -> str:

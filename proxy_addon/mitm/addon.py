@@ -14,7 +14,7 @@ Hooks, one job each:
   with its decoded body, then send it once ourselves (exchange.py) and record what happened,
   or answer from an existing receipt (409 blocked, recorded replay, 503 when the store
   cannot be written).
-- `response` / `error`: record outcomes when mitmproxy forwards (`receipts_forward=mitmproxy`).
+- `response` / `error`: record outcomes (record.py) when mitmproxy forwards (`receipts_forward=mitmproxy`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,21 @@ from proxy_addon.log_limit import LogLimit
 from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.mcp.catalog import ToolCatalog
 from proxy_addon.metrics import Metrics
-from proxy_addon.mitm import body_match, exchange, flows, forward, internals, options, refusals, request_body, tools
+from proxy_addon.mitm import (
+    body_match,
+    exchange,
+    flows,
+    forward,
+    internals,
+    options,
+    record,
+    refusals,
+    request_body,
+    tools,
+)
 from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
-from proxy_addon.mitm.flows import META, headers_of, mark, request_view
+from proxy_addon.mitm.flows import META, mark, request_view
 from proxy_addon.mitm.store import ReceiptsDb
 from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
@@ -238,18 +249,13 @@ class Receipts:
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "replay":
-            self._answer(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED")
-            if (held := self._duplicate_lines.allow(receipt.operation_id)) is not None:
-                more = LogLimit.more(held)
-                logger.info(f"receipt {receipt.operation_id}: duplicate answered with the recorded response{more}")
+            said = "duplicate answered with the recorded response"
+            self._answer_duplicate(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED", logging.INFO, said)
         elif decision.kind != "forward":
             blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
             prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
-            self._answer(flow, blocked, "blocked", receipt, prefix)
-            if (held := self._duplicate_lines.allow(receipt.operation_id)) is not None:
-                logger.warning(
-                    f"receipt {receipt.operation_id}: duplicate blocked ({receipt.state}){LogLimit.more(held)}"
-                )
+            said = f"duplicate blocked ({receipt.state})"
+            self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
         else:
             await self._forward(flow, meta, op, receipt, given_key=admitted.attempt.given_key, body=view.body)
 
@@ -315,26 +321,10 @@ class Receipts:
             await self._record_response(flow, meta)
 
     async def _record_response(self, flow: http.HTTPFlow, meta: dict, *, complete: bool = True) -> None:
-        """
-        Classify and record the answer in `flow.response`. Its body, decoded, is read up to
-        receipts_response_cap; past that (or when `complete` is False: only its first bytes are
-        there) the outcome comes from the status and headers, and the recorded answer is truncated.
-        """
-        resp = flow.response
-        assert resp is not None
-        op = self._operation(meta)
-        outcome = forward.outcome_of(
-            resp,
-            op,
-            cap=ctx.options.receipts_response_cap,
-            complete=complete,
-            call_id=(meta.get("mcp") or {}).get("id"),
-        )
-        receipt = await self._record(flow, meta, outcome, op)
-        if receipt is not None and outcome.evidence and receipt.external_id:
-            resp.headers["X-Receipt-External-Id"] = receipt.external_id
-        resp.headers["X-Receipt-Id"] = meta["operation_id"]
-        resp.headers["X-Receipt-State"] = meta["state"]
+        """Classify and record the answer in `flow.response` (record.py)."""
+        assert self.gate is not None
+        cap = ctx.options.receipts_response_cap
+        await record.answer(self.gate, self.metrics, flow, meta, self._operation(meta), cap=cap, complete=complete)
 
     async def error(self, flow: http.HTTPFlow) -> None:
         meta = self._awaiting_outcome(flow)
@@ -375,31 +365,24 @@ class Receipts:
     async def _record(
         self, flow: http.HTTPFlow, meta: dict, outcome: Outcome, op: Operation | None = None
     ) -> Receipt | None:
-        """Record a forwarded request's outcome through the gate, and show it on the flow."""
+        """Record a forwarded request's outcome through the gate, and show it on the flow (record.py)."""
         assert self.gate is not None
-        meta["outcome"] = str(outcome.state)
-        if (sent_at := meta.pop("sent_at", None)) is not None:
-            self.metrics.exchanged(meta["api"], meta["operation"], time.monotonic() - sent_at)
-        receipt = await self.gate.record(
-            meta["operation_id"],
-            outcome,
-            flow_id=flow.id,
-            op=op,
-            # only an answer that says the effect may exist is reconciled at once, with them
-            credentials=credentials_from(op.credential_headers, headers_of(flow.request))
-            if op is not None and outcome.evidence
-            else None,
-        )
-        if receipt is None:
-            flow.comment = f"NOT RECORDED as {outcome.state}: the store refused it · receipt {meta['operation_id']}"
-            return None
-        meta["state"] = str(receipt.state)
-        mark(flow, receipt.state, receipt)
-        return receipt
+        return await record.outcome(self.gate, self.metrics, flow, meta, outcome, op)
 
-    def _answer(self, flow: http.HTTPFlow, answer: answers.Answer, marker: str, receipt: Receipt, prefix: str) -> None:
+    def _answer_duplicate(
+        self,
+        flow: http.HTTPFlow,
+        answer: answers.Answer,
+        marker: str,
+        receipt: Receipt,
+        prefix: str,
+        level: int,
+        said: str,
+    ) -> None:
+        """A duplicate answered from its receipt, its flow marked, and a log line (one a receipt every 10 s)."""
         flows.answer(flow, answer)
         mark(flow, marker, receipt, prefix=prefix)
+        self._duplicate_lines.log(logger, level, receipt.operation_id, f"receipt {receipt.operation_id}: {said}")
 
     async def _not_forwarded(self, flow: http.HTTPFlow, meta: dict, why: str) -> None:
         """Answer 503 and, if a receipt was already committed, record that it was not sent."""

@@ -1,0 +1,69 @@
+"""
+A forwarded write's outcome, recorded: its receipt's transition through the gate, and what the
+flow shows of it (its marker and comment; on an upstream answer, the X-Receipt-* headers).
+
+    receipt = await record.outcome(gate, metrics, flow, meta, outcome, op)   # None: the store refused it
+    await record.answer(gate, metrics, flow, meta, op, cap=..., complete=...)
+
+`answer` classifies the answer in `flow.response` first (forward.outcome_of).
+"""
+
+from __future__ import annotations
+
+import time
+
+from mitmproxy import http
+
+from proxy_addon.classify import Outcome
+from proxy_addon.gate import Gate
+from proxy_addon.metrics import Metrics
+from proxy_addon.mitm import forward
+from proxy_addon.mitm.flows import headers_of, mark
+from proxy_addon.redaction import credentials_from
+from proxy_addon.rules import Operation
+from proxy_addon.store import Receipt
+
+__all__ = ["answer", "outcome"]
+
+
+async def outcome(
+    gate: Gate, metrics: Metrics, flow: http.HTTPFlow, meta: dict, result: Outcome, op: Operation | None = None
+) -> Receipt | None:
+    """Record a forwarded request's outcome through the gate, and show it on the flow."""
+    meta["outcome"] = str(result.state)
+    if (sent_at := meta.pop("sent_at", None)) is not None:
+        metrics.exchanged(meta["api"], meta["operation"], time.monotonic() - sent_at)
+    receipt = await gate.record(
+        meta["operation_id"],
+        result,
+        flow_id=flow.id,
+        op=op,
+        # only an answer that says the effect may exist is reconciled at once, with them
+        credentials=credentials_from(op.credential_headers, headers_of(flow.request))
+        if op is not None and result.evidence
+        else None,
+    )
+    if receipt is None:
+        flow.comment = f"NOT RECORDED as {result.state}: the store refused it · receipt {meta['operation_id']}"
+        return None
+    meta["state"] = str(receipt.state)
+    mark(flow, receipt.state, receipt)
+    return receipt
+
+
+async def answer(
+    gate: Gate, metrics: Metrics, flow: http.HTTPFlow, meta: dict, op: Operation | None, *, cap: int, complete: bool
+) -> None:
+    """
+    Classify and record the answer in `flow.response`. Its body, decoded, is read up to `cap`
+    (receipts_response_cap); past that (or when `complete` is False: only its first bytes are
+    there) the outcome comes from the status and headers, and the recorded answer is truncated.
+    """
+    resp = flow.response
+    assert resp is not None
+    result = forward.outcome_of(resp, op, cap=cap, complete=complete, call_id=(meta.get("mcp") or {}).get("id"))
+    receipt = await outcome(gate, metrics, flow, meta, result, op)
+    if receipt is not None and result.evidence and receipt.external_id:
+        resp.headers["X-Receipt-External-Id"] = receipt.external_id
+    resp.headers["X-Receipt-Id"] = meta["operation_id"]
+    resp.headers["X-Receipt-State"] = meta["state"]
