@@ -29,7 +29,7 @@ from proxy_addon.rules.model import (
     Operation,
     PathTemplate,
     parse_path_template,
-    parse_path_templates,
+    path_alternatives,
 )
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, scalar_value
 
@@ -207,21 +207,19 @@ def _path(ctx: Ctx, node: yaml.Node, field_: str, case_insensitive: bool) -> Pat
             return parse_path_template(ctx.string(node, field_), case_insensitive=case_insensitive)
         except ValueError as e:
             raise ctx.error(node, field_, str(e)) from None
-    items = ctx.strings(node, field_, allow_empty=False)
-    problems = []
-    for i, (item, template) in enumerate(items):  # each bad template is reported where it is, once
+    parsed, problems = [], []  # each bad template is reported once, where it is
+    for i, (item, template) in enumerate(ctx.strings(node, field_, allow_empty=False)):
         try:
-            parse_path_template(template, case_insensitive=case_insensitive)
+            parsed.append(parse_path_template(template, case_insensitive=case_insensitive))
         except ValueError as e:
             problems.append(ctx.error(item, f"{field_}[{i}]", str(e)))
     for problem in problems[:-1]:
         ctx.report(problem)
     if problems:
         raise problems[-1]
-    try:
-        return parse_path_templates([t for _, t in items], case_insensitive=case_insensitive)
-    except ValueError as e:
-        raise ctx.error(node, field_, str(e)) from None
+    if not parsed:  # every item was refused (and reported) by ctx.strings
+        raise ctx.error(node, field_, "no path template")
+    return path_alternatives(parsed)
 
 
 def _graphql(ctx: Ctx, node: yaml.Node, field_: str, method: str | None) -> str:

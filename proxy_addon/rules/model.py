@@ -287,20 +287,18 @@ def parse_path_template(template: str, *, case_insensitive: bool = False) -> Pat
     return PathTemplate(template, tuple(params), re.compile(pattern, flags), case_insensitive)
 
 
-def parse_path_templates(templates: Sequence[str], *, case_insensitive: bool = False) -> PathTemplate:
+def path_alternatives(parsed: Sequence[PathTemplate]) -> PathTemplate:
     """
-    One template, or several (`match.path: [/mcp/, /mcp/x/{toolset}]`: one operation at each of
-    its paths). Of several, the first that fits matches, and the parameters are those that every
-    one has: only those can be in the fingerprint, or in a reconcile template.
+    One template, or several parsed ones as one (`match.path: [/mcp/, /mcp/x/{toolset}]`: one
+    operation at each of its paths). Of several, the first that fits matches, and the parameters
+    are those that every one has: only those can be in the fingerprint, or in a reconcile template.
     """
-    parsed = [parse_path_template(t, case_insensitive=case_insensitive) for t in templates]
-    if not parsed:
-        raise ValueError("no path template")
     if len(parsed) == 1:
         return parsed[0]
-    common = tuple(p for p in parsed[0].params if all(p in t.params for t in parsed[1:]))
+    first = parsed[0]
+    common = tuple(p for p in first.params if all(p in t.params for t in parsed[1:]))
     shown = " | ".join(t.template for t in parsed)
-    return PathTemplate(shown, common, parsed[0].regex, case_insensitive, tuple(parsed))
+    return PathTemplate(shown, common, first.regex, first.case_insensitive, tuple(parsed))
 
 
 def template_variables(fp: FingerprintSpec) -> set[str]:
