@@ -31,10 +31,8 @@ import asyncio
 import hashlib
 import json
 import logging
-import secrets
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +44,7 @@ from proxy_addon.states import State
 from proxy_addon.store import Attempt, RecordedResponse, SQLiteStore
 from proxy_addon.store.attempts import _RECEIPT_COLUMNS
 from proxy_addon.store.base import marks
+from proxy_addon.store.records import iso, new_operation_id, utcnow
 from proxy_addon.store.transitions import _EVENT_INSERT
 
 PATH = "/bench/things"
@@ -56,10 +55,6 @@ _ANSWER = (
     "response_truncated = 0, external_id = ?, state = 'succeeded', updated_at = ?, completed_at = ? "
     "WHERE operation_id = ? AND state IN ('submitted')"
 )
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 
 
 class SchemaFloor:
@@ -114,7 +109,8 @@ class SchemaFloor:
             decision = await asyncio.to_thread(self._locked, self.store.begin_attempt, attempt, durable=True)
             flow.metadata["schema_floor"] = decision.receipt.operation_id
             return
-        at, operation_id = _now(), f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(5)}"
+        now = utcnow()
+        at, operation_id = iso(now), new_operation_id(now)  # as the store makes them
         row = (operation_id, "bench", "things.create", "POST", req.pretty_url, "submitted", fingerprint)
         row += (json.dumps({"body": {}, "path": {}}), "anonymous", at, at, flow.id) + (None,) * 6
         first = (operation_id, at, "transition", None, "submitted", "new attempt", "proxy", flow.id)
@@ -141,7 +137,7 @@ class SchemaFloor:
                 external_id="1",
             )
         else:
-            at, headers = _now(), json.dumps([[k, v] for k, v in resp.headers.items()])
+            at, headers = iso(utcnow()), json.dumps([[k, v] for k, v in resp.headers.items()])
             answer = (resp.status_code, resp.status_code, headers, resp.content, "1", at, at, operation_id)
             event = (operation_id, at, "transition", "submitted", "succeeded", "upstream answered", "proxy", flow.id)
             await asyncio.to_thread(self._transaction, "NORMAL", [(_ANSWER, answer), (_EVENT_INSERT, event)])
