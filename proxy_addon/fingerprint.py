@@ -36,6 +36,14 @@ Targets: the host and path are taken in their canonical form (canonical.py), as 
 them, and path parameters as their decoded text (`/api/%745/things` is `/api/t5/things`).
 `Intent.target` is the canonical URL; `Intent.raw_target` the URL as sent, when it differs.
 Both have secret-looking query values redacted.
+
+Schemes: how a request is read changes with receipt-proxy's versions (a canonical target, a
+decoded body), and a retry must stay a retry across an upgrade. `SCHEME` numbers today's way;
+every receipt records it, with the digest of the rule it read (`Operation.rule_digest`), and
+`build_attempt` also fingerprints a request under the earlier schemes and rules that receipts
+still held can answer for (earlier_fingerprints.py; scheme 1 is fingerprint_v1.py). A change
+that gives any request another fingerprint is a new scheme: `fingerprint(..., scheme=N)` keeps
+computing each earlier one, and tests/test_fingerprint_schemes.py pins them.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -53,6 +61,8 @@ from urllib.parse import parse_qsl, urlsplit
 from proxy_addon import identity
 from proxy_addon.canonical import Target, method_overrides, param_value
 from proxy_addon.canonical import target as canonical_target
+from proxy_addon.earlier_fingerprints import Version
+from proxy_addon.fingerprint_v1 import fingerprint_v1
 from proxy_addon.intent_body import (
     NOTES,
     body_view,
@@ -73,6 +83,10 @@ logger = logging.getLogger(__name__)
 
 _MISSING = object()
 
+# Today's fingerprint scheme. 1: up to commit dc97d6d (fingerprint_v1.py); 2: canonical targets,
+# decoded and NFC bodies, hashed objects, canonical credentials; 3: (this version).
+SCHEME = 3
+
 
 @dataclass(frozen=True)
 class RequestView:
@@ -85,6 +99,7 @@ class RequestView:
     path: str  # with the query string
     headers: Mapping[str, str]  # lower-case names
     body: bytes  # decoded: Content-Encoding undone (bodies.decode_body); fingerprint never decodes
+    sent: bytes | None = None  # the body as sent, when it had a Content-Encoding: scheme 1 read that (None: `body`)
 
     @property
     def target(self) -> Target:
@@ -137,8 +152,15 @@ def canonical_credential(name: str, value: str) -> str:
     return text
 
 
-def fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[[bytes], Any] = parse_json) -> Intent:
-    """The request's intent and its fingerprint. `parse`: how its body is read as JSON (build_attempt: once)."""
+def fingerprint(
+    match: Match, req: RequestView, key: bytes, *, parse: Callable[[bytes], Any] = parse_json, scheme: int = SCHEME
+) -> Intent:
+    """
+    The request's intent and its fingerprint, under `scheme` (2 or later; 1 is fingerprint_v1).
+    `parse`: how its body is read as JSON (build_attempt: once).
+    """
+    if not 2 <= scheme <= SCHEME:
+        raise ValueError(f"fingerprint scheme {scheme} is not one of 2..{SCHEME}")
     op = match.operation
     spec = op.fingerprint
     where = req.target
@@ -186,12 +208,23 @@ def method_override_note(req: RequestView, matched: str) -> dict[str, str] | Non
 
 
 def build_attempt(
-    match: Match, req: RequestView, key: bytes, *, flow_id: str | None = None, instance: str | None = None
+    match: Match,
+    req: RequestView,
+    key: bytes,
+    *,
+    flow_id: str | None = None,
+    instance: str | None = None,
+    versions: Sequence[Version] = (),
 ) -> Attempt:
-    """Everything the store needs to decide about a matched request before it is sent."""
+    """
+    Everything the store needs to decide about a matched request before it is sent. `versions`:
+    the earlier schemes and rules its operation's receipts may have been made with
+    (earlier_fingerprints.Versions.of_operation), under which it is fingerprinted too.
+    """
     op = match.operation
     parse = parse_once(req.body)  # the fingerprint's fields and the key's place read one parse of the body
     intent = fingerprint(match, req, key, parse=parse)
+    earlier, earlier_unresolved = earlier_fingerprints(match, req, key, versions, intent.fingerprint, parse)
     if notes := intent_notes(intent.intent):  # field names and codes only, never a value
         logger.warning("%s %s %s %s: %s", op.api, op.name, op.method, intent.target, "; ".join(notes))
     agent_key = req.headers.get((op.idempotency_header or "Idempotency-Key").lower())
@@ -222,7 +255,52 @@ def build_attempt(
         approval=op.approve,
         key_format=op.idempotency_format,
         given_key=given_key,
+        fingerprint_scheme=SCHEME,
+        fingerprint_rule=op.rule_digest,
+        earlier=earlier,
+        earlier_unresolved=earlier_unresolved,
     )
+
+
+def earlier_fingerprints(
+    match: Match,
+    req: RequestView,
+    key: bytes,
+    versions: Sequence[Version],
+    today: str,
+    parse: Callable[[bytes], Any] = parse_json,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """
+    The request's fingerprints under `versions` that differ from `today`'s: those whose receipts
+    are its intent's in any state, and those whose receipts are only while unresolved (an edited
+    rule). A version that cannot read this request (its rule names a path parameter the path no
+    longer has; scheme 1 on a path only its canonical form matches) gives none.
+    """
+    anyhow: dict[str, None] = {}
+    unresolved: dict[str, None] = {}
+    for v in versions:
+        m = match if v.rule is None else replace(match, operation=match.operation.under_rule(v.rule))
+        try:
+            if v.scheme == 1:
+                fp = fingerprint_v1(
+                    m,
+                    key,
+                    method=req.method,
+                    scheme=req.scheme,
+                    host=req.host,
+                    port=req.port,
+                    path=req.path,
+                    headers=req.headers,
+                    sent=req.body if req.sent is None else req.sent,
+                )
+            else:
+                fp = fingerprint(m, req, key, parse=parse, scheme=v.scheme).fingerprint
+        except (KeyError, ValueError) as e:
+            logger.debug("%s %s: no fingerprint under scheme %s: %s", m.operation.api, m.operation.name, v.scheme, e)
+            continue
+        if fp is not None and fp != today:
+            (unresolved if v.unresolved_only else anyhow)[fp] = None
+    return tuple(anyhow), tuple(f for f in unresolved if f not in anyhow)
 
 
 def parse_once(body: bytes) -> Callable[[bytes], Any]:

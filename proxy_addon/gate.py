@@ -42,6 +42,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -49,15 +50,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from proxy_addon.classify import Outcome
+from proxy_addon.earlier_fingerprints import Versions
 from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable
+from proxy_addon.fingerprint import SCHEME
 from proxy_addon.loop_connection import OnTheLoop
 from proxy_addon.metrics import Metrics, read_result
 from proxy_addon.read_slots import NoReadSlot, ReadSlots
 from proxy_addon.reads import ReadSettings
 from proxy_addon.reconcile import reconcilable_now, reconcile
-from proxy_addon.rules import Operation, PathTemplate
+from proxy_addon.rules import Operation, PathTemplate, RuleSet
 from proxy_addon.states import State
-from proxy_addon.store import Attempt, Decision, Receipt, ReceiptStore
+from proxy_addon.store import Attempt, Decision, Held, Receipt, ReceiptStore
 from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)
@@ -79,6 +82,16 @@ class GateSettings:
 class Admitted:
     decision: Decision
     attempt: Attempt
+
+
+def _held_versions(rules: RuleSet) -> Callable[[ReceiptStore], list[Held]]:
+    described = {op.rule_digest: json.dumps(op.fingerprint_rule(), sort_keys=True) for op in rules.operations}
+
+    def run(store: ReceiptStore) -> list[Held]:
+        store.remember_rules(described)
+        return store.fingerprint_versions()
+
+    return run
 
 
 class Gate:
@@ -107,6 +120,25 @@ class Gate:
         self._waiters: collections.Counter[str] = collections.Counter()  # receipt id → duplicates waiting on it
         # Whether a listener (PostgreSQL's LISTEN) is calling `wake` now: polling then only backs it up.
         self.listening: Callable[[], bool] = lambda: False
+        # The earlier fingerprint versions whose receipts can still answer a retry (earlier_fingerprints.py).
+        self.versions = Versions()
+
+    def load_versions(self, rules: RuleSet) -> Versions:
+        """
+        At each rules load, before a write is admitted under them: keep the rules' descriptions in
+        the store, and learn which earlier versions its receipts hold. Blocks on the store's thread.
+        """
+        return self._versions(rules, self.calls.wait(_held_versions(rules)))
+
+    async def refresh_versions(self, rules: RuleSet) -> Versions:
+        """`load_versions` off the event loop, now and then: receipts resolve, and another proxy may add some."""
+        return self._versions(rules, await self.calls(_held_versions(rules)))
+
+    def _versions(self, rules: RuleSet, held: list[Held]) -> Versions:
+        self.versions = Versions.of(
+            held, rules.operation, now=self._now(), replay_window=self.settings.replay_window, current=SCHEME
+        )
+        return self.versions
 
     def _now(self) -> Any:
         return self.calls.store.clock()

@@ -50,6 +50,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "DecisionKind": ("proxy_addon.store.records", "DecisionKind"),
         "Dialect": ("proxy_addon.store.base", "Dialect"),
         "Event": ("proxy_addon.store.records", "Event"),
+        "Held": ("proxy_addon.store.versions", "Held"),
         "PostgresStore": ("proxy_addon.store.postgres", "PostgresStore"),
         "Receipt": ("proxy_addon.store.records", "Receipt"),
         "ReceiptStore": ("proxy_addon.store.receipts", "ReceiptStore"),
@@ -116,7 +117,7 @@ ALL = {
         "load_rules", "load_rules_path",
     ],
     "proxy_addon.store": [
-        "ApprovalDecision", "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event",
+        "ApprovalDecision", "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "Held",
         "PostgresStore", "Receipt", "ReceiptStore", "RecordedResponse", "SQLiteStore", "Store", "UniqueViolation",
         "is_postgres", "iso", "new_operation_id", "open_store", "utcnow",
     ],

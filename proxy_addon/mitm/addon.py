@@ -28,7 +28,7 @@ from mitmproxy.addonmanager import Loader
 
 from proxy_addon import answers, terminal
 from proxy_addon.classify import Outcome, error_outcome
-from proxy_addon.errors import RulesError, StoreError
+from proxy_addon.errors import ReceiptsError, RulesError, StoreError
 from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate
@@ -143,6 +143,14 @@ class Receipts:
         self._configure_client()
         assert self.gate is not None
         self.gate.settings = options.gate_settings(opts)
+        try:  # before any write is admitted: which earlier fingerprints its receipts may have (gate.py)
+            versions = self.gate.load_versions(self.rules)
+        except ReceiptsError as e:
+            raise exceptions.OptionsError(
+                f"receipts_db: cannot read which fingerprint versions it holds: {e}"
+            ) from None
+        for line in versions.warnings():
+            logger.warning(f"receipt-proxy: {line}")
         self._body_cap, self._pause = opts.receipts_body_cap, options.parse_debug_pause(opts.receipts_debug_pause)
         self.config_error = None
 
@@ -235,9 +243,10 @@ class Receipts:
             return
         op, view, inst = m.operation, request_view(flow.request, body), self.installation
         credentials = credentials_from(op.credential_headers, view.headers)
+        versions = self.gate.versions.of_operation(op)
 
         def attempt() -> Attempt:
-            return build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance)
+            return build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance, versions=versions)
 
         try:
             # A small body is fingerprinted here, and a duplicate answered on the event loop (gate.py);

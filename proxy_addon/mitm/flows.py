@@ -118,6 +118,7 @@ def request_view(req: http.Request, body: bytes | None = None) -> RequestView:
         path=req.path,
         headers=headers_of(req),
         body=(req.raw_content or b"") if body is None else body,
+        sent=req.raw_content if body is not None and req.raw_content is not body else None,  # scheme 1 read it as sent
     )
 
 

@@ -14,6 +14,10 @@ Once a second, while the proxy runs: follow receipts changed elsewhere, and relo
   until the rules load again says in its comment that the last good rules decided it.
   mitmproxy's `allow_hosts` follows the rules: only the hosts they name are TLS-intercepted,
   unless receipts_intercept_all is on or the user set allow_hosts or ignore_hosts themselves.
+- Which earlier fingerprint versions the receipts hold (earlier_fingerprints.py) is read again
+  with each rules load, before the new rules take over (a load that cannot read it keeps the
+  last good rules), and every VERSIONS_EVERY seconds: receipts resolve, and another proxy of a
+  fleet may add some. Unresolved receipts that the new rules treat otherwise are named in a WARNING.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ logger = logging.getLogger(__name__)
 RELOAD_EVERY = 2.0  # seconds between two rules reloads, at the least
 LOOKBACK = 256  # events before the last one followed that each tick reads again (a commit that came late)
 PROBLEMS_LOGGED = 10  # problems a failed reload's error line lists, at most
+VERSIONS_EVERY = 30  # seconds between two reads of the fingerprint versions the receipts hold
 
 
 def load_or_problems(path: str) -> tuple[RuleSet | None, list[RulesError]]:
@@ -67,11 +72,25 @@ class Watch:
 
     async def _watch(self) -> None:
         after = None
+        ticks = 0
         while True:
             await asyncio.sleep(1)
+            ticks += 1
             after = self.follow_receipts(after)
             if ctx.options.receipts_watch_rules:
                 await self.reload_rules()
+            if ticks % VERSIONS_EVERY == 0:
+                await self.refresh_versions()
+
+    async def refresh_versions(self) -> None:
+        """Read again which earlier fingerprint versions the receipts hold (for the rules in force)."""
+        gate, rules = self.receipts.gate, self.receipts.rules
+        if gate is None or rules is None:
+            return
+        try:
+            await gate.refresh_versions(rules)
+        except ReceiptsError as e:  # the last versions read stay: they only ever shrink, unless a fleet adds
+            logger.warning(f"receipt-proxy: could not read the fingerprint versions the receipts hold: {e}")
 
     def follow_receipts(self, after: int | None) -> int | None:
         """
@@ -135,7 +154,20 @@ class Watch:
             n = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
             logger.error(f"receipt-proxy: rules NOT reloaded from {path}; {keeping}. {n}: {listed}{more}")
             return
+        gate = self.receipts.gate
+        try:  # before the new rules take over: their earlier fingerprint versions (see the module docstring)
+            versions = await gate.refresh_versions(rules) if gate is not None else None
+        except ReceiptsError as e:
+            self.receipts.rules_sig = ()  # tried again at the next tick
+            self.receipts.metrics.reloaded(False)
+            logger.error(
+                f"receipt-proxy: rules NOT reloaded from {path}; {keeping}: cannot read the fingerprint versions "
+                f"the receipts hold: {e}"
+            )
+            return
         self.receipts.rules, self.receipts.rules_problem = rules, None
+        for line in versions.warnings() if versions is not None else ():
+            logger.warning(f"receipt-proxy: {line}")
         self.receipts.metrics.reloaded(True)
         self.receipts.metrics.known(rules.operations)
         logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")

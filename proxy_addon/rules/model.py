@@ -15,9 +15,12 @@ Nothing here reads YAML (see loader.py); graphql-core loads only when a GraphQL 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 from proxy_addon.canonical import canonical_encoding
@@ -220,6 +223,48 @@ class Operation:
     line: int = 0
     description: str | None = None
     method_override: str = "honour"  # refuse: a request with a method override header gets 400 (METHOD_OVERRIDE)
+
+    def fingerprint_rule(self) -> dict[str, Any]:
+        """
+        What the fingerprint reads of this rule, as JSON values: the fields it takes and the
+        credentials that make the principal. A receipt keeps its digest (`rule_digest`), and the
+        store this description, so that a retry is still recognised under the rule its receipt
+        was made with after the rule is edited (earlier_fingerprints.py).
+        """
+        spec = self.fingerprint
+        return {
+            "path": list(spec.path),
+            "query": list(spec.query),
+            "headers": list(spec.headers),
+            "body": None if spec.body is None else list(spec.body),
+            "credential_headers": list(self.credential_headers),
+        }
+
+    @cached_property
+    def rule_digest(self) -> str:
+        """The digest of `fingerprint_rule()`, recorded on each receipt (computed once per operation)."""
+        return rule_digest(self.fingerprint_rule())
+
+    def under_rule(self, rule: Mapping[str, Any]) -> Operation:
+        """This operation as it was under an earlier `fingerprint_rule()` description (ValueError if unreadable)."""
+        try:
+            body = rule["body"]
+            spec = FingerprintSpec(
+                path=tuple(rule["path"]),
+                body=None if body is None else tuple(body),
+                query=tuple(rule["query"]),
+                headers=tuple(rule["headers"]),
+            )
+            credentials = tuple(rule["credential_headers"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a fingerprint rule: {e}") from None
+        return replace(self, fingerprint=spec, credential_headers=credentials)
+
+
+def rule_digest(rule: Mapping[str, Any]) -> str:
+    """A short digest of a `fingerprint_rule()` description: equal descriptions, equal digests."""
+    text = json.dumps(rule, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

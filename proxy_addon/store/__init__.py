@@ -17,6 +17,7 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
     resolutions.py  settling an unknown outcome by hand (`resolve`) or claiming it for a read
     retention.py    pruning old resolved receipts (`prune`)
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
+    versions.py     the fingerprint versions (schemes, rules) receipts still hold: `Held`
     sqlite.py       the SQLite backend (`SQLiteStore`, alias `Store`)
     postgres.py     the PostgreSQL backend (`PostgresStore`), for a fleet of proxies on one store
     fleet.py        what that fleet shares besides receipts: instance leases, the key check
@@ -51,6 +52,7 @@ from proxy_addon.store.records import (
     utcnow,
 )
 from proxy_addon.store.sqlite import SQLiteStore
+from proxy_addon.store.versions import Held
 
 Store = SQLiteStore
 
@@ -73,6 +75,7 @@ __all__ = [
     "DecisionKind",
     "Dialect",
     "Event",
+    "Held",
     "PostgresStore",
     "Receipt",
     "ReceiptStore",

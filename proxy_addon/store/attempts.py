@@ -42,6 +42,8 @@ _RECEIPT_COLUMNS = (
     "client_key",
     "idempotency_key_at",
     "raw_target",
+    "fingerprint_scheme",
+    "fingerprint_rule",
 )
 
 
@@ -53,6 +55,36 @@ _ANSWERED_FROM = (
     "SELECT e.from_state FROM receipt_events e WHERE e.operation_id = receipts.operation_id "
     "AND e.event = 'transition' AND e.to_state = ? ORDER BY e.id LIMIT 1"
 )
+
+
+def _of_intent(a: Attempt) -> tuple[str, list[str]]:
+    """
+    The WHERE clause (and its parameters) of this attempt's intent's receipts: today's
+    fingerprint and its earlier ones; a receipt under an edited rule's fingerprint only while
+    unresolved (earlier_fingerprints.py). Just today's when there are none (every write, once
+    the receipts of earlier schemes and rules are resolved): one indexed lookup, as ever.
+    """
+    if not a.earlier and not a.earlier_unresolved:
+        return "intent_fingerprint = ?", [a.intent_fingerprint]
+    anyhow = (a.intent_fingerprint, *a.earlier)
+    where = f"intent_fingerprint IN ({marks(len(anyhow))})"
+    params = list(anyhow)
+    if a.earlier_unresolved:
+        states = sorted(UNRESOLVED)
+        where += f" OR (intent_fingerprint IN ({marks(len(a.earlier_unresolved))}) AND state IN ({marks(len(states))}))"
+        params += [*a.earlier_unresolved, *states]
+    return f"({where})", params
+
+
+def _unresolved_first(a: Attempt) -> str:
+    """
+    ORDER BY's first term where an intent has several fingerprints: an unresolved receipt
+    under any of them comes first, whatever was inserted after it (by a proxy that did not
+    yet know the earlier fingerprint), so that it is never passed over.
+    """
+    if not a.earlier and not a.earlier_unresolved:
+        return ""
+    return f"CASE WHEN state IN ({', '.join(repr(str(s)) for s in sorted(UNRESOLVED))}) THEN 0 ELSE 1 END, "
 
 
 class _NeedsDurable(Exception):
@@ -93,7 +125,7 @@ class ReceiptAttempts(ReceiptTransitions):
         # pragma is set before BEGIN), so a guess from one indexed read decides, and a guess of
         # "duplicate" that turns out a new receipt is rolled back and decided again, durably.
         if not durable:
-            durable = self.relaxes_late or not self._likely_duplicate(attempt.intent_fingerprint, after_success)
+            durable = self.relaxes_late or not self._likely_duplicate(attempt, after_success)
         tries = 0
         while tries < 3:
             try:
@@ -131,7 +163,7 @@ class ReceiptAttempts(ReceiptTransitions):
         """
         if not self.snapshot_writes:
             return "busy"
-        if look_first and not self._likely_duplicate(attempt.intent_fingerprint, after_success):
+        if look_first and not self._likely_duplicate(attempt, after_success):
             # One indexed read, outside any transaction, says a new receipt is due: no transaction
             # begun for nothing. If a duplicate commits right after it, `begin_attempt` decides so.
             return "new"
@@ -165,16 +197,17 @@ class ReceiptAttempts(ReceiptTransitions):
             iso(self.clock()),
         )
 
-    def _likely_duplicate(self, fingerprint: str, after_success: str) -> bool:
+    def _likely_duplicate(self, a: Attempt, after_success: str) -> bool:
         """
         Outside any transaction, a guess: whether the latest receipt of this intent makes the
         next attempt a duplicate (unresolved, or succeeded and not `allow`). Only the
         durability of the transaction that decides depends on it, never the decision.
         """
+        where, params = _of_intent(a)
         rows = self._rows(
-            f"SELECT state FROM receipts WHERE intent_fingerprint = ? ORDER BY {self.dialect.insertion_order} DESC "
-            "LIMIT 1",
-            (fingerprint,),
+            f"SELECT state FROM receipts WHERE {where} ORDER BY {_unresolved_first(a)}{self.dialect.insertion_order} "
+            "DESC LIMIT 1",
+            params,
         )
         if not rows:
             return False
@@ -187,18 +220,21 @@ class ReceiptAttempts(ReceiptTransitions):
         """In the write transaction: answer a duplicate from its receipt, or insert a new one (if `durable`)."""
         now = self.clock()
         order = self.dialect.insertion_order
-        # One read: the latest receipt of this intent and, if it succeeded, how (_after_success).
+        # One read: the latest receipt of this intent (under any of its fingerprints: an earlier
+        # scheme's or rule's, earlier_fingerprints.py) and, if it succeeded, how (_after_success).
+        where, params = _of_intent(a)
         rows = self._rows(
             f"SELECT *, CASE WHEN state = ? THEN ({_ANSWERED_FROM}) END AS answered_from "
-            f"FROM receipts WHERE intent_fingerprint = ? ORDER BY {order} DESC LIMIT 1",
-            (State.SUCCEEDED, State.SUCCEEDED, a.intent_fingerprint),
+            f"FROM receipts WHERE {where} ORDER BY {_unresolved_first(a)}{order} DESC LIMIT 1",
+            (State.SUCCEEDED, State.SUCCEEDED, *params),
         )
         latest = Receipt.from_row(rows[0]) if rows else None
         if a.client_key:
+            mine = a.fingerprints
             other = self._receipt(
-                "SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint != ? "
+                f"SELECT * FROM receipts WHERE client_key = ? AND intent_fingerprint NOT IN ({marks(len(mine))}) "
                 f"ORDER BY {order} DESC LIMIT 1",
-                (a.client_key, a.intent_fingerprint),
+                (a.client_key, *mine),
             )
             if other is not None:  # draft-ietf-httpapi-idempotency-key-header: a reused key, another request
                 return Decision(
@@ -285,6 +321,8 @@ class ReceiptAttempts(ReceiptTransitions):
             a.client_key,
             idempotency_key_at,
             a.raw_target,
+            a.fingerprint_scheme,
+            a.fingerprint_rule,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"

@@ -260,3 +260,20 @@ def m008_instance_leases(db: Schema) -> None:
         "expires_at TIMESTAMPTZ NOT NULL)"
     )
     db.execute("CREATE TABLE receipt_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+@migration
+def m009_fingerprint_versions(db: Schema) -> None:
+    # Which fingerprint scheme (fingerprint.SCHEME) and which rule (a digest of what the
+    # fingerprint reads of it: Operation.fingerprint_rule) made each receipt, so that a retry
+    # is still recognised after an upgrade or an edited rule (earlier_fingerprints.py). Receipts
+    # made before have NULL in both: scheme 1 or 2, under the rule as it is now. The rules'
+    # descriptions are kept once each, by digest. The partial index holds only receipts of
+    # earlier schemes: a new receipt never enters it, so it costs new writes nothing.
+    db.execute("ALTER TABLE receipts ADD COLUMN fingerprint_scheme INTEGER")
+    db.execute("ALTER TABLE receipts ADD COLUMN fingerprint_rule TEXT")
+    db.execute("CREATE TABLE fingerprint_rules (digest TEXT PRIMARY KEY, rule TEXT NOT NULL, first_seen TEXT NOT NULL)")
+    db.execute(
+        "CREATE INDEX receipts_of_earlier_schemes ON receipts(api, operation, fingerprint_scheme, state, updated_at) "
+        "WHERE fingerprint_scheme IS NULL OR fingerprint_scheme < 3"
+    )

@@ -8,6 +8,7 @@ job, each written once over the backend's primitives (base.py says what they gua
     resolutions.py  settling an unknown outcome by hand (`resolve`) or claiming it for a read
     retention.py    pruning old resolved receipts (`prune`)
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
+    versions.py     the fingerprint versions receipts still hold, and the rules' descriptions
     reads.py        the reads
 
     store = Store.open("receipts.db")
@@ -26,7 +27,10 @@ from proxy_addon.store.attempts import ReceiptAttempts
 from proxy_addon.store.recovery import ReceiptRecovery
 from proxy_addon.store.resolutions import ReceiptResolutions
 from proxy_addon.store.retention import ReceiptRetention
+from proxy_addon.store.versions import ReceiptVersions
 
 
-class ReceiptStore(ReceiptAttempts, ReceiptApprovals, ReceiptResolutions, ReceiptRecovery, ReceiptRetention):
+class ReceiptStore(
+    ReceiptAttempts, ReceiptApprovals, ReceiptResolutions, ReceiptRecovery, ReceiptRetention, ReceiptVersions
+):
     """The receipts store over a backend's primitives. A backend subclasses it (sqlite.py, postgres.py)."""

@@ -65,6 +65,18 @@ class Attempt:
     given_key: str | None = None  # the agent's own key in the body (idempotency_key.body): kept as the key
     approval: bool = False  # held for an operator's approval before it is sent
     raw_target: str | None = None  # the target as sent, when it is not the canonical `target`
+    fingerprint_scheme: int | None = None  # the scheme that made `intent_fingerprint` (fingerprint.SCHEME)
+    fingerprint_rule: str | None = None  # the digest of the rule it read (Operation.rule_digest)
+    # The same request's fingerprints under the earlier schemes and rules its intent's receipts were
+    # made with (earlier_fingerprints.py): a receipt with one of `earlier` is this intent's in any
+    # state; one with one of `earlier_unresolved` only while it is unresolved (an edited rule).
+    earlier: tuple[str, ...] = ()
+    earlier_unresolved: tuple[str, ...] = ()
+
+    @property
+    def fingerprints(self) -> tuple[str, ...]:
+        """Every fingerprint this request's intent may have been recorded under, today's first."""
+        return (self.intent_fingerprint, *self.earlier, *self.earlier_unresolved)
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,8 @@ class Receipt:
     raw_target: str | None = None  # the target as sent (redacted like `target`), when it is not the canonical one
     failed_reads: int = 0  # reconcile reads of this receipt that failed and proved nothing
     next_read_at: str | None = None  # outcome_unknown: no read is tried before this time (a failed read, settle)
+    fingerprint_scheme: int | None = None  # the scheme that made its fingerprint; None: before schemes were recorded
+    fingerprint_rule: str | None = None  # the digest of the rule its fingerprint read; None: not recorded
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -149,6 +163,8 @@ class Receipt:
             raw_target=row.get("raw_target"),
             failed_reads=row.get("failed_reads") or 0,
             next_read_at=row.get("next_read_at"),
+            fingerprint_scheme=row.get("fingerprint_scheme"),
+            fingerprint_rule=row.get("fingerprint_rule"),
         )
 
     @property
