@@ -180,11 +180,16 @@ def test_form_fingerprint_ignores_unlisted_fields_and_sees_the_amount(stripe, fa
     assert len(fakes[PI].matching(**{"metadata.order_id": "ord_fp"})) == 2
 
 
-def test_the_agents_own_idempotency_key_is_sent_untouched(stripe, fakes):
+def test_the_receipts_idempotency_key_goes_upstream_in_place_of_the_agents(stripe, fakes):
+    """The agent's own key identifies its request to the proxy (hashed); the receipt's key, which
+    the proxy can send again with a retry, is the one Stripe sees. The answer says which."""
     r = stripe.send("POST", PI, data=pi_form("ord_agentkey"), headers={"Idempotency-Key": "agent-ord_agentkey-1"})
     assert r.status_code == 200
     (sent,) = posts(stripe, PI, **{"metadata[order_id]": "ord_agentkey"})
-    assert sent.headers["idempotency-key"] == "agent-ord_agentkey-1"
+    receipt = stripe.receipt(r)
+    assert sent.headers["idempotency-key"] == receipt.idempotency_key == f"receipt-{receipt.operation_id}"
+    assert r.headers["x-receipt-idempotency-key"] == receipt.idempotency_key
+    assert receipt.client_key  # the agent's key, as a keyed hash
 
 
 # --- refusals and unknown outcomes -------------------------------------------------------------
