@@ -309,6 +309,48 @@ def test_after_24_hours_a_read_that_finds_nothing_allows_the_resend(stripe, fake
     assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
 
 
+def test_a_reused_key_first_sent_25_hours_ago_is_forgotten_however_recent_its_retry(stripe, fakes):
+    """
+    The key's 24 hours run from its first use, not from the retry that reused it. The first
+    attempt (key K) was made at Stripe and its answer lost; a retry 23 hours later reused K (it
+    dedupes) and was lost too, before Stripe ran it. Two hours later, K is 25 hours old and
+    Stripe has pruned it, though the retry is 2 hours old: a resend with K would make a second
+    intent. Only the list read, from K's first use, may decide.
+    """
+    order = "ord_key_lifetime"
+    stripe.api.on("POST", PI, lambda seen: fakes[PI].create(seen, then_drop=True), times=1)
+    first = stripe.send("POST", PI, data=pi_form(order))
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    (made,) = fakes[PI].matching(**{"metadata.order_id": order})
+    stripe.api.drop("POST", PI)  # the retry is read, then its connection closes: never run
+    retry = stripe.send("POST", PI, data=pi_form(order))
+    assert retry.headers["x-receipt-state"] == "outcome_unknown"
+    r1, r2 = stripe.receipt(first), stripe.receipt(retry)
+    assert (r1.state, r2.retry_of, r2.idempotency_key) == (State.SAFE_TO_RETRY, r1.operation_id, r1.idempotency_key)
+    # Now: the first attempt 25 hours ago, the retry 2 hours ago; Stripe has forgotten the key.
+    first_use = dt.datetime.fromisoformat(r1.submitted_at) - dt.timedelta(hours=25)
+    with sqlite3.connect(stripe.proxy.db, timeout=10) as db:
+        db.execute("UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
+                   (iso(first_use), iso(first_use), r1.operation_id))
+        db.execute("UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
+                   (iso(dt.datetime.fromisoformat(r2.submitted_at) - dt.timedelta(hours=2)), iso(first_use),
+                    r2.operation_id))
+    db.close()
+    with fakes[PI].lock:
+        del fakes[PI].saved[r1.idempotency_key]
+    n = len(reads(stripe, PI))
+
+    again = stripe.send("POST", PI, data=pi_form(order))
+    assert fakes[PI].matching(**{"metadata.order_id": order}) == [made]  # no second intent
+    assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 2  # nothing sent with the forgotten key
+    assert (again.status_code, again.json()["error"], again.json()["external_id"]) == (
+        409, "duplicate_succeeded", made["id"])
+    (read,) = reads(stripe, PI)[n:]  # the read decided, from the key's first use
+    assert parse_qs(urlsplit(read.path).query)["created[gte]"] == [str(int(first_use.timestamp()))]
+    steps = history(stripe, retry)
+    assert "deduplicates by" not in steps[-1][2] and stripe.receipt(retry).state is State.SUCCEEDED, steps
+
+
 # --- idempotency errors: already_exists, decided by a list read --------------------------------
 
 IN_USE = error("idempotency_error", "idempotency_key_in_use",
