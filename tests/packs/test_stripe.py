@@ -10,8 +10,11 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 import pytest
@@ -349,6 +352,36 @@ def test_a_reused_key_first_sent_25_hours_ago_is_forgotten_however_recent_its_re
     assert parse_qs(urlsplit(read.path).query)["created[gte]"] == [str(int(first_use.timestamp()))]
     steps = history(stripe, retry)
     assert "deduplicates by" not in steps[-1][2] and stripe.receipt(retry).state is State.SUCCEEDED, steps
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a safe_to_retry decided by the key alone (receipts reconcile within the key's 24 h) still "
+    "lets a retry after the 24 h go out with the key, which Stripe may have pruned: the receipt "
+    "does not record whether it is safe by its key or by a proven absence (see the report of "
+    "issue 24's idempotency key items)"))
+def test_a_safe_to_retry_decided_by_the_key_does_not_outlive_the_key(stripe, fakes):
+    """
+    The first attempt was made at Stripe and its answer lost. An operator runs `receipts
+    reconcile` an hour later: within the key's 24 hours, the key alone makes a resend safe, so
+    the receipt becomes safe_to_retry without a read. The agent comes back 30 hours after the
+    first attempt: the key may be gone at Stripe, and a resend with it makes a second intent.
+    """
+    order = "ord_key_outlived"
+    stripe.api.on("POST", PI, lambda seen: fakes[PI].create(seen, then_drop=True), times=1)
+    first = stripe.send("POST", PI, data=pi_form(order))
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    (made,) = fakes[PI].matching(**{"metadata.order_id": order})
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "receipts"), "--db", str(stripe.proxy.db), "reconcile",
+         first.headers["x-receipt-id"], "--rules", str(stripe.proxy.rules), "--header", f"Authorization: {SECRET}"],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert stripe.receipt(first).state is State.SAFE_TO_RETRY  # by the key, no read
+    backdate(stripe, first, hours=30)
+    with fakes[PI].lock:
+        del fakes[PI].saved[stripe.receipt(first).idempotency_key]  # Stripe pruned the key
+    stripe.send("POST", PI, data=pi_form(order))
+    assert fakes[PI].matching(**{"metadata.order_id": order}) == [made]  # no second intent
 
 
 # --- idempotency errors: already_exists, decided by a list read --------------------------------
