@@ -46,7 +46,7 @@ def body_key(
     parse: Callable[[bytes], Any] = parse_json,
 ) -> tuple[str | None, bool]:
     """
-    The agent's own value at the key's path (kept as the key), and whether we could write one
+    The agent's own value at the key's path (a new attempt's key), and whether we could write one
     there. `parse`: how the body is read as JSON (the request's one parse: fingerprint.parse_once);
     the document is only read here, never changed.
     """

@@ -71,6 +71,10 @@ def key_dedupes(op: Operation, receipt: Receipt, now: dt.datetime) -> bool:
     sent, by this receipt or the first one of the retries that reused it)."""
     if not op.idempotency_header or not receipt.idempotency_key:
         return False
+    if receipt.fingerprint_scheme is None and receipt.client_key is not None:
+        # Made before the receipt's key replaced the agent's own (fingerprint schemes came with
+        # it): the agent's key went upstream, and the key recorded never did.
+        return False
     if not op.idempotency_ttl:
         return True
     first = dt.datetime.fromisoformat(receipt.idempotency_key_at or receipt.submitted_at)

@@ -157,9 +157,10 @@ def test_agent_idempotency_keys(clients, proxy, upstream, bucket):
     other = clients.send("requests", "POST", url, {"amount": 2, "customer": "k"}, headers={"Idempotency-Key": AGENT_KEY})
     assert other.status == 422
     assert other.json()["error"] == "idempotency_key_reused"
-    # The agent's own key is forwarded untouched and never stored in the clear.
+    # The receipt's key is forwarded in place of the agent's own, which is never sent nor stored in the clear.
     assert [q["headers"].get("Idempotency-Key") for q in upstream.requests
-            if q["path"].startswith(f"/api/{bucket}/payments")] == [AGENT_KEY]
+            if q["path"].startswith(f"/api/{bucket}/payments")] == [ok.headers["x-receipt-idempotency-key"]]
+    assert ok.headers["x-receipt-idempotency-key"] == f"receipt-{ok.headers['x-receipt-id']}"
     assert AGENT_KEY.encode() not in proxy.db.read_bytes() + Path(f"{proxy.db}-wal").read_bytes()
 
     # The same key while the first attempt is unresolved: 409 (plain.create has no reconcile spec).

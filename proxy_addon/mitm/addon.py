@@ -287,6 +287,8 @@ class Receipts:
             if receipt.state is not State.SUBMITTED:
                 return
         forward.add_key(flow, op, receipt, given_key, body)
+        if receipt.idempotency_key:
+            meta["idempotency_key"] = receipt.idempotency_key  # the key sent: told to the agent (X-Receipt-*)
         mark(flow, receipt.state, receipt)
         await self._debug_pause("after_commit", receipt.operation_id)
         meta["sent_at"] = time.monotonic()  # receipt_proxy_upstream_seconds, observed when the outcome is recorded

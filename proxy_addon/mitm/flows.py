@@ -153,6 +153,17 @@ def answer(flow: http.HTTPFlow, given: Answer) -> None:
     if meta is not None and "mcp" in meta:
         given = mcp_answers.as_tool_answer(given, ToolCall(**meta["mcp"]), meta.get("accept"))
     flow.response = response_of(given)
+    show_key(flow.response, meta)
+
+
+def show_key(resp: http.Response, meta: dict | None) -> None:
+    """
+    Tell the agent which idempotency key its write went upstream with (X-Receipt-Idempotency-Key):
+    the receipt's, which replaced any the agent sent (forward.add_key). Only on a forwarded write.
+    """
+    key = (meta or {}).get("idempotency_key")
+    if key:
+        resp.headers["X-Receipt-Idempotency-Key"] = key
 
 
 def refuse(flow: http.HTTPFlow, meta: dict, given: Answer, kind: str, why: str, *, marker: str = "refused") -> None:

@@ -28,16 +28,30 @@ logger = logging.getLogger(__name__)
 
 
 def add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str | None, body: bytes) -> None:
-    """Put the receipt's idempotency key where the API reads it, unless the agent sent its own."""
-    if not receipt.idempotency_key:
+    """
+    Put the receipt's idempotency key where the API reads it, in place of any key the agent
+    sent: the key that goes upstream is always the one the receipt records, so that a retry
+    is sent with the key its first attempt went with (store/attempts.py `continues`).
+    - a header (`idempotency_key.header`): the receipt's key, always the proxy's own; the
+      agent's header is replaced (it identifies the agent's request to the proxy only, as a
+      keyed hash: client_key, never stored or sent);
+    - a body id (`idempotency_key.body`): the agent's own id (`given_key`) is the receipt's key
+      on a new attempt and is left as sent; a retry's remembered id replaces another one.
+    """
+    key = receipt.idempotency_key
+    if not key:
         return
     header = op.idempotency_header
-    if header and header.lower() not in headers_of(flow.request):
-        flow.request.headers[header] = receipt.idempotency_key
-    if op.idempotency_body and given_key is None:
-        keyed = identity.with_body_key(op, body, receipt.idempotency_key)  # `body` decoded: re-encoded here
+    if header and flow.request.headers.get_all(header) != [key]:
+        flow.request.headers[header] = key  # one field, whatever the agent sent (none, another, several)
+    if op.idempotency_body and given_key != key:
+        keyed = identity.with_body_key(op, body, key)  # `body` decoded: re-encoded here
         if keyed is not None:
             flow.request.content = keyed
+        elif given_key is not None:  # the agent's id is not the receipt's, and stays: never sent so
+            raise RuntimeError(
+                f"{op.api} {op.name}: the receipt's {op.idempotency_body} could not replace the agent's own here"
+            )
 
 
 def outcome_of(

@@ -1,6 +1,7 @@
 """
 A forwarded write's outcome, recorded: its receipt's transition through the gate, and what the
-flow shows of it (its marker and comment; on an upstream answer, the X-Receipt-* headers).
+flow shows of it (its marker and comment; on an upstream answer, the X-Receipt-* headers: the
+receipt's id and state, and the idempotency key the write was sent with).
 
     receipt = await record.outcome(gate, metrics, flow, meta, outcome, op)   # None: the store refused it
     await record.answer(gate, metrics, flow, meta, op, cap=..., complete=...)
@@ -18,7 +19,7 @@ from proxy_addon.classify import Outcome
 from proxy_addon.gate import Gate
 from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import forward
-from proxy_addon.mitm.flows import headers_of, mark
+from proxy_addon.mitm.flows import headers_of, mark, show_key
 from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Operation
 from proxy_addon.store import Receipt
@@ -67,3 +68,4 @@ async def answer(
         resp.headers["X-Receipt-External-Id"] = receipt.external_id
     resp.headers["X-Receipt-Id"] = meta["operation_id"]
     resp.headers["X-Receipt-State"] = meta["state"]
+    show_key(resp, meta)

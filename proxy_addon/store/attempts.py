@@ -87,6 +87,21 @@ def _unresolved_first(a: Attempt) -> str:
     return f"CASE WHEN state IN ({', '.join(repr(str(s)) for s in sorted(UNRESOLVED))}) THEN 0 ELSE 1 END, "
 
 
+def continues(a: Attempt, latest: Receipt) -> bool:
+    """
+    Whether attempt `a` is sent under the key of its intent's latest receipt (`latest`), which
+    then wins over any key the agent sent: the latest provably did not happen or its API
+    deduplicates a resend by that key (not_sent, safe_to_retry), or the agent sent `a` with the
+    same Idempotency-Key as `latest` (the same client_key): it asks for that very request again.
+    Otherwise (a rejection, a success with after_success: allow) the key is renewed: the
+    agent's own body id, or a fresh key. An idempotency key is renewed only after a proven
+    refusal or a proven absence.
+    """
+    if latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY):
+        return True
+    return a.client_key is not None and a.client_key == latest.client_key
+
+
 class _NeedsDurable(Exception):
     """A transaction begun as not durable was about to insert a receipt: rolled back, begun again durably."""
 
@@ -293,11 +308,11 @@ class ReceiptAttempts(ReceiptTransitions):
         first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
         idempotency_key = idempotency_key_at = None
         if a.idempotency:
-            # A retry of an attempt that provably did not happen reuses its key, so the server can
-            # still deduplicate; after a success (after_success: allow) or a rejection, a new key.
-            reuse = latest if latest is not None and latest.state in (State.NOT_SENT, State.SAFE_TO_RETRY) else None
             fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
-            idempotency_key = a.given_key or (reuse.idempotency_key if reuse is not None else None) or fresh
+            remembered = latest.idempotency_key if latest is not None and continues(a, latest) else None
+            # The remembered key wins over the agent's own (given_key, a body id): forward.add_key
+            # puts it in the request in place of whatever the agent sent.
+            idempotency_key = remembered or a.given_key or fresh
             if latest is not None and idempotency_key == latest.idempotency_key:  # the same key: it keeps its time
                 idempotency_key_at = latest.idempotency_key_at or latest.submitted_at
             else:

@@ -62,7 +62,9 @@ class Attempt:
     client_key: str | None = None  # keyed hash of the agent's own Idempotency-Key and principal
     idempotency: bool = False  # the operation's API deduplicates by an idempotency key we add
     key_format: str = "receipt"  # our key: receipt-<receipt id>, or uuid4
-    given_key: str | None = None  # the agent's own key in the body (idempotency_key.body): kept as the key
+    # the agent's own id in the body (idempotency_key.body): the key of a new attempt; a retry
+    # that continues an earlier one (store/attempts.py `continues`) is sent with that one's key
+    given_key: str | None = None
     approval: bool = False  # held for an operator's approval before it is sent
     raw_target: str | None = None  # the target as sent, when it is not the canonical `target`
     fingerprint_scheme: int | None = None  # the scheme that made `intent_fingerprint` (fingerprint.SCHEME)

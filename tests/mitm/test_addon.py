@@ -10,7 +10,7 @@ from mitmproxy.test import taddons
 from proxy_addon.mitm.addon import Receipts
 from proxy_addon.mitm.flows import MARKERS
 from proxy_addon.store import Store
-from tests.mitm.conftest import held, order, send, unknown
+from tests.mitm.conftest import held, order, running, send, unknown
 
 
 async def test_forwarded_then_succeeded_marks_and_comments(setup):
@@ -443,3 +443,41 @@ async def test_the_flows_a_drain_tracks_stay_bounded_while_answered_ones_are_dro
     gc.collect()
     assert len(addon.drain._flows) == 0  # answered flows nobody else holds are not kept alive by the drain
     assert addon.drain.in_flight() == 0
+
+
+KEYED_RULES = """\
+api: shop
+hosts: [api.shop.test]
+operations:
+  pay.create:
+    match: {method: POST, path: /v1/pay}
+    fingerprint: {body: [sku]}
+    idempotency_key: {header: Idempotency-Key}
+"""
+
+
+async def test_the_receipts_key_replaces_the_agents_header_and_a_retry_carries_the_first_key(tmp_path):
+    """receipts_forward=mitmproxy: the request mitmproxy sends carries the receipt's key, in place
+    of the agent's (one field, however many it sent); the retry after an unknown outcome, with the
+    agent's new key, carries the first attempt's; the answer says which key went."""
+    async with running(tmp_path, KEYED_RULES) as (addon, _):
+        first = order("P-1", "/v1/pay")
+        first.request.headers.add("Idempotency-Key", "agent-1")
+        first.request.headers.add("idempotency-key", "agent-1b")
+        await send(addon, first)
+        key = f"receipt-{first.metadata['receipts']['operation_id']}"
+        assert first.request.headers.get_all("Idempotency-Key") == [key]
+        first.error = Error("server closed connection")
+        first.server_conn.timestamp_tcp_setup = first.server_conn.timestamp_tls_setup = 1.0
+        await addon.error(first)
+
+        retry = order("P-1", "/v1/pay")
+        retry.request.headers["Idempotency-Key"] = "agent-2"
+        await send(addon, retry)  # the key dedupes (no ttl): safe_to_retry, then sent
+        assert retry.response is None
+        assert retry.metadata["receipts"]["retry_of"] == first.metadata["receipts"]["operation_id"]
+        assert retry.request.headers.get_all("Idempotency-Key") == [key]
+        retry.response = http.Response.make(201, b"{}", {"content-type": "application/json"})
+        await addon.response(retry)
+        assert retry.response.headers["X-Receipt-Idempotency-Key"] == key
+

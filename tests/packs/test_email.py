@@ -86,13 +86,14 @@ def test_resend_success_records_id_and_sends_the_receipts_idempotency_key(resend
     assert 1 <= len(receipt.idempotency_key) <= 256  # Resend's limit
 
 
-def test_resend_keeps_the_agents_own_idempotency_key(resend):
+def test_resend_gets_the_receipts_idempotency_key_in_place_of_the_agents(resend):
     t = tag()
     resend.api.on("POST", EMAILS, 200, {"id": f"email-{t}"}, times=1)
     r = resend.send("POST", EMAILS, json=resend_email(t), headers={"Idempotency-Key": f"welcome-user/{t}"})
     assert r.headers["x-receipt-state"] == "succeeded"
     [sent] = writes(resend, EMAILS, t)
-    assert sent.headers["idempotency-key"] == f"welcome-user/{t}"
+    key = resend.receipt(r).idempotency_key
+    assert sent.headers["idempotency-key"] == key == r.headers["x-receipt-idempotency-key"] != f"welcome-user/{t}"
 
 
 @pytest.mark.parametrize("error", [

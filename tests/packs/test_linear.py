@@ -42,6 +42,7 @@ class FakeLinear:
         self.issues: dict[str, dict[str, Any]] = {}
         self.plans: dict[str, list[str]] = {}
         self.lookup_fails: set[str] = set()  # issue ids whose lookup answers a GraphQL error
+        self.lagging: set[str] = set()  # issue ids the lookup does not list yet (a read behind the write)
         self.lock = threading.Lock()
 
     def plan(self, title: str, *steps: str) -> None:
@@ -61,7 +62,8 @@ class FakeLinear:
                     return 200, {}, {"errors": [{"message": "Internal server error",
                                                  "extensions": {"type": "internal error"}}], "data": None}
                 with self.lock:
-                    nodes = [{"id": i["id"], "identifier": i["identifier"]} for i in self.issues.values() if i["id"] == wanted]
+                    nodes = [{"id": i["id"], "identifier": i["identifier"]} for i in self.issues.values()
+                             if i["id"] == wanted and wanted not in self.lagging]
                 return 200, {}, {"data": {"issues": {"nodes": nodes}}}
             return 200, {}, {"data": {"viewer": {"id": "user-1", "name": "Test User"}}}
         if field.name.value != "issueCreate":
@@ -295,6 +297,32 @@ def test_unknown_then_absence_is_proven_and_the_retry_reuses_the_same_id(linear)
     assert linear.receipt(first).state is State.SAFE_TO_RETRY
     assert linear.receipt(retry).retry_of == first.headers["x-receipt-id"]
     assert linear.receipt(retry).external_id == issue_id
+
+
+def test_a_retry_with_another_id_of_the_agents_is_sent_with_the_first_attempts_id(linear):
+    """
+    The agent chose its own input.id, and chose a new one for its retry. The first attempt's
+    answer was lost after Linear made the issue, and the read missed it (a read behind the
+    write: a wrong "absent"). The retry must carry the first attempt's id, which Linear would
+    refuse as a twin; with the agent's new id, Linear would make a second issue.
+    """
+    title, own, other = fresh(), str(uuid.uuid4()), str(uuid.uuid4())
+    linear.fake.plan(title, "commit_drop", "ok")
+    linear.fake.lagging.add(own)
+    body = sdk_body(title)
+    body["variables"]["input"]["id"] = own
+    first = linear.send("POST", GQL, json=body)
+    assert first.headers["x-receipt-state"] == "outcome_unknown"
+    assert linear.receipt(first).idempotency_key == own and own in linear.fake.issues
+
+    body["variables"]["input"]["id"] = other
+    retry = linear.send("POST", GQL, json=body)
+    assert retry.status_code == 200 and retry.headers["x-receipt-state"] == "succeeded"
+    assert linear.receipt(first).state is State.SAFE_TO_RETRY  # the read proved a wrong "absent"
+    assert [sent_input(s)["id"] for s in mutations(linear, title)] == [own, own]
+    assert [i["id"] for i in linear.fake.issues.values() if i["title"] == title] == [own]  # one issue
+    assert linear.receipt(retry).idempotency_key == own == retry.headers["x-receipt-idempotency-key"]
+    assert sent_input(mutations(linear, title)[1])["title"] == title  # the rest of the input as the agent sent it
 
 
 def test_a_failed_read_proves_nothing_and_the_retry_is_blocked(linear):

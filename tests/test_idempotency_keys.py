@@ -1,0 +1,128 @@
+"""
+Idempotency keys in the store, on each backend, on a clock the tests move: which key a new
+attempt is sent with (store/attempts.py `continues`: the remembered key wins over the agent's),
+and how long a key reused by a retry counts as remembered (its `ttl` from its first use,
+`idempotency_key_at`, never from the retry's own submitted_at).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from urllib.parse import parse_qs, urlsplit
+
+from proxy_addon.reads import plan_read
+from proxy_addon.reconcile import key_dedupes, reconcilable_now, retry_after
+from proxy_addon.rules import load_rules
+from proxy_addon.states import State
+from proxy_addon.store import Attempt, Receipt, Store, iso
+from tests.conftest import T0, FakeClock
+
+HOUR = 3600
+
+RULES = """
+api: pay
+hosts: [api.pay.test]
+operations:
+  charges.create:
+    match: {method: POST, path: /v1/charges}
+    fingerprint: {body: [amount]}
+    idempotency_key: {header: Idempotency-Key, ttl: 24h}
+    reconcile:
+      read: {method: GET, url: "/v1/charges?created[gte]={submitted_at_unix}"}
+      items: data
+      find: {amount: "{intent.amount}"}
+      absence_provable: true
+      retry_when_absent: true
+"""
+OP = load_rules(RULES, "pay.yaml").operations[0]
+
+
+def attempt(**more) -> Attempt:
+    base = {"intent_fingerprint": "sha256:charge-500", "intent": {"form": {"amount": "500"}}}
+    return Attempt(api="pay", operation="charges.create", method="POST", target="https://api.pay.test/v1/charges",
+                   principal="p1", idempotency=True, **{**base, **more})
+
+
+def unknown(store: Store, r: Receipt) -> Receipt:
+    return store.transition(r.operation_id, State.OUTCOME_UNKNOWN, reason="the connection dropped")
+
+
+def safe_to_retry(store: Store, r: Receipt, why: str = "the API deduplicates by Idempotency-Key") -> Receipt:
+    store.claim_for_reconcile(r.operation_id, actor="test")
+    return store.transition(r.operation_id, State.SAFE_TO_RETRY, reason=why, expect=[State.RECONCILING])
+
+
+# --- a key's lifetime on a retry that reused it ---------------------------------------------
+
+
+def test_a_key_first_sent_25_hours_ago_is_not_remembered_however_recent_the_retry(backend_store, clock: FakeClock):
+    store = backend_store
+    first = store.begin_attempt(attempt()).receipt  # T0: the key is first sent
+    unknown(store, first)
+    clock.advance(23 * HOUR)
+    assert key_dedupes(OP, store.get(first.operation_id), clock())  # 23 h: the API still has it
+    safe_to_retry(store, first)
+    retry = store.begin_attempt(attempt()).receipt  # T0 + 23 h: the retry reuses the key
+    assert (retry.retry_of, retry.idempotency_key) == (first.operation_id, first.idempotency_key)
+    assert retry.submitted_at == iso(T0 + dt.timedelta(hours=23)) and retry.idempotency_key_at == first.submitted_at
+    retry = unknown(store, retry)
+
+    clock.advance(2 * HOUR)  # T0 + 25 h: the retry is 2 hours old, its key 25
+    now = clock()
+    assert not key_dedupes(OP, retry, now)
+    # What follows from it: the next duplicate reads (no "safe to resend with the key"), and
+    # the read looks from the key's first use, when the first attempt may have made the charge.
+    assert reconcilable_now(OP, retry, now) and retry_after(OP, retry, now) is None
+    query = parse_qs(urlsplit(plan_read(OP, retry).url).query)
+    assert query["created[gte]"] == [str(int(T0.timestamp()))]
+    # Within the 24 hours, counted from the first use, it still dedupes.
+    assert key_dedupes(OP, retry, T0 + dt.timedelta(hours=23, minutes=59))
+
+
+# --- which key a new attempt is sent with -----------------------------------------------------
+
+
+def test_a_retry_after_safe_to_retry_or_not_sent_is_sent_with_the_remembered_key_not_the_agents(backend_store):
+    """An agent's own body id (given_key) or header key (client_key) on a retry: the key its
+    predecessor went with wins, whether that one became safe_to_retry or not_sent."""
+    store = backend_store
+    first = store.begin_attempt(attempt(given_key="agent-id-1", client_key="ck-1")).receipt
+    assert first.idempotency_key == "agent-id-1"  # a new attempt: the agent's own id is the key
+    safe_to_retry(store, unknown(store, first))
+    second = store.begin_attempt(attempt(given_key="agent-id-2", client_key="ck-2")).receipt
+    assert (second.retry_of, second.idempotency_key) == (first.operation_id, "agent-id-1")
+    store.transition(second.operation_id, State.NOT_SENT, reason="connection refused")
+    third = store.begin_attempt(attempt(client_key="ck-3")).receipt  # a header key of the agent's: client_key only
+    assert (third.retry_of, third.idempotency_key) == (second.operation_id, "agent-id-1")
+    assert (first.client_key, second.client_key, third.client_key) == ("ck-1", "ck-2", "ck-3")
+
+
+def test_after_a_refusal_the_key_is_renewed_unless_the_agent_sends_the_same_key_again(backend_store):
+    store = backend_store
+    first = store.begin_attempt(attempt(client_key="ck-1")).receipt
+    assert first.idempotency_key == f"receipt-{first.operation_id}"
+    store.transition(first.operation_id, State.REJECTED, reason="HTTP 400")
+    # The agent's same key again: the same request, sent with the key it went with.
+    same = store.begin_attempt(attempt(client_key="ck-1")).receipt
+    assert (same.retry_of, same.idempotency_key) == (first.operation_id, first.idempotency_key)
+    store.transition(same.operation_id, State.REJECTED, reason="HTTP 400")
+    # Another key of the agent's (or none): a new key, the agent's own body id where it has one.
+    fresh = store.begin_attempt(attempt(client_key="ck-2")).receipt
+    assert fresh.idempotency_key == f"receipt-{fresh.operation_id}" != first.idempotency_key
+    store.transition(fresh.operation_id, State.REJECTED, reason="HTTP 400")
+    own = store.begin_attempt(attempt(given_key="agent-id-9")).receipt
+    assert own.idempotency_key == "agent-id-9"
+
+
+def test_the_agents_key_still_identifies_its_request_when_another_key_was_sent(backend_store):
+    """draft-ietf-httpapi-idempotency-key-header: the agent's key (client_key) names the request
+    it first came with, whatever key went upstream; with another request it is a key_conflict."""
+    store = backend_store
+    first = store.begin_attempt(attempt(client_key="ck-1")).receipt
+    safe_to_retry(store, unknown(store, first))
+    second = store.begin_attempt(attempt(client_key="ck-2")).receipt
+    assert second.idempotency_key == first.idempotency_key
+    other = {"intent_fingerprint": "sha256:charge-600", "intent": {"form": {"amount": "600"}}}
+    for ck, receipt in (("ck-1", first), ("ck-2", second)):
+        d = store.begin_attempt(attempt(client_key=ck, **other))
+        assert (d.kind, d.receipt.operation_id) == ("key_conflict", receipt.operation_id)
