@@ -126,3 +126,19 @@ def test_the_agents_key_still_identifies_its_request_when_another_key_was_sent(b
     for ck, receipt in (("ck-1", first), ("ck-2", second)):
         d = store.begin_attempt(attempt(client_key=ck, **other))
         assert (d.kind, d.receipt.operation_id) == ("key_conflict", receipt.operation_id)
+
+
+def test_a_receipt_from_before_versions_whose_agent_sent_its_own_key_does_not_dedupe_by_the_recorded_key():
+    """Before this version the agent's own header key went upstream, and the receipt recorded another."""
+    import dataclasses
+
+    now = T0 + dt.timedelta(hours=1)
+    base = Receipt(
+        operation_id="r1", api="pay", operation="charges.create", method="POST", target="t", state=State.OUTCOME_UNKNOWN,
+        intent_fingerprint="sha256:x", intent={}, principal="p1", submitted_at=iso(T0), updated_at=iso(T0),
+        completed_at=None, http_status=None, error=None, external_id=None, flow_id=None, retry_of=None, instance=None,
+        idempotency_key="receipt-r1", idempotency_key_at=iso(T0), fingerprint_scheme=3, client_key="hmac:agent",
+    )
+    assert key_dedupes(OP, base, now)  # today: the recorded key is the one that went upstream
+    assert key_dedupes(OP, dataclasses.replace(base, fingerprint_scheme=None, client_key=None), now)
+    assert not key_dedupes(OP, dataclasses.replace(base, fingerprint_scheme=None), now)
