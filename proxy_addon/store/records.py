@@ -72,6 +72,10 @@ class Attempt:
     # state; one with one of `earlier_unresolved` only while it is unresolved (an edited rule).
     earlier: tuple[str, ...] = ()
     earlier_unresolved: tuple[str, ...] = ()
+    # Fingerprints under which a success is never replayed to this request (a duplicate of it is
+    # blocked instead): every one, when nothing tells its caller apart; an earlier scheme's that
+    # did not count some credential it carries (caller.py). The receipt may be another caller's.
+    unreplayable: tuple[str, ...] = ()
 
     @property
     def fingerprints(self) -> tuple[str, ...]:
