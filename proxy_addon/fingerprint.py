@@ -126,6 +126,7 @@ class Intent:
     raw_target: str | None = None  # the URL as sent (redacted the same way), when it is not the canonical one
     counted: tuple[str, ...] = ()  # the parts of the request the principal hashes, names only (caller.Caller)
     unidentified: tuple[str, ...] = ()  # credential-like parts hashed for want of any that tells the caller
+    read_principal: str | None = None  # the principal of its credential headers alone, when not `principal`
 
 
 def principal_of(match: Match, headers: Mapping[str, str], key: bytes, *, scheme: int = SCHEME) -> str:
@@ -140,7 +141,12 @@ def principal_of(match: Match, headers: Mapping[str, str], key: bytes, *, scheme
 
 
 def principal(credential_headers: Sequence[str], headers: Mapping[str, str], key: bytes) -> str:
-    """Scheme 2's principal of these headers (lower-case names) for a rule naming `credential_headers`."""
+    """
+    Scheme 2's principal of these headers (lower-case names) for a rule naming `credential_headers`:
+    every one of them present, else the first of Authorization and Cookie. Today's principal when
+    the request carries no other credential; else the intent keeps it (`caller.headers`), for
+    `receipts reconcile` to check the headers a read would carry.
+    """
     parts = scheme2_parts(tuple(credential_headers), headers)
     if not parts:
         return "anonymous"
@@ -192,7 +198,6 @@ def fingerprint(
         arguments=match.mcp_call.arguments if op.mcp_tool is not None and match.mcp_call is not None else None,
         parse=parse,
     )
-    principal = caller.principal
     if (override := method_override_note(req, op.method)) is not None:
         intent["method_override"] = override
     material = {
@@ -201,20 +206,22 @@ def fingerprint(
         "method": op.method,  # the method matched: an override header's (RuleSet.match), else the one sent
         "host": where.authority,
         "intent": {k: v for k, v in intent.items() if k not in NOTES},  # the same fields are the same intent
-        "principal": principal,
+        "principal": caller.principal,
     }
     digest = hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
+    headers = principal(op.credential_headers, req.headers, key)  # what a read, headers only, can show it has
     hidden = (*secrets.values(), *webhook_tokens(bare))  # in the raw path too, however it was spelled
     return Intent(
         fingerprint=f"sha256:{digest}",
         intent=intent,
-        principal=principal,
+        principal=caller.principal,
         target=redact_url(where.scheme, where.host, where.port, where.path, keep=spec.query, secrets=hidden),
         raw_target=redact_url(req.scheme, req.host, req.port, req.path, keep=spec.query, secrets=hidden)
         if where.changed
         else None,
         counted=caller.counted,
         unidentified=caller.unidentified,
+        read_principal=None if headers == caller.principal else headers,
     )
 
 
@@ -287,6 +294,7 @@ def build_attempt(
         given_key=given_key,
         fingerprint_scheme=SCHEME,
         fingerprint_rule=op.rule_digest,
+        read_principal=intent.read_principal,
         earlier=earlier,
         earlier_unresolved=earlier_unresolved,
         # no success is replayed to a caller that cannot be told apart, nor from a receipt made by

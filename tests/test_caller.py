@@ -378,3 +378,12 @@ def test_the_principal_of_headers_alone_is_scheme_2s_when_only_credential_header
     op = PIN.operation("pin", "things.create")
     for headers in ({"api-key": "K"}, {"authorization": "Bearer A"}, {"cookie": "c=1"}):
         assert caller_of(op, headers, KEY, scheme=3).principal == caller_of(op, headers, KEY, scheme=2).principal
+
+
+def test_a_write_keeps_the_principal_of_its_credential_headers_when_more_made_its_own():
+    """`receipts reconcile` checks a read's headers against it (tests/test_reconcile_principal.py)."""
+    m = PIN.match("api.pin.test", 443, "POST", "/v1/things?api_key=Q")
+    both = build_attempt(m, view("/v1/things?api_key=Q", {**JSON, "api-key": "A"}, b"{}"), KEY)
+    alone = build_attempt(m, view("/v1/things", {**JSON, "api-key": "A"}, b"{}"), KEY)
+    assert both.principal != alone.principal and alone.read_principal is None
+    assert both.read_principal == alone.principal

@@ -32,12 +32,12 @@ from proxy_addon.cli.values import (
     sendable,
 )
 from proxy_addon.errors import IllegalTransition, RulesError
-from proxy_addon.fingerprint import SCHEME, principal, principal_of
+from proxy_addon.fingerprint import principal
 from proxy_addon.paths import default_rules, key_path
 from proxy_addon.reads import ReadSettings
 from proxy_addon.reconcile import Reconciled, reconcile, retry_after
 from proxy_addon.redaction import credential_names
-from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path
+from proxy_addon.rules import Operation, RuleSet, load_rules_path
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, ReceiptStore, iso
 from proxy_addon.upstream import Upstream
@@ -199,24 +199,15 @@ def _not_the_writes(
     """
     if op is None or key is None or not credentials or not receipt.principal.startswith("hmac:"):
         return None
-    # The principal as the proxy made it from these headers: under today's scheme, or scheme 2's for
-    # a receipt made before (fingerprint.SCHEME); a write whose credentials were also in its query,
-    # body or path has a principal that headers alone never give.
-    if principal(op.credential_headers, credentials, key) == receipt.principal:
-        return None
-    if principal_of(Match(op, {}), credentials, key, scheme=receipt.fingerprint_scheme or SCHEME) == receipt.principal:
+    # The principal the rule's credential headers make: the write's, or, when more than those made
+    # it (a key in its query, body or path too: caller.py), the one kept for its headers alone.
+    if principal(op.credential_headers, credentials, key) == (receipt.read_principal or receipt.principal):
         return None
     names = ", ".join(credential_names(op.credential_headers))
-    elsewhere = [*op.credential_query, *op.credential_body, *op.credential_path]
     return (
         "the credentials given are not those the write was sent with (another key, or another account), so a "
         f"read with them could look in the wrong place and prove nothing, or prove it absent; pass the write's "
         f"own credential headers ({names}) with --header"
-        + (
-            f" (its credentials outside the headers, {', '.join(elsewhere)}, cannot be passed: resolve it by hand)"
-            if elsewhere
-            else ""
-        )
     )
 
 

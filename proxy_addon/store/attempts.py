@@ -44,6 +44,7 @@ _RECEIPT_COLUMNS = (
     "raw_target",
     "fingerprint_scheme",
     "fingerprint_rule",
+    "read_principal",
 )
 
 
@@ -341,6 +342,7 @@ class ReceiptAttempts(ReceiptTransitions):
             a.raw_target,
             a.fingerprint_scheme,
             a.fingerprint_rule,
+            a.read_principal,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
