@@ -193,7 +193,9 @@ def fingerprint(
         key,
         scheme=scheme,
         query=query,
-        body=req.body,
+        # A rule that hashes the whole body tells two callers' bodies apart already: the body is not
+        # read again for credentials (a large one is never parsed for them alone), unless it declares some.
+        body=req.body if spec.body is not None or op.credential_body else b"",
         secrets=secrets,
         arguments=match.mcp_call.arguments if op.mcp_tool is not None and match.mcp_call is not None else None,
         parse=parse,

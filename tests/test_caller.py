@@ -387,3 +387,17 @@ def test_a_write_keeps_the_principal_of_its_credential_headers_when_more_made_it
     alone = build_attempt(m, view("/v1/things", {**JSON, "api-key": "A"}, b"{}"), KEY)
     assert both.principal != alone.principal and alone.read_principal is None
     assert both.read_principal == alone.principal
+
+
+def test_rules_explain_says_which_parts_make_the_principal_and_never_shows_them():
+    from proxy_addon.explain import explain, render
+
+    text = render(explain(PIN, "POST", f"https://api.pin.test/bot{TG}/sendMessage?api_key=QK", b'{"chat_id": 1}',
+                          {"content-type": "application/json", "x-custom": "Bearer " + GHP}, KEY))
+    assert "a keyed hash of x-custom, path:token, query:api_key" in text
+    assert "/REDACTED/sendMessage?api_key=REDACTED" in text and "x-custom: REDACTED" in text
+    assert TG.split(":")[1] not in text and GHP not in text and "QK" not in text
+    odd = render(explain(PIN, "POST", "https://api.pin.test/v1/things?sig=S", b'{"title": "t"}',
+                         {"content-type": "application/json"}, KEY))
+    assert "no credential tells this caller apart: a keyed hash of query:sig" in odd
+    assert "a success is never replayed to it" in odd

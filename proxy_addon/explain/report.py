@@ -188,6 +188,12 @@ def _describe(report: dict[str, Any], op: Operation, intent: Intent, headers: Ma
     elif op.external_id:
         report["external_id"] = op.external_id if isinstance(op.external_id, str) else " + ".join(op.external_id)
     report["duplicates"] = duplicates(op)
+    if intent.unidentified and op.after_success == "replay":
+        report["duplicates"].insert(
+            0,
+            "no credential tells this caller apart: a success is never replayed to it, a duplicate gets 409 "
+            "duplicate_succeeded instead (docs/rules.md, Credentials)",
+        )
     if op.approve:
         report["duplicates"].insert(
             0, "each write waits for an operator's approval (mitmweb, receipts approve) before it is sent"
