@@ -144,7 +144,7 @@ def principal(credential_headers: Sequence[str], headers: Mapping[str, str], key
     """
     Scheme 2's principal of these headers (lower-case names) for a rule naming `credential_headers`:
     every one of them present, else the first of Authorization and Cookie. Today's principal when
-    the request carries no other credential; else the intent keeps it (`caller.headers`), for
+    the request carries no other credential; else its receipt keeps it (`read_principal`), for
     `receipts reconcile` to check the headers a read would carry.
     """
     parts = scheme2_parts(tuple(credential_headers), headers)
