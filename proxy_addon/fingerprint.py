@@ -35,7 +35,14 @@ one intent with the same write sent as `POST`. The intent notes how it was sent
 Targets: the host and path are taken in their canonical form (canonical.py), as rules match
 them, and path parameters as their decoded text (`/api/%745/things` is `/api/t5/things`).
 `Intent.target` is the canonical URL; `Intent.raw_target` the URL as sent, when it differs.
-Both have secret-looking query values redacted.
+Both have secret-looking query values redacted, and every path segment that carries a
+credential (caller.secret_params: `/bot<token>/`, a webhook's token) REDACTED.
+
+Callers: the principal is a keyed hash of every part of the request that carries a credential,
+headers, query, body and path (caller.py). A path parameter that carries one enters the intent
+as a keyed hash of it, never its value. A request whose caller cannot be told apart from others
+(`Intent.unidentified`) has its successes never replayed (Attempt.unreplayable), nor does one
+whose receipts an earlier scheme made without seeing some of its credentials.
 
 Schemes: how a request is read changes with receipt-proxy's versions (a canonical target, a
 decoded body), and a retry must stay a retry across an upgrade. `SCHEME` numbers today's way;
@@ -59,6 +66,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from proxy_addon import identity
+from proxy_addon.caller import caller_of, scheme2_parts, secret_params
+from proxy_addon.caller import canonical_credential as canonical_credential  # re-exported: tests import it here
 from proxy_addon.canonical import Target, method_overrides, param_value
 from proxy_addon.canonical import target as canonical_target
 from proxy_addon.earlier_fingerprints import Version
@@ -75,7 +84,7 @@ from proxy_addon.intent_body import (
 from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older callers import it from here
 from proxy_addon.jsonpath import parse_json
 from proxy_addon.mcp.intent import arguments_view
-from proxy_addon.redaction import FALLBACK_CREDENTIALS, redact_url
+from proxy_addon.redaction import redact_url, webhook_tokens
 from proxy_addon.rules import Match
 from proxy_addon.store import Attempt
 
@@ -84,7 +93,8 @@ logger = logging.getLogger(__name__)
 _MISSING = object()
 
 # Today's fingerprint scheme. 1: up to commit dc97d6d (fingerprint_v1.py); 2: canonical targets,
-# decoded and NFC bodies, hashed objects, canonical credentials; 3: (this version).
+# decoded and NFC bodies, hashed objects, canonical credentials; 3: (this version) every credential
+# in the principal, in the query, body and path too (caller.py), a path credential hashed in the intent.
 SCHEME = 3
 
 
@@ -111,45 +121,36 @@ class RequestView:
 class Intent:
     fingerprint: str
     intent: dict[str, Any]  # the sanitized, allowlisted view that is stored
-    principal: str  # short keyed hash of the credential, or "anonymous"
-    target: str  # the canonical URL with secret-looking query values redacted
+    principal: str  # short keyed hash of the credentials, or "anonymous"
+    target: str  # the canonical URL with secret-looking query values and path credentials redacted
     raw_target: str | None = None  # the URL as sent (redacted the same way), when it is not the canonical one
+    counted: tuple[str, ...] = ()  # the parts of the request the principal hashes, names only (caller.Caller)
+    unidentified: tuple[str, ...] = ()  # credential-like parts hashed for want of any that tells the caller
+    read_principal: str | None = None  # the principal of its credential headers alone, when not `principal`
 
 
-def principal_of(match: Match, headers: Mapping[str, str], key: bytes) -> str:
+def principal_of(match: Match, headers: Mapping[str, str], key: bytes, *, scheme: int = SCHEME) -> str:
     """
-    A keyed hash of who sends the request. Every credential header the rule names that is
-    present enters it, in the rule's order: a key and the account it acts for
-    (`Stripe-Account`, SendGrid's `on-behalf-of`, `OpenAI-Project`), so identical writes
-    for two accounts are two principals. One header alone hashes as it always did. When the
-    rule names none, or none of them is present: the first of Authorization, then Cookie.
+    A keyed hash of who sends a request that has only these headers (caller.py says which parts of
+    a whole request count). Every credential header the rule names that is present enters it, in
+    the rule's order: a key and the account it acts for (`Stripe-Account`, SendGrid's
+    `on-behalf-of`, `OpenAI-Project`), so identical writes for two accounts are two principals.
+    One header alone hashes as it always did.
     """
-    return principal(match.operation.credential_headers, headers, key)
+    return caller_of(match.operation, headers, key, scheme=scheme).principal
 
 
 def principal(credential_headers: Sequence[str], headers: Mapping[str, str], key: bytes) -> str:
-    """The principal of these credential headers (lower-case names) for a rule naming `credential_headers`."""
-    present = [(n, v) for n in credential_headers if (v := headers.get(n)) and v.strip()]
-    if not present:
-        present = [(n, v) for n in FALLBACK_CREDENTIALS if (v := headers.get(n)) and v.strip()][:1]
-    if not present:
+    """
+    Scheme 2's principal of these headers (lower-case names) for a rule naming `credential_headers`:
+    every one of them present, else the first of Authorization and Cookie. Today's principal when
+    the request carries no other credential; else its receipt keeps it (`read_principal`), for
+    `receipts reconcile` to check the headers a read would carry.
+    """
+    parts = scheme2_parts(tuple(credential_headers), headers)
+    if not parts:
         return "anonymous"
-    return keyed_hash(key, *(part for name, value in present for part in (name, canonical_credential(name, value))))
-
-
-def canonical_credential(name: str, value: str) -> str:
-    """
-    One spelling per credential, so that `Bearer k1`, `bearer k1` and `Bearer  k1` are one
-    principal: whitespace stripped and runs of it collapsed; the auth scheme of Authorization
-    and Proxy-Authorization lower-cased (RFC 9110 §11.1: schemes are case-insensitive). The
-    credential itself keeps its case: tokens are case-sensitive.
-    """
-    text = " ".join(value.split())
-    if name in ("authorization", "proxy-authorization"):
-        scheme, sep, rest = text.partition(" ")
-        if sep:
-            return f"{scheme.lower()} {rest}"
-    return text
+    return keyed_hash(key, *(x for part in parts for x in part))
 
 
 def fingerprint(
@@ -167,7 +168,16 @@ def fingerprint(
     query: dict[str, list[str]] = {}
     for k, v in parse_qsl(urlsplit(where.path).query, keep_blank_values=True):
         query.setdefault(k, []).append(v)
-    intent: dict[str, Any] = {"path": {p: param_value(match.params[p]) for p in spec.path}}
+    bare = where.path.partition("?")[0]
+    secrets = secret_params(op, match.params, bare)  # REDACTED in the targets; hashed in the intent (scheme 3)
+    intent: dict[str, Any] = {
+        "path": {
+            p: keyed_hash(key, "path-credential", p, secrets[p])
+            if scheme >= 3 and p in secrets
+            else param_value(match.params[p])
+            for p in spec.path
+        }
+    }
     if spec.query:
         intent["query"] = {q: nfc(one_value(query.get(q))) for q in spec.query}
     if spec.headers:
@@ -177,7 +187,19 @@ def fingerprint(
     else:
         graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
         intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=parse))
-    principal = principal_of(match, req.headers, key)
+    caller = caller_of(
+        op,
+        req.headers,
+        key,
+        scheme=scheme,
+        query=query,
+        # A rule that hashes the whole body tells two callers' bodies apart already: the body is not
+        # read again for credentials (a large one is never parsed for them alone), unless it declares some.
+        body=req.body if spec.body is not None or op.credential_body else b"",
+        secrets=secrets,
+        arguments=match.mcp_call.arguments if op.mcp_tool is not None and match.mcp_call is not None else None,
+        parse=parse,
+    )
     if (override := method_override_note(req, op.method)) is not None:
         intent["method_override"] = override
     material = {
@@ -186,15 +208,22 @@ def fingerprint(
         "method": op.method,  # the method matched: an override header's (RuleSet.match), else the one sent
         "host": where.authority,
         "intent": {k: v for k, v in intent.items() if k not in NOTES},  # the same fields are the same intent
-        "principal": principal,
+        "principal": caller.principal,
     }
     digest = hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
+    headers = principal(op.credential_headers, req.headers, key)  # what a read, headers only, can show it has
+    hidden = (*secrets.values(), *webhook_tokens(bare))  # in the raw path too, however it was spelled
     return Intent(
         fingerprint=f"sha256:{digest}",
         intent=intent,
-        principal=principal,
-        target=redact_url(where.scheme, where.host, where.port, where.path, keep=spec.query),
-        raw_target=redact_url(req.scheme, req.host, req.port, req.path, keep=spec.query) if where.changed else None,
+        principal=caller.principal,
+        target=redact_url(where.scheme, where.host, where.port, where.path, keep=spec.query, secrets=hidden),
+        raw_target=redact_url(req.scheme, req.host, req.port, req.path, keep=spec.query, secrets=hidden)
+        if where.changed
+        else None,
+        counted=caller.counted,
+        unidentified=caller.unidentified,
+        read_principal=None if headers == caller.principal else headers,
     )
 
 
@@ -224,9 +253,19 @@ def build_attempt(
     op = match.operation
     parse = parse_once(req.body)  # the fingerprint's fields and the key's place read one parse of the body
     intent = fingerprint(match, req, key, parse=parse)
-    earlier, earlier_unresolved = earlier_fingerprints(match, req, key, versions, intent.fingerprint, parse)
+    earlier, earlier_unresolved, blind = earlier_fingerprints(match, req, key, versions, intent, parse)
     if notes := intent_notes(intent.intent):  # field names and codes only, never a value
         logger.warning("%s %s %s %s: %s", op.api, op.name, op.method, intent.target, "; ".join(notes))
+    if intent.unidentified:  # names only, never a value
+        logger.warning(
+            "%s %s %s %s: no credential tells this caller apart (only %s, which are not counted): "
+            "duplicates only with the same bytes there, and no success is replayed",
+            op.api,
+            op.name,
+            op.method,
+            intent.target,
+            ", ".join(intent.unidentified),
+        )
     agent_key = req.headers.get((op.idempotency_header or "Idempotency-Key").lower())
     given_key, idempotency = None, op.idempotency_header is not None
     if op.idempotency_body:
@@ -257,8 +296,12 @@ def build_attempt(
         given_key=given_key,
         fingerprint_scheme=SCHEME,
         fingerprint_rule=op.rule_digest,
+        read_principal=intent.read_principal,
         earlier=earlier,
         earlier_unresolved=earlier_unresolved,
+        # no success is replayed to a caller that cannot be told apart, nor from a receipt made by
+        # a scheme that did not see all of this request's credentials (caller.py)
+        unreplayable=(intent.fingerprint, *earlier, *earlier_unresolved) if intent.unidentified else blind,
     )
 
 
@@ -267,17 +310,21 @@ def earlier_fingerprints(
     req: RequestView,
     key: bytes,
     versions: Sequence[Version],
-    today: str,
+    today: Intent,
     parse: Callable[[bytes], Any] = parse_json,
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """
     The request's fingerprints under `versions` that differ from `today`'s: those whose receipts
-    are its intent's in any state, and those whose receipts are only while unresolved (an edited
-    rule). A version that cannot read this request (its rule names a path parameter the path no
-    longer has; scheme 1 on a path only its canonical form matches) gives none.
+    are its intent's in any state, those whose receipts are only while unresolved (an edited
+    rule), and, of the first, those whose successes are never replayed to it: an earlier scheme's
+    that did not count some credential this request carries (a key in its query, its body or its
+    path), whose receipts may be another caller's. A version that cannot read this request (its
+    rule names a path parameter the path no longer has; scheme 1 on a path only its canonical
+    form matches) gives none.
     """
     anyhow: dict[str, None] = {}
     unresolved: dict[str, None] = {}
+    blind: dict[str, None] = {}
     for v in versions:
         m = match if v.rule is None else replace(match, operation=match.operation.under_rule(v.rule))
         try:
@@ -293,14 +340,20 @@ def earlier_fingerprints(
                     headers=req.headers,
                     sent=req.body if req.sent is None else req.sent,
                 )
+                counted: tuple[str, ...] = tuple(
+                    n for n in (*m.operation.credential_headers, "authorization", "cookie") if req.headers.get(n)
+                )[:1]  # fingerprint_v1.principal_v1's
             else:
-                fp = fingerprint(m, req, key, parse=parse, scheme=v.scheme).fingerprint
+                earlier = fingerprint(m, req, key, parse=parse, scheme=v.scheme)
+                fp, counted = earlier.fingerprint, earlier.counted
         except (KeyError, ValueError) as e:
             logger.debug("%s %s: no fingerprint under scheme %s: %s", m.operation.api, m.operation.name, v.scheme, e)
             continue
-        if fp is not None and fp != today:
+        if fp is not None and fp != today.fingerprint:
             (unresolved if v.unresolved_only else anyhow)[fp] = None
-    return tuple(anyhow), tuple(f for f in unresolved if f not in anyhow)
+            if not set(today.counted) <= set(counted):
+                blind[fp] = None
+    return tuple(anyhow), tuple(f for f in unresolved if f not in anyhow), tuple(f for f in blind if f in anyhow)
 
 
 def parse_once(body: bytes) -> Callable[[bytes], Any]:

@@ -32,6 +32,7 @@ TEST_RULES = ROOT / "tests" / "rules_it"
 # Marker secrets: every integration request carries them; none may reach the DB.
 # x_thing and blob are names on no list of secret names: a query parameter every Clients request
 # carries, and a body key (nested.blob) that tests/test_intent_secrets.py sends; redacted all the same.
+# path_token and path_room: tokens in a request's path (tests/test_other_callers.py), REDACTED and hashed.
 SECRETS = {
     "authorization": "Bearer SECRET-AUTH-7f3a9c",
     "cookie": "session=SECRET-COOKIE-51d2e8",
@@ -39,6 +40,9 @@ SECRETS = {
     "token": "SECRET-QUERY-b16b00b5",
     "x_thing": "SECRET-XTHING-5eed1e",
     "blob": "SECRET-BLOB-0b1e55",
+    # path credentials tests/test_other_callers.py sends: a Telegram bot token's shape, and a declared one
+    "path_token": "555555555:SECRET-PATH-TOKEN-9d2c41_abcdefghijklmnop",
+    "path_room": "SECRET-PATH-ROOM-4e7f10",
 }
 
 

@@ -191,8 +191,9 @@ PRINCIPAL_CASES = [
     ("authorization-differs", {"authorization": "Bearer A"}, {"authorization": "Bearer B"}, False),
     ("authorization-same", {"authorization": "Bearer A"}, {"authorization": "Bearer A"}, True),
     ("rule-header-differs", {"api-key": "K1"}, {"api-key": "K2"}, False),
-    ("rule-header-wins-over-authorization",
-     {"api-key": "K", "authorization": "Bearer A"}, {"api-key": "K", "authorization": "Bearer B"}, True),
+    # Every part that can carry a credential counts (scheme 3): Authorization beside the rule's own header too.
+    ("authorization-counts-beside-the-rule-header",
+     {"api-key": "K", "authorization": "Bearer A"}, {"api-key": "K", "authorization": "Bearer B"}, False),
     ("rule-header-wins-over-cookie", {"api-key": "K", "cookie": "s=1"}, {"api-key": "K", "cookie": "s=2"}, True),
     ("authorization-wins-over-cookie",
      {"authorization": "Bearer A", "cookie": "s=1"}, {"authorization": "Bearer A", "cookie": "s=2"}, True),

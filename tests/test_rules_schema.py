@@ -44,6 +44,7 @@ def _props(*path: str) -> set[str]:
     ("file", ()),
     ("credentials", ("properties", "credentials")),
     ("operation", ("definitions", "operation")),
+    ("operation_credentials", ("definitions", "operation", "properties", "credentials")),
     ("match", ("definitions", "operation", "properties", "match")),
     ("fingerprint", ("definitions", "operation", "properties", "fingerprint")),
     ("classify_rule", ("definitions", "operation", "properties", "classify", "oneOf", 1, "items")),

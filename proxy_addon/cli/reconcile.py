@@ -199,7 +199,9 @@ def _not_the_writes(
     """
     if op is None or key is None or not credentials or not receipt.principal.startswith("hmac:"):
         return None
-    if principal(op.credential_headers, credentials, key) == receipt.principal:
+    # The principal the rule's credential headers make: the write's, or, when more than those made
+    # it (a key in its query, body or path too: caller.py), the one kept for its headers alone.
+    if principal(op.credential_headers, credentials, key) == (receipt.read_principal or receipt.principal):
         return None
     names = ", ".join(credential_names(op.credential_headers))
     return (

@@ -45,7 +45,15 @@ def render(report: dict[str, Any]) -> str:
     lines += [f"  note: {n}" for n in fp.get("notes", ())]
     lines += [f"  WARNING: {w}" for w in fp.get("warnings", ())]
     principal = fp["principal"]
-    shown = "anonymous (no credential)" if principal == "anonymous" else f"{principal} (a keyed hash of the credential)"
+    if principal == "anonymous":
+        shown = "anonymous (no credential)"
+    elif fp.get("unidentified"):
+        shown = (
+            f"{principal} (no credential tells this caller apart: a keyed hash of {', '.join(fp['unidentified'])}, "
+            "so only a request with the same bytes there is a duplicate, and no success is replayed)"
+        )
+    else:
+        shown = f"{principal} (a keyed hash of {', '.join(fp.get('credentials') or ['the credential'])})"
     lines.append(f"  principal = {shown}")
     lines += [f"fingerprint: {fp['value']}"]
     if "key_note" in report:

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy_addon.bodies import codings, decode_body
+from proxy_addon.caller import secret_params
 from proxy_addon.canonical import method_overrides
 from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.explain.body_warnings import UNREAD, body_warnings
@@ -23,7 +24,15 @@ from proxy_addon.explain.duplicates import duplicates
 from proxy_addon.explain.no_match import why_no_match
 from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes
 from proxy_addon.mcp.explain import describe_tool_call
-from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
+from proxy_addon.redaction import (
+    ALWAYS_SECRET_HEADERS,
+    REDACTED,
+    SECRET_NAME,
+    is_credential_name,
+    redact_url,
+    token_shaped,
+    webhook_tokens,
+)
 from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
 
 BODY_LIMIT = 256 * 1024 * 1024  # bytes a --body may decode to (the proxy's own bound is receipts_body_cap)
@@ -90,7 +99,10 @@ def explain(
     port = u.port or {"http": 80, "https": 443}[u.scheme]
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     shown_headers = {
-        k: REDACTED if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) else v for k, v in headers.items()
+        k: REDACTED
+        if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) or is_credential_name(k) or token_shaped(v)
+        else v
+        for k, v in headers.items()
     }
     view = RequestView(method, u.scheme, u.hostname, port, path, headers, body)
     where = view.target
@@ -114,13 +126,19 @@ def explain(
         return report
     op = m.operation
     refused = refused or m.refused  # its method override headers (RuleSet.match)
+    bare = where.path.partition("?")[0]
+    hidden = (*secret_params(op, m.params, bare).values(), *webhook_tokens(bare))  # path credentials: REDACTED
+    if where.changed:
+        report["canonical"] = f"{method} {redact_url(where.scheme, where.host, where.port, where.path, secrets=hidden)}"
     if op.method != method:  # matched as the method an override header names
-        report["canonical"] = f"{op.method} {redact_url(where.scheme, where.host, where.port, where.path)}"
+        canonical = redact_url(where.scheme, where.host, where.port, where.path, secrets=hidden)
+        report["canonical"] = f"{op.method} {canonical}"
     for name in op.credential_headers:
         if headers.get(name):
             shown_headers[name] = REDACTED
     # As stored: the values of the query parameters the fingerprint names, every other one REDACTED.
-    report["request"] = f"{method} {redact_url(u.scheme, u.hostname, port, path, keep=op.fingerprint.query)}"
+    shown = redact_url(u.scheme, u.hostname, port, path, keep=op.fingerprint.query, secrets=hidden)
+    report["request"] = f"{method} {shown}"
     if refused is not None:
         report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
         report["refused"] = refused
@@ -147,6 +165,8 @@ def _describe(report: dict[str, Any], op: Operation, intent: Intent, headers: Ma
             kv for part, value in intent.intent.items() if part not in NOTES for kv in _flatten(part, value)
         ),
         "principal": intent.principal,
+        "credentials": list(intent.counted),  # where and which, never a value (caller.py)
+        "unidentified": list(intent.unidentified),
         "value": intent.fingerprint,
         # how the body was read: hashed fields, json_sent_as_form, a method override (what warnings do not say)
         "notes": intent_notes({k: v for k, v in intent.intent.items() if k not in warned}),
@@ -168,6 +188,12 @@ def _describe(report: dict[str, Any], op: Operation, intent: Intent, headers: Ma
     elif op.external_id:
         report["external_id"] = op.external_id if isinstance(op.external_id, str) else " + ".join(op.external_id)
     report["duplicates"] = duplicates(op)
+    if intent.unidentified and op.after_success == "replay":
+        report["duplicates"].insert(
+            0,
+            "no credential tells this caller apart: a success is never replayed to it, a duplicate gets 409 "
+            "duplicate_succeeded instead (docs/rules.md, Credentials)",
+        )
     if op.approve:
         report["duplicates"].insert(
             0, "each write waits for an operator's approval (mitmweb, receipts approve) before it is sent"

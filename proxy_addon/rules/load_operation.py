@@ -6,15 +6,20 @@ answers are classified and how an unknown outcome is resolved.
       match: {method: POST, path: /api/articles}
       fingerprint: {body: [article.title, article.body_markdown]}
       external_id: id
+
+Credentials (`credentials:` of the file, and of an operation, which adds to the file's) are read
+by `load_credentials`: the headers, query parameters, body fields and path parameters that
+carry them, hashed into the principal and never stored (caller.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 import yaml
 
-from proxy_addon.redaction import is_secret_header, is_secret_name
+from proxy_addon.redaction import is_credential_param, is_secret_header, is_secret_name
 from proxy_addon.rules.load_classify import load_classify
 from proxy_addon.rules.load_reconcile import load_reconcile
 from proxy_addon.rules.model import (
@@ -34,20 +39,88 @@ from proxy_addon.rules.model import (
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, scalar_value
 
 
+@dataclass(frozen=True)
+class Declared:
+    """The credentials a `credentials:` mapping declares, by where they are in a request."""
+
+    header: tuple[str, ...] = ()  # lower-case header names
+    query: tuple[str, ...] = ()  # query parameter names
+    body: tuple[str, ...] = ()  # body fields: a form's names, dotted paths into JSON
+    path: tuple[str, ...] = ()  # path parameters
+
+    def plus(self, other: Declared) -> Declared:
+        """These and `other`'s (an operation's own added to its file's), each name once."""
+        return Declared(*(tuple(dict.fromkeys((*a, *b))) for a, b in zip(self.places(), other.places(), strict=True)))
+
+    def places(self) -> tuple[tuple[str, ...], ...]:
+        return (self.header, self.query, self.body, self.path)
+
+
+PLACES = ("header", "query", "body", "path")
+OPERATION_CREDENTIALS = KEYS["operation_credentials"]
+
+
+def load_credentials(ctx: Ctx, node: yaml.Node, where: str, allowed: tuple[str, ...]) -> Declared:
+    """
+    `credentials: {header, query, body, path}` (a name or a list of names each; the file's may
+    also say `env` and `scheme`, read by loader.py): at least one place. Each bad name is
+    reported and the next one read.
+    """
+    return declared_in(ctx, node, ctx.mapping(node, where, allowed), where)
+
+
+def declared_in(ctx: Ctx, node: yaml.Node, cred: dict[str, Entry], where: str) -> Declared:
+    """The places of a `credentials:` mapping already read (`cred`), as load_credentials reads them."""
+    if not any(place in cred for place in PLACES):
+        raise ctx.error(node, where, f"name at least one of {', '.join(PLACES)}")
+    found: dict[str, list[str]] = {place: [] for place in PLACES}
+    checks = {
+        "header": (HEADER, "is not a valid header name"),
+        "body": (DOTTED, "is not a field name or a dotted path like 'auth.client_secret'"),
+        "path": (IDENT, "is not a path parameter name (letters, digits, _)"),
+    }
+    for place in PLACES:
+        if place not in cred:
+            continue
+        for item, name in ctx.attempt(ctx.strings, cred[place][1], f"{where}.{place}", allow_empty=False) or ():
+            pattern, problem = checks.get(place, (None, ""))
+            if pattern is not None and not pattern.match(name):
+                ctx.report(ctx.error(item, f"{where}.{place}", f"{name!r} {problem}"))
+                continue
+            found[place].append(name.lower() if place == "header" else name)
+    return Declared(*(tuple(found[place]) for place in PLACES))
+
+
 def load_operation(
     ctx: Ctx,
     api: str,
     name: str,
     node: yaml.Node,
-    credential_headers: tuple[str, ...],
+    credentials: tuple[str, ...] | Declared,
     credentials_env: str | None = None,
 ) -> Operation | None:
     """
     One entry of `operations:`. Each part is checked even when another has a problem (every one
     goes to `ctx.problems`); None if there was any. What depends on a part that has a problem is
     left unchecked: the fingerprint's path parameters on a path that does not parse, the names
-    in reconcile templates on a fingerprint that does not load.
+    in reconcile templates on a fingerprint that does not load. `credentials`: the file's (a
+    tuple: its headers only); the operation's own `credentials:` add to them.
     """
+    file_headers = ctx.credential_headers
+    try:
+        return _operation(ctx, api, name, node, credentials, credentials_env)
+    finally:  # the operation's own credentials were in force while it loaded
+        ctx.credential_headers, ctx.credential_params = file_headers, frozenset()
+
+
+def _operation(
+    ctx: Ctx,
+    api: str,
+    name: str,
+    node: yaml.Node,
+    credentials: tuple[str, ...] | Declared,
+    credentials_env: str | None,
+) -> Operation | None:
     f = f"operations.{name}"
     before = len(ctx.problems)
     op = ctx.mapping(node, f, KEYS["operation"])
@@ -61,8 +134,23 @@ def load_operation(
         None,
         None,
     )
+    declared = credentials if isinstance(credentials, Declared) else Declared(header=credentials)
+    if "credentials" in op:
+        own = ctx.attempt(load_credentials, ctx, op["credentials"][1], f"{f}.credentials", OPERATION_CREDENTIALS)
+        if own is not None and path is not None and (foreign := [p for p in own.path if p not in path.params]):
+            problem = (
+                f"{foreign[0]!r} is not a parameter of {path.template!r} (it has: {', '.join(path.params) or 'none'})"
+            )
+            ctx.report(ctx.error(op["credentials"][1], f"{f}.credentials.path", problem))
+        declared = declared.plus(own or Declared())
+    ctx.credential_headers = declared.header  # a credential header never enters the fingerprint or a read's headers
+    # Path parameters that carry a credential whatever the request (declared, or named like one):
+    # the receipt keeps a keyed hash of them, so a read cannot use them (Ctx.template).
+    ctx.credential_params = frozenset(
+        p for p in (path.params if path else ()) if p in declared.path or is_credential_param(p)
+    )
     fp_before = len(ctx.problems)
-    fp = ctx.attempt(load_fingerprint, ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path)
+    fp = ctx.attempt(load_fingerprint, ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path, declared)
     if mcp is not None and fp is not None:
         ctx.attempt(_mcp_fingerprint, ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, fp)
     fp_known = path is not None and len(ctx.problems) == fp_before  # what reconcile templates may name is known
@@ -99,7 +187,10 @@ def load_operation(
         method=method,
         path=path,
         fingerprint=fp,
-        credential_headers=credential_headers,
+        credential_headers=declared.header,
+        credential_query=declared.query,
+        credential_body=declared.body,
+        credential_path=tuple(p for p in declared.path if p in path.params),  # the file's, where this path has them
         external_id=external[0],
         after_success=after_success,
         classify=classified[0],
@@ -303,12 +394,16 @@ def _idempotency_key(ctx: Ctx, f: str, op: dict[str, Entry], graphql: str | None
     return out
 
 
-def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplate | None) -> FingerprintSpec:
+def load_fingerprint(
+    ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplate | None, declared: Declared | None = None
+) -> FingerprintSpec:
     """
     `fingerprint:`: the allowlist of path parameters, body fields, query parameters and headers;
-    never secrets. Each bad item is reported and the next one read; on a `path` that did not
-    parse (None), the path parameters named are not checked.
+    never secrets (a declared credential among them is refused; a path parameter that carries one
+    enters as a keyed hash of it). Each bad item is reported and the next one read; on a `path`
+    that did not parse (None), the path parameters named are not checked.
     """
+    declared = declared or Declared()
     params = path.params if path is not None else ()
     if node is None:
         return FingerprintSpec(path=params, body=None)
@@ -342,12 +437,20 @@ def load_fingerprint(ctx: Ctx, f: str, node: yaml.Node | None, path: PathTemplat
                 bad(item, "body", f"{b!r} is not a dotted field path like 'article.title'")
             elif any(is_secret_name(part) for part in b.split(".")):
                 bad(item, "body", f"{b!r} looks like a credential; secrets never enter a fingerprint")
+            elif b in declared.body:
+                bad(
+                    item,
+                    "body",
+                    f"{b!r} is declared a credential (credentials.body); secrets never enter a fingerprint",
+                )
             else:
                 body.append(b)
     query = []
     for item, q in items("query"):
         if is_secret_name(q):
             bad(item, "query", f"{q!r} looks like a credential; secrets never enter a fingerprint")
+        elif q in declared.query:
+            bad(item, "query", f"{q!r} is declared a credential (credentials.query); it never enters a fingerprint")
         else:
             query.append(q)
     headers = []

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from proxy_addon.errors import RulesError
-from proxy_addon.rules.load_operation import load_operation, method_override
+from proxy_addon.rules.load_operation import Declared, declared_in, load_operation, method_override
 from proxy_addon.rules.model import (
     ANY_TOOL,
     FROM_SERVER,
@@ -36,7 +36,7 @@ from proxy_addon.rules.ruleset import RuleSet
 _OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(:[0-9]{1,5})?\Z")
 
-Credentials = tuple[tuple[str, ...], str | None, str | None]  # the credential headers, env var and scheme
+Credentials = tuple[Declared, str | None, str | None]  # the credentials declared, the env var and the scheme
 
 # Rules files are data, not programs: no YAML aliases (a 0.7 KB file of aliases nested seven
 # deep expands to 9^7 values), and a bound on the size of a file.
@@ -168,7 +168,7 @@ def _load_file(ctx: Ctx, text: str) -> RuleFile | None:
             ctx.report(ctx.error(node, key, "is required"))
     api = ctx.attempt(ctx.string, top["api"][1], "api") if "api" in top else None
     hosts = ctx.attempt(_hosts, ctx, top) if "hosts" in top else None
-    credentials = ctx.attempt(_credentials, ctx, top) or ((), None, None)
+    credentials = ctx.attempt(_credentials, ctx, top) or (Declared(), None, None)
     ctx.post_reads = _post_reads(ctx, top)
     if "method_override" in top:
         ctx.method_override = (
@@ -180,6 +180,8 @@ def _load_file(ctx: Ctx, text: str) -> RuleFile | None:
         if "operations" in top
         else None
     )
+    if operations is not None and credentials[0].path and "credentials" in top:
+        _check_credential_params(ctx, top["credentials"][1], credentials[0], [*operations, endpoint])
     if ctx.problems or api is None or hosts is None or operations is None:
         return None
     if endpoint is not None:  # after the file's own operations: an explicit rule wins
@@ -228,19 +230,15 @@ def _hosts(ctx: Ctx, top: dict[str, Entry]) -> list[str]:
 
 def _credentials(ctx: Ctx, top: dict[str, Entry]) -> Credentials:
     """
-    `credentials:`: the headers that carry them (lower case; also set on ctx), the env var and
-    the scheme for CLI reads.
+    `credentials:`: where they are in a request (headers, lower case, also set on ctx; query
+    parameters; body fields; path parameters), the env var and the scheme for CLI reads.
     """
-    credential_headers: tuple[str, ...] = ()
+    declared = Declared()
     credentials_env = credentials_scheme = None
     if "credentials" in top:
-        cred = ctx.mapping(top["credentials"][1], "credentials", KEYS["credentials"], ("header",))
-        names = []
-        for item, h in ctx.strings(cred["header"][1], "credentials.header", allow_empty=False):
-            if not HEADER.match(h):
-                raise ctx.error(item, "credentials.header", f"{h!r} is not a valid header name")
-            names.append(h.lower())
-        credential_headers = ctx.credential_headers = tuple(names)
+        cred = ctx.mapping(top["credentials"][1], "credentials", KEYS["credentials"])
+        declared = declared_in(ctx, top["credentials"][1], cred, "credentials")
+        ctx.credential_headers = declared.header
         if "env" in cred:
             credentials_env = ctx.string(cred["env"][1], "credentials.env")
             if not IDENT.match(credentials_env):
@@ -255,7 +253,17 @@ def _credentials(ctx: Ctx, top: dict[str, Entry]) -> Credentials:
                     "credentials.scheme",
                     f"{credentials_scheme!r} is not an auth scheme like Bearer or Token",
                 )
-    return credential_headers, credentials_env, credentials_scheme
+    return declared, credentials_env, credentials_scheme
+
+
+def _check_credential_params(ctx: Ctx, node: yaml.Node, declared: Declared, ops: list[Operation | None]) -> None:
+    """`credentials.path` of the file names parameters that some operation's path has (a typo protects nothing)."""
+    params = {p for op in ops if op is not None for p in op.path.params}
+    for name in declared.path:
+        if name not in params:
+            ctx.report(
+                ctx.error(node, "credentials.path", f"{name!r} is a parameter of no operation's path in this file")
+            )
 
 
 def _post_reads(ctx: Ctx, top: dict[str, Entry]) -> tuple[PathTemplate, ...]:
@@ -295,7 +303,10 @@ def _mcp_endpoint(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Creden
         method="POST",
         path=path,
         fingerprint=FingerprintSpec(path=(), body=None),
-        credential_headers=credentials[0],
+        credential_headers=credentials[0].header,
+        credential_query=credentials[0].query,
+        credential_body=credentials[0].body,
+        credential_path=tuple(p for p in credentials[0].path if p in path.params),
         credentials_env=credentials[1],
         credentials_scheme=credentials[2],
         mcp_tool=ANY_TOOL,
@@ -309,7 +320,7 @@ def _operations(
     ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials, *, allow_none: bool = False
 ) -> list[Operation]:
     """The operations that load; each problem of each one is reported to `ctx` and the next one read."""
-    credential_headers, credentials_env, credentials_scheme = credentials
+    declared, credentials_env, credentials_scheme = credentials
     ops_node = top["operations"][1]
     if allow_none and isinstance(ops_node, yaml.ScalarNode) and ops_node.value in ("", "~", "null"):
         return []
@@ -323,7 +334,7 @@ def _operations(
         before = len(ctx.problems)
         if not _OPERATION_NAME.match(name):
             ctx.report(ctx.error(key, f"operations.{name}", "operation names use letters, digits, '.', '_' and '-'"))
-        op = ctx.attempt(load_operation, ctx, api, name, value, credential_headers, credentials_env)
+        op = ctx.attempt(load_operation, ctx, api, name, value, declared, credentials_env)
         if op is not None and len(ctx.problems) == before:
             operations.append(replace(op, credentials_scheme=credentials_scheme, line=key.start_mark.line + 1))
     return operations

@@ -40,10 +40,12 @@ ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the eff
 KEYS: dict[str, tuple[str, ...]] = {
     "file": ("api", "hosts", "credentials", "post_reads", "method_override", "mcp", "operations"),
     "mcp_endpoint": ("path", "tools"),
-    "credentials": ("header", "env", "scheme"),
+    "credentials": ("header", "query", "body", "path", "env", "scheme"),
+    "operation_credentials": ("header", "query", "body", "path"),
     "operation": (
         "description",
         "match",
+        "credentials",
         "fingerprint",
         "external_id",
         "after_success",
@@ -76,6 +78,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "pages_next": ("more", "from", "param"),
     "idempotency_key": ("header", "body", "format", "ttl"),
 }
+
+CREDENTIAL_PLACES = ("credential_query", "credential_body", "credential_path")  # in fingerprint_rule()
 
 TEMPLATE_VAR = re.compile(r"\{([^{}]*)\}")  # a {name} in a path or reconcile template
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -223,22 +227,36 @@ class Operation:
     line: int = 0
     description: str | None = None
     method_override: str = "honour"  # refuse: a request with a method override header gets 400 (METHOD_OVERRIDE)
+    # Credentials outside the headers (`credentials: {query, body, path}`), hashed into the principal (caller.py)
+    credential_query: tuple[str, ...] = ()  # query parameter names
+    credential_body: tuple[str, ...] = ()  # body fields: a form's field names, dotted paths into JSON
+    credential_path: tuple[str, ...] = ()  # path parameters: REDACTED in targets, a keyed hash in the intent
 
     def fingerprint_rule(self) -> dict[str, Any]:
         """
         What the fingerprint reads of this rule, as JSON values: the fields it takes and the
         credentials that make the principal. A receipt keeps its digest (`rule_digest`), and the
         store this description, so that a retry is still recognised under the rule its receipt
-        was made with after the rule is edited (earlier_fingerprints.py).
+        was made with after the rule is edited (earlier_fingerprints.py). Credentials declared
+        in the query, body or path are listed only when there are any: a rule without them has
+        the description (and the digest) it had before they could be declared.
         """
         spec = self.fingerprint
-        return {
+        rule: dict[str, Any] = {
             "path": list(spec.path),
             "query": list(spec.query),
             "headers": list(spec.headers),
             "body": None if spec.body is None else list(spec.body),
             "credential_headers": list(self.credential_headers),
         }
+        for name, names in (
+            ("credential_query", self.credential_query),
+            ("credential_body", self.credential_body),
+            ("credential_path", self.credential_path),
+        ):
+            if names:
+                rule[name] = list(names)
+        return rule
 
     @cached_property
     def rule_digest(self) -> str:
@@ -256,9 +274,25 @@ class Operation:
                 headers=tuple(rule["headers"]),
             )
             credentials = tuple(rule["credential_headers"])
+            # absent from a description stored before they could be declared: none
+            query, body_, path = (_names(rule.get(k, [])) for k in CREDENTIAL_PLACES)
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a fingerprint rule: {e}") from None
-        return replace(self, fingerprint=spec, credential_headers=credentials)
+        return replace(
+            self,
+            fingerprint=spec,
+            credential_headers=credentials,
+            credential_query=query,
+            credential_body=body_,
+            credential_path=path,
+        )
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """A list of names in a stored `fingerprint_rule()` description (TypeError if it is not one)."""
+    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+        raise TypeError(f"{value!r} is not a list of names")
+    return tuple(value)
 
 
 def rule_digest(rule: Mapping[str, Any]) -> str:

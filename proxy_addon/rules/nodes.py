@@ -41,6 +41,7 @@ class Ctx:
         self.problems: list[RulesError] = []  # every problem reported so far, reading went on past each
         self.post_reads: tuple[PathTemplate, ...] = ()
         self.credential_headers: tuple[str, ...] = ()
+        self.credential_params: frozenset[str] = frozenset()  # the operation's path parameters that are credentials
         self.method_override = "honour"  # the file's `method_override:`, each operation's default
 
     def error(self, node: yaml.Node | None, field_: str, message: str) -> RulesError:
@@ -141,6 +142,13 @@ class Ctx:
         if "{" in stripped or "}" in stripped:
             raise self.error(node, field_, f"unbalanced '{{' or '}}' in template {text!r}")
         for var in TEMPLATE_VAR.findall(text):
+            if var.startswith("path.") and var[5:] in self.credential_params:
+                raise self.error(
+                    node,
+                    field_,
+                    f"{{{var}}} carries a credential (credentials.path, or a name like a credential's): the receipt "
+                    "keeps only a keyed hash of it, so a read cannot use it",
+                )
             if allowed is not None and var not in allowed:
                 known = ", ".join(sorted(allowed))
                 raise self.error(

@@ -44,6 +44,7 @@ _RECEIPT_COLUMNS = (
     "raw_target",
     "fingerprint_scheme",
     "fingerprint_rule",
+    "read_principal",
 )
 
 
@@ -264,7 +265,10 @@ class ReceiptAttempts(ReceiptTransitions):
             return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
             answered = rows[0]["answered_from"] == State.SUBMITTED
-            answer = self._after_success(latest, after_success, replay_window, now, answered=answered)
+            replayable = latest.intent_fingerprint not in a.unreplayable
+            answer = self._after_success(
+                latest, after_success, replay_window, now, answered=answered, replayable=replayable
+            )
             if answer is not None:
                 return answer
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
@@ -274,11 +278,19 @@ class ReceiptAttempts(ReceiptTransitions):
         return self._insert(a, latest, now, actor)
 
     def _after_success(
-        self, latest: Receipt, after_success: str, replay_window: float, now: dt.datetime, *, answered: bool
+        self,
+        latest: Receipt,
+        after_success: str,
+        replay_window: float,
+        now: dt.datetime,
+        *,
+        answered: bool,
+        replayable: bool = True,
     ) -> Decision | None:
         """
         A duplicate of a success: replayed, blocked, or (older than the window) None: a new attempt.
         `answered`: it became succeeded from the upstream's answer (submitted → succeeded).
+        `replayable`: False when the receipt may be another caller's (Attempt.unreplayable): blocked.
         """
         if after_success == "block":
             return Decision("blocked_succeeded", latest, "duplicate blocked: the operation already succeeded")
@@ -293,6 +305,13 @@ class ReceiptAttempts(ReceiptTransitions):
                 "blocked_succeeded",
                 latest,
                 "duplicate blocked: succeeded (settled after the answer, which is not replayed)",
+            )
+        if not replayable:
+            return Decision(
+                "blocked_succeeded",
+                latest,
+                "duplicate blocked: succeeded, and its answer is not replayed to a caller the proxy cannot tell "
+                "from the one it answered",
             )
         if latest.response is not None and not latest.response.truncated:
             return Decision("replay", latest, "duplicate answered with the recorded response")
@@ -338,6 +357,7 @@ class ReceiptAttempts(ReceiptTransitions):
             a.raw_target,
             a.fingerprint_scheme,
             a.fingerprint_rule,
+            a.read_principal,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"

@@ -277,3 +277,11 @@ def m009_fingerprint_versions(db: Schema) -> None:
         "CREATE INDEX receipts_of_earlier_schemes ON receipts(api, operation, fingerprint_scheme, state, updated_at) "
         "WHERE fingerprint_scheme IS NULL OR fingerprint_scheme < 3"
     )
+
+
+@migration
+def m010_read_principal(db: Schema) -> None:
+    # The principal of a write's credential headers alone, when more made its principal (a key
+    # in its query, body or path: caller.py): `receipts reconcile` checks that a read's headers are
+    # the write's against it. NULL: the principal is that of the headers.
+    db.execute("ALTER TABLE receipts ADD COLUMN read_principal TEXT")

@@ -74,6 +74,13 @@ class Attempt:
     # state; one with one of `earlier_unresolved` only while it is unresolved (an edited rule).
     earlier: tuple[str, ...] = ()
     earlier_unresolved: tuple[str, ...] = ()
+    # Fingerprints under which a success is never replayed to this request (a duplicate of it is
+    # blocked instead): every one, when nothing tells its caller apart; an earlier scheme's that
+    # did not count some credential it carries (caller.py). The receipt may be another caller's.
+    unreplayable: tuple[str, ...] = ()
+    # The principal of the credential headers alone (fingerprint.principal), when more made
+    # `principal` (a key in the query, body or path): what a read, which sends headers only, can match.
+    read_principal: str | None = None
 
     @property
     def fingerprints(self) -> tuple[str, ...]:
@@ -127,6 +134,7 @@ class Receipt:
     next_read_at: str | None = None  # outcome_unknown: no read is tried before this time (a failed read, settle)
     fingerprint_scheme: int | None = None  # the scheme that made its fingerprint; None: before schemes were recorded
     fingerprint_rule: str | None = None  # the digest of the rule its fingerprint read; None: not recorded
+    read_principal: str | None = None  # its credential headers' principal, when not `principal` (Attempt)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -167,6 +175,7 @@ class Receipt:
             next_read_at=row.get("next_read_at"),
             fingerprint_scheme=row.get("fingerprint_scheme"),
             fingerprint_rule=row.get("fingerprint_rule"),
+            read_principal=row.get("read_principal"),
         )
 
     @property
