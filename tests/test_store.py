@@ -157,7 +157,7 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m004_when_an_idempotency_key_was_first_sent"),
         ("receipt-proxy", "m005_raw_target"), ("receipt-proxy", "m006_failed_reads"),
         ("receipt-proxy", "m007_approval_decisions"), ("receipt-proxy", "m008_instance_leases"),
-        ("receipt-proxy", "m009_fingerprint_versions"), ("receipt-proxy", "m010_read_principal")]
+        ("receipt-proxy", "m009_fingerprint_versions"), ("receipt-proxy", "m012_read_principal")]
     forward(s)
     s.close()
 

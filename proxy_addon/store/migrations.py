@@ -280,7 +280,7 @@ def m009_fingerprint_versions(db: Schema) -> None:
 
 
 @migration
-def m010_read_principal(db: Schema) -> None:
+def m012_read_principal(db: Schema) -> None:
     # The principal of a write's credential headers alone, when more made its principal (a key
     # in its query, body or path: caller.py): `receipts reconcile` checks that a read's headers are
     # the write's against it. NULL: the principal is that of the headers.
