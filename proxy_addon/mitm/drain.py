@@ -164,6 +164,20 @@ class Drain:
             self._hooks.pop(task, None)
             self._cut.pop(task, None)
 
+    def follow(self, task: asyncio.Task, flow: http.HTTPFlow, meta: dict) -> None:
+        """
+        A matched flow's exchange that goes on after its request hook returned (streaming.py: an
+        answer passed on as it comes): in flight until `task` ends, and cut at the timeout as a
+        hook is; the task itself records what a cut leaves, and ends its agent's answer.
+        """
+        self._flows.add(flow)
+        self._hooks[task] = (flow, meta)
+        task.add_done_callback(self._followed)
+
+    def _followed(self, task: asyncio.Task) -> None:
+        self._hooks.pop(task, None)
+        self._cut.pop(task, None)
+
     def in_flight(self) -> int:
         """Matched flows not answered yet, and reconcile reads running (an operator's included)."""
         self._prune()
