@@ -21,6 +21,7 @@ The SDK's own server and client in SSE mode (tests/test_mcp.py) go through the s
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,7 +118,7 @@ def test_a_result_after_100000_notifications_is_succeeded_and_memory_stays_bound
     assert notifications == n and size > 30 * MiB
     assert len(results) == 1 and results[0]["id"] == 2 and results[0]["result"]["structuredContent"]["title"] == args["title"]
     receipt = the_receipt(proxy, args["title"])
-    assert receipt.state == "succeeded", (receipt.state, receipt.reason)
+    assert receipt.state == "succeeded", (receipt.state, receipt.error)
     assert receipt.external_id == str(results[0]["result"]["structuredContent"]["number"])
     recorded = receipt.response.body
     assert b'"result"' in recorded and b"notifications/progress" not in recorded and len(recorded) < 1000
@@ -184,3 +185,29 @@ def events_of(response: httpx.Response) -> Iterator[dict]:
                 yield json.loads("\n".join(data))
     else:
         yield response.json()
+
+
+def test_a_stream_cut_by_the_drain_before_its_result_is_unknown_and_says_so(upstream, tmp_path, confdir):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "tracker.yaml").write_text(RULES)
+    proxy = Proxy(tmp_path, confdir, rules=rules, extra=("--set", "receipts_drain_timeout=1"))
+    args = {"title": f"drained {uuid.uuid4().hex[:8]}", "shape": "held"}
+    try:
+        proxy.start()
+        with client(proxy) as c, c.stream("POST", upstream.url, json=tool_call(4, args),
+                                          headers={"Accept": ACCEPT}) as r:
+            stream = events(r)
+            assert next(stream).get("method") == "notifications/message"
+            proxy.proc.send_signal(signal.SIGTERM)  # the result is held: the drain's timeout passes first
+            last = list(stream)
+        assert proxy.proc.wait(timeout=30) == 0
+        assert [m["id"] for m in last] == [4]
+        said = last[0]["result"]
+        assert said["isError"] is True and "answer was lost" in said["content"][0]["text"]
+        receipt = the_receipt(proxy, args["title"])
+        assert receipt.state == "outcome_unknown" and "receipts_drain_timeout" in (receipt.error or "")
+        assert said["content"][0]["text"].count(receipt.operation_id) == 1
+    finally:
+        upstream.release(args["title"])
+        proxy.stop()

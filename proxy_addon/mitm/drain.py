@@ -22,7 +22,8 @@ with `loop.add_signal_handler` before the master runs; `Drain.running` replaces 
 `signalled` (mitmdump and mitmweb alike; the console's Ctrl-C prompt is left alone). The drain
 ends with `master.shutdown()`, mitmproxy's own way out (`done` hooks, then exit 0). The hooks
 addon (addon.py) owns a `Drain` (no global): it runs each matched flow's `request` hook inside
-`track()`, which counts it in flight, and asks `refuses()` first thing in `_begin`. A hook is
+`track()`, which counts it in flight, and asks `refuses()` first thing in `_begin`. An answer
+passed on after its hook returned (streaming.py) is counted with `follow()` until it ends. A hook is
 cut by cancelling its task; `track()` turns that cancellation into a recorded outcome and an
 answer, so mitmproxy sees the hook end normally.
 """

@@ -14,10 +14,11 @@ holding none of it (`store_streamed_bodies` off), with its own backpressure.
     relay = Relay()
     await relay.start()                    # once: listens on 127.0.0.1, a port the kernel picks
     pipe = Pipe(limit=1 << 20)
-    relay.route(flow, head, pipe)          # from the request hook, which then returns
+    token = relay.route(flow, head, pipe)  # from the request hook, which then returns
     await pipe.put(data, wanted=..., until=...)   # the body, as it comes (bounded: waits for the agent)
     pipe.end(tail)                         # ...then its end (or pipe.end(broken=True): the agent's stream is cut)
-    relay.restore(flow)                    # from the responseheaders hook
+    relay.restore(flow)                    # from the responseheaders hook (or error: the route dropped)
+    relay.drop(token)                      # a route nobody will come for (its agent has gone)
     await relay.aclose()
 
 The relay is reached only through a flow the addon routed to it: each route carries a random
@@ -142,11 +143,11 @@ class Relay:
                 self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=_READ)
                 self.port = self._server.sockets[0].getsockname()[1]
 
-    def route(self, flow: http.HTTPFlow, head: http.Response, pipe: Pipe) -> None:
+    def route(self, flow: http.HTTPFlow, head: http.Response, pipe: Pipe) -> str:
         """
         Point the flow at the relay (the request hook then returns without a response): mitmproxy
         sends it here, over plain HTTP, directly (not through an `upstream:` proxy), and gets
-        `head`, then what is put in `pipe`, as it comes.
+        `head`, then what is put in `pipe`, as it comes. The route's token: `drop` forgets it.
         """
         assert self._server is not None, "the relay is not listening"
         token = secrets.token_urlsafe(24)
@@ -157,6 +158,11 @@ class Relay:
         req.headers[TOKEN] = token
         # A connection of its own: not the agent's upstream's (its address, TLS and upstream proxy).
         flow.server_conn = connection.Server(address=None)
+        return token
+
+    def drop(self, token: str) -> None:
+        """Forget a route mitmproxy will not come for (its pipe was abandoned: the agent has gone)."""
+        self._routes.pop(token, None)
 
     def restore(self, flow: http.HTTPFlow) -> bool:
         """From the responseheaders hook: the request as the agent sent it, the answer streamed (False: not routed)."""

@@ -96,6 +96,7 @@ class _Stream:
     timeout: float
     call: ToolCall = field(init=False)
     answer: CallAnswer = field(init=False)  # the body read so far (one event at a time)
+    token: str = ""  # its route to the relay
 
     def __post_init__(self) -> None:
         self.call = ToolCall(**self.meta["mcp"])
@@ -138,7 +139,7 @@ class Streams:
         head.headers["X-Receipt-State"] = meta["state"]
         s = _Stream(flow, meta, op, reply, Pipe(PIPE), cap, timeout)
         meta["streamed"] = True  # the response and error hooks record nothing for it: the task does
-        self.relay.route(flow, head, s.pipe)
+        s.token = self.relay.route(flow, head, s.pipe)
         task = asyncio.get_running_loop().create_task(self._follow(s, gate, metrics))
         self._running[task] = s
         self._by_flow[flow.id] = s
@@ -166,8 +167,12 @@ class Streams:
 
     def _ended(self, task: asyncio.Task) -> None:
         s = self._running.pop(task, None)
-        if s is not None and self._by_flow.get(s.flow.id) is s:
+        if s is None:
+            return
+        if self._by_flow.get(s.flow.id) is s:
             del self._by_flow[s.flow.id]
+        if s.pipe.abandoned:  # its agent has gone: mitmproxy will not come for it (if it has not yet)
+            self.relay.drop(s.token)
 
     # --- the answer, as it comes -----------------------------------------------------------
 
