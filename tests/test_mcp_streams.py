@@ -15,7 +15,11 @@ endpoint of tests/mcp_sse_upstream.py (shapes the SDK's server cannot make), and
 - A notification sent before a slow result reaches the client before the result: the test lets
   the endpoint send its result only once the client has the notification (before: held until
   the result, so the endpoint waited in vain).
-The SDK's own server and client in SSE mode (tests/test_mcp.py) go through the same path.
+- A stream the drain cuts (SIGTERM, receipts_drain_timeout passed) before its result is
+  `outcome_unknown`, and the client's stream ends with the proxy's words, as one more event.
+- The SDK's own server (SSE mode, https) and client: a result, its replay and a lost answer, the
+  two answers streamed by mitmproxy, and the receipt holding the response's event alone. (The
+  SDK's tests in tests/test_mcp.py, SSE mode, go through the same path.)
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ operations:
   issues.create:
     match: {method: POST, path: /mcp, mcp: {tool: create_issue}}
     fingerprint: {body: [params.arguments.title, params.arguments.shape]}
+    external_id: number
+"""
+SDK_RULES = """\
+api: tracker
+hosts: ["127.0.0.1"]
+operations:
+  issues.create:
+    match: {method: POST, path: /mcp, mcp: {tool: create_issue}}
+    fingerprint: {body: [params.arguments.title, params.arguments.body]}
     external_id: number
 """
 ACCEPT = "application/json, text/event-stream"
@@ -211,3 +224,37 @@ def test_a_stream_cut_by_the_drain_before_its_result_is_unknown_and_says_so(upst
     finally:
         upstream.release(args["title"])
         proxy.stop()
+
+
+def test_the_sdk_over_https_gets_its_event_streams_through_the_relay(tmp_path, confdir):
+    """The SDK's server (SSE mode, https) and client: results, a replay and a lost answer, each streamed."""
+    from tests.mcp_client import run_client
+    from tests.mcp_fixtures import McpServer
+
+    with McpServer("sse", tmp_path, tls=True) as server:
+        rules = tmp_path / "rules"
+        rules.mkdir()
+        (rules / "tracker.yaml").write_text(SDK_RULES)
+        proxy = Proxy(tmp_path, confdir, rules=rules, upstream_ca=server.cert_path)
+        try:
+            proxy.start()
+            args, lost = {"title": f"tls {uuid.uuid4().hex[:8]}"}, {"title": f"tls lost {uuid.uuid4().hex[:8]}"}
+            server.queue("commit_then_drop")
+            report = run_client(server.url, [("call", "create_issue", lost), ("call", "create_issue", args),
+                                             ("call", "create_issue", args)],
+                                revision="2026-07-28", proxy=proxy.url, ca=proxy.ca, timeout=10)
+            dropped, first, retry = report["results"]
+            assert dropped["ok"] and dropped["is_error"] and "answer was lost" in dropped["content"][0]["text"]
+            assert first["ok"] and not first["is_error"] and first["structured"]["title"] == args["title"]
+            assert retry["ok"] and retry["structured"] == first["structured"]
+            assert [h["content_type"] for h in report["http"] if h["jsonrpc_method"] == "tools/call"][:2] == [
+                "text/event-stream", "text/event-stream"]
+            assert server.effects()["created"] == 2
+            receipt = the_receipt(proxy, args["title"])
+            assert receipt.state == "succeeded" and receipt.external_id == str(first["structured"]["number"])
+            # The response's event alone is recorded, not the `: ping` comments the SDK's server sent before it.
+            assert receipt.response.body.count(b"data:") == 1 and b"ping" not in receipt.response.body
+            assert the_receipt(proxy, lost["title"]).state == "outcome_unknown"
+            assert proxy.log().count("Streaming response from") == 2  # mitmproxy's word: the two answers streamed
+        finally:
+            proxy.stop()

@@ -300,9 +300,9 @@ class Receipts:
         assert self._client is not None
         opts = ctx.options
         timeout, cap = opts.receipts_upstream_timeout, opts.receipts_response_cap
-        result = await exchange.send(
-            self._client, flow.request, deadline=timeout, cap=cap, streamed=streaming.streams(op, meta)
-        )
+        if (streamed := streaming.streamed_if(op, meta)) is not None:
+            await self.streams.ready()
+        result = await exchange.send(self._client, flow.request, deadline=timeout, cap=cap, streamed=streamed)
         if isinstance(result, Outcome):
             await self._record(flow, meta, result)
             failed = answers.exchange_failed(

@@ -7,8 +7,8 @@ its own on the call's stream before the call's response, and may keep the stream
 Held whole, as other answers are (exchange.py), the agent would see none of them before the end,
 and a stream too long, or one that never ends, would leave a success `outcome_unknown`.
 
-How, for a 2xx event-stream answer to a tool call without a Content-Encoding (`streams`, asked
-by exchange.send with the answer's head):
+How, for a 2xx event-stream answer to a tool call without a Content-Encoding (`streamed_if`,
+asked by exchange.send with the answer's head; the relay listens before the call is sent):
 - the `request` hook routes the flow to the relay (relay.py) and returns; mitmproxy streams what
   the relay gives it: the upstream's head (with X-Receipt-Id, and X-Receipt-State `submitted`:
   it goes out before the outcome is known), then the body;
@@ -67,7 +67,7 @@ PIPE = 256 * 1024  # bytes passed on that may wait for a slow agent before readi
 POLL = 0.2  # seconds between two looks at whether the agent is still there
 
 
-def streams(op: Operation, meta: dict) -> Callable[[int, list[tuple[bytes, bytes]]], bool] | None:
+def streamed_if(op: Operation, meta: dict) -> Callable[[int, list[tuple[bytes, bytes]]], bool] | None:
     """
     For exchange.send: whether an answer's head (status, header fields) makes it streamed: a
     2xx event stream, without a Content-Encoding, to a tool call with an id. None: never.
@@ -120,6 +120,10 @@ class Streams:
         self._running: dict[asyncio.Task, _Stream] = {}
         self._by_flow: dict[str, _Stream] = {}
 
+    async def ready(self) -> None:
+        """Before a call whose answer may stream is sent: the relay listens (a failure here: nothing was sent)."""
+        await self.relay.start()
+
     async def start(
         self,
         flow: http.HTTPFlow,
@@ -133,7 +137,6 @@ class Streams:
         timeout: float,
     ) -> None:
         """From the request hook, which then returns: route the flow to the relay, and follow the answer."""
-        await self.relay.start()
         head = reply.response.copy()  # what the agent gets; the reply's stays as the upstream sent it, to record
         head.headers["X-Receipt-Id"] = meta["operation_id"]
         head.headers["X-Receipt-State"] = meta["state"]
@@ -301,4 +304,4 @@ async def _next(chunks: AsyncIterator[bytes]) -> bytes | None:
     return await anext(chunks, None)
 
 
-__all__ = ["Streams", "streams"]
+__all__ = ["Streams", "streamed_if"]
