@@ -195,14 +195,12 @@ async def send(
             status, phrase, version, fields = head.status, head.reason, head.http_version, head.headers
             chunks, close = head.body(), head.aclose
             stream = streamed is not None and streamed(status, fields)
+            body = io.BytesIO()
+            complete = not stream
             try:
-                body = io.BytesIO()
-                complete = not stream
-                async for chunk in _nothing() if stream else chunks:
+                while complete and (chunk := await anext(chunks, None)) is not None:
                     body.write(chunk)
-                    if body.tell() > cap:
-                        complete = False
-                        break
+                    complete = body.tell() <= cap
             except BaseException:
                 await close()
                 raise
@@ -225,12 +223,6 @@ async def send(
     if not stream:
         response.headers["content-length"] = str(len(response.raw_content or b""))
     return Reply(response, complete, None if complete else _Rest(chunks, close, ends), streamed=stream)
-
-
-async def _nothing() -> AsyncIterator[bytes]:
-    """No chunks: a streamed answer's body is not read here."""
-    return
-    yield
 
 
 @functools.lru_cache(maxsize=1024)
