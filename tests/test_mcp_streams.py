@@ -15,6 +15,8 @@ endpoint of tests/mcp_sse_upstream.py (shapes the SDK's server cannot make), and
 - A notification sent before a slow result reaches the client before the result: the test lets
   the endpoint send its result only once the client has the notification (before: held until
   the result, so the endpoint waited in vain).
+- A result that outlives receipts_upstream_timeout: the notification reaches the client at once;
+  at the deadline the receipt is `outcome_unknown` and the stream ends with the proxy's words.
 - A stream the drain cuts (SIGTERM, receipts_drain_timeout passed) before its result is
   `outcome_unknown`, and the client's stream ends with the proxy's words, as one more event.
 - The SDK's own server (SSE mode, https) and client: a result, its replay and a lost answer, the
@@ -258,3 +260,26 @@ def test_the_sdk_over_https_gets_its_event_streams_through_the_relay(tmp_path, c
             assert proxy.log().count("Streaming response from") == 2  # mitmproxy's word: the two answers streamed
         finally:
             proxy.stop()
+
+
+def test_a_stream_whose_result_outlives_the_upstream_timeout_is_unknown_and_says_so(upstream, tmp_path, confdir):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "tracker.yaml").write_text(RULES)
+    proxy = Proxy(tmp_path, confdir, rules=rules, extra=("--set", "receipts_upstream_timeout=2"))
+    args = {"title": f"late {uuid.uuid4().hex[:8]}", "shape": "held"}
+    try:
+        proxy.start()
+        with client(proxy) as c, c.stream("POST", upstream.url, json=tool_call(5, args),
+                                          headers={"Accept": ACCEPT}) as r:
+            got = list(events(r))  # the notification at once; then, at the deadline, the proxy's words
+        assert [m.get("method") for m in got] == ["notifications/message", None]
+        said = got[1]
+        assert said["id"] == 5 and said["result"]["isError"] is True
+        receipt = the_receipt(proxy, args["title"])
+        assert receipt.state == "outcome_unknown" and receipt.operation_id in said["result"]["content"][0]["text"]
+        assert "answer was lost" in said["result"]["content"][0]["text"]
+        assert "receipts_upstream_timeout (2s)" in (receipt.error or "")
+    finally:
+        upstream.release(args["title"])
+        proxy.stop()
