@@ -15,6 +15,7 @@ The shape is the call's `shape` argument:
     flood    `n` notifications/progress (each padded to about `size` bytes), then the result
     endless  the result, then a `: ping` comment every 0.05 s until the peer closes the connection
              (then `peer_closed[title]` is set), ENDLESS_SECONDS pass or the upstream stops
+    broken   the result, a `: ping`, then half an event and the connection cut (no last chunk)
     held     one notifications/message, then the result once `release(title)` is called, or after
              HOLD_SECONDS without it; the result's structuredContent says which (`released`)
     (none)   the result alone
@@ -102,6 +103,12 @@ class SseUpstream:
                     self.chunk(event({"jsonrpc": "2.0", "id": msg["id"], "result": {
                         "content": [{"type": "text", "text": json.dumps(structured)}],
                         "structuredContent": structured, "isError": False}}))
+                    if shape == "broken":  # half an event, then the connection is cut: no last chunk
+                        self.chunk(b": ping\r\n\r\n")
+                        self.wfile.write(b"40\r\nevent: message\r\ndata: {")
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
                     if shape == "endless":
                         ends = time.monotonic() + ENDLESS_SECONDS
                         while time.monotonic() < ends and not upstream.stopping.is_set():

@@ -12,6 +12,7 @@ endpoint of tests/mcp_sse_upstream.py (shapes the SDK's server cannot make), and
   stream goes on; a retry is replayed; once the client has gone, the proxy closes the upstream
   connection (before: nothing reached the client until receipts_upstream_timeout, then
   `outcome_unknown`).
+- The result, then the stream breaks: succeeded; the client's stream is cut as the upstream's was.
 - A notification sent before a slow result reaches the client before the result: the test lets
   the endpoint send its result only once the client has the notification (before: held until
   the result, so the endpoint waited in vain).
@@ -170,6 +171,23 @@ def test_a_result_then_a_stream_that_never_ends_is_succeeded_at_the_result(upstr
         assert the_receipt(proxy, args["title"]).state == "succeeded"
     finally:
         upstream.release(args["title"])  # nothing held; the stream itself ends when its client has gone
+
+
+def test_a_stream_that_breaks_after_its_result_leaves_it_succeeded(upstream, proxy):
+    args = {"title": f"broken {uuid.uuid4().hex[:8]}", "shape": "broken"}
+    with client(proxy) as c:
+        with c.stream("POST", upstream.url, json=tool_call(11, args), headers={"Accept": ACCEPT}) as r:
+            stream = events(r)
+            result = next(stream)
+            assert result["id"] == 11 and result["result"]["structuredContent"]["title"] == args["title"]
+            with pytest.raises(httpx.RemoteProtocolError):  # the break is passed on: the stream is cut, not ended
+                list(stream)
+        retry = c.post(upstream.url, json=tool_call(12, args), headers={"Accept": ACCEPT})
+    assert [m["result"]["structuredContent"] for m in events_of(retry)] == [result["result"]["structuredContent"]]
+    assert retry.headers.get("x-receipt-replayed") == "true"
+    receipt = the_receipt(proxy, args["title"])
+    assert receipt.state == "succeeded", (receipt.state, receipt.error)
+    assert [m["params"]["arguments"] for m in upstream.calls].count(args) == 1
 
 
 def test_a_notification_reaches_the_client_before_a_slow_result(upstream, proxy):
