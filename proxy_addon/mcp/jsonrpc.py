@@ -6,19 +6,22 @@ response). The client picks the response whose `id` is its request's.
 
     messages_of(body, "text/event-stream")   # every JSON-RPC message in the answer, in order
     response_for(body, ctype, 7)              # the response to request 7, or None
+    kind_of(message, 7)                       # "response" (to request 7), "request", "notification" or "other"
     framed({"jsonrpc": "2.0", ...}, sse=True) # (content type, bytes) of one message
+
+An event stream read as it arrives, one event at a time, is event_stream.py; a tool call's
+answer read so, call_answer.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from typing import Any
+from typing import Any, Literal
 
 from proxy_addon.jsonpath import NOT_JSON, parse_json
+from proxy_addon.mcp.event_stream import EventStream
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
-_LINE_END = re.compile(rb"\r\n|\n|\r")
+Kind = Literal["response", "request", "notification", "other"]
 
 
 def is_sse(content_type: str | None) -> bool:
@@ -36,19 +39,15 @@ def messages_of(body: bytes, content_type: str | None) -> list[dict[str, Any]]:
 
 
 def _sse_data(body: bytes) -> list[bytes]:
-    """The `data` of each event of an event stream (its data lines joined with LF), as the SSE spec reads them."""
-    out = []
-    for event in _EVENT_END.split(body):
-        lines = [line for line in _LINE_END.split(event) if line.startswith(b"data")]
-        data = []
-        for line in lines:
-            field, _, value = line.partition(b":")
-            if field != b"data":
-                continue
-            data.append(value[1:] if value.startswith(b" ") else value)
-        if data:
-            out.append(b"\n".join(data))
-    return out
+    """
+    The `data` of each event of a whole event stream, as the spec's parser reads them; an event
+    the stream leaves unfinished at its end is read too (a body recorded or held whole).
+    """
+    events = EventStream(limit=len(body))
+    pieces = events.feed(body)
+    if (last := events.end()) is not None:
+        pieces.append(last)
+    return [p.event.data for p in pieces if p.event is not None and p.event.data is not None]
 
 
 def same_id(a: Any, b: Any) -> bool:
@@ -60,10 +59,23 @@ def same_id(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def kind_of(message: dict[str, Any], request_id: Any) -> Kind:
+    """
+    What a JSON-RPC message is to the request with this id: its "response" (a `result` or an
+    `error` with its id), a "request" of the server's own (a method and an id: a client answers
+    it), a "notification" (a method, no id), or "other" (a response to another id, not JSON-RPC).
+    """
+    if "method" in message:
+        return "request" if message.get("id") is not None else "notification"
+    if ("result" in message or "error" in message) and same_id(message.get("id"), request_id):
+        return "response"
+    return "other"
+
+
 def response_for(body: bytes, content_type: str | None, request_id: Any) -> dict[str, Any] | None:
     """The JSON-RPC response (a `result` or an `error`) to the request with this id, or None."""
     for msg in messages_of(body, content_type):
-        if ("result" in msg or "error" in msg) and "method" not in msg and same_id(msg.get("id"), request_id):
+        if kind_of(msg, request_id) == "response":
             return msg
     return None
 
@@ -88,4 +100,4 @@ def wants_sse(accept: str | None, recorded_sse: bool) -> bool:
     return takes_sse and not takes_json
 
 
-__all__ = ["NOT_JSON", "framed", "is_sse", "messages_of", "response_for", "same_id", "wants_sse"]
+__all__ = ["NOT_JSON", "Kind", "framed", "is_sse", "kind_of", "messages_of", "response_for", "same_id", "wants_sse"]

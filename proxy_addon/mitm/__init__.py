@@ -11,8 +11,9 @@ lets matched requests in flight end first (drain.py).
 Options are declared and parsed in options.py; the store they open (Installation, gate,
 PostgreSQL Listener, read connection) is store.py; the exchange that sends matched requests is
 exchange.py (http1.py, its HTTP/1.1 pool; httpcore_send.py, through httpcore's pool for HTTP/2
-upstreams and an upstream proxy), and the outcome it records record.py; approvals are approval.py;
-mitmproxy internals are internals.py.
+upstreams and an upstream proxy), and the outcome it records record.py; an MCP tool call's event
+stream, passed on as it comes, is streaming.py (relay.py hands it to mitmproxy's streaming);
+approvals are approval.py; mitmproxy internals are internals.py.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ Hooks, one job each:
   with its decoded body, then send it once ourselves (exchange.py) and record what happened,
   or answer from an existing receipt (409 blocked, recorded replay, 503 when the store
   cannot be written).
+- `responseheaders`: an MCP tool call's event stream, routed to the relay by `request`, streams
+  (streaming.py).
 - `response` / `error`: record outcomes (record.py) when mitmproxy forwards (`receipts_forward=mitmproxy`).
 """
 
@@ -47,6 +49,7 @@ from proxy_addon.mitm import (
     record,
     refusals,
     request_body,
+    streaming,
     tools,
 )
 from proxy_addon.mitm.approval import Approvals, await_approval
@@ -82,6 +85,7 @@ class Receipts:
         self.metrics = Metrics()  # this proxy's Prometheus metrics (served by mitm/metrics.py)
         self.db = ReceiptsDb(self.metrics, post_reads=self._post_reads, on_change=self.refresh_flow)  # store.py
         self.drain = Drain(self)  # SIGTERM/SIGINT: let the matched requests in flight end, then exit
+        self.streams = streaming.Streams(self.drain)  # MCP tool calls' event streams, passed on as they come
         self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
         self.tool_catalog = ToolCatalog()  # mcp.tools: from_server: which tools the servers declare read-only
         self._duplicate_lines = LogLimit()  # a retry storm logs one line per receipt every 10 s (log_limit.py)
@@ -174,6 +178,7 @@ class Receipts:
         )
 
     async def done(self) -> None:
+        await self.streams.aclose()
         self.db.stop_listening()
         self.metrics.close()
         self.approvals.close()
@@ -305,14 +310,22 @@ class Receipts:
         """
         assert self._client is not None
         opts = ctx.options
-        timeout = opts.receipts_upstream_timeout
-        result = await exchange.send(self._client, flow.request, deadline=timeout, cap=opts.receipts_response_cap)
+        timeout, cap = opts.receipts_upstream_timeout, opts.receipts_response_cap
+        if (streamed := streaming.streamed_if(op, meta)) is not None:
+            await self.streams.ready()
+        result = await exchange.send(self._client, flow.request, deadline=timeout, cap=cap, streamed=streamed)
         if isinstance(result, Outcome):
             await self._record(flow, meta, result)
             failed = answers.exchange_failed(
                 meta["operation_id"], result.state, result.reason, timed_out=result.timed_out
             )
             flows.answer(flow, failed)
+            return
+        if result.streamed:  # an MCP tool call's event stream: passed on as it comes (streaming.py)
+            assert self.gate is not None
+            await self.streams.start(
+                flow, meta, op, result, gate=self.gate, metrics=self.metrics, cap=cap, timeout=timeout
+            )
             return
         flow.response = result.response
         try:
@@ -324,6 +337,9 @@ class Receipts:
         finally:
             await result.aclose()
         forward.pass_rest(flow, meta, rest, limit=opts.receipts_response_max, timeout=timeout)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        self.streams.headers(flow)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         tools.learn(flow, self.tool_catalog)
@@ -338,6 +354,7 @@ class Receipts:
         await record.answer(self.gate, self.metrics, flow, meta, self._operation(meta), cap=cap, complete=complete)
 
     async def error(self, flow: http.HTTPFlow) -> None:
+        self.streams.error(flow)
         meta = self._awaiting_outcome(flow)
         if meta is None:
             return
@@ -356,7 +373,7 @@ class Receipts:
     def _awaiting_outcome(self, flow: http.HTTPFlow) -> dict | None:
         """The flow's receipt metadata if we forwarded it and have not recorded its outcome yet."""
         meta = flow.metadata.get(META)
-        if meta is None or meta.get("answer") != "forward" or "outcome" in meta:
+        if meta is None or meta.get("answer") != "forward" or "outcome" in meta or meta.get("streamed"):
             return None
         self._deadlines.disarm(flow)
         return meta

@@ -22,7 +22,8 @@ with `loop.add_signal_handler` before the master runs; `Drain.running` replaces 
 `signalled` (mitmdump and mitmweb alike; the console's Ctrl-C prompt is left alone). The drain
 ends with `master.shutdown()`, mitmproxy's own way out (`done` hooks, then exit 0). The hooks
 addon (addon.py) owns a `Drain` (no global): it runs each matched flow's `request` hook inside
-`track()`, which counts it in flight, and asks `refuses()` first thing in `_begin`. A hook is
+`track()`, which counts it in flight, and asks `refuses()` first thing in `_begin`. An answer
+passed on after its hook returned (streaming.py) is counted with `follow()` until it ends. A hook is
 cut by cancelling its task; `track()` turns that cancellation into a recorded outcome and an
 answer, so mitmproxy sees the hook end normally.
 """
@@ -163,6 +164,20 @@ class Drain:
         finally:
             self._hooks.pop(task, None)
             self._cut.pop(task, None)
+
+    def follow(self, task: asyncio.Task, flow: http.HTTPFlow, meta: dict) -> None:
+        """
+        A matched flow's exchange that goes on after its request hook returned (streaming.py: an
+        answer passed on as it comes): in flight until `task` ends, and cut at the timeout as a
+        hook is; the task itself records what a cut leaves, and ends its agent's answer.
+        """
+        self._flows.add(flow)
+        self._hooks[task] = (flow, meta)
+        task.add_done_callback(self._followed)
+
+    def _followed(self, task: asyncio.Task) -> None:
+        self._hooks.pop(task, None)
+        self._cut.pop(task, None)
 
     def in_flight(self) -> int:
         """Matched flows not answered yet, and reconcile reads running (an operator's included)."""

@@ -38,9 +38,9 @@ one reset or cut off after (outcome_unknown).
 Sent once: neither pool sends a request twice (http1.py never does; httpcore_send.py stops
 httpcore's pool from sending it again after a GOAWAY).
 
-What changes: a matched request's answer is held, not streamed. mitmproxy 12 sends a
-response set by the `request` hook in one piece (`send_response()` has no streaming path
-for it; `Response.stream` is read only for an answer mitmproxy reads from a server itself).
+What changes: a matched request's answer is held, not streamed (but below). mitmproxy 12
+sends a response set by the `request` hook in one piece (`send_response()` has no streaming
+path for it; `Response.stream` is read only for an answer mitmproxy reads from a server itself).
 So memory is bounded per exchange instead (README, "Limits"):
 - `send` reads the body up to `cap` (receipts_response_cap). An answer that ends within it
   is classified and recorded whole, as always; a failure before then is a failure outcome
@@ -53,6 +53,10 @@ So memory is bounded per exchange instead (README, "Limits"):
   past the limit, after the deadline, or when the body breaks off, the upstream connection
   is closed and the agent gets the proxy's answer saying so; when the agent has gone
   (checked every 0.2 s), the connection is closed at once.
+An answer `send` is told to stream (`streamed`, asked with the head: an MCP tool call's event
+stream) is returned with its head alone (`Reply.streamed`), its body read by the caller as it
+comes (`Reply.chunks`, within `Reply.ends` as long as the caller wants): streaming.py passes it
+on through relay.py, which mitmproxy streams.
 """
 
 from __future__ import annotations
@@ -151,11 +155,13 @@ async def send(
     deadline: float,
     cap: int,
     connect_timeout: float = 10.0,
+    streamed: Callable[[int, list[tuple[bytes, bytes]]], bool] | None = None,
 ) -> Reply | Outcome:
     """
     Send `request` once (never retried) and read the answer's body up to `cap` bytes: the
     `Reply` (complete, or its head and first bytes with the rest still to read), or the outcome
     of a failure before that. `deadline` (seconds) covers it all, the rest of the body too.
+    `streamed(status, header fields)` True: the head alone, its body not read (`Reply.streamed`).
     """
     try:
         scheme, host, port, netloc = origin(request.scheme, request.host, request.port)
@@ -188,14 +194,13 @@ async def send(
                 )
             status, phrase, version, fields = head.status, head.reason, head.http_version, head.headers
             chunks, close = head.body(), head.aclose
+            stream = streamed is not None and streamed(status, fields)
+            body = io.BytesIO()
+            complete = not stream
             try:
-                body = io.BytesIO()
-                complete = True
-                async for chunk in chunks:
+                while complete and (chunk := await anext(chunks, None)) is not None:
                     body.write(chunk)
-                    if body.tell() > cap:
-                        complete = False
-                        break
+                    complete = body.tell() <= cap
             except BaseException:
                 await close()
                 raise
@@ -215,8 +220,9 @@ async def send(
         timestamp_start=time.time(),
         timestamp_end=time.time(),
     )
-    response.headers["content-length"] = str(len(response.raw_content or b""))
-    return Reply(response, complete, None if complete else _Rest(chunks, close, ends))
+    if not stream:
+        response.headers["content-length"] = str(len(response.raw_content or b""))
+    return Reply(response, complete, None if complete else _Rest(chunks, close, ends), streamed=stream)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -274,6 +280,19 @@ class Reply:
     response: http.Response
     complete: bool
     _rest: _Rest | None = None
+    streamed: bool = False  # the head alone: the body is read with `chunks`, as it comes
+
+    @property
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The rest of the body, as it comes (no deadline of its own: see `ends`)."""
+        assert self._rest is not None, "the answer was complete"
+        return self._rest.chunks
+
+    @property
+    def ends(self) -> float:
+        """The exchange's deadline, on the event loop's clock."""
+        assert self._rest is not None, "the answer was complete"
+        return self._rest.ends
 
     async def read_rest(self, *, limit: int, wanted: Callable[[], bool], poll: float = 0.2) -> Rest:
         """
