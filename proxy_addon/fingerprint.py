@@ -20,7 +20,11 @@ Bodies (`RequestView.body` is the body with its Content-Encoding undone: bodies.
 - no `fingerprint.body` in the rule: the SHA-256 of the whole body. A body that is none of
   the above, or has none of the named fields, is hashed whole too, and the intent says
   which fallback was used (`fallback`: intent_body.FALLBACKS); build_attempt logs it in one line.
-- Every string that enters the fingerprint (values and keys) is in Unicode NFC.
+- Every string that enters the fingerprint (values and keys) is in Unicode NFC; from scheme 3,
+  every number is its exact value (`1.0` is 1, `1e400` is not `2e400`: intent_body.canonical_number)
+  and JSON and form bodies are decoded by their declared charset (`charset=latin-1`).
+- A JSON body with a key twice in one object (json_body.read_json) raises BadJson: the request
+  is refused (400), never fingerprinted by one of the two readings.
 - A named field that holds an object, or a list of objects, is stored as a keyed hash of
   it (`hashed`): the fingerprint still tells two objects apart, but no leaf of an object
   the rule did not name one by one (`meta.access_token`) is ever stored.
