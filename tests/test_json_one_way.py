@@ -144,6 +144,7 @@ CASE_FOLDED = {
         b'"method": "tools/call"', b'"method": "tools/list", "METHOD": "tools/call"'), "differ only by case"),
     "name and NAME": ("/mcp", lambda t: tool_call(t).replace(
         b'"name": "create_issue"', b'"name": "list_issues", "NAME": "create_issue"'), "differ only by case"),
+    "Title": ("/mcp", lambda t: tool_call(t).replace(b'"title"', b'"Title"'), "reads as the argument 'title'"),
     "Query": ("/graphql", lambda t: mutation(t).replace(b'"query"', b'"Query"'), "reads as 'query'"),
     "query and QUERY": ("/graphql", lambda t: mutation(t).replace(
         b'{"query": ', b'{"query": "query { viewer { id } }", "QUERY": '), "differ only by case"),
@@ -154,7 +155,9 @@ CASE_FOLDED = {
 def test_keys_that_differ_only_by_case_are_refused(lenient_proxy, case):
     """
     Go's encoding/json fills a struct field from a key in any case, the last one winning: these
-    bodies ran create_issue / issueCreate on a Go server while the proxy saw no call, or a read.
+    bodies ran create_issue / issueCreate on a Go server while the proxy saw no call, or a read
+    (or, for `Title`, a call without the title the rule names: its retry with another title got
+    the first one's replay).
     """
     path, spell, says = CASE_FOLDED[case]
     with LenientServer("go") as go:

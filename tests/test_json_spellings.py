@@ -10,6 +10,7 @@ gives the new equalities (1 and 1.0 one intent, 1e400 and 2e400 two, Latin-1 and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -407,3 +408,15 @@ def test_rules_explain_says_a_body_with_a_key_twice_is_refused():
     mcp_report = explain(RS, "POST", "https://api.spell.test/mcp", b'{"jsonrpc": "2.0", "Method": "tools/call"}',
                          {"content-type": J}, KEY)
     assert "'Method'" in mcp_report["refused"]
+
+
+def test_a_named_argument_spelled_in_another_case_is_refused():
+    """Go decodes `Title` into the tool's `title`; the fingerprint would count it missing, so calls would merge."""
+    body = mcp("create_issue", {"Title": "x", "amount": 1}).encode()
+    m = RS.match("api.spell.test", 443, "POST", "/mcp", body=body)
+    view = RequestView("POST", "https", "api.spell.test", 443, "/mcp", {"content-type": J}, body)
+    with pytest.raises(BadJson, match="the key 'Title' at params.arguments, .* reads as the argument 'title'"):
+        fingerprint(m, view, KEY)
+    nested = mcp("create_issue", {"title": "x", "meta": {"Id": 1}}).encode()  # `meta` named whole: not read inside
+    m = RS.match("api.spell.test", 443, "POST", "/mcp", body=nested)
+    assert fingerprint(m, dataclasses.replace(view, body=nested), KEY).intent["body"]["params.arguments.title"] == "x"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy_addon.errors import BadJson
 from proxy_addon.intent_body import BY_VALUE, _fields, canonical_json, keyed_hash, nfc
 from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.redaction import is_secret_name
@@ -27,6 +28,7 @@ def arguments_view(call: ToolCall, fields: tuple[str, ...] | None, key: bytes, *
     """The call's part of the intent under fingerprint scheme `scheme` (module docstring)."""
     doc = {"params": {"arguments": call.arguments}}
     if fields is not None:
+        refuse_case_variants(call.arguments, fields)
         named = _fields("body", doc, fields, key, scheme=scheme) or {
             "body": dict.fromkeys(fields),
             "missing": list(fields),
@@ -49,3 +51,31 @@ def arguments_view(call: ToolCall, fields: tuple[str, ...] | None, key: bytes, *
 
 def _holds_objects(value: dict | list) -> bool:
     return isinstance(value, dict) or any(isinstance(v, (dict, list)) for v in value)
+
+
+def refuse_case_variants(arguments: dict[str, Any], fields: tuple[str, ...]) -> None:
+    """
+    BadJson when a named argument is absent but a key in another case is there (`Title` for
+    `params.arguments.title`): a Go server decoding the arguments into its tool's struct reads
+    it as that argument, where the fingerprint would count it missing, and two different
+    calls would be one intent. (Keys that differ only by case in one object are refused
+    before: mcp/calls.parse_message.)
+    """
+    for field in fields:
+        value: Any = arguments
+        parts = field.split(".")[2:] if field.startswith(PREFIX) else []
+        for i, part in enumerate(parts):
+            if not isinstance(value, dict):
+                break
+            if part in value:
+                value = value[part]
+                continue
+            other = next((k for k in value if k.casefold() == part.casefold()), None)
+            if other is not None:
+                where = ".".join(["params", "arguments", *parts[:i]])
+                raise BadJson(
+                    f"the JSON-RPC body has the key {other[:60]!r} at {where}, which a server that matches keys "
+                    f"regardless of case (Go's encoding/json) reads as the argument {part!r} the rule names, and "
+                    f"the proxy does not; spell it {part!r}"
+                )
+            break
