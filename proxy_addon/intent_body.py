@@ -156,13 +156,16 @@ def nfc(value: Any, *, numbers: bytes | None = None) -> Any:
     stack = [(value, top)]
     while stack:
         src, dst = stack.pop()
+        into_dict = isinstance(dst, dict)
         for k, v in src.items() if isinstance(src, dict) else enumerate(src):
-            if isinstance(v, (dict, list)):
-                new: Any = {} if isinstance(v, dict) else []
+            if type(v) is str:  # the common leaf first: one check
+                new: Any = _nfc_text(v)
+            elif isinstance(v, (dict, list)):
+                new = {} if isinstance(v, dict) else []
                 stack.append((v, new))
             else:
                 new = _leaf(v, numbers)
-            if isinstance(dst, dict):
+            if into_dict:
                 dst[_nfc_text(k) if isinstance(k, str) else k] = new
             else:
                 dst.append(new)
@@ -172,9 +175,13 @@ def nfc(value: Any, *, numbers: bytes | None = None) -> Any:
 def _leaf(value: Any, numbers: bytes | None) -> Any:
     if isinstance(value, str):
         return _nfc_text(value)
-    if numbers is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if numbers is None or value is None or isinstance(value, bool):
+        return value  # None, a bool, and every number under scheme 2
+    if type(value) is int and -_BIG_INT < value < _BIG_INT:
+        return value  # the common number: its own canonical form
+    if isinstance(value, (int, float)):
         return canonical_number(value, numbers)
-    return value  # None, a bool, and every number under scheme 2
+    return value
 
 
 def canonical_number(value: int | float, key: bytes) -> int | float | str:
