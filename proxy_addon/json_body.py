@@ -14,22 +14,25 @@ body's key, GraphQL and MCP matching): never a body two parsers could read as tw
   and `1e400` is not `2e400` although both are the float inf. Integer literals are ints.
 - **A key twice in one object** is refused wherever the proxy reads a body: Python's parser
   and Node's take the last one, others (and APIs that stream the body) the first, so the
-  fingerprint would describe one request and the server run another. The error names the key
-  and the object it is in (`items.0`), never a value.
+  fingerprint would describe one request and the server run another. So are two keys that are
+  one text in NFC (`é` composed and decomposed): the fingerprint reads keys in NFC, servers do
+  not. The error names the keys and the object they are in (`items.0`), never a value.
 - **Strict** (`read_strict`, on the endpoints of MCP and GraphQL rules, where the body says
   which call or mutation runs): the body must be UTF-8 (no invalid byte, no encoded surrogate,
   no byte order mark), RFC 8259 JSON (no `NaN` or `Infinity`), with no lone surrogate escape
   (`"\\ud800"`): Node and Go replace such bytes with U+FFFD and run the call, where the proxy
   would see no JSON at all. With `fold`, no object may hold two keys that differ only by case
-  (Unicode case folding: `method` and `METHOD`, `params` and `PARAMS`, and `params` with a long s, U+017F), since Go's
-  encoding/json matches keys regardless of case and keeps the last one; and `misspelled`
-  refuses a key that folds to one the proxy reads (`"Method"` alone) but is not it.
+  (Unicode case folding: `method` and `METHOD`; `params`, and `params` spelled with a long s,
+  U+017F), since Go's encoding/json matches keys regardless of case and keeps the last one;
+  and `misspelled` refuses a key that folds to one the proxy reads (`"Method"` alone) but is not it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -77,7 +80,7 @@ class NotStrict:
 
 
 class _Twice(Exception):
-    """An object with a key twice (or, folding, two keys that differ only by case)."""
+    """An object with a key twice, or two keys a reader takes as one (folding case, or in NFC)."""
 
     def __init__(self, keys: tuple[str, ...]):
         self.keys = keys
@@ -88,20 +91,42 @@ class _Constant(Exception):
         self.name = name
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        raise _Twice((_repeated(pairs),))
-    return obj
+def _nfc_key(key: str) -> str:
+    return key if key.isascii() else unicodedata.normalize("NFC", key)
 
 
-def _unique_folded(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        raise _Twice((_repeated(pairs),))
-    if len(obj) > 1 and len({k.casefold() for k in obj}) != len(obj):
-        raise _Twice(_folded(obj))
-    return obj
+def _folded_key(key: str) -> str:
+    return key.casefold() if key.isascii() else unicodedata.normalize("NFC", key.casefold())
+
+
+def _same(obj: dict[str, Any], norm: Callable[[str], str]) -> tuple[str, str] | None:
+    """Two keys of `obj` that `norm` makes one, in their order, or None."""
+    seen: dict[str, str] = {}
+    for k in obj:
+        if (first := seen.setdefault(norm(k), k)) != k:
+            return (first, k)
+    return None
+
+
+def _hook(*, fold: bool, nfc: bool) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """
+    An object_pairs_hook refusing (_Twice) a key twice; with `nfc` (a body that is not ASCII)
+    also two keys that are one text in NFC, as the fingerprint reads keys (`é` composed and
+    decomposed); with `fold`, two keys that differ only by case, as Go's encoding/json reads them.
+    """
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            raise _Twice((_repeated(pairs),))
+        if len(obj) > 1:
+            if fold and len({k.casefold() for k in obj}) != len(obj):
+                raise _Twice(_same(obj, str.casefold) or ())
+            if nfc and (pair := _same(obj, _folded_key if fold else _nfc_key)) is not None:
+                raise _Twice(pair)
+        return obj
+
+    return unique
 
 
 def _repeated(pairs: list[tuple[str, Any]]) -> str:
@@ -113,32 +138,54 @@ def _repeated(pairs: list[tuple[str, Any]]) -> str:
     raise AssertionError("no key is repeated")
 
 
-def _folded(obj: dict[str, Any]) -> tuple[str, ...]:
-    seen: dict[str, str] = {}
-    for k in obj:
-        if (first := seen.setdefault(k.casefold(), k)) != k:
-            return (first, k)
-    raise AssertionError("no two keys fold alike")
-
-
 def _no_constant(name: str) -> Any:
     raise _Constant(name)
 
 
 # Built once: json.loads with hooks builds a decoder (and its scanner) on every call, 1.5 µs a request.
-# Decoders are used by many threads at once, as json.loads's own default decoder is.
-_READ = json.JSONDecoder(object_pairs_hook=_unique, parse_float=JsonNumber)
-_STRICT = json.JSONDecoder(object_pairs_hook=_unique, parse_float=JsonNumber, parse_constant=_no_constant)
-_STRICT_FOLDED = json.JSONDecoder(object_pairs_hook=_unique_folded, parse_float=JsonNumber, parse_constant=_no_constant)
+# Decoders are used by many threads at once, as json.loads's own default decoder is. Keyed by
+# (strict, fold, nfc): the keys of an ASCII body without \u escapes need no NFC check.
+_DECODERS = {
+    (strict, fold, nfc): json.JSONDecoder(
+        object_pairs_hook=_hook(fold=fold, nfc=nfc),
+        parse_float=JsonNumber,
+        parse_constant=_no_constant if strict else None,  # None: NaN, Infinity and -Infinity read as floats
+    )
+    for strict in (False, True)
+    for fold in (False, True)
+    for nfc in (False, True)
+}
 
 
-def _loads(source: bytes | str, decoder: json.JSONDecoder) -> Any:
-    """json.loads(source) with `decoder`: bytes decoded as json.loads decodes them (UTF-8, -16 or -32)."""
+def _loads(source: bytes | str, *, strict: bool = False, fold: bool = False) -> Any:
+    """json.loads(source) with the proxy's decoder: bytes decoded as json.loads decodes them (UTF-8, -16 or -32)."""
     if isinstance(source, bytes):
         source = source.decode(json.detect_encoding(source), "surrogatepass")
     elif source.startswith("\ufeff"):
         raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", source, 0)
-    return decoder.decode(source)
+    nfc = not source.isascii() or "\\u" in source  # a key that is not ASCII (or \u-escaped): compare them in NFC
+    return _DECODERS[(strict, fold, nfc)].decode(source)
+
+
+def _twice(what: str, keys: tuple[str, ...], where: str) -> str:
+    """Why a body with these keys in the object at `where` is refused."""
+    if len(keys) == 1:
+        return (
+            f"{what} has the key {_short(keys[0])} twice in the object at {where}: servers disagree on which one "
+            "counts (the first or the last), so the proxy does not guess; send each key once"
+        )
+    first, second = keys
+    if _nfc_key(first) == _nfc_key(second):
+        return (
+            f"{what} has the keys {_short(first)} and {_short(second)}, one text in two Unicode forms, in the "
+            f"object at {where}: the proxy reads keys in NFC (as one), servers as two, so it does not guess; "
+            "send each key once"
+        )
+    return (
+        f"{what} has the keys {_short(first)} and {_short(second)}, which differ only by case, in the object at "
+        f"{where}: a server that matches keys regardless of case (Go's encoding/json) takes the last one, so the "
+        "proxy does not guess; send each key once, spelled as the protocol spells it"
+    )
 
 
 def read_json(body: bytes, codec: str | None = None) -> Any:
@@ -159,15 +206,12 @@ def read_json(body: bytes, codec: str | None = None) -> Any:
     if isinstance(source, bytes) and source[0] not in _FIRST_BYTES:
         return NOT_JSON  # known before json.loads decodes all of it into a str the size of the body
     try:
-        return _loads(source, _READ)
+        return _loads(source)
     except _Twice as e:
-        where = _where_twice(source, e.keys, fold=False)
+        where = _where_twice(source, e.keys)
         if where is None:
             return NOT_JSON  # not JSON after all (the key came before the error)
-        raise BadJson(
-            f"the JSON body has the key {_short(e.keys[0])} twice in the object at {where}: servers disagree on "
-            "which one counts (the first or the last), so the proxy does not guess; send each key once"
-        ) from None
+        raise BadJson(_twice("the JSON body", e.keys, where)) from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         return NOT_JSON
 
@@ -186,21 +230,12 @@ def read_strict(body: bytes, what: str, *, fold: bool) -> Any:
             "with U+FFFD would run the request, which the proxy cannot read; send UTF-8"
         )
     try:
-        doc = _loads(text, _STRICT_FOLDED if fold else _STRICT)
+        doc = _loads(text, strict=True, fold=fold)
     except _Twice as e:
-        where = _where_twice(text, e.keys, fold=fold)
+        where = _where_twice(text, e.keys)
         if where is None:
             return NotStrict(f"{what} is not JSON")
-        if len(e.keys) == 1:
-            return NotStrict(
-                f"{what} has the key {_short(e.keys[0])} twice in the object at {where}: servers disagree on "
-                "which one counts (the first or the last), so the proxy does not guess; send each key once"
-            )
-        return NotStrict(
-            f"{what} has the keys {_short(e.keys[0])} and {_short(e.keys[1])}, which differ only by case, in the "
-            f"object at {where}: a server that matches keys regardless of case (Go's encoding/json) takes the "
-            "last one, so the proxy does not guess; send each key once, spelled as the protocol spells it"
-        )
+        return NotStrict(_twice(what, e.keys, where))
     except _Constant as e:
         return NotStrict(f"{what} holds {e.name}, which is not JSON (RFC 8259)")
     except json.JSONDecodeError as e:
@@ -237,7 +272,7 @@ def case_twice(obj: Any, what: str, where: str = "the top level") -> NotStrict |
     """NotStrict when two keys of `obj` differ only by case (read_strict with `fold`, for one object)."""
     if not isinstance(obj, dict) or len(obj) < 2 or len({k.casefold() for k in obj}) == len(obj):
         return None
-    first, second = _folded(obj)
+    first, second = _same(obj, str.casefold) or ("", "")
     return NotStrict(
         f"{what} has the keys {_short(first)} and {_short(second)}, which differ only by case, at {where}: a "
         "server that matches keys regardless of case (Go's encoding/json) takes the last one, so the proxy does "
@@ -249,12 +284,12 @@ class _Marked(dict):
     """An object in which the marking parse found the repeated (or case-folded) keys."""
 
 
-def _where_twice(source: bytes | str, keys: tuple[str, ...], *, fold: bool) -> str | None:
-    """Where the first object with a key twice (or two keys folding alike) is, as a dotted path; None: not JSON."""
+def _where_twice(source: bytes | str, keys: tuple[str, ...]) -> str | None:
+    """Where the first object holding `keys` (found twice, or taken as one) is, as a dotted path; None: not JSON."""
 
     def mark(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         obj = dict(pairs)
-        twice = len(obj) != len(pairs) or (fold and len({k.casefold() for k in obj}) != len(obj))
+        twice = len(obj) != len(pairs) or len(keys) == 2
         return _Marked(obj) if twice and all(k in obj for k in keys) else obj
 
     try:

@@ -420,3 +420,17 @@ def test_a_named_argument_spelled_in_another_case_is_refused():
     nested = mcp("create_issue", {"title": "x", "meta": {"Id": 1}}).encode()  # `meta` named whole: not read inside
     m = RS.match("api.spell.test", 443, "POST", "/mcp", body=nested)
     assert fingerprint(m, dataclasses.replace(view, body=nested), KEY).intent["body"]["params.arguments.title"] == "x"
+
+
+def test_two_keys_that_are_one_text_in_nfc_are_refused():
+    """The fingerprint reads keys in NFC (one key), a server as two: which one counts is a guess."""
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    body = json.dumps({"meta": {nfc: 1, nfd: 2}}, ensure_ascii=False).encode()
+    with pytest.raises(BadJson, match="one text in two Unicode forms, in the object at meta"):
+        read_json(body)
+    kelvin = json.dumps({"K": 1, "\u212a": 2}).encode()  # the Kelvin sign is K in NFC (escaped: an ASCII body)
+    with pytest.raises(BadJson, match="one text in two Unicode forms"):
+        read_json(kelvin)
+    assert read_json(json.dumps({nfc: 1, "cafe": 2}, ensure_ascii=False).encode()) == {nfc: 1, "cafe": 2}
+    got = read_strict(json.dumps({"params": {nfc: 1, nfd: 2}}).encode(), "the body", fold=True)
+    assert isinstance(got, NotStrict) and "one text in two Unicode forms" in got.why
