@@ -139,9 +139,9 @@ def intent_notes(intent: Mapping[str, Any]) -> list[str]:
         notes.append(f"named fields not in the body, counted as null: {', '.join(intent['missing'])}")
     if intent.get("hashed"):
         notes.append(
-            f"named fields that hold an object (or a list of objects), stored as a keyed hash of it, never its "
-            f"values: {', '.join(intent['hashed'])} (name its leaves one by one, e.g. {intent['hashed'][0]}.id, "
-            "to store them)"
+            f"named fields that hold an object (or a list of objects), or a number no double holds exactly, stored "
+            f"as a keyed hash of it, never its values: {', '.join(intent['hashed'])} (name an object's leaves one "
+            f"by one, e.g. {intent['hashed'][0]}.id, to store them)"
         )
     return notes
 
@@ -280,12 +280,14 @@ def _fields(
         if value is _MISSING:
             missing.append(f)
             value = None
-        value = nfc(value, numbers=numbers)
+        raw, value = value, nfc(value, numbers=numbers)
         if objects and (
             isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value))
         ):
             value = keyed_hash(key, "intent-object", canonical_json(value))
             hashed.append(f)
+        elif numbers is not None and hashed_number(raw, value):
+            hashed.append(f)  # a read template cannot use it (reads.py): its hash is no value to look for
         view[f] = value
     if len(missing) == len(fields):
         return {}
@@ -295,6 +297,13 @@ def _fields(
     if hashed:
         out["hashed"] = hashed
     return out
+
+
+def hashed_number(raw: Any, value: Any) -> bool:
+    """Whether `value` (a field's canonical form) holds a number of `raw` as a keyed hash (canonical_number)."""
+    if isinstance(raw, list) and isinstance(value, list):
+        return any(hashed_number(r, v) for r, v in zip(raw, value, strict=False))
+    return isinstance(raw, (int, float)) and not isinstance(raw, bool) and isinstance(value, str)
 
 
 def _form(body: bytes, codec: str | None = None) -> dict[str, Any] | None:

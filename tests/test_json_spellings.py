@@ -434,3 +434,30 @@ def test_two_keys_that_are_one_text_in_nfc_are_refused():
     assert read_json(json.dumps({nfc: 1, "cafe": 2}, ensure_ascii=False).encode()) == {nfc: 1, "cafe": 2}
     got = read_strict(json.dumps({"params": {nfc: 1, nfd: 2}}).encode(), "the body", fold=True)
     assert isinstance(got, NotStrict) and "one text in two Unicode forms" in got.why
+
+
+def test_a_number_stored_as_a_keyed_hash_is_no_value_a_read_can_look_for():
+    """A read for `{intent.amount}` must fail to plan, not search for the hash and prove absence."""
+    from proxy_addon.errors import ReconcileError
+    from proxy_addon.reads import value_of
+    from proxy_addon.states import State
+    from proxy_addon.store import Receipt
+
+    intent = fp("json 1e400", 3).intent
+    assert intent["hashed"] == ["amount"] and fp("json 1", 3).intent.get("hashed") is None
+    assert fp("json 2e400", 2).intent.get("hashed") is None  # scheme 2 stored it as the float inf
+    r = Receipt(operation_id="r1", api="spell", operation="things.create", method="POST",
+                target="https://api.spell.test/v1/things", state=State.OUTCOME_UNKNOWN, intent_fingerprint="sha256:x",
+                intent=intent, principal="anonymous", submitted_at="2026-11-29T10:00:00.000000Z", updated_at="",
+                completed_at=None, http_status=None, error=None, external_id=None, flow_id=None, retry_of=None,
+                instance=None)
+    assert value_of("intent.title", r) == "t"
+    with pytest.raises(ReconcileError, match="intent.amount"):
+        value_of("intent.amount", r)
+    listed = json.dumps({"title": "t", "tags": [1, 2]}).encode().replace(b"2]", b"1e400]")
+    m = RS.match("api.spell.test", 443, "POST", "/v1/things")
+    view = RequestView("POST", "https", "api.spell.test", 443, "/v1/things", {"content-type": J}, listed)
+    got = fingerprint(m, view, KEY).intent
+    assert got["hashed"] == ["tags"] and got["body"]["tags"][0] == 1 and got["body"]["tags"][1].startswith("hmac:")
+    args = fp("mcp all 1", 3).intent
+    assert args["hashed"] == ["params.arguments.o"]

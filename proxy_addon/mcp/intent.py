@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy_addon.errors import BadJson
-from proxy_addon.intent_body import BY_VALUE, _fields, canonical_json, keyed_hash, nfc
+from proxy_addon.intent_body import BY_VALUE, _fields, canonical_json, hashed_number, keyed_hash, nfc
 from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.redaction import is_secret_name
 
@@ -38,9 +38,12 @@ def arguments_view(call: ToolCall, fields: tuple[str, ...] | None, key: bytes, *
     hashed = []
     numbers = key if scheme >= BY_VALUE else None
     for name in sorted(call.arguments):
-        value = nfc(call.arguments[name], numbers=numbers)
+        raw = call.arguments[name]
+        value = nfc(raw, numbers=numbers)
         if is_secret_name(name.lower()) or (isinstance(value, (dict, list)) and _holds_objects(value)):
             value = keyed_hash(key, "intent-object", canonical_json(value))
+            hashed.append(PREFIX + nfc(name))
+        elif numbers is not None and hashed_number(raw, value):
             hashed.append(PREFIX + nfc(name))
         view[PREFIX + nfc(name)] = value
     out: dict[str, Any] = {"tool": call.name, "body": view}
