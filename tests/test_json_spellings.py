@@ -461,3 +461,44 @@ def test_a_number_stored_as_a_keyed_hash_is_no_value_a_read_can_look_for():
     assert got["hashed"] == ["tags"] and got["body"]["tags"][0] == 1 and got["body"]["tags"][1].startswith("hmac:")
     args = fp("mcp all 1", 3).intent
     assert args["hashed"] == ["params.arguments.o"]
+
+
+RECONCILED = """\
+api: shop
+hosts: [api.shop.test]
+operations:
+  orders.create:
+    match: {method: POST, path: /v1/orders}
+    fingerprint: {body: [title, amount]}
+    reconcile:
+      read: {method: GET, url: /v1/orders}
+      find: {title: "{intent.title}", amount: "{intent.amount}"}
+      absence_provable: true
+      retry_when_absent: true
+"""
+
+
+@pytest.mark.parametrize(
+    "sent, answered, found",
+    [(b"1.0", b"1", True), (b"1", b"1.0", True), (b"1e2", b"100.0", True), (b"1", b"1.5", False)],
+    ids=["sent-1.0-read-1", "sent-1-read-1.0", "sent-1e2-read-100.0", "another-number"],
+)
+def test_a_reconcile_read_finds_a_number_by_its_value(sent, answered, found):
+    """Before: `{intent.amount}` rendered 1.0 and an API answering 1 was 'absent': safe_to_retry, a second write."""
+    from proxy_addon.judge import judge
+    from proxy_addon.reads import plan_read
+    from proxy_addon.states import State
+    from proxy_addon.store import Receipt
+
+    rules = RuleSet.of([load_rules(RECONCILED, "shop.yaml")])
+    body = b'{"title": "mug", "amount": ' + sent + b"}"
+    m = rules.match("api.shop.test", 443, "POST", "/v1/orders")
+    view = RequestView("POST", "https", "api.shop.test", 443, "/v1/orders", {"content-type": J}, body)
+    r = Receipt(operation_id="r1", api="shop", operation="orders.create", method="POST",
+                target="https://api.shop.test/v1/orders", state=State.RECONCILING, intent_fingerprint="sha256:x",
+                intent=fingerprint(m, view, KEY).intent, principal="anonymous", submitted_at="", updated_at="",
+                completed_at=None, http_status=None, error=None, external_id=None, flow_id=None, retry_of=None,
+                instance=None)
+    answer = b'[{"title": "mug", "amount": ' + answered + b"}]"
+    verdict = judge(m.operation.reconcile, plan_read(m.operation, r), r, 200, answer)
+    assert verdict.state is (State.SUCCEEDED if found else State.SAFE_TO_RETRY), verdict.reason
