@@ -247,6 +247,28 @@ def method_override_refused(api: str, operation: str, detail: str) -> Answer:
     )
 
 
+def bad_json(api: str, operation: str, detail: str) -> Answer:
+    """
+    A matched write refused before any receipt because servers read its JSON body in more than
+    one way (json_body.py): a key twice in one object; on an MCP or GraphQL endpoint also a body
+    that is not strict UTF-8 JSON, or keys that differ only by case. `detail` names the key and
+    where it is, never a value. Nothing was sent.
+    """
+    return json_answer(
+        400,
+        {
+            "error": "bad_json",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "detail": detail,
+            "hint": "the request was not sent and no receipt was recorded; send the body as UTF-8 JSON with each key "
+            "once in every object, spelled as the API spells it, then send the request again",
+        },
+        {},
+    )
+
+
 def response_not_passed(
     operation_id: str,
     state: State,

@@ -8,6 +8,8 @@ The errors receipt-proxy raises. Every one says what went wrong and how to fix i
     ├── BodyTooLarge          a request body decodes past the bound (receipts_body_cap)
     ├── BadEncoding           a Content-Encoding stream is corrupt or truncated
     │   └── UnsupportedEncoding  a content coding nobody can decode (compress, a typo)
+    ├── BadJson               a matched write's JSON body that servers read in more than one way
+    │                         (a key twice in one object): the proxy answers 400, sends nothing
     └── StoreError            the receipts database could not be read or written
         ├── StoreUnavailable  the write did not happen (locked, read-only, disk full):
         │                     the request must not be forwarded
@@ -87,3 +89,12 @@ class BadEncoding(ReceiptsError, ValueError):
 
 class UnsupportedEncoding(BadEncoding):
     """A content coding the proxy cannot decode (it knows gzip, x-gzip, deflate, br, zstd and identity)."""
+
+
+class BadJson(ReceiptsError):
+    """
+    A matched write's JSON body that parsers read in more than one way: an object with a key
+    twice (Python and Node take the last, others the first). The proxy answers 400 and sends
+    nothing. `str(error)` names the key and where it is (`the key 'title' twice in the object
+    at items.0 of the JSON body`), never a value.
+    """

@@ -20,7 +20,11 @@ Bodies (`RequestView.body` is the body with its Content-Encoding undone: bodies.
 - no `fingerprint.body` in the rule: the SHA-256 of the whole body. A body that is none of
   the above, or has none of the named fields, is hashed whole too, and the intent says
   which fallback was used (`fallback`: intent_body.FALLBACKS); build_attempt logs it in one line.
-- Every string that enters the fingerprint (values and keys) is in Unicode NFC.
+- Every string that enters the fingerprint (values and keys) is in Unicode NFC; from scheme 3,
+  every number is its exact value (`1.0` is 1, `1e400` is not `2e400`: intent_body.canonical_number)
+  and JSON and form bodies are decoded by their declared charset (`charset=latin-1`).
+- A JSON body with a key twice in one object (json_body.read_json) raises BadJson: the request
+  is refused (400), never fingerprinted by one of the two readings.
 - A named field that holds an object, or a list of objects, is stored as a keyed hash of
   it (`hashed`): the fingerprint still tells two objects apart, but no leaf of an object
   the rule did not name one by one (`meta.access_token`) is ever stored.
@@ -81,8 +85,8 @@ from proxy_addon.intent_body import (
     nfc,
     one_value,
 )
+from proxy_addon.json_body import read_json
 from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older callers import it from here
-from proxy_addon.jsonpath import parse_json
 from proxy_addon.mcp.intent import arguments_view
 from proxy_addon.redaction import redact_url, webhook_tokens
 from proxy_addon.rules import Match
@@ -94,7 +98,8 @@ _MISSING = object()
 
 # Today's fingerprint scheme. 1: up to commit dc97d6d (fingerprint_v1.py); 2: canonical targets,
 # decoded and NFC bodies, hashed objects, canonical credentials; 3: (this version) every credential
-# in the principal, in the query, body and path too (caller.py), a path credential hashed in the intent.
+# in the principal, in the query, body and path too (caller.py), a path credential hashed in the intent;
+# JSON numbers by their exact value and bodies by their declared charset (intent_body.BY_VALUE).
 SCHEME = 3
 
 
@@ -154,11 +159,12 @@ def principal(credential_headers: Sequence[str], headers: Mapping[str, str], key
 
 
 def fingerprint(
-    match: Match, req: RequestView, key: bytes, *, parse: Callable[[bytes], Any] = parse_json, scheme: int = SCHEME
+    match: Match, req: RequestView, key: bytes, *, parse: Callable[..., Any] = read_json, scheme: int = SCHEME
 ) -> Intent:
     """
     The request's intent and its fingerprint, under `scheme` (2 or later; 1 is fingerprint_v1).
-    `parse`: how its body is read as JSON (build_attempt: once).
+    `parse`: how its body is read as JSON (build_attempt: once). Raises BadJson for a JSON body
+    with a key twice in one object: the request is refused, under every scheme.
     """
     if not 2 <= scheme <= SCHEME:
         raise ValueError(f"fingerprint scheme {scheme} is not one of 2..{SCHEME}")
@@ -183,10 +189,10 @@ def fingerprint(
     if spec.headers:
         intent["headers"] = {h: req.headers.get(h) for h in spec.headers}
     if op.mcp_tool is not None and match.mcp_call is not None:
-        intent.update(arguments_view(match.mcp_call, spec.body, key))  # never the JSON-RPC id or the session
+        intent.update(arguments_view(match.mcp_call, spec.body, key, scheme=scheme))  # never the JSON-RPC id or session
     else:
         graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
-        intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=parse))
+        intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=parse, scheme=scheme))
     caller = caller_of(
         op,
         req.headers,
@@ -311,7 +317,7 @@ def earlier_fingerprints(
     key: bytes,
     versions: Sequence[Version],
     today: Intent,
-    parse: Callable[[bytes], Any] = parse_json,
+    parse: Callable[..., Any] = read_json,
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """
     The request's fingerprints under `versions` that differ from `today`'s: those whose receipts
@@ -356,20 +362,22 @@ def earlier_fingerprints(
     return tuple(anyhow), tuple(f for f in unresolved if f not in anyhow), tuple(f for f in blind if f in anyhow)
 
 
-def parse_once(body: bytes) -> Callable[[bytes], Any]:
+def parse_once(body: bytes) -> Callable[..., Any]:
     """
-    `parse_json` for the readers of one request's body: `body` is parsed at most once, when one
-    of them reads it as JSON, and the document is shared (they only read it). Kept by no one
-    after the attempt is built, so a large body's document is not held while it is sent.
+    `read_json` for the readers of one request's body: `body` is parsed at most once per charset
+    it is decoded with (`parse(body)`, or `parse(body, codec)` under a declared charset: a second
+    parse only when an earlier scheme reads it otherwise), when one of them reads it as JSON, and
+    the document is shared (they only read it). Kept by no one after the attempt is built, so a
+    large body's document is not held while it is sent.
     """
-    parsed: list[Any] = []
+    parsed: dict[str | None, Any] = {}
 
-    def parse(text: bytes) -> Any:
+    def parse(text: bytes, codec: str | None = None) -> Any:
         if text is not body:
-            return parse_json(text)
-        if not parsed:
-            parsed.append(parse_json(body))
-        return parsed[0]
+            return read_json(text, codec)
+        if codec not in parsed:
+            parsed[codec] = read_json(body, codec)
+        return parsed[codec]
 
     return parse
 

@@ -8,6 +8,12 @@ A rule recognises a GraphQL operation by the root field of the mutation the requ
 executes (`issueCreate`), never by `operationName`, which the client chooses (Linear's
 SDK sends `createIssue`). Arguments are resolved with the request's variables, so
 `issueCreate(input: $input)` and `issueCreate(input: {title: "x"})` read the same.
+
+A body sent to a GraphQL endpoint is read strictly (json_body.read_strict): one that is not
+UTF-8 JSON, has a key twice in one object, or whose top level has two keys that differ only
+by case or spells `query`, `variables`, `operationName` or `extensions` in another case (Go
+servers such as gqlgen match these regardless of case) is `NotStrict`, and the proxy
+refuses it: `read_mutation(body)`. A float literal is a JsonNumber, as in JSON variables.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from graphql import GraphQLError, parse, print_ast
 from graphql.language import (
     DocumentNode,
     FieldNode,
+    FloatValueNode,
     FragmentDefinitionNode,
     FragmentSpreadNode,
     InlineFragmentNode,
+    ListValueNode,
     NameNode,
     ObjectFieldNode,
     ObjectValueNode,
@@ -31,19 +39,33 @@ from graphql.language import (
     OperationType,
     SelectionSetNode,
     StringValueNode,
+    ValueNode,
     VariableNode,
 )
 from graphql.pyutils import Undefined
 from graphql.utilities import value_from_ast_untyped
 
-from proxy_addon.jsonpath import parse_json
+from proxy_addon.json_body import JsonNumber, NotStrict, case_twice, misspelled, read_strict
 
 MAX_QUERY = 256 * 1024  # a larger document is not read as GraphQL (it is fingerprinted by its hash)
+REQUEST_KEYS = frozenset({"query", "variables", "operationName", "extensions"})  # GraphQL over HTTP
+_WHAT = "the GraphQL request body"
 
 
 def request_of(body: bytes) -> tuple[str, dict[str, Any], str | None] | None:
-    """(query, variables, operationName) of a GraphQL-over-HTTP POST body, or None."""
-    doc = parse_json(body)  # NOT_JSON is no dict either
+    """(query, variables, operationName) of a GraphQL-over-HTTP POST body, or None (NotStrict too)."""
+    request = _request(body)
+    return None if isinstance(request, NotStrict) else request
+
+
+def _request(body: bytes) -> tuple[str, dict[str, Any], str | None] | NotStrict | None:
+    """request_of, or why the body is refused (module docstring)."""
+    doc = read_strict(body, _WHAT, fold=False)  # variables are maps: their keys are read exactly, everywhere
+    if isinstance(doc, NotStrict):
+        return doc
+    problem = case_twice(doc, _WHAT) or misspelled(doc, REQUEST_KEYS, _WHAT)
+    if problem is not None:
+        return problem
     if not isinstance(doc, dict) or not isinstance(doc.get("query"), str) or len(doc["query"]) > MAX_QUERY:
         return None
     variables = doc.get("variables") or {}
@@ -69,11 +91,11 @@ def _executed(doc: DocumentNode, name: str | None) -> OperationDefinitionNode | 
     return ops[0] if len(ops) == 1 else None
 
 
-def _mutation(body: bytes) -> tuple[DocumentNode, OperationDefinitionNode, dict[str, Any]] | None:
-    """The document, the mutation it executes and the variables of a GraphQL POST body, or None."""
-    request = request_of(body)
-    if request is None:
-        return None
+def _mutation(body: bytes) -> tuple[DocumentNode, OperationDefinitionNode, dict[str, Any]] | NotStrict | None:
+    """The document, the mutation it executes and the variables of a GraphQL POST body, or None (or NotStrict)."""
+    request = _request(body)
+    if request is None or isinstance(request, NotStrict):
+        return request
     query, variables, name = request
     doc = _document(query)
     op = _executed(doc, name) if doc is not None else None
@@ -115,23 +137,40 @@ def _plain(value: Any) -> Any:
 def mutation_fields(body: bytes) -> dict[str, dict[str, Any]] | None:
     """
     The root fields of the mutation a GraphQL POST body executes, each with its arguments
-    (variables substituted), or None when the body is not a GraphQL mutation.
+    (variables substituted), or None when the body is not a GraphQL mutation (or is refused).
     """
+    fields = read_mutation(body)
+    return None if isinstance(fields, NotStrict) else fields
+
+
+def read_mutation(body: bytes) -> dict[str, dict[str, Any]] | NotStrict | None:
+    """mutation_fields, or NotStrict: why the body must be refused (module docstring)."""
     mutation = _mutation(body)
-    if mutation is None:
-        return None
+    if mutation is None or isinstance(mutation, NotStrict):
+        return mutation
     doc, op, variables = mutation
     fields: dict[str, dict[str, Any]] = {}
     for f in _fields_of(doc, op):
-        args = {a.name.value: _plain(value_from_ast_untyped(a.value, variables)) for a in f.arguments or ()}
+        args = {a.name.value: _plain(_untyped(a.value, variables)) for a in f.arguments or ()}
         fields.setdefault(f.name.value, args)
     return fields
+
+
+def _untyped(node: ValueNode, variables: dict[str, Any]) -> Any:
+    """value_from_ast_untyped, a float literal as a JsonNumber (`1e400` keeps its text, as in JSON)."""
+    if isinstance(node, FloatValueNode):
+        return JsonNumber(node.value)
+    if isinstance(node, ListValueNode):
+        return [_untyped(v, variables) for v in node.values]
+    if isinstance(node, ObjectValueNode):
+        return {f.name.value: _untyped(f.value, variables) for f in node.fields}
+    return value_from_ast_untyped(node, variables)
 
 
 def argument_variable(body: bytes, field_name: str, argument: str) -> str | None:
     """The name of the variable that carries `argument` of the mutation's root field `field_name`, if one does."""
     mutation = _mutation(body)
-    for f in _fields_of(*mutation[:2]) if mutation else ():
+    for f in _fields_of(*mutation[:2]) if mutation and not isinstance(mutation, NotStrict) else ():
         if f.name.value == field_name:
             for a in f.arguments or ():
                 if a.name.value == argument and isinstance(a.value, VariableNode):
@@ -175,7 +214,7 @@ def with_inline_value(body: bytes, field_name: str, path: list[str], value: str)
     inline object argument on a root field written directly in the operation.
     """
     mutation = _mutation(body)
-    if mutation is None or len(path) < 2:
+    if mutation is None or isinstance(mutation, NotStrict) or len(path) < 2:
         return None
     doc, op, _ = mutation
     selections = list(op.selection_set.selections)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy_addon import gql
+from proxy_addon.json_body import read_json
 from proxy_addon.jsonpath import NOT_JSON, dig, parse_json
 from proxy_addon.rules import Operation
 
@@ -43,7 +44,7 @@ def body_key(
     body: bytes,
     graphql_args: dict[str, Any] | None = None,
     *,
-    parse: Callable[[bytes], Any] = parse_json,
+    parse: Callable[..., Any] = read_json,
 ) -> tuple[str | None, bool]:
     """
     The agent's own value at the key's path (a new attempt's key), and whether we could write one

@@ -4,22 +4,42 @@ multipart parts or GraphQL arguments, NFC-normalised; a named object stored as a
 and, when the named fields cannot be found, the fallback used (recorded as notes that never
 enter the fingerprint). fingerprint.py puts this together with the path, query, headers and
 principal.
+
+From fingerprint scheme 3 (`BY_VALUE`), a body is read as its sender wrote it:
+- numbers by their exact value (`canonical_number`): `1`, `1.0` and `1e0` are one value, so
+  are `100` and `1E+2`; `1e400` and `2e400` are two (both the float inf), as are `0.1` and
+  `0.1000000000000000000001` (both the double 0.1);
+- JSON and forms decoded by the charset their Content-Type declares (`charset=latin-1`): the
+  same text in Latin-1 or in UTF-8 is one intent. A charset Python does not know, or a body
+  that does not decode with it, is hashed whole (fallback `bad_charset`); a form's
+  %-escapes that are not text in its charset are no longer read as U+FFFD (fallback `bad_form`).
+Scheme 2 read numbers as doubles and bodies as UTF-8, whatever they declared: `scheme=2` still does.
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
 import hashlib
 import hmac
 import json
+import math
 import unicodedata
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from email.message import Message
 from typing import Any
 from urllib.parse import parse_qsl
 
-from proxy_addon.jsonpath import NOT_JSON, parse_json
+from proxy_addon.json_body import NOT_JSON, UNDECODABLE, JsonNumber, read_json
 
 _MISSING = object()
+
+BY_VALUE = 3  # the first fingerprint scheme that reads numbers by value and bodies by their declared charset
+_INT_DIGITS = 40  # an integral number of more digits enters as a keyed hash (canonical_number)
+_BIG_INT = 10**_INT_DIGITS
+# Python codecs that are no charset an HTTP peer declares: read as one, they would read what no server does.
+_NOT_CHARSETS = frozenset({"unicode_escape", "raw_unicode_escape", "idna", "punycode", "undefined", "charmap", "mbcs"})
 
 
 def canonical_json(value: Any) -> str:
@@ -102,6 +122,8 @@ FALLBACKS = {
     "whole body",
     "no_named_field": "the body has none of the named fields: the fingerprint uses the SHA-256 of the whole body",
     "empty": "the body is empty: the fingerprint uses the SHA-256 of the empty body",
+    "bad_charset": "the body declares a charset Python does not know, or does not decode with the one it declares: "
+    "the fingerprint uses the SHA-256 of the whole body",
 }
 
 
@@ -117,35 +139,86 @@ def intent_notes(intent: Mapping[str, Any]) -> list[str]:
         notes.append(f"named fields not in the body, counted as null: {', '.join(intent['missing'])}")
     if intent.get("hashed"):
         notes.append(
-            f"named fields that hold an object (or a list of objects), stored as a keyed hash of it, never its "
-            f"values: {', '.join(intent['hashed'])} (name its leaves one by one, e.g. {intent['hashed'][0]}.id, "
-            "to store them)"
+            f"named fields that hold an object (or a list of objects), or a number no double holds exactly, stored "
+            f"as a keyed hash of it, never its values: {', '.join(intent['hashed'])} (name an object's leaves one "
+            f"by one, e.g. {intent['hashed'][0]}.id, to store them)"
         )
     return notes
 
 
-def nfc(value: Any) -> Any:
+def nfc(value: Any, *, numbers: bytes | None = None) -> Any:
     """`value` with every string in it, object keys too, in Unicode NFC: `café` is one text however it is
-    composed. Iterative, as parsed JSON may nest deeper than Python's recursion limit."""
-    if isinstance(value, str):
-        return _nfc_text(value)
+    composed. With `numbers` (scheme 3: the installation's key), every number in its canonical form too
+    (canonical_number). Iterative, as parsed JSON may nest deeper than Python's recursion limit."""
     if not isinstance(value, (dict, list)):
-        return value
+        return _leaf(value, numbers)
     top: Any = {} if isinstance(value, dict) else []
     stack = [(value, top)]
     while stack:
         src, dst = stack.pop()
+        into_dict = isinstance(dst, dict)
         for k, v in src.items() if isinstance(src, dict) else enumerate(src):
-            if isinstance(v, (dict, list)):
-                new: Any = {} if isinstance(v, dict) else []
+            if type(v) is str:  # the common leaf first: one check
+                new: Any = _nfc_text(v)
+            elif isinstance(v, (dict, list)):
+                new = {} if isinstance(v, dict) else []
                 stack.append((v, new))
             else:
-                new = _nfc_text(v) if isinstance(v, str) else v
-            if isinstance(dst, dict):
+                new = _leaf(v, numbers)
+            if into_dict:
                 dst[_nfc_text(k) if isinstance(k, str) else k] = new
             else:
                 dst.append(new)
     return top
+
+
+def _leaf(value: Any, numbers: bytes | None) -> Any:
+    if isinstance(value, str):
+        return _nfc_text(value)
+    if numbers is None or value is None or isinstance(value, bool):
+        return value  # None, a bool, and every number under scheme 2
+    if type(value) is int and -_BIG_INT < value < _BIG_INT:
+        return value  # the common number: its own canonical form
+    if isinstance(value, (int, float)):
+        return canonical_number(value, numbers)
+    return value
+
+
+def canonical_number(value: int | float, key: bytes) -> int | float | str:
+    """
+    A JSON number (scheme 3) as one value, however it is written: an integral value as an int
+    (`1.0`, `1e2`, `-0.0`: 1, 100, 0); another as the double whose shortest text is exactly its
+    value (`0.10` and `1e-1`: 0.1). A value no double holds exactly (`1e-400`,
+    `0.1000000000000000000001`), or an integral one of more than 40 digits (`1e400`, which a
+    double holds as inf), as a keyed hash of its exact decimal text: two of them are never one
+    intent, no string can pass for one, and no short text grows into a long one. `value` is an
+    int, a JsonNumber (its text as written), or a float the JSON held as `NaN` or `Infinity`,
+    which is hashed by its name.
+    """
+    if isinstance(value, int):
+        if -_BIG_INT < value < _BIG_INT:
+            return value
+        exact = Decimal(value)
+    else:
+        text = value.text if isinstance(value, JsonNumber) else repr(value)
+        if not math.isfinite(value) and not isinstance(value, JsonNumber):
+            return keyed_hash(key, "intent-number", text)  # NaN, Infinity, -Infinity: no number of JSON's
+        if math.isfinite(value) and text == repr(value):  # the common case: the shortest text of its double
+            if not value.is_integer():
+                return float(value)
+            if -_BIG_INT < value < _BIG_INT:
+                return int(value)
+        exact = Decimal(text)
+        if exact == exact.to_integral_value():
+            if -_BIG_INT < exact < _BIG_INT:  # `0e99` too
+                return int(exact)
+        elif math.isfinite(value) and Decimal(repr(float(value))) == exact:
+            return float(value)
+    sign, digits, exponent = exact.as_tuple()
+    coefficient = "".join(map(str, digits)).rstrip("0")  # not zero: zero is an int
+    assert isinstance(exponent, int)  # a finite number
+    exponent += len(digits) - len(coefficient)
+    return keyed_hash(key, "intent-number", f"{'-' if sign else ''}{coefficient}e{exponent}")
 
 
 def _nfc_text(text: str) -> str:
@@ -189,27 +262,32 @@ def _fields(
     *,
     lookup: Callable[[Any, str], Any] = _find,
     objects: bool = True,
+    scheme: int,
 ) -> dict[str, Any]:
     """
-    The named fields of a parsed body, NFC-normalised, with notes: a missing field counts as
-    null (`missing`); a field that holds an object or a list of objects is stored as a keyed
-    hash of it (`hashed`), so that two different objects still differ but none of their leaves
-    (a token under an unnamed key) is stored. `objects=False` keeps objects (multipart's own
-    summary of a file part). `{}` when none of the fields is there.
+    The named fields of a parsed body, NFC-normalised (and from scheme 3 with numbers by value),
+    with notes: a missing field counts as null (`missing`); a field that holds an object or a
+    list of objects is stored as a keyed hash of it (`hashed`), so that two different objects
+    still differ but none of their leaves (a token under an unnamed key) is stored.
+    `objects=False` keeps objects (multipart's own summary of a file part). `{}` when none of
+    the fields is there.
     """
     view: dict[str, Any] = {}
     missing, hashed = [], []
+    numbers = key if scheme >= BY_VALUE else None
     for f in fields:
         value = lookup(doc, f)
         if value is _MISSING:
             missing.append(f)
             value = None
-        value = nfc(value)
+        raw, value = value, nfc(value, numbers=numbers)
         if objects and (
             isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value))
         ):
             value = keyed_hash(key, "intent-object", canonical_json(value))
             hashed.append(f)
+        elif numbers is not None and hashed_number(raw, value):
+            hashed.append(f)  # a read template cannot use it (reads.py): its hash is no value to look for
         view[f] = value
     if len(missing) == len(fields):
         return {}
@@ -221,15 +299,62 @@ def _fields(
     return out
 
 
-def _form(body: bytes) -> dict[str, Any] | None:
-    """An application/x-www-form-urlencoded body as {name: value or [values]} (NFC), or None if it is not one."""
+def hashed_number(raw: Any, value: Any) -> bool:
+    """Whether `value` (a field's canonical form) holds a number of `raw` as a keyed hash (canonical_number)."""
+    if isinstance(raw, list) and isinstance(value, list):
+        return any(hashed_number(r, v) for r, v in zip(raw, value, strict=False))
+    return isinstance(raw, (int, float)) and not isinstance(raw, bool) and isinstance(value, str)
+
+
+def _form(body: bytes, codec: str | None = None) -> dict[str, Any] | None:
+    """
+    An application/x-www-form-urlencoded body as {name: value or [values]} (NFC), or None if it
+    is not one. Without `codec` (scheme 2), UTF-8 with %-escapes that are not UTF-8 read as
+    U+FFFD; with one (scheme 3, the declared charset or UTF-8), the body and its %-escapes are
+    text in that charset, or it is no form.
+    """
     try:
         form: dict[str, list[str]] = {}
-        for k, v in parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True):
+        if codec is None:
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
+        else:
+            text = body.decode(codec)
+            pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=True, encoding=codec, errors="strict")
+        for k, v in pairs:
             form.setdefault(_nfc_text(k), []).append(_nfc_text(v))
     except (UnicodeDecodeError, ValueError):
         return None
     return {k: one_value(v) for k, v in form.items()}
+
+
+def declared_charset(content_type: str) -> str | None:
+    """The `charset` parameter of a Content-Type (`application/json; charset="latin-1"`), or None."""
+    for param in content_type.split(";")[1:]:
+        name, eq, value = param.partition("=")
+        if eq and name.strip().lower() == "charset":
+            return value.strip().strip('"').strip() or None
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def text_codec(charset: str) -> str | None:
+    """The Python codec of a declared charset (`latin1` → `iso8859-1`), or None when it names no text charset."""
+    try:
+        name = codecs.lookup(charset).name
+        b"".decode(name)  # LookupError for a codec that is no text encoding (base64, rot13)
+    except (LookupError, ValueError):
+        return None
+    return None if name.replace("-", "_") in _NOT_CHARSETS else name
+
+
+@functools.lru_cache(maxsize=64)
+def _ascii_superset(codec: str) -> bool:
+    """Whether a codec reads every ASCII byte as itself (UTF-8, Latin-1, cp1252; not UTF-16 or UTF-7)."""
+    ascii_bytes = bytes(range(128))
+    try:
+        return ascii_bytes.decode(codec) == ascii_bytes.decode("ascii")
+    except UnicodeDecodeError:
+        return False
 
 
 def _whole(body: bytes, fallback: str | None) -> dict[str, Any]:
@@ -246,13 +371,16 @@ def body_view(
     graphql: tuple[str, dict[str, Any]] | None = None,
     key: bytes = b"",
     *,
-    parse: Callable[[bytes], Any] = parse_json,
+    parse: Callable[..., Any] = read_json,
+    scheme: int,
 ) -> dict[str, Any]:
     """
-    The body's part of the intent. `body` is the decoded body (bodies.decode_body). When the
-    named fields cannot be read as the rule says, the view says which fallback it used
-    (`fallback`, see FALLBACKS), and which named fields were missing or hashed. `parse`: how
-    the body is read as JSON (a request's one parse, shared with the body's key: fingerprint.parse_once).
+    The body's part of the intent, under fingerprint scheme `scheme`. `body` is the decoded body
+    (bodies.decode_body). When the named fields cannot be read as the rule says, the view says
+    which fallback it used (`fallback`, see FALLBACKS), and which named fields were missing or
+    hashed. `parse`: how the body is read as JSON, `parse(body)` or `parse(body, codec)` (a
+    request's one parse, shared with the body's key: fingerprint.parse_once); it raises BadJson
+    for a key twice in one object, which refuses the request.
     """
     if fields == ():
         return {}
@@ -260,7 +388,8 @@ def body_view(
         return _whole(body, None)
     if graphql is not None:
         field_name, args = graphql
-        return {"graphql": field_name, **(_fields("body", args, fields, key) or _whole(body, "no_named_field"))}
+        view = _fields("body", args, fields, key, scheme=scheme)
+        return {"graphql": field_name, **(view or _whole(body, "no_named_field"))}
     if not body:
         return _whole(body, "empty")
     content_type = headers.get("content-type", "")
@@ -269,23 +398,34 @@ def body_view(
         parts = multipart_parts(content_type, body)
         if parts is None:
             return _whole(body, "bad_multipart")
-        view = _fields("multipart", nfc(parts), fields, key, lookup=_part, objects=False)
+        view = _fields("multipart", nfc(parts), fields, key, lookup=_part, objects=False, scheme=scheme)
         return view or _whole(body, "no_named_field")
-    doc = parse(body)
+    form_codec: str | None = None  # scheme 2: UTF-8, bad %-escapes as U+FFFD
+    json_codec: str | None = None  # json.loads's own reading of bytes: UTF-8 (or UTF-16/32 by its zero bytes)
+    if scheme >= BY_VALUE:  # the charset the body declares
+        charset = declared_charset(content_type) if ";" in content_type else None
+        form_codec = "utf-8" if charset is None else text_codec(charset)
+        if form_codec is None:
+            return _whole(body, "bad_charset")
+        if form_codec != "utf-8" and not (body.isascii() and _ascii_superset(form_codec)):
+            json_codec = form_codec  # ASCII in an ASCII superset reads as it does undeclared: one parse
+    doc = parse(body) if json_codec is None else parse(body, json_codec)
     if ctype == "application/x-www-form-urlencoded":
-        form = _form(body)
+        form = _form(body, form_codec)
         if form is not None:
-            view = _fields("form", form, fields, key, lookup=_literal)
+            view = _fields("form", form, fields, key, lookup=_literal, scheme=scheme)
             if view:
                 return view
         # None of the named fields as a form: a JSON object sent with a form content type (curl -d)?
-        view = _fields("body", doc, fields, key) if isinstance(doc, dict) else {}
+        view = _fields("body", doc, fields, key, scheme=scheme) if isinstance(doc, dict) else {}
         if view:
             return {**view, "fallback": "json_sent_as_form"}
         return _whole(body, "bad_form" if form is None and not isinstance(doc, dict) else "no_named_field")
+    if doc is UNDECODABLE:
+        return _whole(body, "bad_charset")
     if not isinstance(doc, dict):  # not JSON, nested too deeply, or a bare number, string or list: no fields
         return _whole(body, "not_json" if doc is NOT_JSON else "not_a_json_object")
-    return _fields("body", doc, fields, key) or _whole(body, "no_named_field")
+    return _fields("body", doc, fields, key, scheme=scheme) or _whole(body, "no_named_field")
 
 
 def one_value(values: list[str] | None) -> Any:

@@ -17,6 +17,8 @@ What a reconcile read proves: found, absent (and whether that is proof), or noth
   absence): a list cut short proves nothing;
 - a read that can never be made or judged for this receipt (a template with no value in it)
   → manual_review at once, as a failed verdict.
+A `find` value is compared as text, and a number by its value (`1` is `1.0`, `100` is `1e2`),
+as the fingerprint compares numbers (intent_body.canonical_number).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import email.utils
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from proxy_addon.classify import external_id_of, rule_fits
@@ -115,7 +118,7 @@ def judge(
     except ReconcileError as e:  # the receipt has no value for a template: no read will ever judge it
         return unreadable(f"{said}: {e}")
     for item in items:
-        if all(text_of(dig(item, f)) == value for f, value in wanted) and all(
+        if all(_same(dig(item, f), value) for f, value in wanted) and all(
             _within(dig(item, f), kind, bound) for f, kind, bound in bounds
         ):
             found = _found_id(item, spec.external_id, receipt) if spec.external_id else None
@@ -165,6 +168,21 @@ def _found_id(item: Any, fields: str | tuple[str, ...], receipt: Receipt) -> str
             return None
         parts.append(part)
     return ":".join(parts)
+
+
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def _same(found: Any, wanted: str) -> bool:
+    """
+    Whether a read's value is the one a `find` template rendered: as text, or a number by its
+    value (the intent holds `1` for a write sent as `1.0`, an API may answer `1.0`, or `100` for `1e2`).
+    """
+    if text_of(found) == wanted:
+        return True
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not _JSON_NUMBER.fullmatch(wanted):
+        return False
+    return Decimal(found if isinstance(found, int) else repr(found)) == Decimal(wanted)
 
 
 def _number(value: Any) -> float | None:

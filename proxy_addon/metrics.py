@@ -16,7 +16,8 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
     refused_total{reason}                    matched requests not sent, answered by the proxy before or
                                              without a receipt: store_unavailable (503), stopping (503),
                                              body_too_large (413), bad_encoding, bad_header,
-                                             method_override_refused (400; MCP refusals among them)
+                                             method_override_refused (400; MCP refusals among them),
+                                             bad_json (400: a JSON body servers read two ways)
     unknown_outcomes{state} (gauge)          receipts in the database (every process's) whose outcome
                                              is not known: outcome_unknown, reconciling, manual_review;
                                              read at scrape time
@@ -77,6 +78,7 @@ REFUSALS = (
     "bad_encoding",
     "bad_header",
     "method_override_refused",
+    "bad_json",
 )  # a matched request the proxy answered instead of sending (flows.refuse's kinds) → the `reason` label
 READ_RESULTS = {
     State.SUCCEEDED: "found",

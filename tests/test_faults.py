@@ -154,6 +154,7 @@ SAME_WRITE_TARGETS = [
 # Bodies: equivalent bodies (content codings, key order and whitespace, Unicode normal forms) are
 # one intent too. Their rows go here, in the same form.
 _EW = "tests/test_encoded_writes.py::test_the_same_body_in_every_encoding_is_one_write[plain]"
+_JO = "tests/test_json_one_way.py::"
 _IS = "tests/test_intent_secrets.py::"
 SAME_WRITE_BODIES: list[SameWrite] = [
     SameWrite("a gzip-encoded body is the body (`gzip -n`, `gzip -n -1`: any level)", "{\"title\": \"x\"}",
@@ -180,6 +181,12 @@ SAME_WRITE_BODIES: list[SameWrite] = [
     SameWrite("a named object in any key order (stored as its keyed hash)", "{\"meta\": {\"a\": 1, \"b\": 2}}",
               "{\"meta\": {\"b\": 2, \"a\": 1}}",
               _IS + "test_a_named_object_is_stored_as_a_keyed_hash_and_still_tells_objects_apart"),
+    SameWrite("a JSON number by its value (fingerprint scheme 3)", "{\"amount\": 1}", "{\"amount\": 1.0}",
+              _JO + "test_numbers_are_one_intent_by_value[1-1.0]"),
+    SameWrite("...in any exponent spelling", "{\"amount\": 100}", "{\"amount\": 1e2}",
+              _JO + "test_numbers_are_one_intent_by_value[100-1e2]"),
+    SameWrite("the same text in the charset the body declares (JSON or form; scheme 3)", "{\"title\": \"café\"} (UTF-8)",
+              "the same in Latin-1, charset=latin-1", _JO + "test_the_declared_charset_is_read"),
 ]
 
 SAME_WRITE = SAME_WRITE_TARGETS + SAME_WRITE_BODIES
@@ -203,6 +210,13 @@ NOT_SAME_WRITE = [
     SameWrite("two different objects under a named field", "{\"meta\": {\"k\": \"a\"}}",
               "{\"meta\": {\"k\": \"b\"}}",
               "tests/test_intent_secrets.py::test_names_on_no_list_reach_no_db_wal_or_log"),
+    SameWrite("two numbers a double cannot tell apart (each its exact value)", "{\"amount\": 1e400}",
+              "{\"amount\": 2e400}", _JO + "test_numbers_are_one_intent_by_value[1e400-2e400]"),
+    SameWrite("...below a double's precision", "{\"amount\": 0.1}", "{\"amount\": 0.1000000000000000000001}",
+              _JO + "test_numbers_are_one_intent_by_value[0.1-0.1000000000000000000001]"),
+    SameWrite("a form and the same fields as JSON (a form's values are text, JSON's typed: docs/rules.md)",
+              "title=x&amount=1", "{\"title\": \"x\", \"amount\": 1}",
+              "tests/test_json_spellings.py::test_the_stored_intent_shows_numbers_by_value_and_hashes_what_no_double_holds"),
     SameWrite("two different bodies without any of the named fields (each hashed whole)", "{\"name\": \"x\"}",
               "{\"name\": \"x\"} ",
               "tests/test_intent_secrets.py::test_each_fallback_is_recorded_and_hashes_the_whole_body[none-of-the-fields]"),
@@ -279,6 +293,53 @@ REFUSED = [
 ]
 
 
+# Bodies the proxy and a server could read as two different requests: refused, never guessed (issue 24).
+READ_TWO_WAYS = [
+    Refused("a key twice in one JSON object (`{\"title\": \"a\", \"title\": \"b\"}`), at any depth; two keys "
+            "that are one text in NFC", "400 `bad_json` naming the key and where, never a value", "none",
+            "a first write", _JO + "test_a_key_twice_in_a_json_body_is_refused"),
+    Refused("an MCP tool call with an invalid UTF-8 byte (Node and Go read it as U+FFFD): before, passed as "
+            "\"not JSON\", ran twice, no receipt", "400, a JSON-RPC error -32600 under its id", "none",
+            "a first write", _JO + "test_an_mcp_call_with_invalid_utf8_is_refused"),
+    Refused("a GraphQL mutation with an invalid UTF-8 byte: before, ran twice, no receipt", "400 `bad_json`", "none",
+            "a first write", _JO + "test_a_graphql_mutation_with_invalid_utf8_is_refused"),
+    Refused("`\"Method\": \"tools/call\"` (Go matches keys regardless of case): before, ran twice, no receipt",
+            "400, JSON-RPC -32600", "none", "a first write", _JO + "test_keys_that_differ_only_by_case_are_refused[Method]"),
+    Refused("`\"method\": \"tools/list\", \"METHOD\": \"tools/call\"` (Go keeps the last): before, ran twice, no receipt",
+            "400, JSON-RPC -32600", "none", "a first write",
+            _JO + "test_keys_that_differ_only_by_case_are_refused[method and METHOD]"),
+    Refused("`\"name\": \"list_issues\", \"NAME\": \"create_issue\"`: before, ran twice, no receipt",
+            "400, JSON-RPC -32600", "none", "a first write",
+            _JO + "test_keys_that_differ_only_by_case_are_refused[name and NAME]"),
+    Refused("a named argument in another case (`Title`): before, a retry with another `Title` got the first one's "
+            "replay", "400, JSON-RPC -32600", "none", "a first write",
+            _JO + "test_keys_that_differ_only_by_case_are_refused[Title]"),
+    Refused("`\"Query\": \"mutation ...\"`, or `\"query\": \"query ...\", \"QUERY\": \"mutation ...\"`: "
+            "before, ran twice, no receipt", "400 `bad_json`", "none", "a first write",
+            _JO + "test_keys_that_differ_only_by_case_are_refused[query and QUERY]"),
+]
+
+
+def read_two_ways_lines() -> list[str]:
+    lines = [
+        "## Bodies a server could read otherwise",
+        "",
+        "A body the proxy and a server could read as two different requests is refused, never",
+        "guessed, and counted as `bad_json` in `receipt_proxy_refused_total` (docs/rules.md, \"JSON is",
+        "read one way\"). The servers are ours, reading JSON as Node and Go do (`tests/lenient_json.py`).",
+        "",
+        "| the request | the agent gets | receipt | the same write, well formed | shown by |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {r.what} | {r.agent_gets} | {r.receipt} | {r.retry} | `{r.test}` |" for r in READ_TWO_WAYS]
+    return [*lines, ""]
+
+
+@pytest.mark.parametrize("row", READ_TWO_WAYS, ids=lambda r: r.test.split("::")[-1])
+def test_each_read_two_ways_row_of_the_doc_names_a_test_that_exists(row):
+    test_each_same_write_row_names_a_test_that_exists(row)
+
+
 def h2_lines() -> list[str]:
     lines = [
         "## Over HTTP/2",
@@ -351,6 +412,7 @@ def render() -> str:
     ]
     lines += h2_lines()
     lines += refused_lines()
+    lines += read_two_ways_lines()
     lines += same_write_lines()
     lines += limits_lines()
     lines += held_lines()

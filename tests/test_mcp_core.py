@@ -73,12 +73,17 @@ def test_a_tool_call_matches_its_tool_and_argument_values(rules):
         b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
         b'{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}',
         b'{"jsonrpc":"2.0","id":7,"result":{}}',
-        b"not json",
     ],
-    ids=["initialize", "tools-list", "notification", "discover", "a-response", "not-json"],
+    ids=["initialize", "tools-list", "notification", "discover", "a-response"],
 )
 def test_other_messages_are_not_tool_calls(rules, body):
     assert match(rules, body) is None
+
+
+def test_a_body_that_is_not_json_is_refused(rules):
+    """Before issue 24 it passed untouched; a server that reads it otherwise (tests/lenient_json.py) ran it."""
+    m = match(rules, b"not json")
+    assert (m.refusal, m.refused) == ("bad_json", "the JSON-RPC body is not JSON (Expecting value at offset 0)")
 
 
 def test_routing_headers_must_agree_with_the_body(rules):

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from proxy_addon.bodies import codings, decode_body
 from proxy_addon.caller import secret_params
 from proxy_addon.canonical import method_overrides
-from proxy_addon.errors import BadEncoding, BodyTooLarge
+from proxy_addon.errors import BadEncoding, BadJson, BodyTooLarge
 from proxy_addon.explain.body_warnings import UNREAD, body_warnings
 from proxy_addon.explain.duplicates import duplicates
 from proxy_addon.explain.no_match import why_no_match
@@ -143,7 +143,13 @@ def explain(
         report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
         report["refused"] = refused
         return report
-    _describe(report, op, fingerprint(m, view, key), headers, body)
+    try:
+        intent = fingerprint(m, view, key)
+    except BadJson as e:  # a key twice in the JSON body: the proxy answers 400 (json_body.py)
+        report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
+        report["refused"] = str(e)
+        return report
+    _describe(report, op, intent, headers, body)
     if m.mcp_call is not None:
         describe_tool_call(report, op, m.mcp_call.name, [_rule_text(r) for r in op.classify_rules])
     return report

@@ -12,8 +12,9 @@ call's own JSON-RPC `id` (clients match answers by id) and the framing the clien
 - A replayed success: the recorded JSON-RPC response with the duplicate's `id` put in, as JSON
   or an event stream (as recorded, when the client accepts it). The session header of the
   first call is never replayed.
-- A refused request (Mcp-Method/Mcp-Name disagreeing with the body, a batch): HTTP 400 with a
-  JSON-RPC error -32600 (invalid request), since it is the client's request that is wrong.
+- A refused request (Mcp-Method/Mcp-Name disagreeing with the body, a batch, a body read two
+  ways: `bad_json`): HTTP 400 with a JSON-RPC error -32600 (invalid request), since it is the
+  client's request that is wrong.
 - Anything else (a blocked duplicate, a lost answer, a store that could not record): the
   `isError` result. A result the proxy writes for the 2026-07-28 revision carries
   `"resultType": "complete"`, which its clients require.
@@ -38,6 +39,7 @@ _STATES = {  # a receipt's state, as the model reads it: "whose outcome is ..."
     "awaiting_approval": "waiting for an operator's approval",
 }
 _DROPPED = frozenset({"content-type", "content-length", "mcp-session-id", "content-encoding"})
+_REFUSALS = ("mcp_call_refused", "method_override_refused", "bad_json")  # the request is wrong: a JSON-RPC error
 
 
 def as_tool_answer(answer: Answer, call: ToolCall, accept: str | None) -> Answer:
@@ -47,7 +49,7 @@ def as_tool_answer(answer: Answer, call: ToolCall, accept: str | None) -> Answer
     doc = parse_json(answer.body)
     doc = doc if isinstance(doc, dict) and doc is not NOT_JSON else {}
     kept = [(k, v) for k, v in answer.headers if k.lower() not in _DROPPED]
-    if answer.status == 400 and doc.get("error") in ("mcp_call_refused", "method_override_refused"):
+    if answer.status == 400 and doc.get("error") in _REFUSALS:
         message = {"jsonrpc": "2.0", "id": call.id, "error": {"code": INVALID_REQUEST, "message": text_of(doc, call)}}
         return _answer(400, kept, message, sse=wants_sse(accept, False))
     result: dict[str, Any] = {"content": [{"type": "text", "text": text_of(doc, call)}], "isError": True}
@@ -103,7 +105,7 @@ def text_of(doc: dict[str, Any], call: ToolCall) -> str:
         return f"NOT SENT: the call to {tool} never reached the server{receipt}; it is safe to make it again."
     if error == "denied_by_operator":
         return f"NOT SENT: an operator denied this call to {tool}{receipt}. {doc.get('reason') or ''}".strip()
-    if error in ("mcp_call_refused", "method_override_refused"):
+    if error in _REFUSALS:
         return f"Refused by receipt-proxy, not sent: {doc.get('detail', '')}"
     detail = "; ".join(str(doc[k]) for k in ("error", "detail", "hint") if doc.get(k))
     head = "NOT SENT" if doc.get("sent") is False else "receipt-proxy answered instead of the server"

@@ -14,7 +14,12 @@ What is refused (never forwarded), on an endpoint a rule names:
   would see two different calls, and the receipt would be for one of them;
 - a JSON-RPC batch (a list) that holds a tool call: neither revision in use allows batches
   (2025-06-18 removed them), and a receipt is for one call; sent one by one, each gets its own;
-- a tool call without an id, a tool name, or with arguments that are not an object.
+- a tool call without an id, a tool name, or with arguments that are not an object;
+- a body that is not strict UTF-8 JSON, or has a key twice in one object, or two keys that
+  differ only by case anywhere, or an envelope or params key in another case (`"Method"`):
+  Node's and Go's servers read such bodies (replacing bad bytes with U+FFFD; Go matching keys
+  regardless of case, the last one winning) and run a call the proxy would not see
+  (json_body.read_strict). These are refused as `bad_json` (`Refused.reason`).
 The JSON-RPC `id` and `Mcp-Session-Id` never enter the intent: they change on every retry.
 """
 
@@ -22,16 +27,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy_addon.json_body import NotStrict, misspelled, read_strict
 from proxy_addon.jsonpath import NOT_JSON, parse_json
 
 _B64 = re.compile(r"=\?base64\?(?P<payload>.*)\?=")
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+# The keys the proxy reads of a JSON-RPC message and of its params: another spelling is refused.
+ENVELOPE = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
+PARAMS = frozenset({"name", "arguments", "_meta"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class ToolCall:
 @dataclass(frozen=True)
 class Refused:
     why: str
+    reason: str = "method_override_refused"  # the kind of refusal (metrics): bad_json for a body read two ways
 
 
 def decode_header_value(value: str | None) -> str | None:
@@ -105,41 +114,33 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "...'"
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def parse_message(body: bytes) -> Any:
     """
-    A JSON-RPC body sent to an MCP endpoint, parsed once; NOT_JSON when it is not JSON (as
-    jsonpath.parse_json); Refused when an object in it has a key twice. Parsers disagree on
-    which of two keys counts (Python's takes the last, others the first): a body that names a
-    read-only tool for the proxy could name a write for the server. So such a body is refused,
-    never guessed.
+    A JSON-RPC body sent to an MCP endpoint, parsed once; Refused (reason `bad_json`) when it is
+    not strict UTF-8 JSON, an object in it has a key twice or two keys that differ only by case,
+    or its envelope or params spell a key in another case (module docstring). Parsers disagree
+    on which of two keys counts: a body that names a read-only tool for the proxy could name a
+    write for the server. So such a body is refused, never guessed.
     """
-    try:
-        return json.loads(body, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as e:
-        return Refused(
-            f"the JSON-RPC body has the key {_short(str(e))} twice in one object: servers disagree on "
-            "which one counts, so the proxy does not guess"
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return NOT_JSON
+    what = "the JSON-RPC body"
+    doc = read_strict(body, what, fold=True)
+    if isinstance(doc, NotStrict):
+        return Refused(doc.why, "bad_json")
+    for i, message in enumerate(doc if isinstance(doc, list) else [doc]):
+        at = str(i) if isinstance(doc, list) else ""  # a batch's item, or the message
+        problem = misspelled(message, ENVELOPE, what, at or "the top level")
+        if problem is None and isinstance(message, dict):
+            problem = misspelled(message.get("params"), PARAMS, what, f"{at}.params" if at else "params")
+        if problem is not None:
+            return Refused(problem.why, "bad_json")
+    return doc
 
 
 def unread_call(body: bytes, tool: str, headers: Mapping[str, str]) -> ToolCall:
     """A refused request's call, as far as it can be read: its id, for the JSON-RPC error that answers it."""
     doc = parse_json(body)
+    if doc is NOT_JSON:  # not UTF-8: its id as a server that replaces the bad bytes reads it
+        doc = parse_json(body.decode("utf-8", "replace"))
     call_id = doc.get("id") if isinstance(doc, dict) else None
     if isinstance(call_id, bool) or not isinstance(call_id, (str, int, float)):
         call_id = None

@@ -30,7 +30,7 @@ from mitmproxy.addonmanager import Loader
 
 from proxy_addon import answers, terminal
 from proxy_addon.classify import Outcome, error_outcome
-from proxy_addon.errors import ReceiptsError, RulesError, StoreError
+from proxy_addon.errors import BadJson, ReceiptsError, RulesError, StoreError
 from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate
@@ -259,6 +259,9 @@ class Receipts:
             admitted = await self.gate.admit(attempt() if len(body) <= LOOP_FINGERPRINT else attempt, op, credentials)
         except StoreError as e:
             refusals.unavailable(flow, meta, str(e))
+            return
+        except BadJson as e:  # a key twice in the JSON body (json_body.py): 400, no receipt, never sent
+            refusals.bad_json(flow, meta, str(e))
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)

@@ -38,6 +38,7 @@ def settle(flow: http.HTTPFlow, meta: dict, body: bytes, rules: RuleSet, catalog
         return False
     meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
     meta["refused"] = m.refused  # the mutation's operation decides, as for the rest
+    meta["refusal"] = m.refusal  # bad_json: a body read two ways (json_body.py)
     if m.operation.mcp_tool is not None:  # an MCP tool call: its id and framing shape every answer
         meta["mcp"] = dataclasses.asdict(m.mcp_call or unread_call(body, m.operation.mcp_tool, req.headers))
         meta["accept"] = req.headers.get("accept")

@@ -1,7 +1,8 @@
 """
 Matched requests the proxy answers itself and never sends, with no receipt written: a header
 field no HTTP client can send (400, fields.py), method override headers the rules cannot take
-(400), and a store that cannot write the receipt (503: fail closed). Each logs one line naming
+(400), a JSON body servers read in more than one way (400, json_body.py), and a store that
+cannot write the receipt (503: fail closed). Each logs one line naming
 the operation (never a header's value), answers, and marks the flow (flows.refuse).
 """
 
@@ -14,7 +15,7 @@ from mitmproxy import http
 from proxy_addon import answers
 from proxy_addon.mitm.flows import refuse
 
-__all__ = ["bad_header", "bad_override", "unavailable"]
+__all__ = ["bad_header", "bad_json", "bad_override", "unavailable"]
 
 logger = logging.getLogger("proxy_addon.mitm.addon")
 
@@ -27,10 +28,23 @@ def bad_header(flow: http.HTTPFlow, meta: dict, header: str, problem: str) -> No
 
 
 def bad_override(flow: http.HTTPFlow, meta: dict) -> None:
-    """Method override headers that name different methods, or that the rule refuses: 400."""
+    """
+    A request its match refused (RuleSet.match): method override headers that name different
+    methods or that the rule refuses, an MCP call the proxy cannot take (400); or a body read
+    two ways on an MCP or GraphQL endpoint (`refusal: bad_json`: bad_json).
+    """
+    if meta.get("refusal") == "bad_json":
+        bad_json(flow, meta, meta["refused"])
+        return
     logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {meta['refused']}")
     answer = answers.method_override_refused(meta["api"], meta["operation"], meta["refused"])
     refuse(flow, meta, answer, "method_override_refused", meta["refused"])
+
+
+def bad_json(flow: http.HTTPFlow, meta: dict, why: str) -> None:
+    """A JSON body servers read in more than one way (a key twice; on MCP and GraphQL, not strict): 400."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {why}")
+    refuse(flow, meta, answers.bad_json(meta["api"], meta["operation"], why), "bad_json", why)
 
 
 def unavailable(flow: http.HTTPFlow, meta: dict, why: str) -> None:

@@ -308,6 +308,7 @@ class Match:
     pending: bool = False  # a GraphQL operation: the body decides (RuleSet.match with body=...)
     graphql_args: dict[str, Any] | None = None  # the root field's arguments, variables substituted
     refused: str | None = None  # why the proxy answers 400 and sends nothing (its method override headers)
+    refusal: str = "method_override_refused"  # the refusal's kind: bad_json for a body read two ways (json_body.py)
     mcp_call: ToolCall | None = None  # an MCP operation: the tool call the body makes
 
 

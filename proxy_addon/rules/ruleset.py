@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy_addon.canonical import canonical_host, canonical_path, ip_literal, method_overrides
+from proxy_addon.json_body import NotStrict
 from proxy_addon.mcp.calls import Refused, ToolCall, parse_message, read_call
 from proxy_addon.rules.model import ANY_TOOL, Match, Operation, PathTemplate, RuleFile, same_value
 
@@ -124,20 +125,20 @@ class RuleSet:
                 f"(method_override: refuse, {refusing.source}:{refusing.line}); send the request with the method "
                 "you mean and without them"
             )
-            return replace(first, refused=why)
+            return replace(first, refused=why, refusal="method_override_refused")
         if len(named) > 1:
             why = (
                 f"{method} with method override headers that name different methods ({shown}): which one "
                 f"{first.operation.api} would take is a guess; send one of them, or none"
             )
-            return replace(first, refused=why)
+            return replace(first, refused=why, refusal="method_override_refused")
         if as_method != named[0]:
             why = (
                 f"{method} with {shown}: {first.operation.api} takes it as {named[0]}, which no operation matches, "
                 f"if it honours the header, or as the {method} that {first.operation.name} matches if it ignores "
                 "it; which one is a guess, so send the request with the method you mean and without the header"
             )
-            return replace(first, refused=why)
+            return replace(first, refused=why, refusal="method_override_refused")
         return first
 
     @staticmethod
@@ -148,8 +149,13 @@ class RuleSet:
         body: bytes | None,
         headers: Iterable[tuple[str | bytes, str | bytes]] | None = None,
     ) -> Match | None:
-        """The first candidate with this method whose template fits the canonical `path` (no query string)."""
-        mutation: dict[str, dict[str, Any]] | None = None
+        """
+        The first candidate with this method whose template fits the canonical `path` (no query
+        string). On an MCP or GraphQL operation's endpoint, a body read two ways (json_body.py:
+        not strict UTF-8 JSON, a key twice, keys that differ only by case) is `refused` as
+        `bad_json`, whatever the message or operation it names.
+        """
+        mutation: dict[str, dict[str, Any]] | NotStrict | None = None
         parsed = False
         call: ToolCall | Refused | bool | None = False  # False: the body is not read as a tool call yet
         for _, op in candidates:
@@ -163,7 +169,7 @@ class RuleSet:
                     if call is False:
                         call = read_call(parse_message(body), _lower(headers))
                     if isinstance(call, Refused):  # on an MCP endpoint a rule names: 400, never sent
-                        return Match(op, params, refused=call.why)
+                        return Match(op, params, refused=call.why, refusal=call.reason)
                     if isinstance(call, ToolCall) and op_takes(op, call):
                         return Match(op, params, mcp_call=call)
                     continue
@@ -172,9 +178,11 @@ class RuleSet:
                 if body is None:
                     return Match(op, params, pending=True)
                 if not parsed:
-                    from proxy_addon.gql import mutation_fields  # graphql-core loads only for GraphQL rules
+                    from proxy_addon.gql import read_mutation  # graphql-core loads only for GraphQL rules
 
-                    mutation, parsed = mutation_fields(body), True
+                    mutation, parsed = read_mutation(body), True
+                if isinstance(mutation, NotStrict):  # on a GraphQL endpoint a rule names: 400, never sent
+                    return Match(op, params, refused=mutation.why, refusal="bad_json")
                 if mutation is not None and op.graphql in mutation:
                     return Match(op, params, graphql_args=mutation[op.graphql])
         return None
