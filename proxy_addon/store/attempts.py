@@ -42,6 +42,8 @@ _RECEIPT_COLUMNS = (
     "client_key",
     "idempotency_key_at",
     "raw_target",
+    "upstream_timeout",
+    "in_flight_until",
 )
 
 
@@ -266,6 +268,12 @@ class ReceiptAttempts(ReceiptTransitions):
                 idempotency_key_at = latest.idempotency_key_at or latest.submitted_at
             else:
                 idempotency_key_at = at
+        # Sent now (or once approved: transitions.py sets it then): held open at most its upstream timeout.
+        in_flight_until = (
+            iso(now + dt.timedelta(seconds=a.upstream_timeout))
+            if a.upstream_timeout is not None and first_state is State.SUBMITTED
+            else None
+        )
         values = (
             operation_id,
             a.api,
@@ -285,6 +293,8 @@ class ReceiptAttempts(ReceiptTransitions):
             a.client_key,
             idempotency_key_at,
             a.raw_target,
+            a.upstream_timeout,
+            in_flight_until,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"

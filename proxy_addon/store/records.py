@@ -65,6 +65,7 @@ class Attempt:
     given_key: str | None = None  # the agent's own key in the body (idempotency_key.body): kept as the key
     approval: bool = False  # held for an operator's approval before it is sent
     raw_target: str | None = None  # the target as sent, when it is not the canonical `target`
+    upstream_timeout: float | None = None  # receipts_upstream_timeout of the proxy that sends it (its lifetime)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ class Receipt:
     raw_target: str | None = None  # the target as sent (redacted like `target`), when it is not the canonical one
     failed_reads: int = 0  # reconcile reads of this receipt that failed and proved nothing
     next_read_at: str | None = None  # outcome_unknown: no read is tried before this time (a failed read, settle)
+    upstream_timeout: float | None = None  # the sending proxy's receipts_upstream_timeout (None: an earlier version)
+    in_flight_until: str | None = None  # submitted + upstream_timeout: the latest its proxy holds the request open
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -149,6 +152,8 @@ class Receipt:
             raw_target=row.get("raw_target"),
             failed_reads=row.get("failed_reads") or 0,
             next_read_at=row.get("next_read_at"),
+            upstream_timeout=row.get("upstream_timeout"),
+            in_flight_until=row.get("in_flight_until"),
         )
 
     @property
