@@ -42,8 +42,9 @@ def receipt(intent: dict, external_id: str | None = None) -> Receipt:
     return Receipt(
         operation_id="20261129T000000Z-abc", api="blog", operation="posts.create", method="POST",
         target="https://blog.test/v1/red/posts?token=REDACTED", state=State.RECONCILING,
-        intent_fingerprint="sha256:x", intent=intent, principal="anonymous", submitted_at="", updated_at="",
-        completed_at=None, http_status=None, error=None, external_id=external_id, flow_id=None, retry_of=None,
+        intent_fingerprint="sha256:x", intent=intent, principal="anonymous",
+        submitted_at="2026-11-29T00:00:00.000000Z", updated_at="", completed_at="2026-11-29T00:00:01.000000Z",
+        http_status=None, error=None, external_id=external_id, flow_id=None, retry_of=None,
         instance=None,
     )
 

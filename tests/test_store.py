@@ -156,7 +156,8 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m003_awaiting_approval_is_unresolved"),
         ("receipt-proxy", "m004_when_an_idempotency_key_was_first_sent"),
         ("receipt-proxy", "m005_raw_target"), ("receipt-proxy", "m006_failed_reads"),
-        ("receipt-proxy", "m007_approval_decisions"), ("receipt-proxy", "m008_instance_leases")]
+        ("receipt-proxy", "m007_approval_decisions"), ("receipt-proxy", "m008_instance_leases"),
+        ("receipt-proxy", "m010_request_lifetime")]
     forward(s)
     s.close()
 
@@ -605,7 +606,7 @@ def test_recover_in_flight(store, clock):
         r = store.get(op)
         assert r.state is State.OUTCOME_UNKNOWN
         assert r.error == "proxy stopped while the request was in flight"
-        assert r.completed_at == iso(t)
+        assert r.completed_at is None and r.updated_at == iso(t)  # nobody saw its attempt end
         ev = store.events(op)[-1]
         assert (ev.event, ev.from_state, ev.to_state) == ("transition", State.SUBMITTED, State.OUTCOME_UNKNOWN)
         assert (ev.reason, ev.actor) == ("proxy stopped while the request was in flight", "recovery")
