@@ -9,6 +9,7 @@ none). The tests of SQLite's own files, pragmas and locks take `db_path` and sta
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import sqlite3
@@ -617,6 +618,21 @@ def test_recover_in_flight(store, clock):
         assert store.get(op) == before
     # a second pass finds nothing more to do
     assert store.recover_in_flight(is_alive=is_alive) == []
+
+
+def test_a_receipt_records_how_long_its_request_may_be_in_flight(store, clock):
+    """in_flight_until: when it became submitted plus the sending proxy's upstream timeout (m010); a held write
+    gets it when it is approved, counted from then."""
+    sent = store.begin_attempt(attempt("fp-life", upstream_timeout=30)).receipt
+    assert (sent.upstream_timeout, sent.in_flight_until) == (30, iso(T0 + dt.timedelta(seconds=30)))
+    assert store.get(sent.operation_id).in_flight_until == sent.in_flight_until  # as stored
+    held = store.begin_attempt(attempt("fp-held", upstream_timeout=30, approval=True)).receipt
+    assert (held.state, held.in_flight_until) == (State.AWAITING_APPROVAL, None)
+    t = clock.advance(600)  # approved ten minutes later: sent from then
+    approved = store.transition(held.operation_id, State.SUBMITTED, reason="approved", expect=[State.AWAITING_APPROVAL])
+    assert approved.in_flight_until == iso(t + dt.timedelta(seconds=30)) == store.get(held.operation_id).in_flight_until
+    unknown = store.begin_attempt(attempt("fp-old")).receipt  # an attempt that names no timeout
+    assert (unknown.upstream_timeout, unknown.in_flight_until) == (None, None)
 
 
 # --- concurrency ---------------------------------------------------------------------------
