@@ -476,6 +476,7 @@ def test_a_takeover_read_does_not_prove_absence_while_the_original_may_still_lan
         early = Clients(b).send("curl", "POST", upstream.url + path, body)
         assert dt.datetime.now(dt.UTC) < lands_by, "too slow a machine: B read after the original's lifetime"
         assert early.status == 409 and early.json()["operation_id"] == first.operation_id, early
+        assert "may still land" in early.json()["hint"] and int(early.headers["retry-after"]) >= 1
         assert upstream.seen(path) == 1 and upstream.reads(path) == 1  # read, not retried
         assert first.completed_at is None and first.upstream_timeout == 6  # nobody saw it end
         assert dt.datetime.fromisoformat(first.in_flight_until) + dt.timedelta(seconds=2) == lands_by
