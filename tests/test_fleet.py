@@ -446,6 +446,8 @@ def test_a_proxy_paused_past_its_lease_records_not_sent_when_nobody_took_its_rec
         r = only_receipt(pg_url, bucket)
         assert r.state == "not_sent" and "lease" in r.error
         assert upstream.seen(path) == 0
+        # New writes wait for the heartbeat to take the lease again (until then: 503, nothing sent).
+        wait_for(lambda: "taken again" in a.log(), timeout=20, what="the heartbeat to take the lease again")
         retry = Clients(a).send("requests", "POST", upstream.url + path, body, timeout=30)  # pause again: 3 s
         assert retry.status == 201 and upstream.seen(path) == 1
     finally:

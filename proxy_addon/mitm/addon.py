@@ -35,6 +35,7 @@ from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
+from proxy_addon.leases import HeldLease
 from proxy_addon.log_limit import LogLimit
 from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.mcp.catalog import ToolCatalog
@@ -244,9 +245,10 @@ class Receipts:
             built = build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance)
             return dataclasses.replace(built, upstream_timeout=timeout)  # its lifetime (send_guard.py, judge.py)
 
-        # The lease's epoch before the receipt is committed: a lease lost and taken again since then
-        # means another proxy may have taken the receipt over (send_guard.py).
-        epoch = inst.lease.epoch if inst.lease is not None else None
+        # The lease, and its epoch before the receipt is committed: a lease lost and taken again since
+        # then means another proxy may have taken the receipt over (send_guard.py).
+        lease = inst.lease
+        epoch = lease.epoch if lease is not None else None
 
         try:
             # A small body is fingerprinted here, and a duplicate answered on the event loop (gate.py);
@@ -267,7 +269,7 @@ class Receipts:
             self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
         else:
             given_key = admitted.attempt.given_key
-            await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, epoch=epoch)
+            await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, lease=(lease, epoch))
 
     async def _forward(
         self,
@@ -277,7 +279,7 @@ class Receipts:
         receipt: Receipt,
         given_key: str | None,
         body: bytes,
-        epoch: int | None,
+        lease: tuple[HeldLease | None, int | None],
     ) -> None:
         """
         Send a new receipt's request once: after an approval if the rule wants one, with the
@@ -301,8 +303,7 @@ class Receipts:
         forward.add_key(flow, op, receipt, given_key, body)
         mark(flow, receipt.state, receipt)
         await self._debug_pause("after_commit", receipt.operation_id)
-        assert self.installation is not None
-        guard = SendGuard.of(receipt, self.installation.lease, epoch, now=utcnow())
+        guard = SendGuard.of(receipt, *lease, now=utcnow())  # the lease it was committed under
         meta["sent_at"] = time.monotonic()  # receipt_proxy_upstream_seconds, observed when the outcome is recorded
         if (why := guard()) is not None:
             await self._exchange_failed(flow, meta, failure_outcome(SendStopped(why)))
