@@ -78,6 +78,10 @@ What no check made by the sending process can cover:
   pause (S counted it), at one more round trip per write, and still not a pause after it. Keep
   VMs that run a fleet's proxies from being paused (live migration's brief stop is shorter than
   any lease) or their receipts_lease longer than any pause.
+- The rest of a body larger than the socket's buffers: the first byte went while the lease
+  held, but a process stopped in the middle of writing it writes the rest when it wakes (the
+  event loop flushes a writable socket before it runs the exchange's expired deadline). A
+  request is then complete only after the wake, possibly after its `in_flight_until`.
 When a late request does go out after all, takeover reads still wait out its lifetime
 (judge.py), so a late write that still lands within `in_flight_until` is found, not retried.
 """
