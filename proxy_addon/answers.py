@@ -79,7 +79,8 @@ def duplicate(
     """
     The answer to a duplicate that is not forwarded: `blocked`, `blocked_succeeded` or
     `key_conflict`. `retry_after`: when the proxy will next read to settle the first attempt
-    (after a failed read's Retry-After or backoff, or when a read can prove it absent: settle).
+    (after a failed read's Retry-After or backoff, or when a read can prove it absent: once the
+    original can no longer land, and after settle).
     """
     base = {"operation_id": receipt.operation_id, "api": receipt.api, "operation": receipt.operation}
     if kind == "key_conflict":
@@ -122,6 +123,11 @@ def duplicate(
                 f"the first attempt's outcome is unknown and {receipt.failed_reads} {reads} to settle it failed; "
                 f"send it again after {doc['retry_after']} to have it read again; sooner, it is answered "
                 "409 without a read"
+            )
+        elif receipt.completed_at is None:  # taken over from a proxy that went silent (judge.py, landed_by)
+            doc["hint"] = (
+                "the first attempt's outcome is unknown and its request may still land (its proxy stopped while it "
+                f"was in flight); send it again after {doc['retry_after']} to have it reconciled"
             )
         else:
             doc["hint"] = (

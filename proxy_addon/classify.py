@@ -24,6 +24,8 @@ and how that is known, is exchange_failures.py):
   with the refusal as the reason;
 - an HTTP/2 upstream proved it did not process the request (`not_processed`: RST_STREAM
   REFUSED_STREAM, a GOAWAY that excludes its stream) → not_sent;
+- the proxy stopped it just before its first byte (`SendStopped`: its lease or its lifetime
+  no longer allowed the send, send_guard.py) → not_sent;
 - anything after the request could have been written (WriteError, ReadError, ReadTimeout,
   RemoteProtocolError, any other LocalProtocolError, our overall deadline) → outcome_unknown.
 
@@ -52,7 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy_addon.exchange_failures import NOT_SENT_ERRORS, NotProcessed, local_refusal, withheld
+from proxy_addon.exchange_failures import NOT_SENT_ERRORS, NotProcessed, SendStopped, local_refusal, withheld
 from proxy_addon.jsonpath import NOT_JSON, dig_all, id_in, parse_json
 from proxy_addon.rules import ALREADY_EXISTS, ClassifyRule, Operation
 from proxy_addon.states import State
@@ -158,7 +160,7 @@ def head_outcome(
 
 def failure_outcome(e: BaseException) -> Outcome:
     """The outcome when our own exchange raised instead of answering."""
-    if isinstance(e, NotProcessed):
+    if isinstance(e, NotProcessed | SendStopped):
         message = f"not sent: {e}"
         return Outcome(State.NOT_SENT, message, error=message)
     detail = withheld(str(e)) or type(e).__name__
@@ -174,7 +176,8 @@ def failure_outcome(e: BaseException) -> Outcome:
 
 
 def deadline_outcome(seconds: float) -> Outcome:
-    message = f"outcome unknown: no answer within receipts_upstream_timeout ({seconds:g}s)"
+    # A deadline cut to the receipt's in_flight_until (send_guard.py) is a hair under the option's value.
+    message = f"outcome unknown: no answer within receipts_upstream_timeout ({round(seconds, 1):g}s)"
     return Outcome(State.OUTCOME_UNKNOWN, message, error=message, timed_out=True)
 
 

@@ -10,6 +10,8 @@ request was written, or that the upstream did not process it (not_sent), or neit
 
 The connection was never established (httpx.ConnectError, which includes TLS handshake
 failures; ConnectTimeout; PoolTimeout: `NOT_SENT_ERRORS`): nothing was written → not_sent.
+The proxy stopped the request itself just before its first byte (`SendStopped`: its lease or
+its lifetime no longer allowed it, send_guard.py): nothing was written → not_sent.
 
 Which local refusals prove that nothing left (read in httpx 0.28, httpcore 1.0 and h11 0.16):
 - httpx.InvalidURL is raised while the URL is built (exchange.send, before `client.send`)
@@ -70,6 +72,7 @@ __all__ = [
     "NOT_SENT_ERRORS",
     "REFUSED_ERRORS",
     "NotProcessed",
+    "SendStopped",
     "SentTwice",
     "local_refusal",
     "not_processed",
@@ -92,8 +95,15 @@ class SentTwice(Exception):
     """httpcore was about to send the request a second time: stopped before a byte of it was written."""
 
 
+class SendStopped(Exception):
+    """
+    The proxy may no longer send this committed request (send_guard.py: its lease, its lifetime):
+    stopped just before its first byte was written (http1.py; httpcore's trace hook) → not_sent.
+    """
+
+
 # What our exchange's client may raise: httpx's own errors, h11's when httpcore does not map them, and ours.
-CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL, h11.ProtocolError, NotProcessed, SentTwice)
+CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL, h11.ProtocolError, NotProcessed, SentTwice, SendStopped)
 # Where httpcore, and the exchange's own HTTP/1.1 (mitm/http1.py), build a request head and ask h11 for its
 # bytes, before writing any.
 _HEAD_BUILDERS = frozenset(

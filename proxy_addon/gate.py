@@ -240,6 +240,15 @@ class Gate:
         """
         try:
             receipt = await self._record(operation_id, outcome, flow_id)
+        except IllegalTransition as e:  # no longer submitted: another proxy took it over (its lease expired)
+            logger.warning(
+                "receipt %s: could not record %s (%s): the receipt was moved on meanwhile: %s",
+                operation_id,
+                outcome.state,
+                outcome.reason,
+                e,
+            )
+            return None
         except StoreError as e:
             logger.error(
                 "receipt %s: could not record %s (%s): %s; it stays submitted and becomes "

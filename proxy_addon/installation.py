@@ -48,6 +48,7 @@ class Installation:
     instance: str
     _lock_fd: int | None
     heartbeat: leases.Heartbeat | None = None
+    lease: leases.HeldLease | None = None  # PostgreSQL: this process's lease as it knows it (send_guard.py)
 
     @classmethod
     def open(
@@ -110,15 +111,24 @@ class Installation:
                     "same write would get another fingerprint on each and not be seen as a duplicate"
                 )
             instance = f"{leases.host()}-{os.getpid()}-{secrets.token_hex(4)}"
+            held = leases.HeldLease(lease, margin=leases.send_margin(lease, heartbeat))
+            started = leases.local_clock()
             store.claim_lease(instance, leases.host(), os.getpid(), lease)
+            held.renewed(started, continuous=False)
         except BaseException:
             store.close()
             raise
         beat = leases.Heartbeat(
-            db, instance, lease=lease, heartbeat=heartbeat, lock_timeout=lock_timeout, on_recovered=on_recovered
+            db,
+            instance,
+            lease=lease,
+            heartbeat=heartbeat,
+            lock_timeout=lock_timeout,
+            on_recovered=on_recovered,
+            held=held,
         )
         beat.start()
-        return cls(db, store, key, instance, None, beat)
+        return cls(db, store, key, instance, None, beat, held)
 
     def recover(self, store: ReceiptStore | None = None) -> list[tuple[str, str]]:
         """Move the in-flight receipts of stopped proxies on (see Store.recover_in_flight): (id, new state) each."""

@@ -5,7 +5,10 @@ What a reconcile read proves: found, absent (and whether that is proof), or noth
 
 - the effect was found → succeeded (with the found item's external id);
 - absence is proven and the rule allows a retry → safe_to_retry;
-- absent, but the read proves absence only after `settle` → outcome_unknown until then;
+- absent, but the original request may still land (its proxy went silent while it was in
+  flight: `landed_by`), or the read proves absence only after `settle` → outcome_unknown until
+  then (`absence_provable_from`: a read proves absence only after the original request can no
+  longer land);
 - absent but not provable → manual_review, with the reason. It is never guessed;
 - a read that failed (a non-2xx answer, an answer that cannot be judged) → a failed verdict:
   outcome_unknown, with the answer's Retry-After if it has one. It proves nothing, so it
@@ -220,16 +223,11 @@ def _has(body: bytes, items: str | None) -> bool:
 
 
 def absent(spec: ReconcileSpec, said: str, receipt: Receipt | None = None, now: dt.datetime | None = None) -> Verdict:
-    """The verdict when the read did not find the effect: proof, proof later (settle), or nothing."""
-    if spec.absence_provable and spec.settle and receipt is not None:
+    """The verdict when the read did not find the effect: proof, proof later (lifetime, settle), or nothing."""
+    if spec.absence_provable and receipt is not None:
         proof_from = absence_provable_from(spec, receipt)
         if (now or utcnow()) < proof_from:
-            return Verdict(
-                State.OUTCOME_UNKNOWN,
-                f"{said}; this read proves absence only {spec.settle}s after the outcome became unknown: "
-                f"try again after {iso(proof_from)}",
-                retry_after=proof_from,
-            )
+            return Verdict(State.OUTCOME_UNKNOWN, f"{said}; {_not_yet(spec, receipt)}", retry_after=proof_from)
     if spec.absence_provable and spec.retry_when_absent:
         return Verdict(State.SAFE_TO_RETRY, f"{said}; absence is proven and the rule allows a retry")
     why = (
@@ -240,6 +238,46 @@ def absent(spec: ReconcileSpec, said: str, receipt: Receipt | None = None, now: 
     return Verdict(State.MANUAL_REVIEW, f"{said}; {why}")
 
 
+# Seconds added to the lifetime of a request whose proxy went silent: the skew between that
+# proxy's clock (which wrote `in_flight_until`) and the reader's, and the closing of its connection.
+LANDING_MARGIN = 2.0
+# receipts_upstream_timeout's default: the lifetime of a receipt recorded before receipts had one.
+UPSTREAM_TIMEOUT = 300
+
+
+def landed_by(receipt: Receipt) -> dt.datetime:
+    """
+    When the original request can no longer land: when its proxy saw the attempt end
+    (`completed_at`: the answer, a failure, its deadline; the connection closed then). A proxy
+    that went silent (its receipt recovered: stopped, paused, cut off) never saw it end: its
+    request may be held open until its `in_flight_until` (when it became submitted, plus that
+    proxy's upstream timeout; an earlier version's receipt: submitted_at plus UPSTREAM_TIMEOUT),
+    plus LANDING_MARGIN. An upstream that goes on with a request after its connection closed is
+    what a rule's `settle` is for (counted from here).
+    """
+    if receipt.completed_at:
+        return dt.datetime.fromisoformat(receipt.completed_at)
+    if receipt.in_flight_until:
+        until = dt.datetime.fromisoformat(receipt.in_flight_until)
+    else:
+        until = dt.datetime.fromisoformat(receipt.submitted_at) + dt.timedelta(seconds=UPSTREAM_TIMEOUT)
+    return until + dt.timedelta(seconds=LANDING_MARGIN)
+
+
 def absence_provable_from(spec: ReconcileSpec, receipt: Receipt) -> dt.datetime:
-    """`settle` after the outcome became unknown (the attempt's completion)."""
-    return dt.datetime.fromisoformat(receipt.completed_at or receipt.submitted_at) + dt.timedelta(seconds=spec.settle)
+    """When a read may prove absence: `settle` after the original request can no longer land (`landed_by`)."""
+    return landed_by(receipt) + dt.timedelta(seconds=spec.settle or 0)
+
+
+def _not_yet(spec: ReconcileSpec, receipt: Receipt) -> str:
+    """Why a read that found nothing proves nothing yet, and when it may."""
+    proof_from = iso(absence_provable_from(spec, receipt))
+    if receipt.completed_at:
+        after = f"{spec.settle}s after the outcome became unknown"
+        return f"this read proves absence only {after}: try again after {proof_from}"
+    timeout = f"{receipt.upstream_timeout:g}s" if receipt.upstream_timeout is not None else "unrecorded"
+    settle = f", and {spec.settle}s more (settle)" if spec.settle else ""
+    return (
+        f"the original request may still land until {iso(landed_by(receipt))} (its proxy went silent while it was "
+        f"in flight; its upstream timeout: {timeout}, plus {LANDING_MARGIN:g}s{settle}): try again after {proof_from}"
+    )

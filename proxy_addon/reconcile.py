@@ -86,7 +86,8 @@ MAX_BACKOFF = 3600.0  # seconds: the longest wait the doubling backoff reaches (
 
 def read_not_before(receipt: Receipt, now: dt.datetime) -> dt.datetime | None:
     """When an outcome_unknown receipt's next read may run, if that is still ahead: a failed read's
-    Retry-After or backoff, or a read that proves absence only after its `settle` delay."""
+    Retry-After or backoff, or a read that proves absence only later (the original may still land,
+    its `settle` delay: judge.py)."""
     if receipt.state is not State.OUTCOME_UNKNOWN or not receipt.next_read_at:
         return None
     at = dt.datetime.fromisoformat(receipt.next_read_at)

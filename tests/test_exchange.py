@@ -240,3 +240,70 @@ async def test_a_tls_upstream_with_its_ca_answers(tls_upstream):
     assert result.json()["path"] == p
     assert result.headers["content-length"] == str(len(result.raw_content))
     assert tls_upstream.seen(p) == 1
+
+
+# --- the send guard (send_guard.py): asked on the connection, just before the first byte ----------
+
+def refusing_guard(asked: list) -> object:
+    def guard() -> str:
+        asked.append(time.monotonic())
+        return "this proxy's lease is known to hold for 0.0s more"
+
+    return guard
+
+
+async def test_a_guard_that_refuses_stops_the_request_on_its_open_connection_before_its_first_byte():
+    """The guard is asked once the connection is open, and a refusal writes nothing: not_sent."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    seen: dict = {"connections": 0, "bytes": b""}
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        seen["connections"] += 1
+        conn.settimeout(5)
+        with conn:
+            try:
+                while chunk := conn.recv(65536):
+                    seen["bytes"] += chunk
+            except OSError:  # reset: the exchange aborts the connection it will not use
+                pass
+        seen["closed"] = True
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    asked: list = []
+    try:
+        async with make_client(Upstream()) as client:
+            result = await send_once(client, request(f"http://127.0.0.1:{server.getsockname()[1]}/api/things"),
+                                     deadline=5, cap=1 << 20, guard=refusing_guard(asked))
+        thread.join(timeout=10)
+    finally:
+        server.close()
+    assert isinstance(result, Outcome), result
+    assert (result.state, result.timed_out) == (State.NOT_SENT, False)
+    assert result.reason == "not sent: this proxy's lease is known to hold for 0.0s more"
+    assert len(asked) == 1
+    assert seen == {"connections": 1, "bytes": b"", "closed": True}  # connected, then closed: not a byte of it
+
+
+async def test_a_guard_that_refuses_on_a_kept_alive_connection_writes_nothing(upstream):
+    p = path()
+    asked: list = []
+    async with make_client(Upstream()) as client:
+        first = await send(client, request(f"{upstream.url}{p}"), deadline=5)
+        assert isinstance(first, http.Response) and first.status_code == 201
+        before = upstream.received
+        result = await send_once(client, request(f"{upstream.url}{p}"), deadline=5, cap=1 << 20,
+                                 guard=refusing_guard(asked))
+        after = upstream.received
+        allowed = await send_once(client, request(f"{upstream.url}{p}"), deadline=5, cap=1 << 20,
+                                  guard=lambda: None)
+    assert isinstance(result, Outcome) and result.state is State.NOT_SENT, result
+    assert len(asked) == 1
+    assert after == before  # not a byte of the refused request
+    assert isinstance(allowed, Reply) and allowed.response.status_code == 201  # a guard that allows: sent
+    assert upstream.seen(p) == 2

@@ -10,13 +10,22 @@ throwaway PostgreSQL (tests/pg.py; skipped with one line when there is none).
   again: the next write succeeds through the same proxies;
 - a connection lost while the upstream holds the write: the outcome is still recorded;
 - LISTEN/NOTIFY wakes a duplicate waiting for another instance's write sooner than the poll;
-- a proxy with another HMAC key refuses to join the fleet.
+- a proxy with another HMAC key refuses to join the fleet;
+- a proxy stopped (SIGSTOP) after its commit, before its first byte, sends nothing once it wakes
+  after its lease expired: whether a read elsewhere proved absence, an operator resolved the
+  receipt, or nobody touched it (then it records not_sent itself);
+- a takeover read cannot prove absence while the original may still land: the upstream commits
+  late, after its proxy was killed; the live proxy retries nothing, and finds the late effect.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -299,3 +308,207 @@ def test_mitmweb_on_postgresql_follows_a_resolution_from_the_cli(pg_url, tmp_pat
         assert password not in run.log()
     finally:
         run.stop()
+
+
+# --- a paused proxy, a late original (issue 24: "Send only with a live lease", "Takeover reads wait") ---
+
+FAST_LEASE = ("--set", "receipts_lease=2", "--set", "receipts_heartbeat=1")
+
+
+def send_in_background(proxy: Proxy, url: str, body: dict) -> tuple[threading.Thread, list]:
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(Clients(proxy).send("requests", "POST", url, body, timeout=90)))
+    t.start()
+    return t, got
+
+
+def stopped_after_commit(proxy: Proxy) -> None:
+    """Wait until `proxy` holds its write after the commit (receipts_debug_pause), then stop it whole: SIGSTOP."""
+    wait_for(lambda: "pausing at after_commit" in proxy.log(), timeout=20, what="the commit (after_commit pause)")
+    os.kill(proxy.proc.pid, signal.SIGSTOP)
+
+
+def woken(proxy: Proxy) -> None:
+    if proxy.proc is not None and proxy.proc.poll() is None:
+        os.kill(proxy.proc.pid, signal.SIGCONT)
+
+
+def only_receipt(pg_url: str, bucket: str):
+    [r] = receipts(pg_url, bucket)
+    return r
+
+
+def recovered(pg_url: str, bucket: str, operation_id: str):
+    """The receipt once a live instance has taken it over (outcome_unknown), waited for within a bound."""
+    store = open_store(pg_url, create=False)
+    try:
+        return wait_for(lambda: (r := store.get(operation_id)).state == "outcome_unknown" and r,
+                        timeout=20, interval=0.1, what="a live instance to take the receipt over")
+    finally:
+        store.close()
+
+
+def test_a_paused_proxy_does_not_send_after_a_takeover_read_proved_absence_and_retried(
+        pg_url, tmp_path, confdir, upstream, bucket, key):
+    """
+    A commits the receipt, and is stopped (SIGSTOP) before its first byte: the after_commit pause
+    holds the write there, and the signal stops the whole process, heartbeats too. Its lease
+    expires; B takes the receipt over. Once A's request could no longer land (its upstream
+    timeout, 1 s, plus the margin), a duplicate at B reads "absent", marks it safe_to_retry and
+    sends a new attempt. Then A wakes: it must not send. One write upstream.
+    """
+    a = instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_upstream_timeout=1",
+                 "--set", "receipts_debug_pause=after_commit:3")
+    b = instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_wait_submitted=0")
+    start_all([a, b])
+    path, body = f"/api/{bucket}/things", {"title": "paused"}
+    t, got = send_in_background(a, upstream.url + path, body)
+    try:
+        stopped_after_commit(a)
+        first = only_receipt(pg_url, bucket)
+        assert first.state == "submitted" and first.instance == instance_id(a)
+        recovered(pg_url, bucket, first.operation_id)
+
+        def retried():  # 409 while the read cannot prove absence yet; then the retry goes out
+            answer = Clients(b).send("curl", "POST", upstream.url + path, body)
+            assert answer.status in (201, 409), answer
+            return answer if answer.status == 201 else None
+
+        retry = wait_for(retried, timeout=30, interval=0.5, what="B to prove absence and send the retry")
+        assert upstream.seen(path) == 1
+        assert only_receipt_of(pg_url, first.operation_id).state == "safe_to_retry"
+        woken(a)
+        t.join(timeout=30)
+        assert not t.is_alive() and got
+        answer = got[0]
+        assert answer.status == 502 and answer.json()["error"] == "not_sent", answer
+        assert answer.json()["operation_id"] == first.operation_id
+        assert upstream.seen(path) == 1 and upstream.commits(path) == 1  # B's retry only
+        assert only_receipt_of(pg_url, first.operation_id).state == "safe_to_retry"  # B's verdict stands
+        [retry_receipt] = [r for r in receipts(pg_url, bucket) if r.retry_of == first.operation_id]
+        assert retry_receipt.state == "succeeded" and retry.headers["x-receipt-id"] == retry_receipt.operation_id
+        assert "nothing was sent" in a.log()
+    finally:
+        woken(a)
+        for p in (a, b):
+            p.stop()
+
+
+def test_a_paused_proxy_does_not_send_after_an_operator_resolved_its_receipt(
+        pg_url, tmp_path, confdir, upstream, bucket, key):
+    """
+    The same pause, with the default upstream timeout (300 s: the request's lifetime has not
+    passed when A wakes): what stops A is its lease alone. Meanwhile B took the receipt over and
+    an operator resolved it safe_to_retry (receipts resolve), and B sent the retry.
+    """
+    a = instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_debug_pause=after_commit:3")
+    b = instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_wait_submitted=0")
+    start_all([a, b])
+    path, body = f"/api/{bucket}/plain", {"title": "resolved"}
+    t, got = send_in_background(a, upstream.url + path, body)
+    try:
+        stopped_after_commit(a)
+        first = only_receipt(pg_url, bucket)
+        recovered(pg_url, bucket, first.operation_id)
+        subprocess.run([sys.executable, "-m", "proxy_addon.cli", "--db", pg_url, "resolve", first.operation_id,
+                        "--as", "safe_to_retry", "--note", "checked the upstream: not there"],
+                       check=True, capture_output=True, timeout=30, cwd=Path(__file__).resolve().parents[1])
+        assert Clients(b).send("httpx", "POST", upstream.url + path, body).status == 201
+        assert upstream.seen(path) == 1
+        woken(a)
+        t.join(timeout=30)
+        assert not t.is_alive() and got
+        assert got[0].status == 502 and got[0].json()["error"] == "not_sent", got[0]
+        assert upstream.seen(path) == 1
+        assert only_receipt_of(pg_url, first.operation_id).state == "safe_to_retry"
+        assert "lease" in a.log().split("pausing at after_commit", 1)[1]  # refused for its lease
+    finally:
+        woken(a)
+        for p in (a, b):
+            p.stop()
+
+
+def test_a_proxy_paused_past_its_lease_records_not_sent_when_nobody_took_its_receipt(
+        pg_url, tmp_path, confdir, upstream, bucket, key):
+    """Alone in its fleet, A wakes after its lease expired: nothing is sent, the receipt (still its own) says
+    not_sent, and the agent's retry goes out."""
+    a = start_all([instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set",
+                            "receipts_debug_pause=after_commit:3")])[0]
+    path, body = f"/api/{bucket}/plain", {"title": "alone"}
+    t, got = send_in_background(a, upstream.url + path, body)
+    try:
+        stopped_after_commit(a)
+        time.sleep(3.5)  # longer than the lease (2 s): the pause to test, not a wait for something
+        woken(a)
+        t.join(timeout=30)
+        assert not t.is_alive() and got
+        assert got[0].status == 502 and got[0].json()["error"] == "not_sent", got[0]
+        r = only_receipt(pg_url, bucket)
+        assert r.state == "not_sent" and "lease" in r.error
+        assert upstream.seen(path) == 0
+        # New writes wait for the heartbeat to take the lease again (until then: 503, nothing sent).
+        wait_for(lambda: "taken again" in a.log(), timeout=20, what="the heartbeat to take the lease again")
+        retry = Clients(a).send("requests", "POST", upstream.url + path, body, timeout=30)  # pause again: 3 s
+        assert retry.status == 201 and upstream.seen(path) == 1
+    finally:
+        woken(a)
+        a.stop()
+
+
+def test_a_takeover_read_does_not_prove_absence_while_the_original_may_still_land(
+        pg_url, tmp_path, confdir, upstream, bucket, key):
+    """
+    A sends; the upstream holds the write and commits it only later (commit_late). A is killed
+    (SIGKILL). B takes the receipt over once A's lease expires, and a duplicate at B reads: the
+    write is not there yet, but A's request could still land until its in_flight_until (A's
+    upstream timeout, 6 s, after the commit) plus the margin, so nothing is proven and nothing
+    sent. The original then commits. After that time, a read finds it: succeeded, one effect.
+    """
+    a = instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_upstream_timeout=6")
+    b = instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_wait_submitted=0")
+    start_all([a, b])
+    path, body = f"/api/{bucket}/things", {"title": "late"}
+    upstream.plan(path, "commit_late")
+    t, _ = send_in_background(a, upstream.url + path, body)
+    try:
+        wait_for(lambda: upstream.seen(path) == 1, what="the write to reach the upstream")
+        a.stop(signal.SIGKILL)
+        first = recovered(pg_url, bucket, only_receipt(pg_url, bucket).operation_id)
+        lands_by = dt.datetime.fromisoformat(first.submitted_at) + dt.timedelta(seconds=6 + 2)  # timeout + margin
+        early = Clients(b).send("curl", "POST", upstream.url + path, body)
+        assert dt.datetime.now(dt.UTC) < lands_by, "too slow a machine: B read after the original's lifetime"
+        assert early.status == 409 and early.json()["operation_id"] == first.operation_id, early
+        assert "may still land" in early.json()["hint"] and int(early.headers["retry-after"]) >= 1
+        assert upstream.seen(path) == 1 and upstream.reads(path) == 1  # read, not retried
+        assert first.completed_at is None and first.upstream_timeout == 6  # nobody saw it end
+        assert dt.datetime.fromisoformat(first.in_flight_until) + dt.timedelta(seconds=2) == lands_by
+        now = only_receipt_of(pg_url, first.operation_id)
+        assert now.state == "outcome_unknown" and now.next_read_at is not None
+        assert dt.datetime.fromisoformat(now.next_read_at) == lands_by
+        last = [e for e in events(pg_url, first.operation_id) if e.event == "transition"][-1]
+        assert (last.from_state, last.to_state) == ("reconciling", "outcome_unknown")
+        assert "the original request may still land until" in last.reason
+        upstream.let_go(path)  # the original commits now, late
+        wait_for(lambda: upstream.commits(path) == 1, what="the late commit")
+
+        def settled():
+            Clients(b).send("curl", "POST", upstream.url + path, body)
+            r = only_receipt_of(pg_url, first.operation_id)
+            return r if r.state != "outcome_unknown" else None
+
+        done = wait_for(settled, timeout=30, interval=0.5, what="a read after the original's lifetime")
+        assert done.state == "succeeded"  # found: the late original
+        assert upstream.seen(path) == 1 and upstream.commits(path) == 1
+    finally:
+        upstream.let_go(path)
+        t.join(timeout=30)
+        for p in (a, b):
+            p.stop()
+
+
+def only_receipt_of(pg_url: str, operation_id: str):
+    store = open_store(pg_url, create=False)
+    try:
+        return store.get(operation_id)
+    finally:
+        store.close()

@@ -140,3 +140,40 @@ def test_a_second_send_of_one_request_is_stopped_before_it_is_written():
     error = asyncio.run(run())
     assert trace.stream_id == 1
     assert failure_outcome(error).state == "outcome_unknown"
+
+
+def test_a_guard_that_refuses_stops_an_http2_request_before_its_headers(h2_upstream):
+    """Over HTTP/2 (httpcore's pool) the guard is asked in the trace hook, before the HEADERS frame: not_sent,
+    and the upstream saw no request; a guard that allows lets it go."""
+    import asyncio
+
+    from proxy_addon.classify import Outcome
+    from proxy_addon.mitm.exchange import Reply, make_client, send
+    from proxy_addon.states import State
+    from proxy_addon.upstream import Upstream
+
+    path = f"/api/x{uuid.uuid4().hex[:12]}/plain"
+    asked: list = []
+
+    def refuse() -> str:
+        asked.append(1)
+        return "its time in flight has passed"
+
+    async def run():
+        from mitmproxy import http
+
+        async with make_client(Upstream(ca_file=str(h2_upstream.cert_path), http2=True)) as client:
+            def req():
+                return http.Request.make("POST", f"{h2_upstream.url}{path}", b'{"title": "x"}',
+                                         {"Content-Type": "application/json"})
+
+            refused = await send(client, req(), deadline=5, cap=1 << 20, guard=refuse)
+            allowed = await send(client, req(), deadline=5, cap=1 << 20, guard=lambda: None)
+            return refused, allowed
+
+    refused, allowed = asyncio.run(run())
+    assert isinstance(refused, Outcome) and refused.state is State.NOT_SENT, refused
+    assert refused.reason == "not sent: its time in flight has passed"
+    assert asked == [1]
+    assert isinstance(allowed, Reply) and allowed.response.status_code == 201
+    assert [w["protocol"] for w in h2_upstream.writes(path)] == ["HTTP/2"]  # the allowed one only

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 
 import json
 
@@ -10,7 +11,7 @@ import pytest
 
 from proxy_addon.errors import RulesError
 from proxy_addon.errors import ReconcileError
-from proxy_addon.judge import judge
+from proxy_addon.judge import absence_provable_from, judge, landed_by
 from proxy_addon.reads import ReadRequest, perform_read, plan_read, render
 from proxy_addon.rules import load_rules
 from proxy_addon.states import State
@@ -42,8 +43,9 @@ def receipt(intent: dict, external_id: str | None = None) -> Receipt:
     return Receipt(
         operation_id="20261129T000000Z-abc", api="blog", operation="posts.create", method="POST",
         target="https://blog.test/v1/red/posts?token=REDACTED", state=State.RECONCILING,
-        intent_fingerprint="sha256:x", intent=intent, principal="anonymous", submitted_at="", updated_at="",
-        completed_at=None, http_status=None, error=None, external_id=external_id, flow_id=None, retry_of=None,
+        intent_fingerprint="sha256:x", intent=intent, principal="anonymous",
+        submitted_at="2026-11-29T00:00:00.000000Z", updated_at="", completed_at="2026-11-29T00:00:01.000000Z",
+        http_status=None, error=None, external_id=external_id, flow_id=None, retry_of=None,
         instance=None,
     )
 
@@ -136,6 +138,44 @@ def test_judge_with_find(status, body, state, external_id, reason):
     assert v.failed is (state is State.OUTCOME_UNKNOWN)
     assert reason in v.reason
     assert v.reason.startswith(f"read GET {read.url} → HTTP {status}")
+
+
+def recovered(**kw) -> Receipt:
+    """A receipt taken over from a proxy that went silent: nobody saw its attempt end (no completed_at)."""
+    fields = {"completed_at": None, "state": State.RECONCILING, "upstream_timeout": 300.0,
+              "submitted_at": "2026-11-29T10:00:00.000000Z", "in_flight_until": "2026-11-29T10:05:00.000000Z"}
+    return Receipt(**{**receipt(INTENT).__dict__, **fields, **kw})
+
+
+def test_a_read_proves_absence_only_after_the_original_can_no_longer_land():
+    """Issue 24: a takeover read of a receipt whose proxy went silent finds nothing, but the original may still be
+    held open until its in_flight_until (its proxy's upstream timeout after it was sent), plus a margin: nothing
+    is proven before then; a found effect counts at once."""
+    op, r = op_of(), recovered()
+    read = plan_read(op, r)
+    lands_by = dt.datetime(2026, 11, 29, 10, 5, 2, tzinfo=dt.UTC)  # in_flight_until + 2 s
+    assert landed_by(r) == absence_provable_from(op.reconcile, r) == lands_by
+    early = judge(op.reconcile, read, r, 200, answer(), now=lands_by - dt.timedelta(seconds=1))
+    assert (early.state, early.retry_after, early.failed) == (State.OUTCOME_UNKNOWN, lands_by, False)
+    assert "the original request may still land until 2026-11-29T10:05:02" in early.reason
+    assert "its upstream timeout: 300s, plus 2s" in early.reason
+    assert judge(op.reconcile, read, r, 200, answer(FOUND), now=lands_by - dt.timedelta(seconds=1)).state \
+        is State.SUCCEEDED
+    assert judge(op.reconcile, read, r, 200, answer(), now=lands_by).state is State.SAFE_TO_RETRY
+
+
+def test_an_attempt_its_proxy_saw_end_is_judged_from_its_end_and_settle_counts_after_the_lifetime():
+    op, r = op_of(), recovered(completed_at="2026-11-29T10:00:01.000000Z")  # its own proxy recorded the outcome
+    read = plan_read(op, r)
+    assert judge(op.reconcile, read, r, 200, answer(), now=dt.datetime(2026, 11, 29, 10, 0, 2, tzinfo=dt.UTC)).state \
+        is State.SAFE_TO_RETRY  # the connection closed at completed_at: no lifetime to wait out
+    settled = op_of(BASE.replace("retry_when_absent: true", "retry_when_absent: true\n      settle: 60s"))
+    assert absence_provable_from(settled.reconcile, recovered()) == dt.datetime(2026, 11, 29, 10, 6, 2, tzinfo=dt.UTC)
+    # a receipt an earlier version recorded, without a timeout: the default one (300 s)
+    legacy = recovered(upstream_timeout=None, in_flight_until=None)
+    assert landed_by(legacy) == dt.datetime(2026, 11, 29, 10, 5, 2, tzinfo=dt.UTC)
+    assert "its upstream timeout: unrecorded" in judge(op.reconcile, read, legacy, 200, answer(),
+                                                        now=dt.datetime(2026, 11, 29, 10, 1, tzinfo=dt.UTC)).reason
 
 
 STATUS_ONLY = """\

@@ -9,6 +9,7 @@ none). The tests of SQLite's own files, pragmas and locks take `db_path` and sta
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import sqlite3
@@ -157,7 +158,8 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m004_when_an_idempotency_key_was_first_sent"),
         ("receipt-proxy", "m005_raw_target"), ("receipt-proxy", "m006_failed_reads"),
         ("receipt-proxy", "m007_approval_decisions"), ("receipt-proxy", "m008_instance_leases"),
-        ("receipt-proxy", "m009_fingerprint_versions"), ("receipt-proxy", "m012_read_principal")]
+        ("receipt-proxy", "m009_fingerprint_versions"), ("receipt-proxy", "m010_request_lifetime"),
+        ("receipt-proxy", "m012_read_principal")]
     forward(s)
     s.close()
 
@@ -606,7 +608,7 @@ def test_recover_in_flight(store, clock):
         r = store.get(op)
         assert r.state is State.OUTCOME_UNKNOWN
         assert r.error == "proxy stopped while the request was in flight"
-        assert r.completed_at == iso(t)
+        assert r.completed_at is None and r.updated_at == iso(t)  # nobody saw its attempt end
         ev = store.events(op)[-1]
         assert (ev.event, ev.from_state, ev.to_state) == ("transition", State.SUBMITTED, State.OUTCOME_UNKNOWN)
         assert (ev.reason, ev.actor) == ("proxy stopped while the request was in flight", "recovery")
@@ -617,6 +619,21 @@ def test_recover_in_flight(store, clock):
         assert store.get(op) == before
     # a second pass finds nothing more to do
     assert store.recover_in_flight(is_alive=is_alive) == []
+
+
+def test_a_receipt_records_how_long_its_request_may_be_in_flight(store, clock):
+    """in_flight_until: when it became submitted plus the sending proxy's upstream timeout (m010); a held write
+    gets it when it is approved, counted from then."""
+    sent = store.begin_attempt(attempt("fp-life", upstream_timeout=30)).receipt
+    assert (sent.upstream_timeout, sent.in_flight_until) == (30, iso(T0 + dt.timedelta(seconds=30)))
+    assert store.get(sent.operation_id).in_flight_until == sent.in_flight_until  # as stored
+    held = store.begin_attempt(attempt("fp-held", upstream_timeout=30, approval=True)).receipt
+    assert (held.state, held.in_flight_until) == (State.AWAITING_APPROVAL, None)
+    t = clock.advance(600)  # approved ten minutes later: sent from then
+    approved = store.transition(held.operation_id, State.SUBMITTED, reason="approved", expect=[State.AWAITING_APPROVAL])
+    assert approved.in_flight_until == iso(t + dt.timedelta(seconds=30)) == store.get(held.operation_id).in_flight_until
+    unknown = store.begin_attempt(attempt("fp-old")).receipt  # an attempt that names no timeout
+    assert (unknown.upstream_timeout, unknown.in_flight_until) == (None, None)
 
 
 # --- concurrency ---------------------------------------------------------------------------

@@ -14,6 +14,8 @@ Faults, one per request, in the order planned (then "ok"):
     lost      close the connection without committing or answering (the write never took effect)
     hang      commit, then hold the connection (up to `hang_seconds`), then close
     held      commit, then wait until `let_go(path)` (up to `hang_seconds`), then answer like ok
+    commit_late  wait until `let_go(path)` (up to `hang_seconds`), then commit (even if the client has
+              gone meanwhile), then answer like ok: an upstream slow to commit
     half      commit, then send half a response and close
     reset     commit, then reset the connection (RST)
     400 / 404 / 409 / 429   refuse without committing
@@ -204,20 +206,31 @@ class Upstream:
                     body = self._read_chunked()
                 body = up.content(self.headers.get("Content-Encoding"), body)
                 path = up.route(self.path)
+
+                def commit() -> int:  # under up.lock
+                    up._commits[path] += 1
+                    n = up._commits[path]
+                    try:
+                        doc = json.loads(body) if body and up.keep_bodies else {}
+                    except ValueError:
+                        doc = {}
+                    up.items.setdefault(path, []).append({**(doc if isinstance(doc, dict) else {}), "id": n})
+                    return n
+
                 with up.lock:
                     fault = up._plans[path].pop(0) if up._plans[path] else _query_fault(self.path)
                     up.requests.append({"path": self.path, "target": self.requestline.split(" ")[1],  # as sent ('//' too)
                                         "method": self.command, "headers": dict(self.headers),
                                         "body": body if up.keep_bodies else b"", "fault": fault,
                                         "size": len(body), "sha256": hashlib.sha256(body).hexdigest()})
-                    if fault != "lost" and (not fault.isdigit() or int(fault) >= 500):
-                        up._commits[path] += 1
-                        n = up._commits[path]
-                        try:
-                            doc = json.loads(body) if body and up.keep_bodies else {}
-                        except ValueError:
-                            doc = {}
-                        up.items.setdefault(path, []).append({**(doc if isinstance(doc, dict) else {}), "id": n})
+                    if fault not in ("lost", "commit_late") and (not fault.isdigit() or int(fault) >= 500):
+                        n = commit()
+                    late = up._held[path] if fault == "commit_late" else None
+                if late is not None:  # commits only once let go, whether or not the client is still there
+                    late.wait(up.hang_seconds)
+                    with up.lock:
+                        n = commit()
+                    fault = "ok"
                 if fault == "ok":
                     self._answer(201, {"id": n, "path": path, "received": len(body)})
                 elif fault.isdigit():

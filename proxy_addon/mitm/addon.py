@@ -22,6 +22,7 @@ Hooks, one job each:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -29,12 +30,14 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
 from proxy_addon import answers, terminal
-from proxy_addon.classify import Outcome, error_outcome
+from proxy_addon.classify import Outcome, error_outcome, failure_outcome
 from proxy_addon.errors import BadJson, ReceiptsError, RulesError, StoreError
+from proxy_addon.exchange_failures import SendStopped
 from proxy_addon.fields import bad_field
 from proxy_addon.fingerprint import build_attempt
 from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
+from proxy_addon.leases import HeldLease
 from proxy_addon.log_limit import LogLimit
 from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.mcp.catalog import ToolCatalog
@@ -59,6 +62,7 @@ from proxy_addon.mitm.store import ReceiptsDb
 from proxy_addon.reconcile import retry_after
 from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.send_guard import SendGuard
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Receipt, ReceiptStore, utcnow
 from proxy_addon.store_thread import StoreThread
@@ -249,9 +253,16 @@ class Receipts:
         op, view, inst = m.operation, request_view(flow.request, body), self.installation
         credentials = credentials_from(op.credential_headers, view.headers)
         versions = self.gate.versions.of_operation(op)
+        timeout = ctx.options.receipts_upstream_timeout
 
         def attempt() -> Attempt:
-            return build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance, versions=versions)
+            built = build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance, versions=versions)
+            return dataclasses.replace(built, upstream_timeout=timeout)  # its lifetime (send_guard.py, judge.py)
+
+        # The lease, and its epoch before the receipt is committed: a lease lost and taken again since
+        # then means another proxy may have taken the receipt over (send_guard.py).
+        lease = inst.lease
+        epoch = lease.epoch if lease is not None else None
 
         try:
             # A small body is fingerprinted here, and a duplicate answered on the event loop (gate.py);
@@ -274,12 +285,24 @@ class Receipts:
             said = f"duplicate blocked ({receipt.state})"
             self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
         else:
-            await self._forward(flow, meta, op, receipt, given_key=admitted.attempt.given_key, body=view.body)
+            given_key = admitted.attempt.given_key
+            await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, lease=(lease, epoch))
 
     async def _forward(
-        self, flow: http.HTTPFlow, meta: dict, op: Operation, receipt: Receipt, given_key: str | None, body: bytes
+        self,
+        flow: http.HTTPFlow,
+        meta: dict,
+        op: Operation,
+        receipt: Receipt,
+        given_key: str | None,
+        body: bytes,
+        lease: tuple[HeldLease | None, int | None],
     ) -> None:
-        """Send a new receipt's request once: after an approval if the rule wants one, with the proxy's key if any."""
+        """
+        Send a new receipt's request once: after an approval if the rule wants one, with the
+        proxy's key if any, and only while its lease and its lifetime allow (send_guard.py: asked
+        here, and again by the exchange just before the first byte).
+        """
         assert self.calls is not None
         meta["retry_of"] = receipt.retry_of
         if receipt.state is State.AWAITING_APPROVAL:
@@ -299,13 +322,24 @@ class Receipts:
             meta["idempotency_key"] = receipt.idempotency_key  # the key sent: told to the agent (X-Receipt-*)
         mark(flow, receipt.state, receipt)
         await self._debug_pause("after_commit", receipt.operation_id)
+        guard = SendGuard.of(receipt, *lease, now=utcnow())  # the lease it was committed under
         meta["sent_at"] = time.monotonic()  # receipt_proxy_upstream_seconds, observed when the outcome is recorded
-        if self._client is not None:
-            await self._exchange(flow, meta, op)
+        if (why := guard()) is not None:
+            await self._exchange_failed(flow, meta, failure_outcome(SendStopped(why)))
+        elif self._client is not None:
+            await self._exchange(flow, meta, op, guard)
         else:
-            self._deadlines.arm(flow, ctx.options.receipts_upstream_timeout)
+            self._deadlines.arm(flow, guard.deadline(ctx.options.receipts_upstream_timeout))
 
-    async def _exchange(self, flow: http.HTTPFlow, meta: dict, op: Operation) -> None:
+    async def _exchange_failed(self, flow: http.HTTPFlow, meta: dict, result: Outcome) -> None:
+        """Record an exchange that failed (or was never started), and answer the agent so (502, 504)."""
+        receipt = await self._record(flow, meta, result)
+        if receipt is None and result.state is State.NOT_SENT:
+            logger.warning(f"receipt {meta['operation_id']}: {result.reason} (nothing was sent)")
+        failed = answers.exchange_failed(meta["operation_id"], result.state, result.reason, timed_out=result.timed_out)
+        flows.answer(flow, failed)
+
+    async def _exchange(self, flow: http.HTTPFlow, meta: dict, op: Operation, guard: SendGuard) -> None:
         """
         Send the request ourselves: the exchange outlives an agent that hangs up (see exchange.py).
         An answer whose body passes receipts_response_cap is recorded from its status first; then
@@ -313,16 +347,15 @@ class Receipts:
         """
         assert self._client is not None
         opts = ctx.options
-        timeout, cap = opts.receipts_upstream_timeout, opts.receipts_response_cap
+        timeout = guard.deadline(opts.receipts_upstream_timeout)  # never past the receipt's in_flight_until
+        cap = opts.receipts_response_cap
         if (streamed := streaming.streamed_if(op, meta)) is not None:
             await self.streams.ready()
-        result = await exchange.send(self._client, flow.request, deadline=timeout, cap=cap, streamed=streamed)
+        result = await exchange.send(
+            self._client, flow.request, deadline=timeout, cap=cap, streamed=streamed, guard=guard
+        )
         if isinstance(result, Outcome):
-            await self._record(flow, meta, result)
-            failed = answers.exchange_failed(
-                meta["operation_id"], result.state, result.reason, timed_out=result.timed_out
-            )
-            flows.answer(flow, failed)
+            await self._exchange_failed(flow, meta, result)
             return
         if result.streamed:  # an MCP tool call's event stream: passed on as it comes (streaming.py)
             assert self.gate is not None
@@ -339,7 +372,7 @@ class Receipts:
             rest = await result.read_rest(limit=opts.receipts_response_max, wanted=lambda: flow.client_conn.connected)
         finally:
             await result.aclose()
-        forward.pass_rest(flow, meta, rest, limit=opts.receipts_response_max, timeout=timeout)
+        forward.pass_rest(flow, meta, rest, limit=opts.receipts_response_max, timeout=opts.receipts_upstream_timeout)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self.streams.headers(flow)

@@ -38,6 +38,13 @@ one reset or cut off after (outcome_unknown).
 Sent once: neither pool sends a request twice (http1.py never does; httpcore_send.py stops
 httpcore's pool from sending it again after a GOAWAY).
 
+Sent only while it may be: "just before the first byte" is where each pool writes the request,
+on the connection it goes on, after the connection is open (a new one may take up to
+`connect_timeout`): http1.py asks the `guard` right before it hands the request's bytes to the
+socket, and httpcore_send.py in httpcore's trace hook right before it writes the headers
+(HTTP/1.1 or HTTP/2). Nothing is awaited between the question and the write. A refusal is
+`SendStopped`: not_sent (send_guard.py says what it checks and why that is enough).
+
 What changes: a matched request's answer is held, not streamed (but below). mitmproxy 12
 sends a response set by the `request` hook in one piece (`send_response()` has no streaming
 path for it; `Response.stream` is read only for an answer mitmproxy reads from a server itself).
@@ -156,12 +163,15 @@ async def send(
     cap: int,
     connect_timeout: float = 10.0,
     streamed: Callable[[int, list[tuple[bytes, bytes]]], bool] | None = None,
+    guard: Callable[[], str | None] | None = None,
 ) -> Reply | Outcome:
     """
     Send `request` once (never retried) and read the answer's body up to `cap` bytes: the
     `Reply` (complete, or its head and first bytes with the rest still to read), or the outcome
     of a failure before that. `deadline` (seconds) covers it all, the rest of the body too.
     `streamed(status, header fields)` True: the head alone, its body not read (`Reply.streamed`).
+    `guard` (send_guard.py) is asked just before the first byte of the request is written, on
+    the connection it goes on: a reason it gives makes the outcome not_sent, nothing written.
     """
     try:
         scheme, host, port, netloc = origin(request.scheme, request.host, request.port)
@@ -187,10 +197,11 @@ async def send(
                         headers,
                         content,
                         connect_timeout=min(connect_timeout, deadline),
+                        guard=guard,
                     )
             if head is None:
                 head = await httpcore_send.send(
-                    client.pool, request, scheme, host, port, headers, content, deadline, connect_timeout
+                    client.pool, request, scheme, host, port, headers, content, deadline, connect_timeout, guard
                 )
             status, phrase, version, fields = head.status, head.reason, head.http_version, head.headers
             chunks, close = head.body(), head.aclose

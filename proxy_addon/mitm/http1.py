@@ -14,6 +14,7 @@ locks and its trace machinery are most of httpcore's cost here).
 What a failure means (classify.py reads httpx's types; each is raised from the original error):
 - Before a byte of the request is written: httpx.ConnectError (refused, unreachable, DNS, the
   TLS handshake failed or the certificate was refused) and httpx.ConnectTimeout → not_sent;
+  the caller's `guard`, asked right before the write, stopped it (SendStopped) → not_sent;
   a request head h11 will not build (two Host fields, a header it refuses) → an
   httpx.LocalProtocolError raised from h11's, under `_h11_request_bytes` (exchange_failures.py's
   `_HEAD_BUILDERS`): nothing was written → not_sent.
@@ -39,10 +40,12 @@ import contextlib
 import select
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import h11
 import httpx
+
+from proxy_addon.exchange_failures import SendStopped
 
 _READ = 65536
 _MAX_HEAD = 100 * 1024  # the largest answer head read, as httpcore's (h11's own default is 16 KiB)
@@ -172,10 +175,13 @@ class Http1Pool:
         body: bytes,
         *,
         connect_timeout: float,
+        guard: Callable[[], str | None] | None = None,
     ) -> Answer:
         """
         Send the request once, and return the answer's head (the module docstring says what a
-        failure means), or raise SpeaksHttp2 (nothing written).
+        failure means), or raise SpeaksHttp2 (nothing written). `guard` is asked last, on the
+        open connection, right before the request's bytes are written (nothing awaited in
+        between): a reason it gives raises SendStopped, nothing written.
         """
         key = (scheme, host, port)
         conn = self._take(key)
@@ -187,6 +193,8 @@ class Http1Pool:
             conn.abort()
             raise httpx.LocalProtocolError(str(e)) from e
         try:
+            if guard is not None and (why := guard()) is not None:
+                raise SendStopped(why)
             try:
                 conn.writer.writelines(data)  # from here on, the request may have reached the upstream
             except Exception as e:

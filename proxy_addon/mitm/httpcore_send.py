@@ -17,19 +17,20 @@ Sent once: httpcore's connection pool sends a request again, on a new connection
 GOAWAY excludes its stream. The request is watched through httpcore's `trace` extension
 (`_Trace`): the upstream's proof that it did not process the stream becomes `NotProcessed`
 (exchange_failures.py, `not_processed`) before the pool can act on it, and a second start of
-the same request is stopped (`SentTwice`) before a byte of it is written.
+the same request is stopped (`SentTwice`) before a byte of it is written. The same hook asks the
+caller's `guard` (send_guard.py) right before the request's headers are written (`SendStopped`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 
 import httpcore
 import httpx
 from mitmproxy import http
 
-from proxy_addon.exchange_failures import NotProcessed, SentTwice, not_processed
+from proxy_addon.exchange_failures import NotProcessed, SendStopped, SentTwice, not_processed
 
 
 @contextlib.contextmanager
@@ -104,8 +105,13 @@ async def send(
     content: bytes,
     deadline: float,
     connect_timeout: float,
+    guard: Callable[[], str | None] | None = None,
 ) -> Answer:
-    """The request through httpcore's pool (HTTP/2, an upstream proxy): its answer's head, the body still to read."""
+    """
+    The request through httpcore's pool (HTTP/2, an upstream proxy): its answer's head, the body
+    still to read. `guard` is asked in the trace hook right before the request's headers are
+    written: a reason it gives raises SendStopped, nothing of the request written.
+    """
     outgoing = httpcore.Request(
         request.data.method,
         # The request target exactly as the agent sent it (httpx would remove `.` segments).
@@ -119,7 +125,7 @@ async def send(
                 "write": deadline,
                 "pool": deadline,
             },
-            "trace": _Trace(),
+            "trace": _Trace(guard),
         },
     )
     with httpx_errors():
@@ -144,9 +150,10 @@ class _Trace:
     carries the request's extensions, is another request: not counted.
     """
 
-    __slots__ = ("sends", "stream_id")
+    __slots__ = ("guard", "sends", "stream_id")
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Callable[[], str | None] | None = None) -> None:
+        self.guard = guard
         self.sends = 0
         self.stream_id: int | None = None
 
@@ -157,6 +164,8 @@ class _Trace:
             self.sends += 1
             if self.sends > 1:
                 raise SentTwice("httpcore was about to send the request again; stopped before it was written")
+            if self.guard is not None and (why := self.guard()) is not None:
+                raise SendStopped(why)
             self.stream_id = info.get("stream_id")
         elif name in _BEFORE_HEAD:
             error = info["exception"]

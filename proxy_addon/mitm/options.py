@@ -16,6 +16,7 @@ from mitmproxy import exceptions
 from mitmproxy.addonmanager import Loader
 
 from proxy_addon.gate import GateSettings
+from proxy_addon.judge import UPSTREAM_TIMEOUT
 from proxy_addon.paths import DEFAULT_DB, DEFAULT_RULES
 from proxy_addon.reads import ReadSettings
 from proxy_addon.upstream import Upstream
@@ -74,7 +75,7 @@ OPTIONS: list[Option] = [
     Option(
         "receipts_upstream_timeout",
         int,
-        300,
+        UPSTREAM_TIMEOUT,
         "Seconds to wait for the upstream's answer to a matched request; "
         "past that the exchange is ended and the receipt is outcome_unknown",
     ),

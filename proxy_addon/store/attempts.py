@@ -45,6 +45,8 @@ _RECEIPT_COLUMNS = (
     "fingerprint_scheme",
     "fingerprint_rule",
     "read_principal",
+    "upstream_timeout",
+    "in_flight_until",
 )
 
 
@@ -336,6 +338,12 @@ class ReceiptAttempts(ReceiptTransitions):
                 idempotency_key_at = latest.idempotency_key_at or latest.submitted_at
             else:
                 idempotency_key_at = at
+        # Sent now (or once approved: transitions.py sets it then): held open at most its upstream timeout.
+        in_flight_until = (
+            iso(now + dt.timedelta(seconds=a.upstream_timeout))
+            if a.upstream_timeout is not None and first_state is State.SUBMITTED
+            else None
+        )
         values = (
             operation_id,
             a.api,
@@ -358,6 +366,8 @@ class ReceiptAttempts(ReceiptTransitions):
             a.fingerprint_scheme,
             a.fingerprint_rule,
             a.read_principal,
+            a.upstream_timeout,
+            in_flight_until,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"

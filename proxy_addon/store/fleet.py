@@ -1,7 +1,8 @@
 """
 What the proxies of a fleet share on one PostgreSQL store, besides the receipts: their instance
 leases (liveness across machines, kept by heartbeats: proxy_addon/leases.py drives them; a new
-receipt is written only while its proxy's lease holds) and the fleet's key check (one HMAC key
+receipt is written only while its proxy's lease holds, and sent only while it still does:
+send_guard.py) and the fleet's key check (one HMAC key
 for every proxy, or their fingerprints would differ). A mixin of postgres.py's `PostgresStore`,
 in PostgreSQL's SQL (`now()`, `make_interval`, `ON CONFLICT`); SQLite's liveness is a flock
 (instances.py).

@@ -280,6 +280,17 @@ def m009_fingerprint_versions(db: Schema) -> None:
 
 
 @migration
+def m010_request_lifetime(db: Schema) -> None:
+    # How long the original request of a receipt may still land upstream, for a read that would
+    # prove its absence (judge.py): `upstream_timeout` is the sending proxy's
+    # receipts_upstream_timeout (seconds), recorded with the receipt; `in_flight_until` is when it
+    # became `submitted` plus that timeout: the latest its proxy holds the request open. A read
+    # proves nothing absent before then when that proxy went silent (its receipt recovered).
+    db.execute(f"ALTER TABLE receipts ADD COLUMN upstream_timeout {'DOUBLE PRECISION' if db.postgres else 'REAL'}")
+    db.execute("ALTER TABLE receipts ADD COLUMN in_flight_until TEXT")
+
+
+@migration
 def m012_read_principal(db: Schema) -> None:
     # The principal of a write's credential headers alone, when more made its principal (a key
     # in its query, body or path: caller.py): `receipts reconcile` checks that a read's headers are

@@ -87,6 +87,8 @@ class Attempt:
         """Every fingerprint this request's intent may have been recorded under, today's first."""
         return (self.intent_fingerprint, *self.earlier, *self.earlier_unresolved)
 
+    upstream_timeout: float | None = None  # receipts_upstream_timeout of the proxy that sends it (its lifetime)
+
 
 @dataclass(frozen=True)
 class RecordedResponse:
@@ -135,6 +137,8 @@ class Receipt:
     fingerprint_scheme: int | None = None  # the scheme that made its fingerprint; None: before schemes were recorded
     fingerprint_rule: str | None = None  # the digest of the rule its fingerprint read; None: not recorded
     read_principal: str | None = None  # its credential headers' principal, when not `principal` (Attempt)
+    upstream_timeout: float | None = None  # the sending proxy's receipts_upstream_timeout (None: an earlier version)
+    in_flight_until: str | None = None  # submitted + upstream_timeout: the latest its proxy holds the request open
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -176,6 +180,8 @@ class Receipt:
             fingerprint_scheme=row.get("fingerprint_scheme"),
             fingerprint_rule=row.get("fingerprint_rule"),
             read_principal=row.get("read_principal"),
+            upstream_timeout=row.get("upstream_timeout"),
+            in_flight_until=row.get("in_flight_until"),
         )
 
     @property

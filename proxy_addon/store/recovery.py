@@ -26,8 +26,11 @@ class ReceiptRecovery(ReceiptTransitions):
         """
         Receipts left `submitted` (or `reconciling`) by a proxy instance that is no longer
         running become `outcome_unknown`: the request may have left; `awaiting_approval` ones
-        become `not_sent`: they never left. Returns their ids. `stopped(instance)` words how the
-        instance was found stopped (default "proxy stopped"), so that the event names it.
+        become `not_sent`: they never left. A `submitted` one keeps no `completed_at`: nobody saw
+        its attempt end, and it may be in flight until its `in_flight_until`. Returns their ids.
+        `is_alive` is asked only after the receipts in flight were read (leases.py relies on it).
+        `stopped(instance)` words how the instance was found stopped (default "proxy stopped"), so
+        that the event names it.
         """
         rows = self._rows(
             "SELECT operation_id, state, instance FROM receipts WHERE state IN (?, ?, ?)",
@@ -46,8 +49,13 @@ class ReceiptRecovery(ReceiptTransitions):
             to, reason = outcomes[state]
             if stopped is not None:
                 reason = reason.replace("proxy stopped", stopped(row["instance"]), 1)
+            # Its proxy never saw the attempt end: no `completed_at` (a read then waits out the request's
+            # lifetime, `in_flight_until`, before it may prove absence: judge.py).
+            unseen = {"completed_at": None} if state is State.SUBMITTED else {}
             try:
-                self.transition(row["operation_id"], to, reason=reason, actor=actor, expect=[state], error=reason)
+                self.transition(
+                    row["operation_id"], to, reason=reason, actor=actor, expect=[state], error=reason, **unseen
+                )
             except IllegalTransition:
                 continue  # another process moved it on meanwhile
             recovered.append(row["operation_id"])

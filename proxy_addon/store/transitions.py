@@ -7,6 +7,7 @@ event, that every other write of the store uses. Each state change is told to th
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -165,7 +166,8 @@ class ReceiptTransitions(ReceiptReads):
         set_completed: bool = True,
     ) -> Receipt:
         """One guarded state change inside an open write transaction. Returns the receipt as it now is."""
-        at = iso(self.clock())
+        now = self.clock()
+        at = iso(now)
         sets = {**sets, "state": str(to), "updated_at": at}
         rows = self._rows("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
         if not rows:
@@ -174,6 +176,8 @@ class ReceiptTransitions(ReceiptReads):
         was = state_of(old["state"], f"receipt {operation_id}")  # the row is made a Receipt once: as updated
         if was is State.SUBMITTED and set_completed:
             sets["completed_at"] = at  # the attempt is over, whatever we learned of it
+        if to is State.SUBMITTED and old.get("upstream_timeout") is not None:  # approved: it is sent from now
+            sets["in_flight_until"] = iso(now + dt.timedelta(seconds=old["upstream_timeout"]))
         changed = self._execute(
             f"UPDATE receipts SET {', '.join(f'{k} = ?' for k in sets)} "
             f"WHERE operation_id = ? AND state IN ({marks(len(sources))})",

@@ -96,9 +96,8 @@ def test_list_json(db, capsys):
         "http_status": 201, "error": None, "external_id": "art_1", "flow_id": "flow-1", "retry_of": None,
         "instance": None, "idempotency_key": None, "client_key": None, "idempotency_key_at": None, "raw_target": None,
         "failed_reads": 0, "next_read_at": None, "fingerprint_scheme": None, "fingerprint_rule": None,
-        "read_principal": None,
-        "response_status": 201,
-        "blocked": 0, "replayed": 1,
+        "read_principal": None, "upstream_timeout": None, "in_flight_until": None,
+        "response_status": 201, "blocked": 0, "replayed": 1,
     }
     unk = by_id[ids["outcome_unknown"]]
     assert (unk["state"], unk["error"], unk["http_status"], unk["response_status"]) == (
