@@ -369,6 +369,25 @@ def next_hop(log: Path, confdir: Path, trusted_ca: Path | None = None) -> Iterat
         hop.wait(timeout=10)
 
 
+TEST_ANSWER_KEY = b"answer-seal-key-of-the-in-process-tests-0123456789abcdef0123456789"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stores_seal_answers():
+    """
+    Every store a test opens in this process seals recorded answers with a test key, as the
+    proxy's Installation sets one from secret.key (a store without one records no answer:
+    tests/test_sealed_answers.py). Proxies in their own process (Proxy, ScriptsRun) use their
+    real secret.key.
+    """
+    from proxy_addon.store.sealing import AnswerSeal
+    from proxy_addon.store.transitions import ReceiptTransitions
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ReceiptTransitions, "answer_seal", AnswerSeal(TEST_ANSWER_KEY))
+        yield
+
+
 @pytest.fixture(scope="session")
 def confdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("mitmproxy-conf")

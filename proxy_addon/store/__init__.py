@@ -17,9 +17,11 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
     resolutions.py  settling an unknown outcome by hand (`resolve`) or claiming it for a read
     retention.py    pruning old resolved receipts (`prune`)
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
+    key_check.py    the check value of the installation's secret.key, which a database keeps
+    sealing.py      recorded answers encrypted at rest (`AnswerSeal`), opened only to replay
     sqlite.py       the SQLite backend (`SQLiteStore`, alias `Store`)
     postgres.py     the PostgreSQL backend (`PostgresStore`), for a fleet of proxies on one store
-    fleet.py        what that fleet shares besides receipts: instance leases, the key check
+    fleet.py        what that fleet shares besides receipts: instance leases
     dsn.py          which values name a PostgreSQL database (`is_postgres`), shown without password
     listener.py     LISTEN for receipts other processes change (PostgreSQL's NOTIFY)
     migrations.py   the schema, as recorded migrations, in each backend's dialect

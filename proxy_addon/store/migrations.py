@@ -260,3 +260,15 @@ def m008_instance_leases(db: Schema) -> None:
         "expires_at TIMESTAMPTZ NOT NULL)"
     )
     db.execute("CREATE TABLE receipt_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+
+@migration
+def m011_key_check_and_sealed_answers(db: Schema) -> None:
+    # SQLite keeps a check value of secret.key too, as PostgreSQL has since m008 (key_check.py):
+    # a proxy started with a lost or another key refuses to start instead of seeing no retry as
+    # a duplicate. And a recorded answer is encrypted at rest (sealing.py): `response_encryption`
+    # names the scheme of a row written so ("v1": its headers and body sealed together in
+    # response_body, response_headers NULL); NULL is an answer recorded in clear before this.
+    if not db.postgres:
+        db.execute("CREATE TABLE receipt_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("ALTER TABLE receipts ADD COLUMN response_encryption TEXT")
