@@ -22,14 +22,15 @@ from pathlib import Path
 import pytest
 
 from tests import pg
-from tests.upstream import Upstream, free_port
+from tests.upstream import MINTED_KEY, MINTED_TOKEN, Upstream, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 ADDON = ROOT / "proxy_addon" / "addon.py"
 TEST_RULES = ROOT / "tests" / "rules_it"
 
-# Marker secrets: every integration request carries them; none may reach the DB.
+# Marker secrets: every integration request carries them (but the minted ones, which an answer
+# carries); none may reach the DB.
 # x_thing and blob are names on no list of secret names: a query parameter every Clients request
 # carries, and a body key (nested.blob) that tests/test_intent_secrets.py sends; redacted all the same.
 SECRETS = {
@@ -39,6 +40,9 @@ SECRETS = {
     "token": "SECRET-QUERY-b16b00b5",
     "x_thing": "SECRET-XTHING-5eed1e",
     "blob": "SECRET-BLOB-0b1e55",
+    # minted by the upstream in its answer to a write (its "mint" fault): the recorded answer is sealed
+    "minted_key": MINTED_KEY,
+    "minted_token": MINTED_TOKEN,
 }
 
 
