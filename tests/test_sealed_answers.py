@@ -21,7 +21,8 @@ import pytest
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from proxy_addon.errors import StoreError
+from proxy_addon.errors import RulesError, StoreError
+from proxy_addon.rules import load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, RecordedResponse, Store
 from proxy_addon.store.records import StoredAnswer
@@ -247,3 +248,13 @@ def test_the_answer_key_is_derived_for_its_purpose_alone():
     assert AnswerSeal(secret).open("r1", StoredAnswer(201, False, len(sealed), "v1", sealed=sealed)) == ANSWER
     with pytest.raises(InvalidTag):
         AESGCM(secret[:32]).decrypt(sealed[:12], sealed[12:], b"r1\n201\n0")
+
+
+# --- the rule: `record:` ----------------------------------------------------------------------
+
+def test_record_is_true_unless_the_rule_says_false_and_must_be_a_boolean():
+    head = "api: demo\nhosts: [api.demo.test]\noperations:\n  keys.create:\n    match: {method: POST, path: /keys}\n"
+    assert load_rules(head, "api.yaml").operations[0].record is True
+    assert load_rules(head + "    record: false\n", "api.yaml").operations[0].record is False
+    with pytest.raises(RulesError, match=r"api\.yaml:6: operations\.keys\.create\.record: expected true or false"):
+        load_rules(head + "    record: never\n", "api.yaml")

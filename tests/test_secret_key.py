@@ -121,7 +121,7 @@ def test_a_missing_key_beside_a_database_with_receipts_is_refused_even_without_a
     store = Store.open(db)
     store.begin_attempt(_attempt())
     store.close()
-    with pytest.raises(StoreError, match="is missing, but the receipts database .* holds receipts"):
+    with pytest.raises(StoreError, match=r"is missing, but the receipts database .* holds receipts"):
         Installation.open(db)
     assert not (tmp_path / "secret.key").exists()
 
@@ -132,7 +132,7 @@ def test_a_fleet_proxy_without_the_key_is_refused_and_makes_none(pg_url, tmp_pat
     first.release()
     first.store.close()
     missing = tmp_path / "elsewhere" / "secret.key"
-    with pytest.raises(StoreError, match="is missing, and the other proxies on .* use one"):
+    with pytest.raises(StoreError, match=r"is missing, and the other proxies on .* use one"):
         Installation.open(pg_url, secret=str(missing))
     assert not missing.exists()
     store = open_store(pg_url, create=False)
