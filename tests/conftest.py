@@ -392,6 +392,15 @@ def stores_seal_answers():
         yield
 
 
+def recorded_answer(db: Path, receipt):
+    """The answer recorded on a receipt of the proxy on `db`, opened with the secret.key beside it (store/sealing.py)."""
+    from proxy_addon.store.sealing import AnswerSeal
+
+    assert receipt.response is not None, f"receipt {receipt.operation_id} has no recorded answer"
+    key = (Path(db).parent / "secret.key").read_bytes().strip()  # as fingerprint.load_or_create_key reads it
+    return AnswerSeal(key).open(receipt.operation_id, receipt.response)
+
+
 @pytest.fixture(scope="session")
 def confdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("mitmproxy-conf")
