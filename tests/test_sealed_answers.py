@@ -176,6 +176,26 @@ def test_an_answer_recorded_in_clear_before_the_upgrade_still_replays(tmp_path, 
         store.close()
 
 
+def test_after_a_downgrade_a_sealed_answer_is_never_replayed_as_it_is(tmp_path, confdir, upstream, bucket):
+    """An earlier version finds no answer on a sealed row (no response_status): it blocks, never sends ciphertext."""
+    new = Proxy(tmp_path, confdir).start()
+    path = f"/api/{bucket}/plain"
+    try:
+        upstream.plan(path, "mint")
+        first = Clients(new).send("requests", "POST", f"{upstream.url}{path}", {"title": "then downgraded"})
+        assert first.status == 201
+    finally:
+        new.stop()
+    old = ProxyOf(addon_of(BEFORE, tmp_path / "before"), tmp_path, confdir).start()
+    try:
+        again = Clients(old).send("requests", "POST", f"{upstream.url}{path}", {"title": "then downgraded"})
+        assert again.status == 409 and again.json()["error"] == "duplicate_succeeded"
+        assert "x-receipt-replayed" not in again.headers
+        assert upstream.seen(path) == 1
+    finally:
+        old.stop()
+
+
 # --- the store: sealing, binding, and no answer without a key -----------------------------------
 
 ANSWER = RecordedResponse(201, [("Content-Type", "application/json"), ("X-Api-Token", MINTED_TOKEN)],
@@ -229,8 +249,8 @@ def test_a_plaintext_row_replays_as_recorded(tmp_path):
         op = succeeded(store, "fp-a")
         clear = RecordedResponse(201, [("Content-Type", "application/json"), ("X-Custom", "a")], b'{"id": 1}')
         store.conn.execute(  # as an earlier version wrote it (no marker secret: this row is in clear)
-            "UPDATE receipts SET response_headers = ?, response_body = ?, response_encryption = NULL "
-            "WHERE operation_id = ?",
+            "UPDATE receipts SET response_status = 201, response_headers = ?, response_body = ?, "
+            "response_encryption = NULL WHERE operation_id = ?",
             (json.dumps(clear.headers), clear.body, op),
         )
         d = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://a/x",

@@ -94,12 +94,16 @@ class StoredAnswer:
     clear: RecordedResponse | None = field(default=None, repr=False)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> StoredAnswer:
-        status, truncated = row["response_status"], bool(row["response_truncated"])
-        body = bytes(row["response_body"] or b"")  # bytes from SQLite; a memoryview from some drivers
+    def from_row(cls, row: dict[str, Any]) -> StoredAnswer | None:
+        """The answer a receipt row keeps (sealed: its status is `http_status`, sealing.py), or None."""
         encryption = row.get("response_encryption")
+        if encryption is None and row.get("response_status") is None:
+            return None
+        truncated = bool(row["response_truncated"])
+        body = bytes(row["response_body"] or b"")  # bytes from SQLite; a memoryview from some drivers
         if encryption is not None:
-            return cls(status, truncated, len(body), encryption, sealed=body)
+            return cls(int(row["http_status"] or 0), truncated, len(body), encryption, sealed=body)
+        status = row["response_status"]
         headers = [(str(k), str(v)) for k, v in json.loads(row["response_headers"] or "[]")]
         return cls(status, truncated, len(body), clear=RecordedResponse(status, headers, body, truncated))
 
@@ -135,7 +139,7 @@ class Receipt:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
         state = state_of(row["state"], f"receipt {row['operation_id']}")
-        response = StoredAnswer.from_row(row) if row.get("response_status") is not None else None
+        response = StoredAnswer.from_row(row)
         return cls(
             operation_id=row["operation_id"],
             api=row["api"],

@@ -11,13 +11,16 @@ Scheme "v1" (the row's `response_encryption`): AES-256-GCM, under a key derived 
 secret.key with HKDF-SHA256 and a purpose label of its own (PURPOSE; principals are HMACs
 under the key itself, never this one). Each answer gets a random 96-bit nonce, stored before
 its ciphertext in `response_body`; the plaintext is the headers as JSON, a newline, then the
-body, and `response_headers` is NULL. The associated data binds the ciphertext to its receipt:
-its operation id, and the status and truncation that stay in clear beside it (metadata that
-`receipts show` and `export` print). An answer moved into another receipt, or whose status
-was changed, does not open.
+body. The associated data binds the ciphertext to its receipt: its operation id, and the
+status (`http_status`) and truncation that stay in clear beside it (metadata that `receipts
+show` and `export` print). An answer moved into another receipt, or whose status was changed,
+does not open.
 
-A row with no `response_encryption` was recorded in clear by an earlier version: it is read
-as it is (`StoredAnswer.clear`) and still replays.
+A sealed row leaves `response_status` and `response_headers` NULL: an earlier version, which
+takes `response_status` for "an answer was recorded" and would replay `response_body` as it
+is, finds none on a sealed row, and blocks the duplicate instead (a downgrade never replays
+ciphertext). A row with `response_status` and no `response_encryption` was recorded in clear
+by an earlier version: it is read as it is (`StoredAnswer.clear`) and still replays.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ class AnswerSeal:
         nonce = os.urandom(_NONCE)
         sealed = nonce + self._aead.encrypt(nonce, plain, _bound(operation_id, response.status, response.truncated))
         return {
-            "response_status": response.status,
+            "http_status": response.status,  # the status, kept in clear and bound to the ciphertext
+            "response_status": None,  # what earlier versions read as "an answer to replay": none (see above)
             "response_headers": None,
             "response_body": sealed,
             "response_truncated": int(response.truncated),

@@ -145,12 +145,9 @@ class ReceiptTransitions(ReceiptReads):
             sources = frozenset(expect)
         if not sources:
             raise IllegalTransition(f"nothing may move to {to}")
-        sets: dict[str, Any] = {}
-        for k, v in fields.items():
-            if k != "response":
-                sets[k] = v
-            elif v is not None:
-                sets.update(self._sealed(operation_id, v))
+        sets: dict[str, Any] = {k: v for k, v in fields.items() if k != "response"}
+        if fields.get("response") is not None:  # its status is http_status, bound to it (sealing.py)
+            sets.update(self._sealed(operation_id, fields["response"]))
         with self._snapshot_write() if snapshot else self._write(durable=durable):
             return self._step(
                 operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
