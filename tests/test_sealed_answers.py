@@ -24,8 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from proxy_addon.errors import RulesError, StoreError
 from proxy_addon.rules import load_rules
 from proxy_addon.states import State
-from proxy_addon.store import Attempt, RecordedResponse, Store
-from proxy_addon.store.records import StoredAnswer
+from proxy_addon.store import Attempt, RecordedResponse, Store, StoredAnswer
 from proxy_addon.store.sealing import AnswerSeal
 from proxy_addon.store.transitions import ReceiptTransitions
 from tests.conftest import ADDON, ROOT, TEST_RULES, Clients, Proxy, marker_secrets_in

@@ -7,7 +7,8 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
         ...send once...
         store.transition(decision.receipt.operation_id, State.SUCCEEDED, reason="HTTP 201")
 
-    records.py      the values: Attempt, Receipt, RecordedResponse, Event, Decision, ApprovalDecision; time helpers
+    records.py      the values: Attempt, Receipt, RecordedResponse, StoredAnswer, Event, Decision, ApprovalDecision;
+                    time helpers
     base.py         what a backend must guarantee, and the primitives it implements
     reads.py        the reads, written once over those primitives
     receipts.py     `ReceiptStore`, which backends subclass, put together from the mixins below
@@ -48,6 +49,7 @@ from proxy_addon.store.records import (
     Event,
     Receipt,
     RecordedResponse,
+    StoredAnswer,
     iso,
     new_operation_id,
     utcnow,
@@ -81,6 +83,7 @@ __all__ = [
     "RecordedResponse",
     "SQLiteStore",
     "Store",
+    "StoredAnswer",
     "UniqueViolation",
     "is_postgres",
     "iso",
