@@ -156,15 +156,16 @@ def _checked_key(store: ReceiptStore, key_file: Path) -> bytes:
     files and what to do, when the key is missing or another.
     """
     fleet = isinstance(store, PostgresStore)
-    if not key_file.exists() and (store.recorded_key_check() is not None or store.holds_receipts()):
+    if not key_file.exists() and (store.holds_receipts() or store.recorded_key_check() is not None):
         if fleet:
             raise StoreError(
                 f"the HMAC key {key_file} is missing, and the other proxies on {store.location} use one: every proxy "
                 "of a fleet needs the same secret.key (copy theirs here, or point receipts_secret at it), or the "
                 "same write would get another fingerprint on each and not be seen as a duplicate"
             )
+        made = "holds receipts made" if store.holds_receipts() else "was used"
         raise StoreError(
-            f"the HMAC key {key_file} is missing, but the receipts database {store.location} holds receipts made "
+            f"the HMAC key {key_file} is missing, but the receipts database {store.location} {made} "
             f"with it: a new key would change every principal, so unresolved writes would be sent again and "
             f"successes not replayed. Restore {key_file.name} from a backup (or point receipts_secret at it); or, "
             f"knowingly, start over: move {store.location} away and start with --set receipts_new_db=true "
