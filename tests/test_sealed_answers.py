@@ -22,6 +22,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from proxy_addon.errors import RulesError, StoreError
+from proxy_addon.explain.duplicates import duplicates
 from proxy_addon.rules import load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, RecordedResponse, Store, StoredAnswer
@@ -277,3 +278,7 @@ def test_record_is_true_unless_the_rule_says_false_and_must_be_a_boolean():
     assert load_rules(head + "    record: false\n", "api.yaml").operations[0].record is False
     with pytest.raises(RulesError, match=r"api\.yaml:6: operations\.keys\.create\.record: expected true or false"):
         load_rules(head + "    record: never\n", "api.yaml")
+    # `receipts rules explain` says what a duplicate of the success gets
+    kept, unkept = (load_rules(head + extra, "api.yaml").operations[0] for extra in ("", "    record: false\n"))
+    assert "after it succeeded: answered with the recorded response" in "\n".join(duplicates(kept))
+    assert "after it succeeded: blocked with 409 duplicate_succeeded (record: false" in "\n".join(duplicates(unkept))
