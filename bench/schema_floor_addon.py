@@ -45,6 +45,7 @@ from proxy_addon.store import Attempt, RecordedResponse, SQLiteStore
 from proxy_addon.store.attempts import _RECEIPT_COLUMNS
 from proxy_addon.store.base import marks
 from proxy_addon.store.records import iso, new_operation_id, utcnow
+from proxy_addon.store.sealing import AnswerSeal
 from proxy_addon.store.transitions import _EVENT_INSERT
 
 PATH = "/bench/things"
@@ -73,6 +74,7 @@ class SchemaFloor:
         path.parent.mkdir(parents=True, exist_ok=True)
         store = SQLiteStore.open(path)  # the schema, migrated, in WAL mode
         if ctx.options.schema_floor_store:
+            store.answer_seal = AnswerSeal(b"bench-key-" * 7)  # answers sealed, as the proxy's are
             self.store = store
             logging.getLogger("bench").info("receipt-proxy: ready (recording, the floor through the store)")
             return

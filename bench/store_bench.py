@@ -25,6 +25,7 @@ from pathlib import Path
 
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, RecordedResponse, Store
+from proxy_addon.store.sealing import AnswerSeal
 
 from bench.http_bench import Stats
 
@@ -101,6 +102,7 @@ def run(workdir: Path, sizes: tuple[int, ...], n: int, warmup: int, log: Callabl
             path = workdir / f"store-{size}.db"
             fills[size] = fill(path, size)
             stores[size] = Store.open(path)
+            stores[size].answer_seal = AnswerSeal(b"bench-key-" * 7)  # answers sealed, as the proxy's are
             log(f"  store: {size:>9,} receipts filled in {fills[size]:.1f}s ({path.stat().st_size / 1e6:,.0f} MB)")
         # A receipt left outcome_unknown (duplicates are blocked) and one succeeded with a response (replayed).
         for size, s in stores.items():

@@ -5,15 +5,20 @@ One proxy process's hold on its receipts: the database, the HMAC key, and its in
     for operation_id, state in inst.recover(): ...   # in-flight receipts of proxies that died
     inst.close()
 
-The key (secret.key beside the database unless named) hashes credentials into principals;
-the instance claim (instances.py) tells the other processes sharing the database that this
-one is alive, so that only the receipts of dead proxies are recovered.
+The key (secret.key beside the database unless named) hashes credentials into principals,
+and a key derived from it seals the answers recorded for replay (store/sealing.py); the
+instance claim (instances.py) tells the other processes sharing the database that this one is
+alive, so that only the receipts of dead proxies are recovered.
+
+The database keeps a check value of its key (store/key_check.py), on both backends: a proxy
+started with another key, or with none beside a database that holds receipts or a check
+value, refuses to start. With a new key every principal, so every fingerprint, would change:
+an unresolved write's retry would be sent again, and a success not replayed. A new key is made
+only for a database that holds nothing yet.
 
 On PostgreSQL (a fleet of proxies, possibly on several machines) the claim is a lease row
 renewed by a heartbeat thread (leases.py) instead of a flock, the key is the state
-directory's secret.key unless `secret` names one, and the fleet must share that key: the
-database keeps a check value of it, and a proxy with another key refuses to start (its
-fingerprints would differ, and the same write would not be seen as a duplicate).
+directory's secret.key unless `secret` names one, and the fleet shares that key.
 
 A missing database beside an existing key or instances folder means the database was
 removed or moved, and an empty one would let every write through again: `open` refuses to
@@ -35,6 +40,7 @@ from proxy_addon.errors import StoreError
 from proxy_addon.fingerprint import load_or_create_key
 from proxy_addon.paths import key_path
 from proxy_addon.store import PostgresStore, ReceiptStore, is_postgres, open_store
+from proxy_addon.store.sealing import AnswerSeal
 
 LEASE = 15.0  # seconds an instance's lease lasts without a heartbeat (receipts_lease)
 HEARTBEAT = 5.0  # seconds between two heartbeats (receipts_heartbeat)
@@ -81,9 +87,13 @@ class Installation:
                     "was removed or moved, and an empty one would forget every unresolved receipt. Restore it, or "
                     "start over on purpose with --set receipts_new_db=true (README: 'Starting over')"
                 )
-        key = load_or_create_key(key_file)
         store = open_store(path, lock_timeout=lock_timeout)
-        instance, lock_fd = instances.claim(path)
+        try:
+            key = _checked_key(store, key_file)
+            instance, lock_fd = instances.claim(path)
+        except BaseException:
+            store.close()
+            raise
         return cls(path, store, key, instance, lock_fd)
 
     @classmethod
@@ -98,18 +108,10 @@ class Installation:
         on_recovered: Callable[[list[tuple[str, str]]], None],
     ) -> Installation:
         key_file = key_path(db, secret)
-        key = load_or_create_key(key_file)
         store = open_store(db, lock_timeout=lock_timeout)
         assert isinstance(store, PostgresStore)
         try:
-            mine = key_check(key)
-            fleet = store.check_key(mine)
-            if fleet != mine:
-                raise StoreError(
-                    f"the HMAC key {key_file} is not the one the other proxies on {store.location} use: every proxy "
-                    "of a fleet needs the same secret.key (copy theirs here, or point receipts_secret at it), or the "
-                    "same write would get another fingerprint on each and not be seen as a duplicate"
-                )
+            key = _checked_key(store, key_file)
             instance = f"{leases.host()}-{os.getpid()}-{secrets.token_hex(4)}"
             held = leases.HeldLease(lease, margin=leases.send_margin(lease, heartbeat))
             started = leases.local_clock()
@@ -151,5 +153,48 @@ class Installation:
 
 
 def key_check(key: bytes) -> str:
-    """What the database keeps of a fleet's HMAC key: a keyed hash of a fixed text (the key cannot be found from it)."""
+    """What the database keeps of its HMAC key: a keyed hash of a fixed text (the key cannot be found from it)."""
     return hmac.new(key, b"receipt-proxy fleet key check", hashlib.sha256).hexdigest()[:32]
+
+
+def _checked_key(store: ReceiptStore, key_file: Path) -> bytes:
+    """
+    The HMAC key for `store`, from `key_file`, once the database's check value says it is the
+    key its receipts were made with (store/key_check.py); the store then seals and opens
+    recorded answers with a key derived from it. A missing key file is made only for a
+    database that holds no receipt and no check value. StoreError, in one line naming the
+    files and what to do, when the key is missing or another.
+    """
+    fleet = isinstance(store, PostgresStore)
+    if not key_file.exists() and (store.holds_receipts() or store.recorded_key_check() is not None):
+        if fleet:
+            raise StoreError(
+                f"the HMAC key {key_file} is missing, and the other proxies on {store.location} use one: every proxy "
+                "of a fleet needs the same secret.key (copy theirs here, or point receipts_secret at it), or the "
+                "same write would get another fingerprint on each and not be seen as a duplicate"
+            )
+        made = "holds receipts made" if store.holds_receipts() else "was used"
+        raise StoreError(
+            f"the HMAC key {key_file} is missing, but the receipts database {store.location} {made} "
+            f"with it: a new key would change every principal, so unresolved writes would be sent again and "
+            f"successes not replayed. Restore {key_file.name} from a backup (or point receipts_secret at it); or, "
+            f"knowingly, start over: move {store.location} away and start with --set receipts_new_db=true "
+            "(README: 'Starting over')"
+        )
+    key = load_or_create_key(key_file)
+    mine = key_check(key)
+    if store.check_key(mine) != mine:
+        if fleet:
+            raise StoreError(
+                f"the HMAC key {key_file} is not the one the other proxies on {store.location} use: every proxy "
+                "of a fleet needs the same secret.key (copy theirs here, or point receipts_secret at it), or the "
+                "same write would get another fingerprint on each and not be seen as a duplicate"
+            )
+        raise StoreError(
+            f"the HMAC key {key_file} is not the one the receipts database {store.location} was used with: it "
+            f"would change every principal, so unresolved writes would be sent again and successes not replayed. "
+            f"Restore the original {key_file.name} (or point receipts_secret at it); or, knowingly, start over: "
+            f"move {store.location} away and start with --set receipts_new_db=true (README: 'Starting over')"
+        )
+    store.answer_seal = AnswerSeal(key)
+    return key

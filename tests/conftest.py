@@ -22,14 +22,15 @@ from pathlib import Path
 import pytest
 
 from tests import pg
-from tests.upstream import Upstream, free_port
+from tests.upstream import MINTED_KEY, MINTED_TOKEN, Upstream, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 ADDON = ROOT / "proxy_addon" / "addon.py"
 TEST_RULES = ROOT / "tests" / "rules_it"
 
-# Marker secrets: every integration request carries them; none may reach the DB.
+# Marker secrets: every integration request carries them (but the minted ones, which an answer
+# carries); none may reach the DB.
 # x_thing and blob are names on no list of secret names: a query parameter every Clients request
 # carries, and a body key (nested.blob) that tests/test_intent_secrets.py sends; redacted all the same.
 # path_token and path_room: tokens in a request's path (tests/test_other_callers.py), REDACTED and hashed.
@@ -43,6 +44,9 @@ SECRETS = {
     # path credentials tests/test_other_callers.py sends: a Telegram bot token's shape, and a declared one
     "path_token": "555555555:SECRET-PATH-TOKEN-9d2c41_abcdefghijklmnop",
     "path_room": "SECRET-PATH-ROOM-4e7f10",
+    # minted by the upstream in its answer to a write (its "mint" fault): the recorded answer is sealed
+    "minted_key": MINTED_KEY,
+    "minted_token": MINTED_TOKEN,
 }
 
 
@@ -371,6 +375,34 @@ def next_hop(log: Path, confdir: Path, trusted_ca: Path | None = None) -> Iterat
     finally:
         hop.terminate()
         hop.wait(timeout=10)
+
+
+TEST_ANSWER_KEY = b"answer-seal-key-of-the-in-process-tests-0123456789abcdef0123456789"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stores_seal_answers():
+    """
+    Every store a test opens in this process seals recorded answers with a test key, as the
+    proxy's Installation sets one from secret.key (a store without one records no answer:
+    tests/test_sealed_answers.py). Proxies in their own process (Proxy, ScriptsRun) use their
+    real secret.key.
+    """
+    from proxy_addon.store.sealing import AnswerSeal
+    from proxy_addon.store.transitions import ReceiptTransitions
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ReceiptTransitions, "answer_seal", AnswerSeal(TEST_ANSWER_KEY))
+        yield
+
+
+def recorded_answer(db: Path, receipt):
+    """The answer recorded on a receipt of the proxy on `db`, opened with the secret.key beside it (store/sealing.py)."""
+    from proxy_addon.store.sealing import AnswerSeal
+
+    assert receipt.response is not None, f"receipt {receipt.operation_id} has no recorded answer"
+    key = (Path(db).parent / "secret.key").read_bytes().strip()  # as fingerprint.load_or_create_key reads it
+    return AnswerSeal(key).open(receipt.operation_id, receipt.response)
 
 
 @pytest.fixture(scope="session")

@@ -156,8 +156,10 @@ def test_retry_after_header_and_body(store, ahead, header):
 def test_replay_gives_the_recorded_answer_marked_as_a_replay(store, recorded_headers):
     body = b'{"id": 7, "title": "hello"}'
     r = receipt_in(store, State.SUCCEEDED, response=RecordedResponse(201, recorded_headers, body))
-    assert r.response is not None and r.response.headers == recorded_headers  # through the store and back
-    a = answers.replay(r)
+    again = store.begin_attempt(attempt(title=f"t-{State.SUCCEEDED}"))  # a duplicate: the answer opened to replay
+    assert again.kind == "replay" and again.answer is not None
+    assert again.answer.headers == recorded_headers  # through the store, sealed, and back
+    a = answers.replay(r, again.answer)
     assert a.status == 201
     assert a.body == body
     names = [k.lower() for k, _ in a.headers]
@@ -253,7 +255,8 @@ def test_a_truncated_recording_is_never_replayed(store):
     """What `recorded` keeps goes through the store: a truncated body is blocked, not replayed as if whole."""
     rec = answers.recorded(201, UPSTREAM_HEADERS, b'{"id": 7, "long": "....."}', 8)
     r = receipt_in(store, State.SUCCEEDED, response=rec)
-    assert r.response == rec
+    assert store.answer_seal.open(r.operation_id, r.response) == rec
+    assert r.response.truncated
     again = store.begin_attempt(attempt(title=f"t-{State.SUCCEEDED}"))
     assert again.kind == "blocked_succeeded"
     doc = json_of(answers.duplicate(again.receipt, again.kind))

@@ -256,7 +256,9 @@ def test_listen_notify_wakes_a_duplicate_waiting_on_another_instance(
 def test_a_proxy_with_another_key_refuses_to_join_the_fleet(pg_url, tmp_path, confdir, key):
     first = start_all([instance(pg_url, tmp_path, confdir, key)])[0]
     try:
-        other = instance(pg_url, tmp_path, confdir, tmp_path / "another.key")
+        another = tmp_path / "another.key"
+        another.write_text("a" * 64 + "\n")  # a key, not the fleet's (a missing one: tests/test_secret_key.py)
+        other = instance(pg_url, tmp_path, confdir, another)
         other.start(wait=False)
         other.proc.wait(timeout=30)
         assert other.proc.returncode != 0

@@ -248,7 +248,7 @@ async def test_a_duplicate_waits_for_the_original_and_gets_the_replay(world, whe
 
     assert dup.decision.kind == "replay"
     assert dup.decision.receipt.operation_id == original.operation_id
-    assert answers.replay(dup.decision.receipt).status == 201
+    assert answers.replay(dup.decision.receipt, dup.decision.answer).status == 201
     assert finished - started >= 0.5
     assert finished - recorded_at < 1.5, "the duplicate was not woken by the outcome"
     assert world.upstream.seen(world.path()) == 1

@@ -115,7 +115,8 @@ def test_migrations_recorded_by_name_and_a_concurrent_first_start_migrates_once(
         assert [r["name"] for r in rows] == [
             "m001_receipts", "m002_prunable_events_and_idempotency_keys", "m003_awaiting_approval_is_unresolved",
             "m004_when_an_idempotency_key_was_first_sent", "m005_raw_target", "m006_failed_reads", "m007_approval_decisions",
-            "m008_instance_leases", "m009_fingerprint_versions", "m010_request_lifetime", "m012_read_principal"]
+            "m008_instance_leases", "m009_fingerprint_versions", "m010_request_lifetime",
+            "m011_key_check_and_sealed_answers", "m012_read_principal"]
         assert {r["migration_set"] for r in rows} == {"receipt-proxy"}
     finally:
         store.close()

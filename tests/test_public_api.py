@@ -57,6 +57,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "RecordedResponse": ("proxy_addon.store.records", "RecordedResponse"),
         "SQLiteStore": ("proxy_addon.store.sqlite", "SQLiteStore"),
         "Store": ("proxy_addon.store.sqlite", "SQLiteStore"),
+        "StoredAnswer": ("proxy_addon.store.records", "StoredAnswer"),
         "UniqueViolation": ("proxy_addon.store.base", "UniqueViolation"),
         "is_postgres": ("proxy_addon.store.dsn", "is_postgres"),
         "iso": ("proxy_addon.store.records", "iso"),
@@ -118,7 +119,8 @@ ALL = {
     ],
     "proxy_addon.store": [
         "ApprovalDecision", "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "Held",
-        "PostgresStore", "Receipt", "ReceiptStore", "RecordedResponse", "SQLiteStore", "Store", "UniqueViolation",
+        "PostgresStore", "Receipt", "ReceiptStore", "RecordedResponse", "SQLiteStore", "Store", "StoredAnswer",
+        "UniqueViolation",
         "is_postgres", "iso", "new_operation_id", "open_store", "utcnow",
     ],
     "proxy_addon.rules": [

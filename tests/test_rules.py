@@ -299,7 +299,7 @@ operations:
     problems = [(p.line, p.field, p.message) for p in check_rules(text, "blog.yaml")]
     assert problems == [
         (5, "operations.posts.create.mtach", "unknown key 'mtach'; expected one of: description, match, credentials, fingerprint, "
-                                             "external_id, after_success, classify, reconcile, idempotency_key, approve"),
+                                             "external_id, after_success, classify, reconcile, idempotency_key, approve, record"),
         (5, "operations.posts.create.match", "is required"),
         (6, "operations.posts.create.fingerprint.body", "'a b' is not a dotted field path like 'article.title'"),
         (6, "operations.posts.create.fingerprint.body", "'c d' is not a dotted field path like 'article.title'"),

@@ -159,7 +159,7 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m005_raw_target"), ("receipt-proxy", "m006_failed_reads"),
         ("receipt-proxy", "m007_approval_decisions"), ("receipt-proxy", "m008_instance_leases"),
         ("receipt-proxy", "m009_fingerprint_versions"), ("receipt-proxy", "m010_request_lifetime"),
-        ("receipt-proxy", "m012_read_principal")]
+        ("receipt-proxy", "m011_key_check_and_sealed_answers"), ("receipt-proxy", "m012_read_principal")]
     forward(s)
     s.close()
 
@@ -296,7 +296,8 @@ def test_after_success_replay_within_window(store, clock):
     d = store.begin_attempt(attempt(flow_id="flow-dup"), replay_window=60)
     assert d.kind == "replay"
     assert d.receipt.operation_id == op
-    assert d.receipt.response == RESPONSE
+    assert d.answer == RESPONSE  # opened from its seal for this replay
+    assert d.receipt.response.encryption == "v1" and b'"id": 42' not in d.receipt.response.sealed
     assert n_receipts(store) == 1
     ev = store.events(op)[-1]
     assert (ev.event, ev.from_state, ev.to_state) == ("replayed", State.SUCCEEDED, State.SUCCEEDED)
@@ -354,10 +355,14 @@ def test_after_success_allow_forwards_a_retry(store, clock):
 def test_after_success_without_complete_response_is_blocked(store, clock, response):
     op = succeed(store, clock, response=response)
     d = store.begin_attempt(attempt(), after_success="replay", replay_window=60)
-    assert (d.kind, d.receipt.operation_id) == ("blocked_succeeded", op)
+    assert (d.kind, d.receipt.operation_id, d.answer) == ("blocked_succeeded", op, None)
     ev = store.events(op)[-1]
     assert ev.event == "blocked"
-    assert ev.reason == "duplicate blocked: succeeded, and no complete response was recorded to replay"
+    assert ev.reason == (
+        "duplicate blocked: succeeded, no answer recorded"  # a rule's `record: false`
+        if response is None
+        else "duplicate blocked: succeeded, and no complete response was recorded to replay"
+    )
     assert n_receipts(store) == 1
 
 
@@ -487,11 +492,14 @@ def test_response_round_trips(db, clock, response):
     op = forward(s)
     r = s.transition(op, State.SUCCEEDED, reason="HTTP", http_status=response.status,
                      external_id="ext-42", response=response)
-    assert r.response == response
+    assert s.answer_seal.open(op, r.response) == response
     s.close()
     s2 = open_store(db, clock=clock)  # from disk, through a fresh connection
     try:
-        got = s2.get(op).response
+        stored = s2.get(op).response
+        assert (stored.status, stored.truncated, stored.encryption, stored.clear) == (
+            response.status, response.truncated, "v1", None)
+        got = s2.answer_seal.open(op, stored)
         assert got == response
         assert isinstance(got.body, bytes)
         assert all(isinstance(h, tuple) for h in got.headers)

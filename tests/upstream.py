@@ -21,6 +21,8 @@ Faults, one per request, in the order planned (then "ok"):
     400 / 404 / 409 / 429   refuse without committing
     500 / 502 / 503         commit, then answer with that status
     large     commit, answer 201 with a JSON body of `large_bytes` bytes (3 MiB): {"id": n, "pad": "xx..."}
+    mint      commit, answer 201 with secrets the write made: {"id": n, "api_key": MINTED_KEY}, an
+              `X-Api-Token: MINTED_TOKEN` header and a Set-Cookie with it (the marker secrets sweep looks for both)
     endless   commit, answer 200 and stream a chunked body without end, until the peer closes the
               connection or `endless_seconds` pass: `up.endless[path]` says how many bytes were
               written, and whether the peer closed the connection or stopped reading (5 s) without closing;
@@ -57,6 +59,11 @@ import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+
+# Secrets an upstream mints in its answer to a write (the "mint" fault): never stored in clear.
+MINTED_KEY = "sk_live_MINTED-KEY-9d4c1e"
+MINTED_TOKEN = "tok_MINTED-TOKEN-7a2b3f"
 
 
 class Upstream:
@@ -253,6 +260,9 @@ class Upstream:
                     self.wfile.write(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\": ")
                     self.wfile.flush()
                     self._close()
+                elif fault == "mint":  # an API key created, a session token issued
+                    self._answer(201, {"id": n, "api_key": MINTED_KEY},
+                                 {"X-Api-Token": MINTED_TOKEN, "Set-Cookie": f"session={MINTED_TOKEN}"})
                 elif fault == "large":
                     head = json.dumps({"id": n, "pad": ""}).encode()[:-2]
                     self._raw(201, head + b"x" * (up.large_bytes - len(head) - 2) + b'"}')

@@ -154,7 +154,8 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
     "export": Command(
         "every receipt with its events, as JSON Lines",
         "Every receipt (oldest first) as one JSON object a line, with its events.\n"
-        "A recorded response appears as its status only (response_status), never its body.",
+        "A recorded response appears as its status, size and whether it is encrypted (response_status,\n"
+        "response_size, response_encrypted), never its headers or body.",
         ["receipts export > receipts.jsonl", "receipts export --since 30d | jq -c 'select(.state == \"succeeded\")'"],
         export_args,
         export_run,

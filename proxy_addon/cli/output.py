@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import textwrap
+from collections.abc import Iterable
 from typing import Any
 
 from proxy_addon.store import Event, Receipt
 
+WIDTH_ROWS = 500  # print_table: the rows that set the columns' widths before any is printed
+
 
 def receipt_json(r: Receipt) -> dict[str, Any]:
-    """Every field of a receipt, JSON-ready: the recorded response as its status only (a body is bytes)."""
+    """
+    Every field of a receipt, JSON-ready. Of the recorded answer only what is kept in clear:
+    its status, size and whether it is encrypted (store/sealing.py); never its headers or body,
+    which may hold a secret the write minted (the CLI has no key to open them, and needs none).
+    """
     d = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "response"}
     d["state"] = str(r.state)
     d["response_status"] = r.response.status if r.response else None
+    d["response_size"] = r.response.size if r.response else None
+    d["response_encrypted"] = r.response.encryption is not None if r.response else None
     return d
 
 
@@ -28,12 +39,36 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
 
-def print_table(headers: list[str], rows: list[list[Any]]) -> None:
-    """Aligned columns, `-` for an empty cell; the last column is not padded."""
-    cells = [[("-" if v is None or v == "" else str(v)) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in [headers, *cells]) for i in range(len(headers) - 1)]
-    for row in [headers, *cells]:
+def print_json_array(items: Iterable[Any]) -> None:
+    """`print_json` of a list, the same text, each item printed as it comes: the list is never held."""
+    first = True
+    for item in items:
+        print("[" if first else ",")
+        print(textwrap.indent(json.dumps(item, indent=2), "  "), end="")
+        first = False
+    print("[]" if first else "\n]")
+
+
+def print_table(headers: list[str], rows: Iterable[list[Any]]) -> int:
+    """
+    Aligned columns, `-` for an empty cell; the last column is not padded. Rows are printed as
+    they come: the widths are those of the first WIDTH_ROWS rows (a longer cell after them
+    pushes its row's next columns right). Prints nothing for no rows; returns how many it printed.
+    """
+    rows = iter(rows)
+    first = [_cells(row) for row in itertools.islice(rows, WIDTH_ROWS)]
+    if not first:
+        return 0
+    widths = [max(len(r[i]) for r in [headers, *first]) for i in range(len(headers) - 1)]
+    n = 0
+    for row in itertools.chain([headers], first, (_cells(row) for row in rows)):
         print("  ".join([c.ljust(w) for c, w in zip(row, widths, strict=False)] + [row[-1]]).rstrip())
+        n += 1
+    return n - 1
+
+
+def _cells(row: list[Any]) -> list[str]:
+    return [("-" if v is None or v == "" else str(v)) for v in row]
 
 
 def operation_name(r: Receipt) -> str:

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 
-from proxy_addon.cli.output import event_json, operation_name, print_json, print_table, receipt_json, short_time
+from proxy_addon.cli.output import (
+    event_json,
+    operation_name,
+    print_json,
+    print_json_array,
+    print_table,
+    receipt_json,
+    short_time,
+)
 from proxy_addon.cli.values import SINCE_HELP, UsageError, age, parse_age, parse_since, positive_int
 from proxy_addon.states import State
-from proxy_addon.store import ReceiptStore
+from proxy_addon.store import Receipt, ReceiptStore
 
 
 def list_args(p: argparse.ArgumentParser) -> None:
@@ -27,35 +36,39 @@ def list_args(p: argparse.ArgumentParser) -> None:
 
 
 def list_run(store: ReceiptStore, args: argparse.Namespace) -> int:
+    """Printed as read, a page at a time (store.list_pages): `--limit 1000000` holds one page, not every row."""
     now = store.clock()
     since = parse_since(args.since, now)
-    receipts = store.list(
+    pages = store.list_pages(
         states=[State(s) for s in args.state], operation=args.operation, since=since, limit=args.limit
     )
-    dups = store.duplicate_counts([r.operation_id for r in receipts])
+
+    def counted() -> Iterator[tuple[Receipt, dict[str, int]]]:
+        for page in pages:
+            dups = store.duplicate_counts([r.operation_id for r in page])
+            yield from ((r, dups[r.operation_id]) for r in page)
+
     if args.json:
-        print_json([{**receipt_json(r), **dups[r.operation_id]} for r in receipts])
-    elif not receipts:
+        print_json_array({**receipt_json(r), **dup} for r, dup in counted())
+        return 0
+    rows = (
+        [
+            r.operation_id,
+            age(r.submitted_at, now),
+            operation_name(r),
+            r.state,
+            r.http_status,
+            r.external_id,
+            dup["blocked"] or None,
+            dup["replayed"] or None,
+            r.target,
+        ]
+        for r, dup in counted()
+    )
+    headers = ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"]
+    if not print_table(headers, rows):
         filtered = args.state or args.operation or since
         print(f"no receipts in {store.location}" + (" match these filters" if filtered else ""))
-    else:
-        print_table(
-            ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"],
-            [
-                [
-                    r.operation_id,
-                    age(r.submitted_at, now),
-                    operation_name(r),
-                    r.state,
-                    r.http_status,
-                    r.external_id,
-                    dups[r.operation_id]["blocked"] or None,
-                    dups[r.operation_id]["replayed"] or None,
-                    r.target,
-                ]
-                for r in receipts
-            ],
-        )
     return 0
 
 

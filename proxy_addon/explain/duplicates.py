@@ -11,7 +11,9 @@ from proxy_addon.rules import Operation, ReconcileSpec
 
 def duplicates(op: Operation) -> list[str]:
     after = {
-        "replay": "answered with the recorded response (within receipts_replay_window), never sent again",
+        "replay": "answered with the recorded response (within receipts_replay_window), never sent again"
+        if op.record
+        else "blocked with 409 duplicate_succeeded (record: false keeps no answer to replay), never sent again",
         "block": "blocked with 409 duplicate_succeeded, never sent again",
         "allow": "sent again as a new attempt",
     }[op.after_success]

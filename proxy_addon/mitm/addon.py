@@ -277,8 +277,10 @@ class Receipts:
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "replay":
+            assert decision.answer is not None  # opened by the store for this replay (store/sealing.py)
+            replayed = answers.replay(receipt, decision.answer)
             said = "duplicate answered with the recorded response"
-            self._answer_duplicate(flow, answers.replay(receipt), "replayed", receipt, "REPLAYED", logging.INFO, said)
+            self._answer_duplicate(flow, replayed, "replayed", receipt, "REPLAYED", logging.INFO, said)
         elif decision.kind != "forward":
             blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
             prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"

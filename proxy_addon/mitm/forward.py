@@ -22,7 +22,7 @@ from proxy_addon.mitm.exchange import Rest
 from proxy_addon.mitm.flows import headers_of
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
-from proxy_addon.store import Receipt
+from proxy_addon.store import Receipt, RecordedResponse
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ def outcome_of(
     What an answer means. Its body, decoded, is read up to `cap`; past that (or when `complete`
     is False: only its first bytes are there) the outcome comes from the status and headers,
     and the recorded answer is truncated. `call_id`: an MCP tool call's JSON-RPC id (mcp/outcomes.py).
+    No answer is recorded for an operation whose rule says `record: false`.
     """
     raw = resp.raw_content or b""
     body: bytes | None = None
@@ -72,14 +73,16 @@ def outcome_of(
         except BadEncoding:
             body = raw  # as sent: what the agent gets too
     status, items, headers = resp.status_code, resp.headers.items(multi=True), headers_of(resp)
+    keep = op is None or op.record
+    recorded: RecordedResponse | None
     if body is not None:
-        recorded = answers.recorded(status, items, body, cap)
+        recorded = answers.recorded(status, items, body, cap) if keep else None
         if op is not None and op.mcp_tool is not None and call_id is not None:
             return tool_outcome(status, resp.reason, headers, body, op, recorded, call_id)
         outcome = answer_outcome(status, resp.reason, headers, body, op, recorded)
     else:
         kept = b"" if codings(resp.headers.get("content-encoding")) else raw[:cap]
-        recorded = dataclasses.replace(answers.recorded(status, items, kept, cap), truncated=True)
+        recorded = dataclasses.replace(answers.recorded(status, items, kept, cap), truncated=True) if keep else None
         why = f"its body is larger than receipts_response_cap, {cap} bytes"
         if op is not None and op.mcp_tool is not None and 200 <= status < 300:  # the tool's result is in the body
             why = f"outcome unknown: a tool call's answer (HTTP {status}) was not read: {why}"

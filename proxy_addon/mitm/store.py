@@ -152,6 +152,7 @@ class ReceiptsDb:
             logger.warning(f"receipt-proxy: duplicates are decided on the store's thread only: {e}")
             return None
         local.observer = self.metrics.changed
+        local.answer_seal = inst.store.answer_seal  # it records outcomes and replays too
         return local
 
     def _close_local(self) -> None:

@@ -66,8 +66,18 @@ def _fields(r: Receipt) -> list[str]:
         ("error", r.error),
         ("retry of", r.retry_of),
         ("idempotency key", r.idempotency_key),
+        ("recorded answer", _answer(r)),
     ]
     return [f"{k:16} {v}" for k, v in rows if v not in (None, "")]
+
+
+def _answer(r: Receipt) -> str | None:
+    """What is known of the recorded answer without opening it: never its headers or body (store/sealing.py)."""
+    a = r.response
+    if a is None:
+        return None
+    kept = "encrypted" if a.encryption is not None else "in clear (recorded before answers were encrypted)"
+    return f"HTTP {a.status}, {a.size} bytes, {kept}" + (", truncated: never replayed" if a.truncated else "")
 
 
 class ReceiptView(contentviews.Contentview):

@@ -178,6 +178,7 @@ def _operation(
             problem = "an already_exists answer needs a reconcile read to decide; add reconcile: to this operation"
             ctx.report(ctx.error(op["classify"][1], f"{f}.classify", problem))
     approve = ctx.attempt(ctx.boolean, op["approve"][1], f"{f}.approve") if "approve" in op else False
+    record = ctx.attempt(ctx.boolean, op["record"][1], f"{f}.record") if "record" in op else True
     if len(ctx.problems) > before:
         return None
     assert method and path and override and fp and external and after_success and classified and idempotency
@@ -198,6 +199,7 @@ def _operation(
         reconcile=reconcile,
         credentials_env=credentials_env,
         approve=bool(approve),
+        record=bool(record),
         graphql=graphql,
         mcp_tool=mcp[0] if mcp else None,
         mcp_arguments=mcp[1] if mcp else (),

@@ -53,6 +53,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "reconcile",
         "idempotency_key",
         "approve",
+        "record",
     ),
     "match": ("method", "path", "graphql", "mcp", "case_insensitive", "method_override"),
     "mcp_match": ("tool", "arguments"),
@@ -214,6 +215,7 @@ class Operation:
     reconcile: ReconcileSpec | None = None
     idempotency_header: str | None = None  # the API deduplicates by this header; the proxy adds it
     approve: bool = False  # an operator approves each request (mitmweb, receipts approve) before it is sent
+    record: bool = True  # keep the answer (sealed) to replay to a duplicate; False: keep none, block duplicates
     credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
     graphql: str | None = None  # match only GraphQL mutations with this root field
     mcp_tool: str | None = None  # match only MCP tool calls (JSON-RPC tools/call) of this tool (proxy_addon/mcp)

@@ -7,7 +7,8 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
         ...send once...
         store.transition(decision.receipt.operation_id, State.SUCCEEDED, reason="HTTP 201")
 
-    records.py      the values: Attempt, Receipt, RecordedResponse, Event, Decision, ApprovalDecision; time helpers
+    records.py      the values: Attempt, Receipt, RecordedResponse, StoredAnswer, Event, Decision, ApprovalDecision;
+                    time helpers
     base.py         what a backend must guarantee, and the primitives it implements
     reads.py        the reads, written once over those primitives
     receipts.py     `ReceiptStore`, which backends subclass, put together from the mixins below
@@ -17,10 +18,12 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
     resolutions.py  settling an unknown outcome by hand (`resolve`) or claiming it for a read
     retention.py    pruning old resolved receipts (`prune`)
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
+    key_check.py    the check value of the installation's secret.key, which a database keeps
+    sealing.py      recorded answers encrypted at rest (`AnswerSeal`), opened only to replay
     versions.py     the fingerprint versions (schemes, rules) receipts still hold: `Held`
     sqlite.py       the SQLite backend (`SQLiteStore`, alias `Store`)
     postgres.py     the PostgreSQL backend (`PostgresStore`), for a fleet of proxies on one store
-    fleet.py        what that fleet shares besides receipts: instance leases, the key check
+    fleet.py        what that fleet shares besides receipts: instance leases
     dsn.py          which values name a PostgreSQL database (`is_postgres`), shown without password
     listener.py     LISTEN for receipts other processes change (PostgreSQL's NOTIFY)
     migrations.py   the schema, as recorded migrations, in each backend's dialect
@@ -47,6 +50,7 @@ from proxy_addon.store.records import (
     Event,
     Receipt,
     RecordedResponse,
+    StoredAnswer,
     iso,
     new_operation_id,
     utcnow,
@@ -82,6 +86,7 @@ __all__ = [
     "RecordedResponse",
     "SQLiteStore",
     "Store",
+    "StoredAnswer",
     "UniqueViolation",
     "is_postgres",
     "iso",

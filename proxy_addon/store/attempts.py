@@ -315,11 +315,24 @@ class ReceiptAttempts(ReceiptTransitions):
                 "duplicate blocked: succeeded, and its answer is not replayed to a caller the proxy cannot tell "
                 "from the one it answered",
             )
-        if latest.response is not None and not latest.response.truncated:
-            return Decision("replay", latest, "duplicate answered with the recorded response")
-        return Decision(
-            "blocked_succeeded", latest, "duplicate blocked: succeeded, and no complete response was recorded to replay"
-        )
+        if latest.response is None:  # its rule says `record: false`
+            return Decision("blocked_succeeded", latest, "duplicate blocked: succeeded, no answer recorded")
+        if latest.response.truncated:
+            return Decision(
+                "blocked_succeeded",
+                latest,
+                "duplicate blocked: succeeded, and no complete response was recorded to replay",
+            )
+        answer = latest.response.clear  # recorded in clear by an earlier version
+        if answer is None:
+            try:  # opened only here, to replay it (sealing.py)
+                if self.answer_seal is None:
+                    raise StoreError("this store has no key to open recorded answers with")
+                answer = self.answer_seal.open(latest.operation_id, latest.response)
+            except StoreError as e:
+                why = f"duplicate blocked: succeeded, and its recorded answer cannot be read: {e}"
+                return Decision("blocked_succeeded", latest, why)
+        return Decision("replay", latest, "duplicate answered with the recorded response", answer=answer)
 
     def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
         """A new receipt (and its first event) for an attempt to forward."""

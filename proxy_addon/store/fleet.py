@@ -5,7 +5,8 @@ receipt is written only while its proxy's lease holds, and sent only while it st
 send_guard.py) and the fleet's key check (one HMAC key
 for every proxy, or their fingerprints would differ). A mixin of postgres.py's `PostgresStore`,
 in PostgreSQL's SQL (`now()`, `make_interval`, `ON CONFLICT`); SQLite's liveness is a flock
-(instances.py).
+(instances.py). The key check (one HMAC key for every proxy, or their fingerprints would
+differ) is both backends' (key_check.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from proxy_addon.store.records import Attempt, Decision, Receipt
 
 
 class PostgresFleet(ReceiptStore):
-    """Instance leases and the key check, over the backend's primitives (base.py)."""
+    """Instance leases, over the backend's primitives (base.py)."""
 
     lease: tuple[str, float] | None  # (instance, seconds): new receipts need it to hold (set by PostgresStore)
 
@@ -69,15 +70,6 @@ class PostgresFleet(ReceiptStore):
             return self._execute(
                 "DELETE FROM receipt_instances WHERE expires_at < now() - make_interval(secs => ?)", (older_than,)
             )
-
-    def check_key(self, check: str) -> str:
-        """Record the fleet's key check value if there is none yet; the one recorded (compare it with yours)."""
-        with self._write():
-            self._execute(
-                "INSERT INTO receipt_settings (name, value) VALUES ('key_check', ?) ON CONFLICT (name) DO NOTHING",
-                (check,),
-            )
-            return str(self._rows("SELECT value FROM receipt_settings WHERE name = 'key_check'")[0]["value"])
 
     def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
         """A new receipt, only while this proxy's lease holds (renewed in the same transaction)."""

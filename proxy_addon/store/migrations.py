@@ -291,6 +291,19 @@ def m010_request_lifetime(db: Schema) -> None:
 
 
 @migration
+def m011_key_check_and_sealed_answers(db: Schema) -> None:
+    # SQLite keeps a check value of secret.key too, as PostgreSQL has since m008 (key_check.py):
+    # a proxy started with a lost or another key refuses to start instead of seeing no retry as
+    # a duplicate. And a recorded answer is encrypted at rest (sealing.py): `response_encryption`
+    # names the scheme of a row written so ("v1": its headers and body sealed together in
+    # response_body, its status in http_status; response_status and response_headers NULL, so
+    # that an earlier version finds no answer to replay); NULL is an answer recorded in clear.
+    if not db.postgres:
+        db.execute("CREATE TABLE receipt_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("ALTER TABLE receipts ADD COLUMN response_encryption TEXT")
+
+
+@migration
 def m012_read_principal(db: Schema) -> None:
     # The principal of a write's credential headers alone, when more made its principal (a key
     # in its query, body or path: caller.py): `receipts reconcile` checks that a read's headers are

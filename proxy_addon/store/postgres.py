@@ -25,7 +25,7 @@ with server-side parameter binding, LISTEN/NOTIFY as a generator with a timeout,
 own parsing of URLs, conninfo and the PG* variables.
 
 Which values name a PostgreSQL database, and how messages show one without its password:
-dsn.py. The instance leases and the fleet's key check: fleet.py (the mixin `PostgresFleet`).
+dsn.py. The instance leases: fleet.py (the mixin `PostgresFleet`); the key check, both backends': key_check.py.
 """
 
 from __future__ import annotations

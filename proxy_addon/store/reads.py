@@ -43,13 +43,41 @@ class ReceiptReads(Backend):
         limit: int | None = 100,
     ) -> list[Receipt]:
         """Receipts, newest first. `operation` is a name (`articles.create`) or `api/name`; `since` an ISO time."""
-        clauses, params = _filters(states, operation, since)
-        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT * FROM receipts{where} ORDER BY {self.dialect.insertion_order} DESC"
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(limit)
-        return [Receipt.from_row(r) for r in self._rows(sql, params)]
+        pages = self.list_pages(states=states, operation=operation, since=since, limit=limit)
+        return [r for page in pages for r in page]
+
+    def list_pages(
+        self,
+        *,
+        states: Sequence[State] = (),
+        operation: str | None = None,
+        since: str | None = None,
+        limit: int | None = 100,
+    ) -> Iterator[builtins.list[Receipt]]:
+        """
+        `list`'s receipts, newest first, a page at a time (one query each, at most _PAGE
+        receipts): however many match, only a page is held at once, as `export` reads them.
+        """
+        order = self.dialect.insertion_order
+        before: Any = None
+        left = limit
+        while left is None or left > 0:
+            size = _PAGE if left is None else min(left, _PAGE)
+            clauses, params = _filters(states, operation, since)
+            if before is not None:
+                clauses.append(f"{order} < ?")
+                params.append(before)
+            where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+            rows = self._rows(
+                f"SELECT *, {order} AS list_position FROM receipts{where} ORDER BY {order} DESC LIMIT ?",
+                (*params, size),
+            )
+            if rows:
+                yield [Receipt.from_row(r) for r in rows]
+            if len(rows) < size:
+                return
+            before = rows[-1]["list_position"]
+            left = None if left is None else left - len(rows)
 
     # Below, `list` is the method above: the builtin is `builtins.list`.
     def transitions_after(self, event_id: int, *, limit: int = 500) -> builtins.list[tuple[int, str]]:

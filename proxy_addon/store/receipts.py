@@ -8,6 +8,7 @@ job, each written once over the backend's primitives (base.py says what they gua
     resolutions.py  settling an unknown outcome by hand (`resolve`) or claiming it for a read
     retention.py    pruning old resolved receipts (`prune`)
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
+    key_check.py    the check value of the installation's secret.key (`check_key`)
     versions.py     the fingerprint versions receipts still hold, and the rules' descriptions
     reads.py        the reads
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from proxy_addon.store.approvals import ReceiptApprovals
 from proxy_addon.store.attempts import ReceiptAttempts
+from proxy_addon.store.key_check import ReceiptKeyCheck
 from proxy_addon.store.recovery import ReceiptRecovery
 from proxy_addon.store.resolutions import ReceiptResolutions
 from proxy_addon.store.retention import ReceiptRetention
@@ -31,6 +33,12 @@ from proxy_addon.store.versions import ReceiptVersions
 
 
 class ReceiptStore(
-    ReceiptAttempts, ReceiptApprovals, ReceiptResolutions, ReceiptRecovery, ReceiptRetention, ReceiptVersions
+    ReceiptAttempts,
+    ReceiptApprovals,
+    ReceiptResolutions,
+    ReceiptRecovery,
+    ReceiptRetention,
+    ReceiptVersions,
+    ReceiptKeyCheck,
 ):
     """The receipts store over a backend's primitives. A backend subclasses it (sqlite.py, postgres.py)."""

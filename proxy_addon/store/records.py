@@ -92,19 +92,43 @@ class Attempt:
 
 @dataclass(frozen=True)
 class RecordedResponse:
+    """An upstream answer kept for replay, in clear: sealed into its receipt (sealing.py), opened to replay."""
+
     status: int
-    headers: list[tuple[str, str]]
-    body: bytes
+    headers: list[tuple[str, str]] = field(repr=False)
+    body: bytes = field(repr=False)
     truncated: bool = False
 
-    def columns(self) -> dict[str, Any]:
-        """The receipt columns that hold this response (what `Receipt.from_row` reads back)."""
-        return {
-            "response_status": self.status,
-            "response_headers": json.dumps(self.headers),
-            "response_body": self.body,
-            "response_truncated": int(self.truncated),
-        }
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    """
+    A receipt's recorded answer as the database keeps it: its status, size and whether it was
+    cut at receipts_response_cap in clear; its headers and body sealed (`encryption`, `sealed`:
+    sealing.py), opened only to replay. `clear`: an answer recorded in clear by a version before
+    answers were sealed (the row has no response_encryption); it replays as it is.
+    """
+
+    status: int
+    truncated: bool
+    size: int  # bytes kept of it (its body; sealed: the ciphertext with the headers)
+    encryption: str | None = None  # the sealing scheme ("v1"); None: recorded in clear
+    sealed: bytes = field(default=b"", repr=False)
+    clear: RecordedResponse | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> StoredAnswer | None:
+        """The answer a receipt row keeps (sealed: its status is `http_status`, sealing.py), or None."""
+        encryption = row.get("response_encryption")
+        if encryption is None and row.get("response_status") is None:
+            return None
+        truncated = bool(row["response_truncated"])
+        body = bytes(row["response_body"] or b"")  # bytes from SQLite; a memoryview from some drivers
+        if encryption is not None:
+            return cls(int(row["http_status"] or 0), truncated, len(body), encryption, sealed=body)
+        status = row["response_status"]
+        headers = [(str(k), str(v)) for k, v in json.loads(row["response_headers"] or "[]")]
+        return cls(status, truncated, len(body), clear=RecordedResponse(status, headers, body, truncated))
 
 
 @dataclass(frozen=True)
@@ -127,7 +151,7 @@ class Receipt:
     flow_id: str | None
     retry_of: str | None
     instance: str | None
-    response: RecordedResponse | None = field(default=None, repr=False)
+    response: StoredAnswer | None = field(default=None, repr=False)  # its headers and body sealed (sealing.py)
     idempotency_key: str | None = None
     client_key: str | None = None
     idempotency_key_at: str | None = None  # when this key was first sent (by this receipt or one it retries)
@@ -143,14 +167,7 @@ class Receipt:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
         state = state_of(row["state"], f"receipt {row['operation_id']}")
-        response = None
-        if row.get("response_status") is not None:
-            response = RecordedResponse(
-                status=row["response_status"],
-                headers=[tuple(h) for h in json.loads(row["response_headers"] or "[]")],
-                body=bytes(row["response_body"] or b""),  # bytes from SQLite; a memoryview from some drivers
-                truncated=bool(row["response_truncated"]),
-            )
+        response = StoredAnswer.from_row(row)
         return cls(
             operation_id=row["operation_id"],
             api=row["api"],
@@ -224,6 +241,7 @@ class Decision:
     kind: DecisionKind
     receipt: Receipt
     reason: str = ""  # for a duplicate: why it gets this answer (recorded in the receipt's events)
+    answer: RecordedResponse | None = field(default=None, repr=False)  # "replay": the recorded answer, opened
 
 
 @dataclass(frozen=True)

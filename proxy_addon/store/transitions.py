@@ -12,11 +12,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from proxy_addon.errors import IllegalTransition, UnknownReceipt
+from proxy_addon.errors import IllegalTransition, StoreError, UnknownReceipt
 from proxy_addon.states import TRANSITIONS, State, sources_of
 from proxy_addon.store.base import marks
 from proxy_addon.store.reads import ReceiptReads
-from proxy_addon.store.records import Receipt, iso, state_of
+from proxy_addon.store.records import Receipt, RecordedResponse, iso, state_of
+from proxy_addon.store.sealing import AnswerSeal
 
 _UPDATABLE = frozenset(
     {"completed_at", "http_status", "error", "external_id", "response", "failed_reads", "next_read_at"}
@@ -36,6 +37,9 @@ class ReceiptTransitions(ReceiptReads):
     """Guarded state changes, their events, and the observer told of them: what every other write uses."""
 
     observer: Observer | None = None  # the proxy's metrics (metrics.py): every state change, once committed
+    # Seals each answer recorded (sealing.py), and opens one to replay: the Installation sets it
+    # from secret.key. A store without it records no answer (StoreError), and replays none.
+    answer_seal: AnswerSeal | None = None
     _told: list[tuple[str, str, State | None, State]] | None = None  # the open transaction's state changes
 
     def _changed(self, api: str, operation: str, from_state: State | None, to_state: State) -> None:
@@ -83,8 +87,8 @@ class ReceiptTransitions(ReceiptReads):
         """
         Move a receipt to `to`, from any state the transition table allows (or only from
         `expect`). Raises IllegalTransition if the table forbids it or the receipt has moved on.
-        Fields: completed_at, http_status, error, external_id, response (a RecordedResponse),
-        failed_reads and next_read_at (what reconcile records of its reads).
+        Fields: completed_at, http_status, error, external_id, response (a RecordedResponse,
+        sealed with `answer_seal`), failed_reads and next_read_at (what reconcile records of its reads).
         """
         return self._transition(operation_id, to, reason, actor, expect, flow_id, fields, durable=True)
 
@@ -142,16 +146,22 @@ class ReceiptTransitions(ReceiptReads):
             sources = frozenset(expect)
         if not sources:
             raise IllegalTransition(f"nothing may move to {to}")
-        sets: dict[str, Any] = {}
-        for k, v in fields.items():
-            if k != "response":
-                sets[k] = v
-            elif v is not None:
-                sets.update(v.columns())
+        sets: dict[str, Any] = {k: v for k, v in fields.items() if k != "response"}
+        if fields.get("response") is not None:  # its status is http_status, bound to it (sealing.py)
+            sets.update(self._sealed(operation_id, fields["response"]))
         with self._snapshot_write() if snapshot else self._write(durable=durable):
             return self._step(
                 operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
             )
+
+    def _sealed(self, operation_id: str, response: RecordedResponse) -> dict[str, Any]:
+        """The response columns of a recorded answer, sealed: never written in clear."""
+        if self.answer_seal is None:
+            raise StoreError(
+                f"cannot record the answer of receipt {operation_id} in {self.location}: this store has no key to "
+                "encrypt it with (answer_seal, set from secret.key when the proxy opens it)"
+            )
+        return self.answer_seal.columns(operation_id, response)
 
     def _step(
         self,

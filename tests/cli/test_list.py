@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from proxy_addon.cli import main
 from proxy_addon.store import Store
-from tests.cli.conftest import SINCE_CASES, at, cli, list_rows
+from tests.cli.conftest import ROOT, SINCE_CASES, at, cli, list_rows
 from tests.conftest import T0
 
 
@@ -96,8 +100,11 @@ def test_list_json(db, capsys):
         "http_status": 201, "error": None, "external_id": "art_1", "flow_id": "flow-1", "retry_of": None,
         "instance": None, "idempotency_key": None, "client_key": None, "idempotency_key_at": None, "raw_target": None,
         "failed_reads": 0, "next_read_at": None, "fingerprint_scheme": None, "fingerprint_rule": None,
-        "read_principal": None, "upstream_timeout": None, "in_flight_until": None,
-        "response_status": 201, "blocked": 0, "replayed": 1,
+        "read_principal": None, "upstream_timeout": None, "in_flight_until": None, "response_status": 201,
+        # sealed: a 12-byte nonce, the headers as JSON, a newline, the body, a 16-byte tag (store/sealing.py)
+        "response_size": 12 + len('[["content-type", "application/json"]]\n{"id": "RESPONSE-BODY-MARKER-5e1f"}') + 16,
+        "response_encrypted": True,
+        "blocked": 0, "replayed": 1,
     }
     unk = by_id[ids["outcome_unknown"]]
     assert (unk["state"], unk["error"], unk["http_status"], unk["response_status"]) == (
@@ -162,3 +169,60 @@ def test_list_operation_and_since_together(timeline, capsys):
                        now=T0 + dt.timedelta(hours=4))
     assert code == 0
     assert [r["operation_id"] for r in json.loads(out)] == [ids["medium.com/articles.create"]]
+
+
+# --- streaming: `list --limit 1000000` holds a page of receipts, as `export` does --------------
+
+MANY = 25_000  # under SQLite's 32766 host parameters: the old one-query read did not fail for that
+PEAK = (
+    "import resource, sys\n"
+    "from proxy_addon.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "sys.stdout.flush()\n"
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"  # KiB on Linux
+    "sys.exit(code)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """MANY receipts with a 1.5 KB intent each, written in one transaction (as fast as a test can)."""
+    path = tmp_path_factory.mktemp("many") / "receipts.db"
+    Store.open(path).close()
+    intent = json.dumps({"body": {"text": "x" * 1500}})
+    stamp = at()
+    rows = [(f"20260301T120000Z-{i:010x}", "api", "op", "POST", f"https://h/{i}", "succeeded", f"fp-{i}", intent,
+             "anonymous", stamp, stamp) for i in range(MANY)]
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO receipts (operation_id, api, operation, method, target, state, intent_fingerprint, intent, "
+            "principal, submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    return path
+
+
+def peak_kib(db, *argv: str) -> tuple[int, int]:
+    """`receipts --db DB list ARGV` in its own process, its output thrown away: (lines printed, peak RSS in KiB)."""
+    p = subprocess.run([sys.executable, "-c", PEAK, "--db", str(db), "list", *argv], capture_output=True,
+                       timeout=300, cwd=ROOT, env={**os.environ, "HOME": str(db.parent)})
+    assert p.returncode == 0, p.stderr.decode()
+    return p.stdout.count(b"\n"), int(p.stderr.decode().split()[-1])
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_list_holds_a_page_of_receipts_not_every_one(many, json_out):
+    fmt = ("--json",) if json_out else ()
+    few_lines, few = peak_kib(many, "--limit", "10", *fmt)
+    all_lines, everything = peak_kib(many, "--limit", "1000000", *fmt)
+    assert all_lines > MANY > few_lines  # every receipt printed
+    # Held at once, MANY receipts take well over 100 MB here; a page of them, a few MB.
+    assert everything - few < 40 * 1024, f"listing {MANY} receipts took {(everything - few) // 1024} MB more"
+
+
+def test_list_json_streamed_is_the_json_of_the_whole_list(many, capsys):
+    """The array printed an item at a time is the text `json.dumps(list, indent=2)` printed."""
+    code, out, _ = cli(capsys, "--db", str(many), "list", "--json", "--limit", "1200")
+    assert code == 0
+    data = json.loads(out)
+    assert len(data) == 1200 and len({d["operation_id"] for d in data}) == 1200
+    assert out == json.dumps(data, indent=2) + "\n"
+    assert [d["operation_id"] for d in data] == [f"20260301T120000Z-{i:010x}" for i in range(MANY - 1, MANY - 1201, -1)]
