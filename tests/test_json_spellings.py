@@ -496,8 +496,8 @@ def test_a_reconcile_read_finds_a_number_by_its_value(sent, answered, found):
     view = RequestView("POST", "https", "api.shop.test", 443, "/v1/orders", {"content-type": J}, body)
     r = Receipt(operation_id="r1", api="shop", operation="orders.create", method="POST",
                 target="https://api.shop.test/v1/orders", state=State.RECONCILING, intent_fingerprint="sha256:x",
-                intent=fingerprint(m, view, KEY).intent, principal="anonymous", submitted_at="", updated_at="",
-                completed_at=None, http_status=None, error=None, external_id=None, flow_id=None, retry_of=None,
+                intent=fingerprint(m, view, KEY).intent, principal="anonymous", submitted_at="2026-01-01T00:00:00Z",
+                updated_at="2026-01-01T00:00:01Z", completed_at="2026-01-01T00:00:01Z", http_status=None, error=None, external_id=None, flow_id=None, retry_of=None,
                 instance=None)
     answer = b'[{"title": "mug", "amount": ' + answered + b"}]"
     verdict = judge(m.operation.reconcile, plan_read(m.operation, r), r, 200, answer)

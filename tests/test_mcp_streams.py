@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Proxy, wait_for
+from tests.conftest import Proxy, recorded_answer, wait_for
 from tests.mcp_sse_upstream import SseUpstream
 from tests.test_memory import vm
 from tests.test_mcp import receipts
@@ -136,7 +136,7 @@ def test_a_result_after_100000_notifications_is_succeeded_and_memory_stays_bound
     receipt = the_receipt(proxy, args["title"])
     assert receipt.state == "succeeded", (receipt.state, receipt.error)
     assert receipt.external_id == str(results[0]["result"]["structuredContent"]["number"])
-    recorded = receipt.response.body
+    recorded = recorded_answer(proxy.db, receipt).body
     assert b'"result"' in recorded and b"notifications/progress" not in recorded and len(recorded) < 1000
     # Held whole, the stream would take its size once and again (the body, then its copy): bounded, it takes neither.
     assert grown < 20, f"the proxy's peak RSS grew by {grown} MiB for a {size / MiB:.0f} MiB stream"
@@ -273,7 +273,8 @@ def test_the_sdk_over_https_gets_its_event_streams_through_the_relay(tmp_path, c
             receipt = the_receipt(proxy, args["title"])
             assert receipt.state == "succeeded" and receipt.external_id == str(first["structured"]["number"])
             # The response's event alone is recorded, not the `: ping` comments the SDK's server sent before it.
-            assert receipt.response.body.count(b"data:") == 1 and b"ping" not in receipt.response.body
+            recorded = recorded_answer(proxy.db, receipt).body
+            assert recorded.count(b"data:") == 1 and b"ping" not in recorded
             assert the_receipt(proxy, lost["title"]).state == "outcome_unknown"
             assert proxy.log().count("Streaming response from") == 2  # mitmproxy's word: the two answers streamed
         finally:
