@@ -24,8 +24,11 @@ Bodies (`RequestView.body` is the body with its Content-Encoding undone: bodies.
 - A named field that holds an object, or a list of objects, is stored as a keyed hash of
   it (`hashed`): the fingerprint still tells two objects apart, but no leaf of an object
   the rule did not name one by one (`meta.access_token`) is ever stored.
-The notes (`fallback`, `missing`, `hashed`) are stored with the intent and never enter the
-fingerprint: the same fields read another way are the same intent.
+- Size: the intent is stored bounded (intent_body.bound_intent): a value larger than 4 KiB, a
+  name longer than 256 characters and the fields of a part past the first 256 are stored as keyed
+  hashes (noted in `bounded`). The fingerprint is taken on the whole intent, before that.
+The notes (`fallback`, `missing`, `hashed`, `bounded`) are stored with the intent and never enter
+the fingerprint: the same fields read another way are the same intent.
 
 Methods: the fingerprint and the record take the method the operation was matched with
 (RuleSet.match): a POST sent as `GET` with `X-HTTP-Method-Override: POST` is the POST it names,
@@ -33,7 +36,9 @@ one intent with the same write sent as `POST`. The intent notes how it was sent
 (`method_override`: {sent, override, matched}), which never enters the fingerprint.
 
 Targets: the host and path are taken in their canonical form (canonical.py), as rules match
-them, and path parameters as their decoded text (`/api/%745/things` is `/api/t5/things`).
+them, and path parameters as their decoded text (`/api/%745/things` is `/api/t5/things`). A
+request matched through another loopback name than the rule's (`localhost` for `127.0.0.1`)
+takes the rule's name as its host (`Match.fingerprint_host`): the two spellings are one intent.
 `Intent.target` is the canonical URL; `Intent.raw_target` the URL as sent, when it differs.
 Both have secret-looking query values redacted.
 """
@@ -45,7 +50,7 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -56,6 +61,7 @@ from proxy_addon.canonical import target as canonical_target
 from proxy_addon.intent_body import (
     NOTES,
     body_view,
+    bound_intent,
     canonical_json,
     intent_notes,
     keyed_hash,
@@ -66,7 +72,7 @@ from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older call
 from proxy_addon.jsonpath import parse_json
 from proxy_addon.mcp.intent import arguments_view
 from proxy_addon.redaction import FALLBACK_CREDENTIALS, redact_url
-from proxy_addon.rules import Match
+from proxy_addon.rules import Match, read_variables
 from proxy_addon.store import Attempt
 
 logger = logging.getLogger(__name__)
@@ -122,6 +128,14 @@ def principal(credential_headers: Sequence[str], headers: Mapping[str, str], key
     return keyed_hash(key, *(part for name, value in present for part in (name, canonical_credential(name, value))))
 
 
+def text_headers(match: Match) -> tuple[str, ...]:
+    """The headers (lower-case names) whose values the intent, the principal or the agent's key read as text:
+    they must be UTF-8 (fields.undecodable), or the write is refused before its receipt."""
+    op = match.operation
+    key = (op.idempotency_header or "Idempotency-Key").lower()
+    return (*op.fingerprint.headers, *op.credential_headers, *FALLBACK_CREDENTIALS, key)
+
+
 def canonical_credential(name: str, value: str) -> str:
     """
     One spelling per credential, so that `Bearer k1`, `bearer k1` and `Bearer  k1` are one
@@ -162,14 +176,17 @@ def fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[[
         "api": op.api,
         "operation": op.name,
         "method": op.method,  # the method matched: an override header's (RuleSet.match), else the one sent
-        "host": where.authority,
+        # the host as the rule names it when the request reached it by another loopback name (RuleSet)
+        "host": where.authority
+        if match.fingerprint_host is None
+        else replace(where, host=match.fingerprint_host).authority,
         "intent": {k: v for k, v in intent.items() if k not in NOTES},  # the same fields are the same intent
         "principal": principal,
     }
     digest = hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
     return Intent(
         fingerprint=f"sha256:{digest}",
-        intent=intent,
+        intent=bound_intent(intent, key, read_variables(op.reconcile)),  # stored in bounded size, taken whole above
         principal=principal,
         target=redact_url(where.scheme, where.host, where.port, where.path, keep=spec.query),
         raw_target=redact_url(req.scheme, req.host, req.port, req.path, keep=spec.query) if where.changed else None,

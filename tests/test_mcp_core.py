@@ -283,7 +283,8 @@ def test_explain_shows_what_from_server_derived_and_why_a_call_did_not_match():
     report = explain(derived, "POST", "https://mcp.example/mcp", body, {"content-type": "application/json"}, KEY)
     assert report["match"]["operation"] == "from_server" and report["match"]["mcp"]["derived"]
     shown = render(report)
-    assert "derived: no operation names the tool delete_repo" in shown and "readOnlyHint: true" in shown
+    assert "derived: no operation names the tool delete_repo" in shown
+    assert "whatever the server's tools/list says of it: its annotations are not trusted" in shown
     assert "SECRET" not in shown  # an argument with a credential's name enters as a keyed hash
     assert "isError tool result" in shown
     rules = RuleSet.of([load_rules(RULES, "mcp.yaml")])

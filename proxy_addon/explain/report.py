@@ -21,7 +21,7 @@ from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.explain.body_warnings import UNREAD, body_warnings
 from proxy_addon.explain.duplicates import duplicates
 from proxy_addon.explain.no_match import why_no_match
-from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes
+from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes, text_headers
 from proxy_addon.mcp.explain import describe_tool_call
 from proxy_addon.redaction import ALWAYS_SECRET_HEADERS, REDACTED, SECRET_NAME, redact_url
 from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
@@ -68,6 +68,19 @@ def _decoded(body: bytes, encoding: str | None, limit: int) -> tuple[bytes, str 
         return b"", str(e)
 
 
+def _undecodable(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    """The first header the proxy reads as text whose value is not UTF-8 (a surrogate: bytes the shell
+    could not decode), as the proxy refuses it (fields.undecodable)."""
+    for name in names:
+        value = headers.get(name)
+        if value is not None and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return name
+    return None
+
+
 def explain(
     rules: RuleSet,
     method: str,
@@ -89,6 +102,8 @@ def explain(
         raise ValueError(f"{url!r} is not an http(s) URL")
     port = u.port or {"http": 80, "https": 443}[u.scheme]
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    if "#" in url:  # urlsplit leaves the fragment out; the proxy sees it in the request target (RuleSet.match)
+        path += "#" + url.partition("#")[2]
     shown_headers = {
         k: REDACTED if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) else v for k, v in headers.items()
     }
@@ -113,7 +128,9 @@ def explain(
             report["why"].insert(-1, f"nor does {' or '.join(named)}, which its method override headers name")
         return report
     op = m.operation
-    refused = refused or m.refused  # its method override headers (RuleSet.match)
+    refused = refused or m.refused  # its method override headers, or a target servers read differently
+    if refused is None and (bad := _undecodable(headers, text_headers(m))) is not None:
+        refused = f"its {bad} header is not UTF-8 text (400 undecodable_header)"
     if op.method != method:  # matched as the method an override header names
         report["canonical"] = f"{op.method} {redact_url(where.scheme, where.host, where.port, where.path)}"
     for name in op.credential_headers:

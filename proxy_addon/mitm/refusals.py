@@ -1,8 +1,10 @@
 """
 Matched requests the proxy answers itself and never sends, with no receipt written: a header
-field no HTTP client can send (400, fields.py), method override headers the rules cannot take
-(400), and a store that cannot write the receipt (503: fail closed). Each logs one line naming
-the operation (never a header's value), answers, and marks the flow (flows.refuse).
+field no HTTP client can send (400, fields.py), a header the proxy reads as text that is not
+UTF-8 (400, fields.undecodable), method override headers the rules cannot take (400), a request
+target servers read differently (400: a fragment, `;` path parameters, RuleSet.match), and a
+store that cannot write the receipt (503: fail closed). Each logs one line naming the operation
+(never a header's value), answers, and marks the flow (flows.refuse).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from mitmproxy import http
 
 from proxy_addon import answers
 from proxy_addon.mitm.flows import refuse
+from proxy_addon.rules.ruleset import AMBIGUOUS_TARGET
 
-__all__ = ["bad_header", "bad_override", "unavailable"]
+__all__ = ["bad_header", "bad_override", "bad_target", "refused", "unavailable", "undecodable_header"]
 
 logger = logging.getLogger("proxy_addon.mitm.addon")
 
@@ -24,6 +27,29 @@ def bad_header(flow: http.HTTPFlow, meta: dict, header: str, problem: str) -> No
     logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: its {header} header {problem}")
     answer = answers.bad_header(meta["api"], meta["operation"], header, problem)
     refuse(flow, meta, answer, "bad_header", f"the {header} header {problem}")
+
+
+def undecodable_header(flow: http.HTTPFlow, meta: dict, header: str) -> None:
+    """A header the proxy reads as text (fingerprint, principal, key), not UTF-8: 400 naming it, not its value."""
+    problem = "is not UTF-8 text"
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: its {header} header {problem}")
+    answer = answers.undecodable_header(meta["api"], meta["operation"], header)
+    refuse(flow, meta, answer, "undecodable_header", f"the {header} header {problem}")
+
+
+def refused(flow: http.HTTPFlow, meta: dict) -> None:
+    """A match RuleSet.match refused (`meta["refused"]`): by its kind (`meta["refused_as"]`)."""
+    if meta.get("refused_as") == AMBIGUOUS_TARGET:
+        bad_target(flow, meta)
+    else:
+        bad_override(flow, meta)
+
+
+def bad_target(flow: http.HTTPFlow, meta: dict) -> None:
+    """A request target servers read differently (a fragment, `;` path parameters) that can be a write: 400."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {meta['refused']}")
+    answer = answers.ambiguous_target(meta["api"], meta["operation"], meta["refused"])
+    refuse(flow, meta, answer, AMBIGUOUS_TARGET, meta["refused"])
 
 
 def bad_override(flow: http.HTTPFlow, meta: dict) -> None:
