@@ -256,3 +256,56 @@ def test_loopback_aliases_are_one_intent_with_the_host_the_rule_names():
     assert rules.match("localhost", 9090, "POST", "/api/b/things") is None
     for other in ("127.0.0.2", "foo.localhost", "::2", "example.com"):
         assert rules.match(other, 8080, "POST", "/api/b/things") is None, other
+
+
+# --- without a proxy: the readings, the match, rules explain ---------------------------------------
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/api/b/things", ("/api/b/things",)),
+    ("/api/b/things?q=a;b", ("/api/b/things?q=a;b",)),  # a ';' in the query is no path parameter
+    ("/api/b/things#x", ("/api/b/things#x", "/api/b/things")),
+    ("/api/b/things?q=1#x", ("/api/b/things?q=1#x", "/api/b/things?q=1")),
+    ("/api/b;v=1/things;jsessionid=2?q=;", ("/api/b;v=1/things;jsessionid=2?q=;", "/api/b/things?q=;")),
+    ("/a/..;/b#f", ("/a/..;/b#f", "/a/..;/b", "/a/../b#f", "/a/../b")),
+])
+def test_the_readings_of_a_request_target(path, expected):
+    from proxy_addon.canonical import readings
+
+    assert readings(path) == expected
+
+
+MCP_RULES = RULES + """\
+  issues.create:
+    match: {method: POST, path: /mcp, mcp: {tool: create_issue}}
+"""
+
+
+def test_a_target_servers_read_differently_is_refused_only_when_a_reading_is_a_write():
+    rules = RuleSet.of([load_rules(MCP_RULES, "target.yaml")])
+    for path in ("/api/b/things#x", "/api/b/things;s=1", "/api/b;s=1/things", "/api/b/x/..;/things#y"):
+        m = rules.match("127.0.0.1", 80, "POST", path)
+        assert m is not None and m.refused_as == "ambiguous_target", path
+    assert "a fragment (#…)" in rules.match("127.0.0.1", 80, "POST", "/api/b/things#x").refused
+    for path in ("/api/b/notes#x", "/elsewhere;s=1", "/api/b/things%3Bs=1"):
+        m = rules.match("127.0.0.1", 80, "POST", path)
+        assert m is None or m.refused is None, path
+    assert rules.match("127.0.0.1", 80, "GET", "/api/b/things#x") is None  # a read either way
+    # An MCP endpoint: the body decides, for each reading.
+    call = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_issue","arguments":{}}}'
+    listing = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'
+    pending = rules.match("127.0.0.1", 80, "POST", "/mcp#x")
+    assert pending is not None and pending.pending and pending.refused
+    assert rules.match("127.0.0.1", 80, "POST", "/mcp;s=1", body=call).refused_as == "ambiguous_target"
+    assert rules.match("127.0.0.1", 80, "POST", "/mcp#x", body=listing) is None
+
+
+def test_rules_explain_shows_the_refusal_of_a_fragment():
+    from proxy_addon.explain import explain, render
+
+    rules = RuleSet.of([load_rules(RULES, "target.yaml")])
+    report = explain(rules, "POST", "http://127.0.0.1:8080/api/b/things#x", b'{"title": "t"}',
+                     {"content-type": "application/json"}, KEY)
+    assert report["match"]["operation"] == "things.create" and "a fragment (#…)" in report["refused"]
+    assert "fingerprint" not in report
+    assert "a fragment" in render(report)
