@@ -186,7 +186,7 @@ def fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[[
     digest = hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
     return Intent(
         fingerprint=f"sha256:{digest}",
-        intent=bound_intent(intent, key, read_variables(op.reconcile)),  # stored in bounded size, taken whole above
+        intent=bound_intent(intent, key, lambda: read_variables(op.reconcile)),  # stored bounded, taken whole above
         principal=principal,
         target=redact_url(where.scheme, where.host, where.port, where.path, keep=spec.query),
         raw_target=redact_url(req.scheme, req.host, req.port, req.path, keep=spec.query) if where.changed else None,

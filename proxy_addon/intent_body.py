@@ -314,10 +314,11 @@ PARTS = {"path": "path.", "query": "query.", "headers": "header.", "body": "inte
 PARTS["multipart"] = "intent."
 
 
-def bound_intent(intent: dict[str, Any], key: bytes, reads: frozenset[str] = frozenset()) -> dict[str, Any]:
+def bound_intent(intent: dict[str, Any], key: bytes, reads: Callable[[], frozenset[str]] = frozenset) -> dict[str, Any]:
     """
     The intent as it is stored, in bounded size: a value whose JSON is larger than VALUE_BOUND
-    bytes (READ_VALUE_BOUND for one a reconcile read names: `reads`, template names) is stored as
+    bytes (READ_VALUE_BOUND for one a reconcile read names: `reads()`, template names, asked for
+    only when a value is over VALUE_BOUND) is stored as
     a keyed hash of it, as an object is (a read cannot use it, and so fails to plan, rather than
     look for the hash); a name longer than NAME_BOUND as a keyed hash of the name; the fields of a
     part past the first ENTRIES_BOUND as one keyed hash of them all under MORE. The note `bounded`
@@ -325,17 +326,22 @@ def bound_intent(intent: dict[str, Any], key: bytes, reads: frozenset[str] = fro
     bounded: the fingerprint is taken on the whole intent (fingerprint.py), so bounding changes none.
     `intent` itself is returned when nothing is over a bound (every request of nearly every API).
     """
+    if not any(
+        isinstance(f := intent.get(part), dict) and _over(f, frozenset(), prefix) for part, prefix in PARTS.items()
+    ):
+        return intent  # nothing over the tightest bounds: the reads' names are not needed
+    named = reads()
     bounded: list[str] = []
     out: dict[str, Any] | None = None
     for part, prefix in PARTS.items():
         fields = intent.get(part)
-        if not isinstance(fields, dict) or not _over(fields, reads, prefix):
+        if not isinstance(fields, dict) or not _over(fields, named, prefix):
             continue
         kept: dict[str, Any] = {}
         items = list(fields.items())
         for name, value in items[:ENTRIES_BOUND]:
             shown = name if len(name) <= NAME_BOUND else keyed_hash(key, "intent-name", name)
-            if _too_big(value, READ_VALUE_BOUND if prefix + name in reads else VALUE_BOUND):
+            if _too_big(value, READ_VALUE_BOUND if prefix + name in named else VALUE_BOUND):
                 value = keyed_hash(key, "intent-bounded", canonical_json(value))
                 bounded.append(prefix + shown)
             elif shown != name:
