@@ -309,3 +309,14 @@ def test_rules_explain_shows_the_refusal_of_a_fragment():
     assert report["match"]["operation"] == "things.create" and "a fragment (#…)" in report["refused"]
     assert "fingerprint" not in report
     assert "a fragment" in render(report)
+
+
+def test_a_path_template_with_a_semicolon_is_refused_and_an_encoded_one_matches():
+    from proxy_addon.errors import RulesError
+
+    with pytest.raises(RulesError, match="has a ';'"):
+        load_rules(RULES.replace("/api/{bucket}/things", "/api/{bucket}/things;v=1"), "target.yaml")
+    rules = RuleSet.of([load_rules(RULES.replace("/api/{bucket}/things", "/api/{bucket}/a%3Bb"), "target.yaml")])
+    m = rules.match("127.0.0.1", 80, "POST", "/api/b/a%3bb")
+    assert m is not None and m.refused is None
+    assert rules.match("127.0.0.1", 80, "POST", "/api/b/a;b") is None  # another path to every server

@@ -261,6 +261,12 @@ def parse_path_template(template: str, *, case_insensitive: bool = False) -> Pat
             f"path template {template!r} contains a query or fragment; "
             "match the path only and list query parameters under fingerprint.query"
         )
+    if ";" in template:
+        raise ValueError(
+            f"path template {template!r} has a ';', which Tomcat, Jetty and Spring read as the start of path "
+            "parameters and other servers as part of the segment: requests with one are refused (docs/rules.md); "
+            "write a ';' that is part of the path as %3B"
+        )
     segments = template.rstrip("/").split("/")[1:]
     if any(canonical_encoding(seg) in ("", ".", "..") for seg in segments):
         raise ValueError(
