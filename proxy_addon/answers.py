@@ -249,6 +249,23 @@ def undecodable_header(api: str, operation: str, header: str) -> Answer:
     )
 
 
+def unpaired_surrogate(api: str, operation: str, detail: str) -> Answer:
+    """A matched write refused before any receipt: text entering its intent is no Unicode (errors.UnpairedSurrogate)."""
+    return json_answer(
+        400,
+        {
+            "error": "unpaired_surrogate",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "detail": detail,
+            "hint": "the request was not sent and no receipt was recorded; send the text with its surrogate pairs "
+            "whole (or the character itself, UTF-8 encoded), then send the request again",
+        },
+        {},
+    )
+
+
 def ambiguous_target(api: str, operation: str, detail: str) -> Answer:
     """
     A matched write refused before any receipt because servers read its request target differently

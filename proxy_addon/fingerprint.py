@@ -58,6 +58,7 @@ from urllib.parse import parse_qsl, urlsplit
 from proxy_addon import identity
 from proxy_addon.canonical import Target, method_overrides, param_value
 from proxy_addon.canonical import target as canonical_target
+from proxy_addon.errors import UnpairedSurrogate
 from proxy_addon.intent_body import (
     NOTES,
     body_view,
@@ -152,7 +153,15 @@ def canonical_credential(name: str, value: str) -> str:
 
 
 def fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[[bytes], Any] = parse_json) -> Intent:
-    """The request's intent and its fingerprint. `parse`: how its body is read as JSON (build_attempt: once)."""
+    """The request's intent and its fingerprint. `parse`: how its body is read as JSON (build_attempt: once).
+    UnpairedSurrogate when text entering it is no Unicode (a JSON "\\ud800" escape): it cannot be hashed."""
+    try:
+        return _fingerprint(match, req, key, parse=parse)
+    except UnicodeEncodeError:  # UTF-8 encodes every code point but a surrogate: only such text gets here
+        raise UnpairedSurrogate() from None
+
+
+def _fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[[bytes], Any]) -> Intent:
     op = match.operation
     spec = op.fingerprint
     where = req.target

@@ -17,6 +17,7 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
                                              without a receipt: store_unavailable (503), stopping (503),
                                              body_too_large (413), bad_encoding, bad_header,
                                              undecodable_header (400: a text header not UTF-8),
+                                             unpaired_surrogate (400: a JSON "\\ud800" escape alone),
                                              method_override_refused (400; MCP refusals among them),
                                              ambiguous_target (400: a fragment, ;path parameters)
     unknown_outcomes{state} (gauge)          receipts in the database (every process's) whose outcome
@@ -79,6 +80,7 @@ REFUSALS = (
     "bad_encoding",
     "bad_header",
     "undecodable_header",
+    "unpaired_surrogate",
     "method_override_refused",
     "ambiguous_target",
 )  # a matched request the proxy answered instead of sending (flows.refuse's kinds) → the `reason` label

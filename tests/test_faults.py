@@ -312,7 +312,7 @@ AMBIGUOUS = [
     Refused("a byte that is not UTF-8 (Latin-1, an encoded surrogate) in a header the proxy reads as text (one the "
             "fingerprint names, a credential, the idempotency key); before, 503 `receipt_store_unavailable`",
             "400 `undecodable_header` naming the header, never its value", "none", "a first write",
-            "tests/test_undecodable_headers.py::test_undecodable_text_in_a_header_the_proxy_reads_gets_400_and_nothing"
+            "tests/test_undecodable_text.py::test_undecodable_text_in_a_header_the_proxy_reads_gets_400_and_nothing"
             "_leaves[latin-1-in-a-fingerprinted-header]"),
 ]
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from proxy_addon.bodies import codings, decode_body
 from proxy_addon.canonical import method_overrides
-from proxy_addon.errors import BadEncoding, BodyTooLarge
+from proxy_addon.errors import BadEncoding, BodyTooLarge, UnpairedSurrogate
 from proxy_addon.explain.body_warnings import UNREAD, body_warnings
 from proxy_addon.explain.duplicates import duplicates
 from proxy_addon.explain.no_match import why_no_match
@@ -138,11 +138,15 @@ def explain(
             shown_headers[name] = REDACTED
     # As stored: the values of the query parameters the fingerprint names, every other one REDACTED.
     report["request"] = f"{method} {redact_url(u.scheme, u.hostname, port, path, keep=op.fingerprint.query)}"
-    if refused is not None:
+    try:
+        intent = fingerprint(m, view, key) if refused is None else None
+    except UnpairedSurrogate as e:  # as the proxy answers it: 400, nothing sent
+        refused = f"{e} (400 unpaired_surrogate)"
+    if refused is not None or intent is None:
         report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
         report["refused"] = refused
         return report
-    _describe(report, op, fingerprint(m, view, key), headers, body)
+    _describe(report, op, intent, headers, body)
     if m.mcp_call is not None:
         describe_tool_call(report, op, m.mcp_call.name, [_rule_text(r) for r in op.classify_rules])
     return report

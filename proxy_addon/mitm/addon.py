@@ -28,7 +28,7 @@ from mitmproxy.addonmanager import Loader
 
 from proxy_addon import answers, terminal
 from proxy_addon.classify import Outcome, error_outcome
-from proxy_addon.errors import RulesError, StoreError
+from proxy_addon.errors import RulesError, StoreError, UnpairedSurrogate
 from proxy_addon.fields import bad_field, undecodable
 from proxy_addon.fingerprint import build_attempt, text_headers
 from proxy_addon.gate import Gate
@@ -251,6 +251,9 @@ class Receipts:
             admitted = await self.gate.admit(attempt() if len(body) <= LOOP_FINGERPRINT else attempt, op, credentials)
         except StoreError as e:
             refusals.unavailable(flow, meta, str(e))
+            return
+        except UnpairedSurrogate as e:  # bad input, found while fingerprinting: 400, before any receipt
+            refusals.unpaired_surrogate(flow, meta, str(e))
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)

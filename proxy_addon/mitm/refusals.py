@@ -1,7 +1,8 @@
 """
 Matched requests the proxy answers itself and never sends, with no receipt written: a header
 field no HTTP client can send (400, fields.py), a header the proxy reads as text that is not
-UTF-8 (400, fields.undecodable), method override headers the rules cannot take (400), a request
+UTF-8 (400, fields.undecodable), text entering the intent that is no Unicode (400,
+errors.UnpairedSurrogate), method override headers the rules cannot take (400), a request
 target servers read differently (400: a fragment, `;` path parameters, RuleSet.match), and a
 store that cannot write the receipt (503: fail closed). Each logs one line naming the operation
 (never a header's value), answers, and marks the flow (flows.refuse).
@@ -17,7 +18,15 @@ from proxy_addon import answers
 from proxy_addon.mitm.flows import refuse
 from proxy_addon.rules.ruleset import AMBIGUOUS_TARGET
 
-__all__ = ["bad_header", "bad_override", "bad_target", "refused", "unavailable", "undecodable_header"]
+__all__ = [
+    "bad_header",
+    "bad_override",
+    "bad_target",
+    "refused",
+    "unavailable",
+    "undecodable_header",
+    "unpaired_surrogate",
+]
 
 logger = logging.getLogger("proxy_addon.mitm.addon")
 
@@ -35,6 +44,13 @@ def undecodable_header(flow: http.HTTPFlow, meta: dict, header: str) -> None:
     logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: its {header} header {problem}")
     answer = answers.undecodable_header(meta["api"], meta["operation"], header)
     refuse(flow, meta, answer, "undecodable_header", f"the {header} header {problem}")
+
+
+def unpaired_surrogate(flow: http.HTTPFlow, meta: dict, why: str) -> None:
+    """Text entering the intent that is no Unicode (a JSON "\\ud800" escape alone): 400, bad input, not 503."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {why}")
+    answer = answers.unpaired_surrogate(meta["api"], meta["operation"], why)
+    refuse(flow, meta, answer, "unpaired_surrogate", why)
 
 
 def refused(flow: http.HTTPFlow, meta: dict) -> None:

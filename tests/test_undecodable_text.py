@@ -1,13 +1,16 @@
 """
-Header bytes that are not UTF-8 in a header the proxy reads as text (issue 24, "Wrong answers"),
-through a real mitmdump from a raw-socket client (a Latin-1 byte, an encoded lone surrogate
-`\\ud800`: real clients refuse to send them) to a real upstream that counts every byte it reads.
+Text the proxy cannot read as Unicode (issue 24, "Wrong answers"), through a real mitmdump from a
+raw-socket client to a real upstream that counts every byte it reads:
+
+- header bytes that are not UTF-8 in a header the proxy reads as text (a Latin-1 byte, an
+  encoded lone surrogate `\\ud800`: real clients refuse to send them);
+- a JSON `"\\ud800"` escape without its pair in a fingerprinted body field.
 
 Before: the fingerprint could not encode the value, the request was answered `503
 receipt_store_unavailable`, counted as a store failure (the alert), though the store was fine.
 Now: bad input, answered as bad input: `400 undecodable_header` naming the header (never its
-value), nothing sent, no receipt, counted as `refused_total{reason="undecodable_header"}`. A
-header the proxy does not read passes to the upstream as it came.
+value), or `400 unpaired_surrogate`; nothing sent, no receipt, counted as refused with that
+reason. A header the proxy does not read passes to the upstream as it came.
 """
 
 from __future__ import annotations
@@ -63,8 +66,9 @@ def header_proxy(tmp_path_factory, confdir):
     p.stop()
 
 
-def send(proxy: Proxy, up: Upstream, path: str, lines: bytes, credential: bytes | None = None) -> Reply:
-    body = json.dumps({"title": "café"}).encode()
+def send(proxy: Proxy, up: Upstream, path: str, lines: bytes, credential: bytes | None = None,
+         body: bytes | None = None) -> Reply:
+    body = json.dumps({"title": "café"}).encode() if body is None else body
     credential = f"api-key: {CREDENTIAL}\r\n".encode() if credential is None else credential
     head = (
         f"POST {up.url}{path} HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\n".encode()
@@ -125,6 +129,27 @@ def test_undecodable_text_in_a_header_the_proxy_reads_gets_400_and_nothing_leave
     ok = send(header_proxy, up, path, b"", credential=clean) if name == "api-key" else send(header_proxy, up, path, clean)
     assert ok.status == 201 and ok.headers["x-receipt-state"] == "succeeded", ok
     assert up.commits(path) == 1
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(b'{"title": "a\\ud800b"}', id="lone-high-surrogate"),
+    pytest.param(b'{"title": "\\udc00"}', id="lone-low-surrogate"),
+    pytest.param(b'{"title": {"nested": "\\ud800"}}', id="in-a-hashed-object"),
+])
+def test_an_unpaired_surrogate_in_a_fingerprinted_field_gets_400_and_nothing_leaves(header_proxy, up, bucket, body):
+    path = f"/api/{bucket}/charges"
+    before, counted = up.received, refusals(header_proxy)
+    got = send(header_proxy, up, path, b"", body=body)
+    assert got.status == 400, got
+    doc = got.json()
+    assert (doc["error"], doc["sent"], doc["operation"]) == ("unpaired_surrogate", False, "charges.create"), doc
+    assert up.received == before and receipts_for(header_proxy, bucket) == []
+    now, key = refusals(header_proxy), ("charges.create", "unpaired_surrogate")
+    assert now.get(key, 0) == counted.get(key, 0) + 1
+    assert now.get(("charges.create", "store_unavailable"), 0) == 0
+    # A pair, escaped, is one character, and a first write.
+    ok = send(header_proxy, up, path, b"", body=b'{"title": "\\ud83d\\ude00"}')
+    assert ok.status == 201 and ok.headers["x-receipt-state"] == "succeeded", ok
 
 
 def test_a_header_the_proxy_does_not_read_passes_as_it_came(header_proxy, up, bucket):
