@@ -231,6 +231,65 @@ def bad_header(api: str, operation: str, header: str, problem: str) -> Answer:
     )
 
 
+def undecodable_header(api: str, operation: str, header: str) -> Answer:
+    """
+    A matched write refused before any receipt because a header the proxy reads as text (one the
+    fingerprint names, a credential, the idempotency key) is not UTF-8: a Latin-1 byte, an encoded
+    surrogate. Servers decode such bytes differently. Names the header, never its value. Nothing was sent.
+    """
+    return json_answer(
+        400,
+        {
+            "error": "undecodable_header",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "header": header,
+            "detail": f"the request's {header} header is not UTF-8 text",
+            "hint": "the request was not sent and no receipt was recorded; send that header's value as UTF-8 "
+            "(or ASCII) text, then send the request again",
+        },
+        {},
+    )
+
+
+def unpaired_surrogate(api: str, operation: str, detail: str) -> Answer:
+    """A matched write refused before any receipt: text entering its intent is no Unicode (errors.UnpairedSurrogate)."""
+    return json_answer(
+        400,
+        {
+            "error": "unpaired_surrogate",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "detail": detail,
+            "hint": "the request was not sent and no receipt was recorded; send the text with its surrogate pairs "
+            "whole (or the character itself, UTF-8 encoded), then send the request again",
+        },
+        {},
+    )
+
+
+def ambiguous_target(api: str, operation: str, detail: str) -> Answer:
+    """
+    A matched write refused before any receipt because servers read its request target differently
+    (a fragment, `;` path parameters: RuleSet.match) and one reading is a write. Nothing was sent.
+    """
+    return json_answer(
+        400,
+        {
+            "error": "ambiguous_request_target",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "detail": detail,
+            "hint": "the request was not sent and no receipt was recorded; send it without a fragment (#...) and "
+            "without path parameters (;...), a ';' that belongs in a path value percent-encoded as %3B",
+        },
+        {},
+    )
+
+
 def method_override_refused(api: str, operation: str, detail: str) -> Answer:
     """
     A matched write refused before any receipt for its method override headers (RuleSet.match):

@@ -20,6 +20,16 @@ What is normalised (RFC 3986 §6.2.2, and what servers such as nginx do before r
   (RFC 3986 §5.2.4, after decoding, so `%2e%2e` is `..`).
 - the query string is kept exactly as sent; case is kept (see `match.case_insensitive`).
 
+What is not normalised, because servers disagree on it (`readings`): a fragment (`#x`: RFC 9110
+§4.2.5 says it is never sent; Werkzeug and Express drop it, uvicorn and Go's net/http keep it in
+the path) and path parameters (`;jsessionid=1`: Tomcat, Jetty and Spring remove them from every
+segment before routing; Werkzeug, Starlette, Express and nginx keep them). RuleSet.match refuses
+a request whose readings differ when one of them is a write.
+
+Loopback names (`LOOPBACK`): `localhost`, `127.0.0.1`, `::1`, and the unspecified addresses
+`0.0.0.0` and `::` (a connection to them reaches the local host on Linux and macOS) reach the same
+sockets; RuleSet takes them as aliases of one another when a rule names one.
+
 Methods: a request's method is the one its method override header names
 (`X-HTTP-Method-Override`, `X-HTTP-Method` or `X-Method-Override`, any letter case), as
 Rack, Express's method-override and Google APIs take it: `GET` with
@@ -39,6 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
+    "LOOPBACK",
     "OVERRIDE_HEADERS",
     "ConflictingOverrides",
     "Target",
@@ -49,6 +60,7 @@ __all__ = [
     "ip_literal",
     "method_overrides",
     "param_value",
+    "readings",
     "target",
 ]
 
@@ -61,6 +73,10 @@ _PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]*")  # nothing to encod
 _DOT_SEGMENT = re.compile(r"(?:^|/)\.\.?(?:/|$)")
 _SLASHES = re.compile(r"/{2,}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_PATH_PARAMS = re.compile(r";[^/]*")  # a segment's ';' and what follows it, as Tomcat removes them
+
+# Hosts, in canonical form, that reach the same sockets: a rule naming one names them all (RuleSet).
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"})
 
 
 def canonical_host(host: str) -> str:
@@ -186,6 +202,25 @@ def canonical_path(path: str) -> str:
     p = _SLASHES.sub("/", p)
     p = _remove_dot_segments(p)
     return p + sep + query
+
+
+def readings(path: str) -> tuple[str, ...]:
+    """
+    The request targets (path and query) a server could take `path` for, as sent first: also
+    without its fragment (`#...`), and without its path parameters (`;...` up to the next `/`,
+    removed before percent-decoding and dot segments, as Tomcat does: `/a/..;/b` is `/b` there).
+    One reading, the path itself, when it has no '#' and no ';' before its query.
+    """
+    if "#" not in path and ";" not in path.partition("?")[0]:
+        return (path,)
+    found = [path]
+    if "#" in path:
+        found.append(path.partition("#")[0])
+    for p in list(found):
+        end = min((i for i in (p.find("?"), p.find("#")) if i >= 0), default=len(p))
+        if ";" in p[:end]:
+            found.append(_PATH_PARAMS.sub("", p[:end]) + p[end:])
+    return tuple(dict.fromkeys(found))
 
 
 def param_value(segment: str) -> str:

@@ -6,6 +6,7 @@ The errors receipt-proxy raises. Every one says what went wrong and how to fix i
     ├── ReconcileError        a reconcile read could not be planned or was refused
     │                         (a template without a value, a read that is not a read)
     ├── BodyTooLarge          a request body decodes past the bound (receipts_body_cap)
+    ├── UnpairedSurrogate     text entering the intent holds a lone surrogate (JSON "\\ud800")
     ├── BadEncoding           a Content-Encoding stream is corrupt or truncated
     │   └── UnsupportedEncoding  a content coding nobody can decode (compress, a typo)
     ├── BadJson               a matched write's JSON body that servers read in more than one way
@@ -98,3 +99,18 @@ class BadJson(ReceiptsError):
     nothing. `str(error)` names the key and where it is (`the key 'title' twice in the object
     at items.0 of the JSON body`), never a value.
     """
+
+
+class UnpairedSurrogate(ReceiptsError, ValueError):
+    """
+    Text that enters a request's intent holds an unpaired UTF-16 surrogate: a JSON `"\\ud800"`
+    escape without its pair, which is no Unicode text. Servers read it differently (Python keeps
+    it, Go replaces it with U+FFFD), and no fingerprint can be taken on it: the proxy answers 400
+    and sends nothing, as it does for any bad input (not 503: the store is fine).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the request holds an unpaired surrogate (a JSON \\uD800-\\uDFFF escape without its pair) in text "
+            "that enters its fingerprint: it is not Unicode text, and servers read it differently"
+        )

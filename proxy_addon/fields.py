@@ -22,6 +22,14 @@ What is refused (the first bad field, in order):
 
 Other control characters (RFC 9110: "recipients MAY retain such characters") pass, as they
 pass h11. The value itself is never quoted anywhere: it may be a credential.
+
+    name = undecodable(request.headers.fields, ("x-title", "authorization"))  # None, or the name as shown
+
+Headers the proxy reads as text (a header the fingerprint names, a credential, the idempotency
+key: fingerprint.text_headers) must be UTF-8: a Latin-1 byte or an encoded surrogate is read as
+one character by one server and another by the next (RFC 9110 §5.5 calls such octets opaque),
+and would not enter the fingerprint as any text. Such a write is refused (400) as bad input,
+before any receipt; every other header is forwarded untouched.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["bad_field"]
+__all__ = ["bad_field", "undecodable"]
 
 TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 SHOWN_NAME = 64  # characters of a name shown in an answer or a log line
@@ -68,3 +76,16 @@ def shown(name: bytes) -> str:
     """A header name for an answer or a log: printable ASCII as is, other bytes escaped, at most SHOWN_NAME long."""
     text = "".join(chr(b) if 0x20 < b < 0x7F else f"\\x{b:02x}" for b in name)
     return text if len(text) <= SHOWN_NAME else text[:SHOWN_NAME] + "…"
+
+
+def undecodable(fields: Iterable[tuple[bytes, bytes]], names: Iterable[str]) -> str | None:
+    """The first field named in `names` (lower case) whose value is not UTF-8, its name as shown; else None."""
+    wanted = {n.encode("ascii", "replace") for n in names}
+    for name, value in fields:
+        if value.isascii() or name.lower() not in wanted:
+            continue
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return shown(name)
+    return None

@@ -28,8 +28,11 @@ Bodies (`RequestView.body` is the body with its Content-Encoding undone: bodies.
 - A named field that holds an object, or a list of objects, is stored as a keyed hash of
   it (`hashed`): the fingerprint still tells two objects apart, but no leaf of an object
   the rule did not name one by one (`meta.access_token`) is ever stored.
-The notes (`fallback`, `missing`, `hashed`) are stored with the intent and never enter the
-fingerprint: the same fields read another way are the same intent.
+- Size: the intent is stored bounded (intent_body.bound_intent): a value larger than 4 KiB, a
+  name longer than 256 characters and the fields of a part past the first 256 are stored as keyed
+  hashes (noted in `bounded`). The fingerprint is taken on the whole intent, before that.
+The notes (`fallback`, `missing`, `hashed`, `bounded`) are stored with the intent and never enter
+the fingerprint: the same fields read another way are the same intent.
 
 Methods: the fingerprint and the record take the method the operation was matched with
 (RuleSet.match): a POST sent as `GET` with `X-HTTP-Method-Override: POST` is the POST it names,
@@ -37,7 +40,9 @@ one intent with the same write sent as `POST`. The intent notes how it was sent
 (`method_override`: {sent, override, matched}), which never enters the fingerprint.
 
 Targets: the host and path are taken in their canonical form (canonical.py), as rules match
-them, and path parameters as their decoded text (`/api/%745/things` is `/api/t5/things`).
+them, and path parameters as their decoded text (`/api/%745/things` is `/api/t5/things`). A
+request matched through another loopback name than the rule's (`localhost` for `127.0.0.1`)
+takes the rule's name as its host (`Match.fingerprint_host`): the two spellings are one intent.
 `Intent.target` is the canonical URL; `Intent.raw_target` the URL as sent, when it differs.
 Both have secret-looking query values redacted, and every path segment that carries a
 credential (caller.secret_params: `/bot<token>/`, a webhook's token) REDACTED.
@@ -75,10 +80,12 @@ from proxy_addon.caller import canonical_credential as canonical_credential  # r
 from proxy_addon.canonical import Target, method_overrides, param_value
 from proxy_addon.canonical import target as canonical_target
 from proxy_addon.earlier_fingerprints import Version
+from proxy_addon.errors import UnpairedSurrogate
 from proxy_addon.fingerprint_v1 import fingerprint_v1
 from proxy_addon.intent_body import (
     NOTES,
     body_view,
+    bound_intent,
     canonical_json,
     intent_notes,
     keyed_hash,
@@ -88,8 +95,8 @@ from proxy_addon.intent_body import (
 from proxy_addon.json_body import read_json
 from proxy_addon.jsonpath import dig as dig  # re-exported: tests and older callers import it from here
 from proxy_addon.mcp.intent import arguments_view
-from proxy_addon.redaction import redact_url, webhook_tokens
-from proxy_addon.rules import Match
+from proxy_addon.redaction import FALLBACK_CREDENTIALS, redact_url, webhook_tokens
+from proxy_addon.rules import Match, read_variables
 from proxy_addon.store import Attempt
 
 logger = logging.getLogger(__name__)
@@ -158,6 +165,14 @@ def principal(credential_headers: Sequence[str], headers: Mapping[str, str], key
     return keyed_hash(key, *(x for part in parts for x in part))
 
 
+def text_headers(match: Match) -> tuple[str, ...]:
+    """The headers (lower-case names) whose values the intent, the principal or the agent's key read as text:
+    they must be UTF-8 (fields.undecodable), or the write is refused before its receipt."""
+    op = match.operation
+    key = (op.idempotency_header or "Idempotency-Key").lower()
+    return (*op.fingerprint.headers, *op.credential_headers, *FALLBACK_CREDENTIALS, key)
+
+
 def fingerprint(
     match: Match, req: RequestView, key: bytes, *, parse: Callable[..., Any] = read_json, scheme: int = SCHEME
 ) -> Intent:
@@ -168,6 +183,13 @@ def fingerprint(
     """
     if not 2 <= scheme <= SCHEME:
         raise ValueError(f"fingerprint scheme {scheme} is not one of 2..{SCHEME}")
+    try:
+        return _fingerprint(match, req, key, parse=parse, scheme=scheme)
+    except UnicodeEncodeError:  # UTF-8 encodes every code point but a surrogate: only such text gets here
+        raise UnpairedSurrogate() from None
+
+
+def _fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[..., Any], scheme: int) -> Intent:
     op = match.operation
     spec = op.fingerprint
     where = req.target
@@ -212,7 +234,10 @@ def fingerprint(
         "api": op.api,
         "operation": op.name,
         "method": op.method,  # the method matched: an override header's (RuleSet.match), else the one sent
-        "host": where.authority,
+        # the host as the rule names it when the request reached it by another loopback name (RuleSet)
+        "host": where.authority
+        if match.fingerprint_host is None
+        else replace(where, host=match.fingerprint_host).authority,
         "intent": {k: v for k, v in intent.items() if k not in NOTES},  # the same fields are the same intent
         "principal": caller.principal,
     }
@@ -221,7 +246,7 @@ def fingerprint(
     hidden = (*secrets.values(), *webhook_tokens(bare))  # in the raw path too, however it was spelled
     return Intent(
         fingerprint=f"sha256:{digest}",
-        intent=intent,
+        intent=bound_intent(intent, key, lambda: read_variables(op.reconcile)),  # stored bounded, taken whole above
         principal=caller.principal,
         target=redact_url(where.scheme, where.host, where.port, where.path, keep=spec.query, secrets=hidden),
         raw_target=redact_url(req.scheme, req.host, req.port, req.path, keep=spec.query, secrets=hidden)

@@ -106,9 +106,9 @@ def multipart_parts(content_type: str, body: bytes) -> dict[str, Any] | None:
 
 
 # Notes stored with the intent when the body could not be read as the rule says, or the method
-# was named by an override header. They are shown (Receipt view, rules explain, one warning line)
-# but never enter the fingerprint.
-NOTES = ("fallback", "missing", "hashed", "method_override")
+# was named by an override header, or a value was too large to store (`bounded`). They are shown
+# (Receipt view, rules explain, one warning line) but never enter the fingerprint.
+NOTES = ("fallback", "missing", "hashed", "method_override", "bounded")
 FALLBACKS = {
     "json_sent_as_form": "the body is a JSON object sent as application/x-www-form-urlencoded (as curl -d sends "
     "it), and the form has none of the named fields: the fields were read from the JSON",
@@ -137,6 +137,14 @@ def intent_notes(intent: Mapping[str, Any]) -> list[str]:
         notes.append(f"fallback {intent['fallback']}: {FALLBACKS.get(intent['fallback'], 'see docs/rules.md')}")
     if intent.get("missing"):
         notes.append(f"named fields not in the body, counted as null: {', '.join(intent['missing'])}")
+    if intent.get("bounded"):
+        notes.append(
+            f"values larger than {VALUE_BOUND // 1024} KiB ({READ_VALUE_BOUND // 1024 // 1024} MiB for one the "
+            "reconcile read names), names longer than "
+            f"{NAME_BOUND} characters and fields past the first {ENTRIES_BOUND} (as '…'), stored as a keyed hash, "
+            f"never whole; the fingerprint is taken on the whole values: {', '.join(intent['bounded'][:20])}"
+            + (" …" if len(intent["bounded"]) > 20 else "")
+        )
     if intent.get("hashed"):
         notes.append(
             f"named fields that hold an object (or a list of objects), or a number no double holds exactly, stored "
@@ -432,3 +440,80 @@ def one_value(values: list[str] | None) -> Any:
     if not values:
         return None
     return values[0] if len(values) == 1 else values
+
+
+# --- the stored intent's size --------------------------------------------------------------------
+
+VALUE_BOUND = 4 * 1024  # bytes of a stored value's JSON past which it is stored as a keyed hash of it
+READ_VALUE_BOUND = 1024 * 1024  # ...for a value the operation's reconcile read names: the read needs it
+NAME_BOUND = 256  # characters of a stored field name (an MCP argument's, a form field's)
+ENTRIES_BOUND = 256  # fields stored one by one per part (`from_server` stores every argument of a call)
+MORE = "…"  # the part's entry holding a keyed hash of its fields past ENTRIES_BOUND
+# The parts of an intent that hold fields, and the prefix a reconcile template names them with.
+PARTS = {"path": "path.", "query": "query.", "headers": "header.", "body": "intent.", "form": "intent."}
+PARTS["multipart"] = "intent."
+
+
+def bound_intent(intent: dict[str, Any], key: bytes, reads: Callable[[], frozenset[str]] = frozenset) -> dict[str, Any]:
+    """
+    The intent as it is stored, in bounded size: a value whose JSON is larger than VALUE_BOUND
+    bytes (READ_VALUE_BOUND for one a reconcile read names: `reads()`, template names, asked for
+    only when a value is over VALUE_BOUND) is stored as
+    a keyed hash of it, as an object is (a read cannot use it, and so fails to plan, rather than
+    look for the hash); a name longer than NAME_BOUND as a keyed hash of the name; the fields of a
+    part past the first ENTRIES_BOUND as one keyed hash of them all under MORE. The note `bounded`
+    lists what was (template names: `intent.params.arguments.content`). Only what is stored is
+    bounded: the fingerprint is taken on the whole intent (fingerprint.py), so bounding changes none.
+    `intent` itself is returned when nothing is over a bound (every request of nearly every API).
+    """
+    if not any(
+        isinstance(f := intent.get(part), dict) and _over(f, frozenset(), prefix) for part, prefix in PARTS.items()
+    ):
+        return intent  # nothing over the tightest bounds: the reads' names are not needed
+    named = reads()
+    bounded: list[str] = []
+    out: dict[str, Any] | None = None
+    for part, prefix in PARTS.items():
+        fields = intent.get(part)
+        if not isinstance(fields, dict) or not _over(fields, named, prefix):
+            continue
+        kept: dict[str, Any] = {}
+        items = list(fields.items())
+        for name, value in items[:ENTRIES_BOUND]:
+            shown = name if len(name) <= NAME_BOUND else keyed_hash(key, "intent-name", name)
+            if _too_big(value, READ_VALUE_BOUND if prefix + name in named else VALUE_BOUND):
+                value = keyed_hash(key, "intent-bounded", canonical_json(value))
+                bounded.append(prefix + shown)
+            elif shown != name:
+                bounded.append(prefix + shown)
+            kept[shown] = value
+        if len(items) > ENTRIES_BOUND:
+            kept[MORE] = keyed_hash(key, "intent-bounded", canonical_json(dict(items[ENTRIES_BOUND:])))
+            bounded.append(prefix + MORE)
+        out = out if out is not None else dict(intent)
+        out[part] = kept
+    if out is None:
+        return intent
+    out["bounded"] = bounded
+    return out
+
+
+def _over(fields: dict[str, Any], reads: frozenset[str], prefix: str) -> bool:
+    """Whether any field of a part is over a bound (the cheap test, on every request)."""
+    if len(fields) > ENTRIES_BOUND:
+        return True
+    return any(
+        len(name) > NAME_BOUND or _too_big(value, READ_VALUE_BOUND if prefix + name in reads else VALUE_BOUND)
+        for name, value in fields.items()
+    )
+
+
+def _too_big(value: Any, limit: int) -> bool:
+    """Whether `value`'s canonical JSON is larger than `limit` bytes."""
+    if value is None or isinstance(value, (bool, float)):
+        return False
+    if isinstance(value, int) and value.bit_length() < 3 * limit:  # fewer than `limit` digits
+        return False
+    if isinstance(value, str) and 6 * len(value) + 2 <= limit:  # at most 6 bytes a character (\u001f), and quotes
+        return False
+    return len(canonical_json(value).encode("utf-8", "surrogatepass")) > limit

@@ -16,7 +16,10 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
     refused_total{reason}                    matched requests not sent, answered by the proxy before or
                                              without a receipt: store_unavailable (503), stopping (503),
                                              body_too_large (413), bad_encoding, bad_header,
+                                             undecodable_header (400: a text header not UTF-8),
+                                             unpaired_surrogate (400: a JSON "\\ud800" escape alone),
                                              method_override_refused (400; MCP refusals among them),
+                                             ambiguous_target (400: a fragment, ;path parameters),
                                              bad_json (400: a JSON body servers read two ways)
     unknown_outcomes{state} (gauge)          receipts in the database (every process's) whose outcome
                                              is not known: outcome_unknown, reconciling, manual_review;
@@ -77,8 +80,11 @@ REFUSALS = (
     "body_too_large",
     "bad_encoding",
     "bad_header",
+    "undecodable_header",
+    "unpaired_surrogate",
     "method_override_refused",
     "bad_json",
+    "ambiguous_target",
 )  # a matched request the proxy answered instead of sending (flows.refuse's kinds) → the `reason` label
 READ_RESULTS = {
     State.SUCCEEDED: "found",

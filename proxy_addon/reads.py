@@ -89,10 +89,13 @@ def _variables(receipt: Receipt) -> dict[str, Any]:
     out.update({f"query.{k}": v for k, v in intent.get("query", {}).items()})
     out.update({f"header.{k}": v for k, v in intent.get("headers", {}).items()})
     body = intent.get("body") or intent.get("form") or intent.get("multipart") or {}
-    # A field stored as a keyed hash of its object (fingerprint.py) has no value a read could use:
-    # a template naming it fails to plan (a failed read), rather than look for the hash and prove absence.
+    # A field stored as a keyed hash of its object (fingerprint.py), or of a value too large to store
+    # (`bounded`: intent_body.bound_intent), has no value a read could use: a template naming it fails
+    # to plan (a failed read), rather than look for the hash and prove absence.
     hashed = set(intent.get("hashed") or ())
     out.update({f"intent.{k}": v for k, v in body.items() if k not in hashed})
+    for name in intent.get("bounded") or ():
+        out.pop(name, None)
     return out
 
 

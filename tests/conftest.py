@@ -423,6 +423,14 @@ def tls_upstream(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def unruled_tls_upstream(tmp_path_factory):
+    """An HTTPS upstream on 127.0.0.2: loopback, but no name of it is in the test rules (which name
+    127.0.0.1, and so localhost and ::1 too), so the proxy tunnels its TLS untouched."""
+    with Upstream(tls=True, certdir=tmp_path_factory.mktemp("unruled-cert"), host="127.0.0.2") as up:
+        yield up
+
+
+@pytest.fixture(scope="session")
 def proxy(tmp_path_factory, confdir, tls_upstream):
     """One shared proxy for the tests that only need a proxy; each test uses its own bucket."""
     p = Proxy(tmp_path_factory.mktemp("proxy"), confdir, upstream_ca=tls_upstream.cert_path)

@@ -14,12 +14,14 @@ Tools:
                                           idempotentHint false, openWorldHint false); records an
                                           issue and answers {"number": n, "title": ..., "body": ...}
                                           as structuredContent (and the same JSON as text)
+    log_issue(title, body, fault="")      a write whose server LIES: readOnlyHint true, yet it records an
+                                          issue as create_issue does (issue 24: annotations are untrusted)
     list_issues()                         readOnlyHint true; {"issues": [{"number", "title", "body"}, ...]}
     get_issue(number)                     readOnlyHint true; {"number", "title", "body"}, or isError
                                           true "issue N not found"
 
-Faults of create_issue, chosen per call: the `fault` argument (every call with it), else the next
-one queued with POST /_faults {"faults": ["commit_then_drop", ...]} (one per create_issue call, in
+Faults of create_issue (and log_issue), chosen per call: the `fault` argument (every call with it), else the next
+one queued with POST /_faults {"faults": ["commit_then_drop", ...]} (one per such call, in
 order, then none). The queue keeps retries of the same arguments ordinary: a retry with the same
 `title`/`body` is a normal call, as an agent's retry would be.
     commit_then_drop   records the issue, then starts the answer (200, the response's own
@@ -39,7 +41,7 @@ Control endpoints (plain HTTP on the same port; tests call them directly, not th
                      present)}, and for a POST also "id", "tool", "arguments" (of a tools/call),
                      "fault", "body" (as received) and "response" {"status", "content_type", "body"}
                      (as sent, its first 4000 characters)
-    POST /_faults    {"faults": [...]}: queue faults for the next create_issue calls
+    POST /_faults    {"faults": [...]}: queue faults for the next create_issue (or log_issue) calls
     POST /_canned    {"message": {"result": {...}} or {"error": {...}}, "id"?: X, "framing"?: "json"|"sse",
                      "status"?: 200}: the next tools/call (any tool) is answered with this JSON-RPC
                      message, with the request's own id unless "id" is given ("$string": the
@@ -210,6 +212,11 @@ def build_server() -> MCPServer:
             raise MCPError(-32603, "internal error after commit (fault internal_error)")
         return issue
 
+    @server.tool(annotations=ToolAnnotations(title="Log an issue", read_only_hint=True, open_world_hint=False))
+    async def log_issue(title: str, body: str = "", fault: str = "") -> dict[str, Any]:
+        """Record an issue. Its annotations lie (readOnlyHint true): a server the rules should not trust."""
+        return await create_issue(title, body, fault)
+
     @server.tool(annotations=ToolAnnotations(title="List issues", read_only_hint=True, open_world_hint=False))
     async def list_issues() -> dict[str, Any]:
         """Every issue, oldest first."""
@@ -323,7 +330,7 @@ class FaultsAndEffects:
             entry.update(jsonrpc_method=msg.get("method"), id=msg.get("id"))
             if msg.get("method") == "tools/call":
                 entry.update(tool=params.get("name"), arguments=params.get("arguments"))
-                if params.get("name") == "create_issue":
+                if params.get("name") in ("create_issue", "log_issue"):
                     args = params.get("arguments") or {}
                     fault = args.get("fault") or EFFECTS.next_fault()
                     if fault and not args.get("fault") and isinstance(args, dict):

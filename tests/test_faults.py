@@ -134,6 +134,14 @@ SAME_WRITE_TARGETS = [
               "https://127.0.0.1:8443/...", _SW + "test_a_connect_to_an_alias_of_an_ip_host_is_intercepted[127.1]"),
     SameWrite("an IPv6 address in any spelling is its compressed form", "http://[0:0:0:0:0:0:0:1]/...",
               "http://[::1]/...", "tests/test_canonical.py::test_canonical_host[v6-loopback-long]"),
+    SameWrite("a loopback name under a rule that names another one (`localhost`, `127.0.0.1`, `::1`, `0.0.0.0`, "
+              "`::`): before, passed with no receipt", "http://localhost:8080/... (dropped)",
+              "http://127.0.0.1:8080/..., http://[::1]:8080/...",
+              "tests/test_request_target.py::test_localhost_under_a_rule_naming_127_0_0_1_gets_a_receipt_and_its_"
+              "retries_are_blocked"),
+    SameWrite("HTTPS to a loopback alias: the CONNECT is intercepted (before, tunnelled untouched)",
+              "https://localhost:8443/...", "https://localhost:8443/... (replayed)",
+              "tests/test_request_target.py::test_https_to_localhost_is_intercepted_and_replayed"),
     SameWrite("the host in any letter case, with or without a trailing dot", "https://API.Test./...",
               "https://api.test/...", "tests/test_canonical.py::test_equivalent_targets_are_one_fingerprint_and_the_raw_one_is_kept"),
     SameWrite("letter case in the path, only where the rule says `match.case_insensitive: true`",
@@ -205,6 +213,9 @@ NOT_SAME_WRITE = [
               "tests/test_canonical.py::test_what_is_not_merged[query-encoding]"),
     SameWrite("any two different intents, spelled at random", "(hypothesis)", "(hypothesis)",
               "tests/test_same_write.py::test_different_intents_are_different_fingerprints"),
+    SameWrite("a value past the stored intent's bound (4 KiB) is stored as a hash, and fingerprinted whole",
+              "{\"title\": \"t…t\"} (10,000 t)", "{\"title\": \"t…u\"}",
+              "tests/test_intent_bound.py::test_a_value_past_the_bound_is_stored_as_a_keyed_hash_and_noted"),
     SameWrite("NFC is not accent folding", "{\"title\": \"café\"}", "{\"title\": \"cafe\"}",
               "tests/test_intent_secrets.py::test_nfc_and_nfd_are_one_intent[json-value]"),
     SameWrite("two different objects under a named field", "{\"meta\": {\"k\": \"a\"}}",
@@ -340,6 +351,58 @@ def test_each_read_two_ways_row_of_the_doc_names_a_test_that_exists(row):
     test_each_same_write_row_names_a_test_that_exists(row)
 
 
+# Requests a server could read differently from us: refused, never passed through unrecorded (issue 24).
+_RT = "tests/test_request_target.py::"
+AMBIGUOUS = [
+    Refused("a fragment in the request target (`POST /api/b/things#x`): Flask drops it and writes, uvicorn "
+            "keeps it in the path", "400 `ambiguous_request_target`", "none", "a first write",
+            _RT + "test_a_fragment_alone_is_refused_before_any_receipt"),
+    Refused("...sent after the same write without it (Flask made a second object)", "400 `ambiguous_request_target`",
+            "the first write's only", "the first write's answer",
+            _RT + "test_a_fragment_after_a_write_is_refused_and_flask_makes_one_object"),
+    Refused("`;` path parameters (`/api/b/things;jsessionid=1`): Tomcat, Jetty and Spring remove them, "
+            "Werkzeug, Starlette and nginx keep them", "400 `ambiguous_request_target`", "the first write's only",
+            "the first write's answer",
+            _RT + "test_path_parameters_after_a_write_are_refused_and_a_servlet_sees_one_write[jsessionid-last-segment]"),
+    Refused("...in a segment a `{param}` matches (`/api/b;v=1/things`, matched before as the bucket `b;v=1`)",
+            "400 `ambiguous_request_target`", "the first write's only", "the first write's answer",
+            _RT + "test_path_parameters_after_a_write_are_refused_and_a_servlet_sees_one_write[in-a-parameter-segment]"),
+    Refused("...before a `..` segment (`/api/b/x/..;/things`, which Tomcat routes to `/api/b/things`)",
+            "400 `ambiguous_request_target`", "the first write's only", "the first write's answer",
+            _RT + "test_path_parameters_after_a_write_are_refused_and_a_servlet_sees_one_write[dot-dot-semicolon]"),
+    Refused("a byte that is not UTF-8 (Latin-1, an encoded surrogate) in a header the proxy reads as text (one the "
+            "fingerprint names, a credential, the idempotency key); before, 503 `receipt_store_unavailable`",
+            "400 `undecodable_header` naming the header, never its value", "none", "a first write",
+            "tests/test_undecodable_text.py::test_undecodable_text_in_a_header_the_proxy_reads_gets_400_and_nothing"
+            "_leaves[latin-1-in-a-fingerprinted-header]"),
+    Refused("a JSON `\"\\ud800\"` escape without its pair in a fingerprinted field (Python keeps it, Go replaces it); "
+            "before, 503 `receipt_store_unavailable`", "400 `unpaired_surrogate`", "none", "a first write",
+            "tests/test_undecodable_text.py::test_an_unpaired_surrogate_in_a_fingerprinted_field_gets_400_and_nothing"
+            "_leaves[lone-high-surrogate]"),
+]
+
+
+def ambiguous_lines() -> list[str]:
+    lines = [
+        "## Requests a server could read differently from us",
+        "",
+        "Where servers disagree on what a request means, and one reading is a write a rule matches, the",
+        "proxy answers 400 before any receipt and sends nothing: never a write passed through unrecorded.",
+        "A request that no reading makes a write passes untouched; `%3B` is data to every server and is",
+        "matched as before (docs/rules.md, \"Matching on the canonical form\").",
+        "",
+        "| the request | the agent gets | receipts | the same write, sent plainly | shown by |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {r.what} | {r.agent_gets} | {r.receipt} | {r.retry} | `{r.test}` |" for r in AMBIGUOUS]
+    return [*lines, ""]
+
+
+@pytest.mark.parametrize("row", AMBIGUOUS, ids=lambda r: r.test.split("::")[-1])
+def test_each_ambiguous_row_of_the_doc_names_a_test_that_exists(row):
+    test_each_same_write_row_names_a_test_that_exists(row)
+
+
 def h2_lines() -> list[str]:
     lines = [
         "## Over HTTP/2",
@@ -413,6 +476,7 @@ def render() -> str:
     lines += h2_lines()
     lines += refused_lines()
     lines += read_two_ways_lines()
+    lines += ambiguous_lines()
     lines += same_write_lines()
     lines += limits_lines()
     lines += held_lines()

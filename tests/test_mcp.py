@@ -9,8 +9,11 @@ holds the model-visible text; a retry after a success gets the replay under its 
 tools/list and initialize/discover pass untouched; a tool error is rejected and may be retried; an
 internal error after the effect blocks the retry; a call whose answer outlives the client's timeout
 is recorded when it comes, and the retry is replayed; a reconcile read through a read-only tool
-settles a lost answer; `mcp.tools: from_server` treats a tool without readOnlyHint as a write and a
-read-only tool as a read.
+settles a lost answer; `mcp.tools: from_server` takes every tool as a write but those the rules
+name reads (`mcp.read_only_tools`), and, only when the rules trust the server's annotations
+(`mcp.annotations: trusted`), those its tools/list declares readOnlyHint: true: a server that lies
+about a writing tool (log_issue) gets its calls recorded unless trusted (issue 24, item 13). What
+from_server stores of an argument is bounded: a large one is a keyed hash, its fingerprint whole.
 """
 
 from __future__ import annotations
@@ -58,7 +61,14 @@ operations:
 FROM_SERVER_RULES = """\
 api: tracker
 hosts: ["127.0.0.1"]
-mcp: {path: /mcp, tools: from_server}
+mcp: {path: /mcp, tools: from_server, read_only_tools: [list_issues]}
+operations:
+"""
+
+TRUSTING_RULES = """\
+api: tracker
+hosts: ["127.0.0.1"]
+mcp: {path: /mcp, tools: from_server, annotations: trusted}
 operations:
 """
 
@@ -88,6 +98,13 @@ def reconciling_proxy(tmp_path_factory, confdir):
 @pytest.fixture(scope="module")
 def from_server_proxy(tmp_path_factory, confdir):
     p = _proxy(tmp_path_factory, confdir, "from-server", FROM_SERVER_RULES)
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def trusting_proxy(tmp_path_factory, confdir):
+    p = _proxy(tmp_path_factory, confdir, "trusting", TRUSTING_RULES)
     yield p
     p.stop()
 
@@ -256,21 +273,92 @@ def test_a_lost_answer_is_settled_by_a_read_only_tool(mcp_server, reconciling_pr
 
 
 @pytest.mark.parametrize("revision", REVISIONS)
-def test_from_server_treats_tools_by_their_annotations(mcp_json_server, from_server_proxy, revision):
+def test_from_server_treats_tools_by_their_annotations_when_the_rules_trust_them(
+    mcp_json_server, trusting_proxy, revision
+):
     server = mcp_json_server
     server.reset()
     args = issue()
-    report = call(server, from_server_proxy, revision, ("list_tools",), ("call", "list_issues", {}),
+    report = call(server, trusting_proxy, revision, ("list_tools",), ("call", "list_issues", {}),
                   ("call", "create_issue", args), ("call", "create_issue", args))
     listed, read, created, replayed = report["results"]
     assert listed["ok"] and read["ok"] and created["ok"] and replayed["ok"]
     assert replayed["structured"] == created["structured"]
     assert server.effects()["created"] == 1
-    found = receipts(from_server_proxy)
+    found = receipts(trusting_proxy)
     mine = [r for r in found if r.intent.get("tool") == "create_issue" and args["title"] in json.dumps(r.intent)]
     assert [r.state for r in mine] == ["succeeded"] and mine[0].operation == "from_server"
     assert mine[0].intent["body"] == {f"params.arguments.{k}": v for k, v in sorted(args.items())}
     assert not [r for r in found if r.intent.get("tool") == "list_issues"], "a read-only tool is a read"
+    said = "reads by the server's readOnlyHint: true (mcp.annotations: trusted"
+    assert said in trusting_proxy.log() and "get_issue, list_issues, log_issue" in trusting_proxy.log()
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_from_server_records_a_tool_a_lying_server_declares_read_only(mcp_json_server, from_server_proxy, revision):
+    """
+    Issue 24, item 13: log_issue writes, yet the server declares it readOnlyHint: true. The rules
+    do not trust the server's annotations (the default): its call gets a receipt, and the retry
+    after a lost answer is blocked. Before, the call passed untouched and the retry made a second issue.
+    """
+    server = mcp_json_server
+    server.reset()
+    args = issue()
+    server.queue("commit_then_drop")
+    report = call(server, from_server_proxy, revision, ("list_tools",), ("call", "log_issue", args),
+                  ("call", "log_issue", args))
+    listed, lost, retry = report["results"]
+    assert listed["ok"] and {t["name"]: t["annotations"]["readOnlyHint"] for t in listed["tools"]}["log_issue"]
+    assert server.effects()["created"] == 1, "the retry must not make a second issue"
+    assert len(server.calls("log_issue")) == 1
+    [receipt] = receipts(from_server_proxy, args["title"])
+    assert (receipt.operation, receipt.intent["tool"], receipt.state) == ("from_server", "log_issue", "outcome_unknown")
+    assert lost["is_error"] and "answer was lost" in text(lost)
+    assert retry["is_error"] and text(retry).startswith("NOT SENT") and receipt.operation_id in text(retry)
+    log = from_server_proxy.log()
+    assert "the server says readOnlyHint: true of get_issue, log_issue, but its annotations are not trusted" in log
+    assert "reads named in mcp.read_only_tools" in log and "list_issues" in log
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_from_server_takes_as_reads_the_tools_the_rules_name(mcp_json_server, from_server_proxy, revision):
+    """list_issues is named in mcp.read_only_tools: a read. get_issue is only declared read-only: a write.
+    (No reset: each revision's run reads an issue of its own, so the second is not the first's replay.)"""
+    server = mcp_json_server
+    made = call(server, from_server_proxy, revision, ("call", "create_issue", issue()))["results"][0]
+    number = made["structured"]["number"]
+    before = {r.operation_id for r in receipts(from_server_proxy)}
+    report = call(server, from_server_proxy, revision, ("call", "list_issues", {}), ("call", "get_issue",
+                  {"number": number}))
+    listed, got = report["results"]
+    assert listed["ok"] and got["ok"] and not got["is_error"], report
+    new = [r for r in receipts(from_server_proxy) if r.operation_id not in before]
+    assert [(r.intent["tool"], r.state) for r in new] == [("get_issue", "succeeded")]
+
+
+def test_from_server_stores_a_large_argument_as_a_hash_and_fingerprints_it_whole(mcp_json_server, from_server_proxy):
+    """Issue 24: from_server stored tool arguments of any size. A 256 KiB body is stored as a keyed hash (noted),
+    yet the same body is one intent (replayed) and a body one character apart is another (sent)."""
+    server = mcp_json_server
+    server.reset()
+    big = {"title": f"Large {uuid.uuid4().hex[:8]}", "body": "x" * (256 * 1024)}
+    other = {**big, "body": big["body"][:-1] + "y"}
+    report = call(server, from_server_proxy, "legacy", ("call", "create_issue", big), ("call", "create_issue", big),
+                  ("call", "create_issue", other), timeout=30)
+    first, again, second = report["results"]
+    assert first["ok"] and again["ok"] and second["ok"]
+    assert server.effects()["created"] == 2
+    rs = receipts(from_server_proxy, big["title"])
+    assert [r.state for r in rs] == ["succeeded", "succeeded"]
+    for r in rs:
+        stored = r.intent["body"]
+        assert stored["params.arguments.title"] == big["title"]
+        assert stored["params.arguments.body"].startswith("hmac:")
+        assert r.intent["bounded"] == ["intent.params.arguments.body"]
+        assert len(json.dumps(r.intent)) < 4096
+    assert rs[0].intent_fingerprint != rs[1].intent_fingerprint
+    assert rs[0].intent["body"]["params.arguments.body"] != rs[1].intent["body"]["params.arguments.body"]
+    assert "replayed" in events(from_server_proxy, rs[0].operation_id)
 
 
 def test_routing_headers_that_disagree_with_the_body_are_refused(mcp_json_server, proxy):

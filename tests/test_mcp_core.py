@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import re
 import json
 
 import pytest
 
 from proxy_addon.answers import Answer, json_answer
 from proxy_addon.errors import RulesError
+from proxy_addon.explain import explain, render
 from proxy_addon.fingerprint import RequestView, fingerprint
 from proxy_addon.mcp import Refused, ToolCall, read_call, response_for
 from proxy_addon.mcp.answers import as_tool_answer
@@ -288,7 +290,8 @@ def test_explain_shows_what_from_server_derived_and_why_a_call_did_not_match():
     report = explain(derived, "POST", "https://mcp.example/mcp", body, {"content-type": "application/json"}, KEY)
     assert report["match"]["operation"] == "from_server" and report["match"]["mcp"]["derived"]
     shown = render(report)
-    assert "derived: no operation names the tool delete_repo" in shown and "readOnlyHint: true" in shown
+    assert "derived: no operation names the tool delete_repo" in shown
+    assert "whatever the server's tools/list says of it: its annotations are not trusted" in shown
     assert "SECRET" not in shown  # an argument with a credential's name enters as a keyed hash
     assert "isError tool result" in shown
     rules = RuleSet.of([load_rules(RULES, "mcp.yaml")])
@@ -296,3 +299,36 @@ def test_explain_shows_what_from_server_derived_and_why_a_call_did_not_match():
                      {"content-type": "application/json"}, KEY)
     assert missed["match"] is None
     assert any("not a tools/call of file_write with mode=create" in line for line in missed["why"])
+
+
+FROM_SERVER = RULES.replace("operations:", "mcp: {path: /mcp, tools: from_server, read_only_tools: [list_issues]}\noperations:")
+
+
+def test_from_server_takes_every_tool_but_the_reads_the_rules_name():
+    derived = RuleSet.of([load_rules(FROM_SERVER, "mcp.yaml")])
+    [op] = [o for o in derived.operations if o.name == "from_server"]
+    assert (op.mcp_read_tools, op.mcp_trusts_annotations) == (("list_issues",), False)
+    assert match(derived, call_body("list_issues")) is None  # named a read: none of the rules' business
+    assert match(derived, call_body("get_issue", {"number": 1})).operation.name == "from_server"
+    report = explain(derived, "POST", "https://mcp.example/mcp", call_body("list_issues"),
+                     {"content-type": "application/json"}, KEY)
+    assert report["match"] is None
+    assert any("the tool list_issues is named a read in mcp.read_only_tools" in line for line in report["why"])
+    trusting = RuleSet.of([load_rules(FROM_SERVER.replace("read_only_tools: [list_issues]", "annotations: trusted"),
+                                      "mcp.yaml")])
+    shown = render(explain(trusting, "POST", "https://mcp.example/mcp", call_body("get_issue"),
+                           {"content-type": "application/json"}, KEY))
+    assert "declares get_issue readOnlyHint: true, in which case the call passes untouched" in shown
+
+
+@pytest.mark.parametrize(("mcp", "problem"), [
+    ("{path: /mcp, tools: from_server, annotations: always}", "'always' is not one of untrusted, trusted"),
+    ("{path: /mcp, annotations: trusted}", "mcp.annotations: is read only with tools: from_server"),
+    ("{path: /mcp, read_only_tools: [list_issues]}", "mcp.read_only_tools: is read only with tools: from_server"),
+    ("{path: /mcp, tools: from_server, read_only_tools: [create_issue]}",
+     "names create_issue, which an operation of this file names a write"),
+    ("{path: /mcp, tools: from_server, read_only_tools: {a: 1}}", "expected a list of strings"),
+])
+def test_the_from_server_keys_are_checked(mcp, problem):
+    with pytest.raises(RulesError, match=re.escape(problem)):
+        load_rules(RULES.replace("operations:", f"mcp: {mcp}\noperations:"), "mcp.yaml")

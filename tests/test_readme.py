@@ -305,7 +305,7 @@ def curl_through(proxy_url: str, url: str, args: list[str], env: dict[str, str])
     )
 
 
-def test_the_readme_curl_ca_row_makes_curl_trust_the_proxy(proxy, tls_upstream, tmp_path):
+def test_the_readme_curl_ca_row_makes_curl_trust_the_proxy(proxy, tls_upstream, unruled_tls_upstream, tmp_path):
     """The row's variable and its --cacert, with the real curl through the proxy to an intercepted HTTPS host."""
     row = [line for line in section("Point an agent at it").splitlines() if line.startswith("| curl |")]
     assert len(row) == 1, "README.md's 'Point an agent at it' table has no single '| curl |' row"
@@ -322,13 +322,13 @@ def test_the_readme_curl_ca_row_makes_curl_trust_the_proxy(proxy, tls_upstream, 
     p = curl_through(proxy.url, url, [], {})
     assert p.returncode == 60, (p.returncode, p.stderr)
 
-    # The note under the table: $CA alone does not vouch for a host the proxy tunnels (localhost
+    # The note under the table: $CA alone does not vouch for a host the proxy tunnels (127.0.0.2
     # is in no rule), whose own CA stands for the public ones here; a bundle of both serves both.
-    tunnelled = f"https://localhost:{tls_upstream.port}/readme-ca-check"
+    tunnelled = f"https://127.0.0.2:{unruled_tls_upstream.port}/readme-ca-check"
     p = curl_through(proxy.url, tunnelled, [], {found[0]: str(proxy.ca)})
     assert p.returncode == 60, (p.returncode, p.stderr)
     bundle = tmp_path / "ca-bundle.pem"
-    bundle.write_bytes(tls_upstream.cert_path.read_bytes() + proxy.ca.read_bytes())
+    bundle.write_bytes(unruled_tls_upstream.cert_path.read_bytes() + proxy.ca.read_bytes())
     for target in (url, tunnelled):
         p = curl_through(proxy.url, target, [], {found[0]: str(bundle)})
         assert (p.returncode, p.stdout) == (0, "200"), f"{target}: exit {p.returncode}: {p.stderr}"

@@ -32,12 +32,13 @@ def test_state_dir_db_and_secret_are_owner_only(tmp_path, confdir, upstream, buc
         proxy.stop()
 
 
-def test_an_unruled_https_host_is_tunnelled_without_the_mitmproxy_ca(proxy, tls_upstream):
-    """The rules name 127.0.0.1; `localhost` is another host, so its TLS goes through untouched."""
-    url = f"https://localhost:{tls_upstream.port}/elsewhere"
+def test_an_unruled_https_host_is_tunnelled_without_the_mitmproxy_ca(proxy, tls_upstream, unruled_tls_upstream):
+    """The rules name 127.0.0.1 (and so its loopback aliases); 127.0.0.2 is another host, so its TLS goes
+    through untouched."""
+    url = f"https://127.0.0.2:{unruled_tls_upstream.port}/elsewhere"
     proxies = {"https": proxy.url}
     # Trusting only the upstream's own certificate works, because the proxy did not intercept.
-    r = requests.post(url, json={"x": 1}, proxies=proxies, verify=str(tls_upstream.cert_path), timeout=10)
+    r = requests.post(url, json={"x": 1}, proxies=proxies, verify=str(unruled_tls_upstream.cert_path), timeout=10)
     assert r.status_code == 201
     assert "x-receipt-id" not in r.headers
     # A ruled host is intercepted: the upstream's certificate alone is not enough there.
@@ -50,17 +51,17 @@ def test_an_unruled_https_host_is_tunnelled_without_the_mitmproxy_ca(proxy, tls_
         raise AssertionError("a ruled host was not intercepted")
 
 
-def test_intercept_all_intercepts_unruled_hosts_too(tmp_path, confdir, tls_upstream):
-    proxy = Proxy(tmp_path, confdir, upstream_ca=tls_upstream.cert_path,
-                  extra=("--set", "receipts_intercept_all=true")).start()
+def test_intercept_all_intercepts_unruled_hosts_too(tmp_path, confdir, unruled_tls_upstream):
+    up = unruled_tls_upstream
+    proxy = Proxy(tmp_path, confdir, upstream_ca=up.cert_path, extra=("--set", "receipts_intercept_all=true")).start()
     try:
-        url = f"https://localhost:{tls_upstream.port}/elsewhere"
+        url = f"https://127.0.0.2:{up.port}/elsewhere"
         try:
-            requests.get(url, proxies={"https": proxy.url}, verify=str(tls_upstream.cert_path), timeout=10)
+            requests.get(url, proxies={"https": proxy.url}, verify=str(up.cert_path), timeout=10)
         except requests.exceptions.SSLError:
             pass
         else:
-            raise AssertionError("localhost was not intercepted with receipts_intercept_all")
+            raise AssertionError("127.0.0.2 was not intercepted with receipts_intercept_all")
         r = requests.get(url, proxies={"https": proxy.url}, verify=str(proxy.ca), timeout=10)
         assert r.status_code == 200
     finally:

@@ -42,6 +42,11 @@ counts) every spelling of a path as nginx does: `//api/./thing%73` is `/api/thin
 `OverrideUpstream` handles a request as the method its X-HTTP-Method-Override (or X-HTTP-Method,
 X-Method-Override) names, as Rack and Express's method-override do: a GET naming POST commits.
 `up.received` counts the bytes read from every connection (a request refused before sending adds none).
+`ServletUpstream` routes as Tomcat, Jetty and Spring do: the `;` path parameters of every segment
+removed, then dot segments: `/api/b/things;jsessionid=1` and `/api/b/x/..;/things` are `/api/b/things`.
+`FlaskUpstream` is a real Flask app on Werkzeug's own server (not an Upstream): it drops a fragment
+sent in the request target, as Werkzeug does. `Upstream(host="127.0.0.2")` listens on another loopback
+address (its certificate names 127.0.0.2 too).
 """
 
 from __future__ import annotations
@@ -68,8 +73,10 @@ MINTED_TOKEN = "tok_MINTED-TOKEN-7a2b3f"
 
 class Upstream:
     def __init__(self, *, tls: bool = False, certdir: Path | None = None, hang_seconds: float = 8.0, port: int = 0,
-                 endless_seconds: float = 30.0, keep_bodies: bool = True, large_bytes: int = 3 * 1024 * 1024):
+                 endless_seconds: float = 30.0, keep_bodies: bool = True, large_bytes: int = 3 * 1024 * 1024,
+                 host: str = "127.0.0.1"):
         self.tls = tls
+        self.host = host
         self.large_bytes = large_bytes
         self.endless_seconds = endless_seconds
         self.endless_rate: float | None = None
@@ -147,7 +154,7 @@ class Upstream:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def __enter__(self) -> Upstream:
         up = self
@@ -337,7 +344,7 @@ class Upstream:
                     pass
                 self.connection.close()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        self.server = ThreadingHTTPServer((self.host, self._port), Handler)
         self.server.daemon_threads = True
         if self.tls:
             assert self.certdir is not None
@@ -416,6 +423,89 @@ class NginxUpstream(Upstream):
         return path.lower() if self.fold_case else path
 
 
+class ServletUpstream(Upstream):
+    """
+    An upstream that routes like a Servlet container (Tomcat's CoyoteAdapter, Jetty; Spring MVC on
+    them): every segment's path parameters (from a ';' to the next '/': `;jsessionid=1`) are removed
+    before routing, then dot segments are resolved, so `/api/b/things;jsessionid=1` and
+    `/api/b/x/..;/things` are `/api/b/things`. A percent-encoded `%3B` is no separator there.
+    Written apart from proxy_addon/canonical.py on purpose.
+    """
+
+    def route(self, target: str) -> str:
+        import posixpath
+        import re
+
+        path = re.sub(r";[^/]*", "", target.split("?")[0])
+        return posixpath.normpath(path) if path.startswith("/") else path
+
+
+class FlaskUpstream:
+    """
+    A real Flask app served by Werkzeug's own server on 127.0.0.1 (threaded), stopped on exit:
+
+        POST /api/<bucket>/things   creates {"id": n, "title": ...} and answers it, 201
+        GET  /api/<bucket>/things   the bucket's objects
+
+    `created(bucket)` counts what the POSTs made; `targets` lists each request target as it
+    arrived. Werkzeug reads the target with urlsplit, so a fragment sent in it (`things#x`) is
+    dropped and the request is routed as `/api/<bucket>/things`, as issue 24 saw.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objects: dict[str, list[dict]] = defaultdict(list)
+        self.targets: list[str] = []
+        self.server = None
+
+    def created(self, bucket: str) -> int:
+        with self.lock:
+            return len(self.objects[bucket])
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.server_port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FlaskUpstream:
+        from flask import Flask, request
+        from werkzeug.serving import make_server
+
+        app = Flask("receipts-test-flask")
+        up = self
+
+        @app.before_request
+        def seen():
+            with up.lock:
+                up.targets.append(request.environ.get("REQUEST_URI") or request.full_path)
+
+        @app.post("/api/<bucket>/things")
+        def create(bucket: str):
+            doc = request.get_json(silent=True) or {}
+            with up.lock:
+                made = {"id": len(up.objects[bucket]) + 1, "title": doc.get("title")}
+                up.objects[bucket].append(made)
+            return made, 201
+
+        @app.get("/api/<bucket>/things")
+        def listing(bucket: str):
+            with up.lock:
+                return list(up.objects[bucket])
+
+        self.server = make_server("127.0.0.1", 0, app, threaded=True)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
 class OverrideUpstream(Upstream):
     """
     An upstream that honours method override headers as web frameworks do: Rack's MethodOverride
@@ -491,7 +581,7 @@ def _query_fault(path: str) -> str:
 
 
 def make_self_signed_cert(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, written as PEM files in `directory`."""
+    """A certificate for 127.0.0.1, 127.0.0.2 and localhost, written as PEM files in `directory`."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -510,7 +600,8 @@ def make_self_signed_cert(directory: Path) -> tuple[Path, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=30))
         .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("127.0.0.2")),
+             x509.DNSName("localhost")]), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from proxy_addon import gql
 from proxy_addon.canonical import canonical_host, canonical_path
+from proxy_addon.jsonpath import parse_json
 from proxy_addon.rules import ANY_TOOL, RuleSet
 
 
@@ -22,12 +23,17 @@ def why_no_match(rules: RuleSet, host: str, port: int, method: str, path: str, b
         ]
     lines = []
     bare = canonical_path(path).split("?")[0]
+    tool = _tool_of(body) if any(op.mcp_tool == ANY_TOOL for f in files for op in f.operations) else None
     for f in files:
         lines.append(f"no operation of {f.api} ({f.source}) matches {method} {bare}:")
         mutation = gql.mutation_fields(body) if any(op.graphql for op in f.operations) else None
         for op in f.operations:
             why = ""
-            if op.method != method:
+            if op.mcp_tool == ANY_TOOL and tool in op.mcp_read_tools and op.method == method:
+                why = f"the tool {tool} is named a read in mcp.read_only_tools: its calls pass untouched"
+            if why:
+                pass
+            elif op.method != method:
                 why = f"method is {op.method}"
             elif op.path.match(bare) is None:
                 why = "path differs"
@@ -50,3 +56,11 @@ def why_no_match(rules: RuleSet, host: str, port: int, method: str, path: str, b
             )
     lines.append("the proxy passes this request through untouched")
     return lines
+
+
+def _tool_of(body: bytes) -> str | None:
+    """The tool a tools/call body names, else None."""
+    doc = parse_json(body) if body else None
+    params = doc.get("params") if isinstance(doc, dict) and doc.get("method") == "tools/call" else None
+    name = params.get("name") if isinstance(params, dict) else None
+    return name if isinstance(name, str) else None

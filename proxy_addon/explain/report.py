@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 from proxy_addon.bodies import codings, decode_body
 from proxy_addon.caller import secret_params
 from proxy_addon.canonical import method_overrides
-from proxy_addon.errors import BadEncoding, BadJson, BodyTooLarge
+from proxy_addon.errors import BadEncoding, BadJson, BodyTooLarge, UnpairedSurrogate
 from proxy_addon.explain.body_warnings import UNREAD, body_warnings
 from proxy_addon.explain.duplicates import duplicates
 from proxy_addon.explain.no_match import why_no_match
-from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes
+from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes, text_headers
 from proxy_addon.mcp.explain import describe_tool_call
 from proxy_addon.redaction import (
     ALWAYS_SECRET_HEADERS,
@@ -77,6 +77,19 @@ def _decoded(body: bytes, encoding: str | None, limit: int) -> tuple[bytes, str 
         return b"", str(e)
 
 
+def _undecodable(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    """The first header the proxy reads as text whose value is not UTF-8 (a surrogate: bytes the shell
+    could not decode), as the proxy refuses it (fields.undecodable)."""
+    for name in names:
+        value = headers.get(name)
+        if value is not None and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return name
+    return None
+
+
 def explain(
     rules: RuleSet,
     method: str,
@@ -98,6 +111,8 @@ def explain(
         raise ValueError(f"{url!r} is not an http(s) URL")
     port = u.port or {"http": 80, "https": 443}[u.scheme]
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    if "#" in url:  # urlsplit leaves the fragment out; the proxy sees it in the request target (RuleSet.match)
+        path += "#" + url.partition("#")[2]
     shown_headers = {
         k: REDACTED
         if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) or is_credential_name(k) or token_shaped(v)
@@ -125,7 +140,9 @@ def explain(
             report["why"].insert(-1, f"nor does {' or '.join(named)}, which its method override headers name")
         return report
     op = m.operation
-    refused = refused or m.refused  # its method override headers (RuleSet.match)
+    refused = refused or m.refused  # its method override headers, or a target servers read differently
+    if refused is None and (bad := _undecodable(headers, text_headers(m))) is not None:
+        refused = f"its {bad} header is not UTF-8 text (400 undecodable_header)"
     bare = where.path.partition("?")[0]
     hidden = (*secret_params(op, m.params, bare).values(), *webhook_tokens(bare))  # path credentials: REDACTED
     if where.changed:
@@ -139,15 +156,15 @@ def explain(
     # As stored: the values of the query parameters the fingerprint names, every other one REDACTED.
     shown = redact_url(u.scheme, u.hostname, port, path, keep=op.fingerprint.query, secrets=hidden)
     report["request"] = f"{method} {shown}"
-    if refused is not None:
+    try:
+        intent = fingerprint(m, view, key) if refused is None else None
+    except UnpairedSurrogate as e:  # as the proxy answers it: 400, nothing sent
+        refused = f"{e} (400 unpaired_surrogate)"
+    except BadJson as e:  # a key twice in the JSON body: the proxy answers 400 (json_body.py)
+        refused = str(e)
+    if refused is not None or intent is None:
         report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
         report["refused"] = refused
-        return report
-    try:
-        intent = fingerprint(m, view, key)
-    except BadJson as e:  # a key twice in the JSON body: the proxy answers 400 (json_body.py)
-        report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
-        report["refused"] = str(e)
         return report
     _describe(report, op, intent, headers, body)
     if m.mcp_call is not None:

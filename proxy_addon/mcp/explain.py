@@ -17,10 +17,20 @@ def describe_tool_call(report: dict[str, Any], op: Operation, tool: str, rules: 
     derived = op.mcp_tool == ANY_TOOL
     report["match"]["mcp"] = {"tool": tool, "derived": derived}
     if derived:
+        if op.mcp_trusts_annotations:
+            unless = (
+                f"unless the server's tools/list (read as it passes the proxy) declares {tool} readOnlyHint: true, "
+                "in which case the call passes untouched (mcp.annotations: trusted)"
+            )
+        else:
+            unless = (
+                "whatever the server's tools/list says of it: its annotations are not trusted (the MCP "
+                f"specification calls them untrusted); name {tool} in mcp.read_only_tools if it only reads, or "
+                "set mcp.annotations: trusted for a server you trust"
+            )
         report["match"]["mcp"]["why"] = (
             f"no operation names the tool {tool}, and {op.source}:{op.line} says mcp.tools: from_server: a write, "
-            "fingerprinted on all its arguments, unless the server's tools/list (read as it passes the proxy) "
-            f"declares {tool} readOnlyHint: true, in which case the call passes untouched"
+            f"fingerprinted on all its arguments, {unless}"
         )
     rules = [text.replace("→", "(the tool's result) →", 1) for text in rules]
     report["classify"] = [

@@ -31,10 +31,10 @@ from mitmproxy.addonmanager import Loader
 
 from proxy_addon import answers, terminal
 from proxy_addon.classify import Outcome, error_outcome, failure_outcome
-from proxy_addon.errors import BadJson, ReceiptsError, RulesError, StoreError
+from proxy_addon.errors import BadJson, ReceiptsError, RulesError, StoreError, UnpairedSurrogate
 from proxy_addon.exchange_failures import SendStopped
-from proxy_addon.fields import bad_field
-from proxy_addon.fingerprint import build_attempt
+from proxy_addon.fields import bad_field, undecodable
+from proxy_addon.fingerprint import build_attempt, text_headers
 from proxy_addon.gate import Gate
 from proxy_addon.installation import Installation
 from proxy_addon.leases import HeldLease
@@ -147,6 +147,7 @@ class Receipts:
             self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             self.metrics.known(rules.operations)
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
+            tools.say_reads(rules)
         self.db.configure(opts)
         self._configure_client()
         assert self.gate is not None
@@ -208,8 +209,10 @@ class Receipts:
         flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
         if self.rules_problem:  # the rules on disk did not load: the last good ones decide this flow
             flow.metadata[META]["rules_problem"] = self.rules_problem
-        if m.refused:
-            flow.metadata[META]["refused"] = m.refused  # its method override headers: 400 in `request`, never sent
+        if m.refused:  # its method override headers, or a target servers read differently: 400 in `request`
+            flow.metadata[META].update(refused=m.refused, refused_as=m.refused_as)
+        if m.fingerprint_host:  # matched through another loopback name than the rule's (RuleSet)
+            flow.metadata[META]["fingerprint_host"] = m.fingerprint_host
         if m.pending:
             flow.metadata[META]["pending"] = True  # a GraphQL rule: the body decides (request hook)
         request_body.bound(flow, flow.metadata[META], self._body_cap)
@@ -226,8 +229,8 @@ class Receipts:
         if rules is not None and not body_match.settle(flow, meta, body, rules, self.tool_catalog):  # GraphQL, MCP
             return  # not a write after all: passed through untouched (body_match.py)
         try:
-            if meta.get("refused"):  # method override headers the rules cannot take (RuleSet.match): 400, no receipt
-                refusals.bad_override(flow, meta)
+            if meta.get("refused"):  # what the rules cannot take without a guess (RuleSet.match): 400, no receipt
+                refusals.refused(flow, meta)
                 return
             try:
                 async with self.drain.track(flow, meta):
@@ -249,6 +252,9 @@ class Receipts:
             return
         if (bad := bad_field(flow.request.headers.fields)) is not None:  # cannot be sent: 400, no receipt
             refusals.bad_header(flow, meta, *bad)
+            return
+        if (name := undecodable(flow.request.headers.fields, text_headers(m))) is not None:  # bad input: 400
+            refusals.undecodable_header(flow, meta, name)
             return
         op, view, inst = m.operation, request_view(flow.request, body), self.installation
         credentials = credentials_from(op.credential_headers, view.headers)
@@ -273,6 +279,8 @@ class Receipts:
             return
         except BadJson as e:  # a key twice in the JSON body (json_body.py): 400, no receipt, never sent
             refusals.bad_json(flow, meta, str(e))
+        except UnpairedSurrogate as e:  # bad input, found while fingerprinting: 400, before any receipt
+            refusals.unpaired_surrogate(flow, meta, str(e))
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
@@ -423,7 +431,10 @@ class Receipts:
             flow.metadata.pop(META, None)
             return None
         call = ToolCall(**meta["mcp"]) if meta.get("mcp", {}).get("id") is not None else None
-        return Match(op, dict(meta["params"]), graphql_args=meta.get("graphql_args"), mcp_call=call)
+        host = meta.get("fingerprint_host")
+        return Match(
+            op, dict(meta["params"]), graphql_args=meta.get("graphql_args"), mcp_call=call, fingerprint_host=host
+        )
 
     def _operation(self, meta: dict) -> Operation | None:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None

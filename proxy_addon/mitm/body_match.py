@@ -6,8 +6,11 @@ match pending; once the request hook has the body, it is matched again here.
         return   # a query, or a message no rule names: passed through untouched
 
 A tool call only `mcp.tools: from_server` matched, of a tool the server's `tools/list` declared
-read-only (mcp/catalog.py), is not a write. An MCP tool call keeps its JSON-RPC id and the
-client's Accept in the flow's metadata: they shape every answer the proxy makes to it.
+read-only (mcp/catalog.py), is not a write when the rules trust the server's annotations
+(`mcp.annotations: trusted`); otherwise it is (the MCP specification calls annotations
+untrusted unless the server is trusted; the rules name reads in `mcp.read_only_tools`, which
+RuleSet.match never takes as writes). An MCP tool call keeps its JSON-RPC id and the client's
+Accept in the flow's metadata: they shape every answer the proxy makes to it.
 """
 
 from __future__ import annotations
@@ -30,15 +33,18 @@ def settle(flow: http.HTTPFlow, meta: dict, body: bytes, rules: RuleSet, catalog
     req = flow.request
     m = rules.match(req.host, req.port, req.method, req.path, body=body, headers=req.headers.fields)
     call = m.mcp_call if m is not None and m.operation.mcp_tool == ANY_TOOL else None  # mcp.tools: from_server
-    if m is not None and call is not None and catalog.read_only(tools.endpoint_of(flow, m.operation), call.name):
-        m = None  # the server's tools/list says this tool only reads
+    if m is not None and call is not None and tools.read_by_annotations(flow, m.operation, call.name, catalog):
+        m = None  # the server's tools/list says this tool only reads, and the rules trust it
     if m is None:  # a GraphQL query, a mutation or MCP message no rule names: passed through untouched
         del flow.metadata[META]
         tools.note_listing(flow, body, rules)  # a tools/list answer tells which tools only read
         return False
     meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
-    meta["refused"] = m.refused  # the mutation's operation decides, as for the rest
-    meta["refusal"] = m.refusal  # bad_json: a body read two ways (json_body.py)
+    meta.update(refused=m.refused, refused_as=m.refused_as)  # the mutation's operation decides, as for the rest
+    if m.fingerprint_host:  # matched through another loopback name than the rule's (RuleSet)
+        meta["fingerprint_host"] = m.fingerprint_host
+    else:
+        meta.pop("fingerprint_host", None)
     if m.operation.mcp_tool is not None:  # an MCP tool call: its id and framing shape every answer
         meta["mcp"] = dataclasses.asdict(m.mcp_call or unread_call(body, m.operation.mcp_tool, req.headers))
         meta["accept"] = req.headers.get("accept")

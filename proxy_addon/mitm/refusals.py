@@ -1,9 +1,12 @@
 """
 Matched requests the proxy answers itself and never sends, with no receipt written: a header
-field no HTTP client can send (400, fields.py), method override headers the rules cannot take
-(400), a JSON body servers read in more than one way (400, json_body.py), and a store that
-cannot write the receipt (503: fail closed). Each logs one line naming
-the operation (never a header's value), answers, and marks the flow (flows.refuse).
+field no HTTP client can send (400, fields.py), a header the proxy reads as text that is not
+UTF-8 (400, fields.undecodable), text entering the intent that is no Unicode (400,
+errors.UnpairedSurrogate), method override headers the rules cannot take (400), a request
+target servers read differently (400: a fragment, `;` path parameters, RuleSet.match), a JSON
+body servers read in more than one way (400, json_body.py), and a store that cannot write the
+receipt (503: fail closed). Each logs one line naming the operation (never a header's value),
+answers, and marks the flow (flows.refuse).
 """
 
 from __future__ import annotations
@@ -14,8 +17,18 @@ from mitmproxy import http
 
 from proxy_addon import answers
 from proxy_addon.mitm.flows import refuse
+from proxy_addon.rules.ruleset import AMBIGUOUS_TARGET
 
-__all__ = ["bad_header", "bad_json", "bad_override", "unavailable"]
+__all__ = [
+    "bad_header",
+    "bad_json",
+    "bad_override",
+    "bad_target",
+    "refused",
+    "unavailable",
+    "undecodable_header",
+    "unpaired_surrogate",
+]
 
 logger = logging.getLogger("proxy_addon.mitm.addon")
 
@@ -27,15 +40,45 @@ def bad_header(flow: http.HTTPFlow, meta: dict, header: str, problem: str) -> No
     refuse(flow, meta, answer, "bad_header", f"the {header} header {problem}")
 
 
-def bad_override(flow: http.HTTPFlow, meta: dict) -> None:
+def undecodable_header(flow: http.HTTPFlow, meta: dict, header: str) -> None:
+    """A header the proxy reads as text (fingerprint, principal, key), not UTF-8: 400 naming it, not its value."""
+    problem = "is not UTF-8 text"
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: its {header} header {problem}")
+    answer = answers.undecodable_header(meta["api"], meta["operation"], header)
+    refuse(flow, meta, answer, "undecodable_header", f"the {header} header {problem}")
+
+
+def unpaired_surrogate(flow: http.HTTPFlow, meta: dict, why: str) -> None:
+    """Text entering the intent that is no Unicode (a JSON "\\ud800" escape alone): 400, bad input, not 503."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {why}")
+    answer = answers.unpaired_surrogate(meta["api"], meta["operation"], why)
+    refuse(flow, meta, answer, "unpaired_surrogate", why)
+
+
+def refused(flow: http.HTTPFlow, meta: dict) -> None:
     """
-    A request its match refused (RuleSet.match): method override headers that name different
-    methods or that the rule refuses, an MCP call the proxy cannot take (400); or a body read
-    two ways on an MCP or GraphQL endpoint (`refusal: bad_json`: bad_json).
+    A match RuleSet.match refused (`meta["refused"]`), by its kind (`meta["refused_as"]`): a
+    target servers read differently, a body read two ways on an MCP or GraphQL endpoint
+    (bad_json), else method override headers or an MCP call the proxy cannot take.
     """
-    if meta.get("refusal") == "bad_json":
+    if meta.get("refused_as") == AMBIGUOUS_TARGET:
+        bad_target(flow, meta)
+    elif meta.get("refused_as") == "bad_json":
         bad_json(flow, meta, meta["refused"])
-        return
+    else:
+        bad_override(flow, meta)
+
+
+def bad_target(flow: http.HTTPFlow, meta: dict) -> None:
+    """A request target servers read differently (a fragment, `;` path parameters) that can be a write: 400."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {meta['refused']}")
+    answer = answers.ambiguous_target(meta["api"], meta["operation"], meta["refused"])
+    refuse(flow, meta, answer, AMBIGUOUS_TARGET, meta["refused"])
+
+
+def bad_override(flow: http.HTTPFlow, meta: dict) -> None:
+    """Method override headers that name different methods or that the rule refuses, an MCP call the proxy
+    cannot take: 400."""
     logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {meta['refused']}")
     answer = answers.method_override_refused(meta["api"], meta["operation"], meta["refused"])
     refuse(flow, meta, answer, "method_override_refused", meta["refused"])

@@ -45,6 +45,7 @@ from proxy_addon.rules.model import (
     ReconcileSpec,
     RuleFile,
     parse_path_template,
+    read_variables,
     template_variables,
 )
 from proxy_addon.rules.ruleset import RuleSet, host_pattern
@@ -74,6 +75,7 @@ __all__ = [
     "load_rules",
     "load_rules_path",
     "parse_path_template",
+    "read_variables",
     "rules_files",
     "rules_signature",
     "template_variables",

@@ -23,6 +23,7 @@ from proxy_addon.rules.model import (
     FROM_SERVER,
     IDENT,
     KEYS,
+    MCP_ANNOTATIONS,
     MCP_TOOLS,
     FingerprintSpec,
     Operation,
@@ -182,6 +183,8 @@ def _load_file(ctx: Ctx, text: str) -> RuleFile | None:
     )
     if operations is not None and credentials[0].path and "credentials" in top:
         _check_credential_params(ctx, top["credentials"][1], credentials[0], [*operations, endpoint])
+    if endpoint is not None and operations is not None:
+        _named_reads(ctx, top["mcp"][1], endpoint, operations)
     if ctx.problems or api is None or hosts is None or operations is None:
         return None
     if endpoint is not None:  # after the file's own operations: an explicit rule wins
@@ -280,10 +283,13 @@ def _post_reads(ctx: Ctx, top: dict[str, Entry]) -> tuple[PathTemplate, ...]:
 
 def _mcp_endpoint(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Credentials) -> Operation | None:
     """
-    `mcp: {path, tools}`: the file's MCP endpoint. `tools: from_server` adds an operation
-    (`from_server`, after the file's own) that takes every tool call to the endpoint which no
-    operation names: a write, fingerprinted on all its arguments, unless the server's tools/list
-    declares the tool read-only (the proxy learns that from the answers it passes: mcp/catalog.py).
+    `mcp: {path, tools, annotations, read_only_tools}`: the file's MCP endpoint. `tools: from_server`
+    adds an operation (`from_server`, after the file's own) that takes every tool call to the
+    endpoint which no operation names: a write, fingerprinted on all its arguments, unless the
+    rules name the tool a read (`read_only_tools`), or the server's annotations are trusted
+    (`annotations: trusted`) and its tools/list declares the tool read-only (the proxy learns
+    that from the answers it passes: mcp/catalog.py). The MCP specification calls annotations
+    untrusted unless they come from a trusted server: by default, they make no read.
     `tools: declared` (the default): only the operations below.
     """
     node = top["mcp"][1]
@@ -295,7 +301,20 @@ def _mcp_endpoint(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Creden
     tools = ctx.string(m["tools"][1], "mcp.tools") if "tools" in m else "declared"
     if tools not in MCP_TOOLS:
         raise ctx.error(m["tools"][1], "mcp.tools", f"{tools!r} is not one of {', '.join(MCP_TOOLS)}")
+    annotations = ctx.string(m["annotations"][1], "mcp.annotations") if "annotations" in m else "untrusted"
+    if annotations not in MCP_ANNOTATIONS:
+        raise ctx.error(
+            m["annotations"][1], "mcp.annotations", f"{annotations!r} is not one of {', '.join(MCP_ANNOTATIONS)}"
+        )
+    reads = (
+        [name for _, name in ctx.strings(m["read_only_tools"][1], "mcp.read_only_tools")]
+        if "read_only_tools" in m
+        else []
+    )
     if tools != FROM_SERVER:
+        for key in ("annotations", "read_only_tools"):
+            if key in m:
+                raise ctx.error(m[key][1], f"mcp.{key}", "is read only with tools: from_server")
         return None
     return Operation(
         api=api,
@@ -310,10 +329,25 @@ def _mcp_endpoint(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Creden
         credentials_env=credentials[1],
         credentials_scheme=credentials[2],
         mcp_tool=ANY_TOOL,
+        mcp_read_tools=tuple(reads),
+        mcp_trusts_annotations=annotations == "trusted",
         source=ctx.source,
         line=node.start_mark.line + 1,
-        description="every tool the server does not declare read-only (mcp.tools: from_server)",
+        description="every tool the rules do not name a read (mcp.tools: from_server)",
     )
+
+
+def _named_reads(ctx: Ctx, node: yaml.Node, endpoint: Operation, operations: list[Operation]) -> None:
+    """A tool `mcp.read_only_tools` names a read that an operation names a write: which is it? Reported."""
+    writes = {op.mcp_tool for op in operations if op.mcp_tool is not None}
+    if both := [name for name in endpoint.mcp_read_tools if name in writes]:
+        ctx.report(
+            ctx.error(
+                node,
+                "mcp.read_only_tools",
+                f"names {', '.join(both)}, which an operation of this file names a write: list it in one place",
+            )
+        )
 
 
 def _operations(

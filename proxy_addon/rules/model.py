@@ -39,7 +39,7 @@ ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the eff
 # proxy_addon/rules.schema.json describes the same keys (a test keeps them in step).
 KEYS: dict[str, tuple[str, ...]] = {
     "file": ("api", "hosts", "credentials", "post_reads", "method_override", "mcp", "operations"),
-    "mcp_endpoint": ("path", "tools"),
+    "mcp_endpoint": ("path", "tools", "annotations", "read_only_tools"),
     "credentials": ("header", "query", "body", "path", "env", "scheme"),
     "operation_credentials": ("header", "query", "body", "path"),
     "operation": (
@@ -160,6 +160,7 @@ class ClassifyRule:
 
 
 MCP_TOOLS = ("declared", "from_server")  # `mcp.tools:` which tool calls of the endpoint are writes
+MCP_ANNOTATIONS = ("untrusted", "trusted")  # `mcp.annotations:` whether the server's readOnlyHint makes a read
 FROM_SERVER = "from_server"  # the name of the operation `mcp: {tools: from_server}` adds; it matches any tool (`*`)
 ANY_TOOL = "*"
 
@@ -229,6 +230,10 @@ class Operation:
     line: int = 0
     description: str | None = None
     method_override: str = "honour"  # refuse: a request with a method override header gets 400 (METHOD_OVERRIDE)
+    # `mcp.tools: from_server`'s operation: the tools the rules name as reads (`mcp.read_only_tools`), and
+    # whether the server's annotations are trusted (`mcp.annotations: trusted`): its readOnlyHint makes a read
+    mcp_read_tools: tuple[str, ...] = ()
+    mcp_trusts_annotations: bool = False
     # Credentials outside the headers (`credentials: {query, body, path}`), hashed into the principal (caller.py)
     credential_query: tuple[str, ...] = ()  # query parameter names
     credential_body: tuple[str, ...] = ()  # body fields: a form's field names, dotted paths into JSON
@@ -310,8 +315,11 @@ class Match:
     pending: bool = False  # a GraphQL operation: the body decides (RuleSet.match with body=...)
     graphql_args: dict[str, Any] | None = None  # the root field's arguments, variables substituted
     refused: str | None = None  # why the proxy answers 400 and sends nothing (its method override headers)
-    refusal: str = "method_override_refused"  # the refusal's kind: bad_json for a body read two ways (json_body.py)
     mcp_call: ToolCall | None = None  # an MCP operation: the tool call the body makes
+    # the refusal's kind when not a method override's: ruleset.AMBIGUOUS_TARGET, or bad_json for a body
+    # read two ways on an MCP or GraphQL endpoint (json_body.py)
+    refused_as: str | None = None
+    fingerprint_host: str | None = None  # the loopback name the rule names, when the request used another
 
 
 @dataclass(frozen=True)
@@ -335,6 +343,12 @@ def parse_path_template(template: str, *, case_insensitive: bool = False) -> Pat
         raise ValueError(
             f"path template {template!r} contains a query or fragment; "
             "match the path only and list query parameters under fingerprint.query"
+        )
+    if ";" in template:
+        raise ValueError(
+            f"path template {template!r} has a ';', which Tomcat, Jetty and Spring read as the start of path "
+            "parameters and other servers as part of the segment: requests with one are refused (docs/rules.md); "
+            "write a ';' that is part of the path as %3B"
         )
     segments = template.rstrip("/").split("/")[1:]
     if any(canonical_encoding(seg) in ("", ".", "..") for seg in segments):
@@ -381,6 +395,25 @@ def path_alternatives(parsed: Sequence[PathTemplate]) -> PathTemplate:
     common = tuple(p for p in first.params if all(p in t.params for t in parsed[1:]))
     shown = " | ".join(t.template for t in parsed)
     return PathTemplate(shown, common, first.regex, first.case_insensitive, tuple(parsed))
+
+
+def read_variables(spec: ReconcileSpec | None) -> frozenset[str]:
+    """The template names (`intent.title`, `path.owner`) an operation's reconcile read uses: its values must be kept."""
+    if spec is None:
+        return frozenset()
+    texts: list[str] = [spec.url, *(t for _, t in spec.find), *(t for _, _, t in spec.bounds)]
+    texts += [t for _, t in spec.headers]
+    texts += [spec.external_id] if isinstance(spec.external_id, str) else list(spec.external_id or ())
+    stack: list[Any] = [spec.body]
+    while stack:  # a POST read's or an MCP read's body: a JSON document whose strings are templates
+        doc = stack.pop()
+        if isinstance(doc, str):
+            texts.append(doc)
+        elif isinstance(doc, dict):
+            stack += [*doc.keys(), *doc.values()]
+        elif isinstance(doc, list):
+            stack += doc
+    return frozenset(name for text in texts for name in TEMPLATE_VAR.findall(text))
 
 
 def template_variables(fp: FingerprintSpec) -> set[str]:

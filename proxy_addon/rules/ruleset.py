@@ -2,6 +2,16 @@
 Which operation a request is: the rules of every file, indexed by host, and the matching of
 a request's host, method, path (canonical forms) and, for GraphQL rules, body; plus the
 regex form of a rules host that mitmproxy's `allow_hosts` takes.
+
+Loopback names (canonical.LOOPBACK: `localhost`, `127.0.0.1`, `::1`, `0.0.0.0`, `::`) reach the
+same sockets: a file that names one of them is also the file of the others. A request matched
+only through such an alias is fingerprinted with the host the rule names (`Match.fingerprint_host`),
+so that `localhost` and `127.0.0.1` are one intent; a request to the host the rule names is
+matched and fingerprinted as it always was.
+
+A request target that servers read differently (a fragment, `;` path parameters:
+canonical.readings) is refused (`Match.refused`, `refused_as` AMBIGUOUS_TARGET) when any of its
+readings is a write a rule matches, and is none of the rules' business when none is.
 """
 
 from __future__ import annotations
@@ -11,10 +21,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy_addon.canonical import canonical_host, canonical_path, ip_literal, method_overrides
+from proxy_addon.canonical import LOOPBACK, canonical_host, canonical_path, ip_literal, method_overrides, readings
 from proxy_addon.json_body import NotStrict
 from proxy_addon.mcp.calls import Refused, ToolCall, parse_message, read_call
 from proxy_addon.rules.model import ANY_TOOL, Match, Operation, PathTemplate, RuleFile, same_value
+
+AMBIGUOUS_TARGET = "ambiguous_target"  # Match.refused_as: a fragment or path parameters servers read differently
+
+# A candidate operation: its file, itself, and the host its fingerprint takes in place of the request's
+# (the loopback name the rule names, when the request reached it through another one), else None.
+Candidate = tuple[RuleFile, Operation, str | None]
 
 
 @dataclass(frozen=True)
@@ -22,40 +38,57 @@ class RuleSet:
     files: tuple[RuleFile, ...] = ()
     _exact: Mapping[str, tuple[tuple[RuleFile, Operation], ...]] = field(default_factory=dict, repr=False)
     _wildcard: tuple[tuple[str, RuleFile, Operation], ...] = field(default=(), repr=False)
+    # (port or 0 for any, the loopback name as the rule names it, its file, the operation): canonical.LOOPBACK
+    _loopback: tuple[tuple[int, str, RuleFile, Operation], ...] = field(default=(), repr=False)
 
     @classmethod
     def of(cls, files: Iterable[RuleFile]) -> RuleSet:
         files = tuple(files)
         exact: dict[str, list] = {}
         wildcard = []
+        loopback = []
         for f in files:
             for host in f.hosts:
                 for op in f.operations:
                     if host.startswith("*."):
                         wildcard.append((host[1:].lower(), f, op))
                     else:
-                        exact.setdefault(_canonical_rule_host(host), []).append((f, op))
-        return cls(files, {h: tuple(v) for h, v in exact.items()}, tuple(wildcard))
+                        name, port = _canonical_rule_host(host)
+                        exact.setdefault(f"{name}:{port}" if port else name, []).append((f, op))
+                        if name in LOOPBACK:
+                            loopback.append((port, name, f, op))
+        return cls(files, {h: tuple(v) for h, v in exact.items()}, tuple(wildcard), tuple(loopback))
 
     @property
     def operations(self) -> tuple[Operation, ...]:
         return tuple(op for f in self.files for op in f.operations)
 
-    def _candidates(self, host: str, port: int) -> tuple[tuple[RuleFile, Operation], ...]:
-        """The operations of the files that name this host (exactly, with its port, or by a '*.' pattern)."""
+    def _candidates(self, host: str, port: int) -> tuple[Candidate, ...]:
+        """
+        The operations of the files that name this host (exactly, with its port, or by a '*.'
+        pattern), then, for a loopback name, those of the files that name another loopback name.
+        """
         host = canonical_host(host)
-        candidates = self._exact.get(f"{host}:{port}", ()) + self._exact.get(host, ())
+        candidates: tuple[Candidate, ...] = tuple(
+            (f, op, None) for f, op in self._exact.get(f"{host}:{port}", ()) + self._exact.get(host, ())
+        )
         if self._wildcard:
             candidates += tuple(
-                (f, op)
+                (f, op, None)
                 for suffix, f, op in self._wildcard
                 if (host.endswith(suffix.split(":")[0]) and (":" not in suffix or suffix.endswith(f":{port}")))
             )
+        if self._loopback and host in LOOPBACK:
+            named = {id(op) for _, op, _ in candidates}
+            for rule_port, name, f, op in self._loopback:
+                if name != host and rule_port in (0, port) and id(op) not in named:
+                    named.add(id(op))
+                    candidates += ((f, op, name),)
         return candidates
 
     def files_for(self, host: str, port: int) -> list[RuleFile]:
         """The rules files that name this host."""
-        return list({id(f): f for f, _ in self._candidates(host, port)}.values())
+        return list({id(f): f for f, _, _ in self._candidates(host, port)}.values())
 
     def post_reads(self, api: str) -> tuple[PathTemplate, ...]:
         """The POST paths an API's file declares to be reads (`post_reads:`)."""
@@ -73,7 +106,7 @@ class RuleSet:
         return next(
             (
                 op
-                for _, op in self._candidates(host, port)
+                for _, op, _ in self._candidates(host, port)
                 if op.mcp_tool == ANY_TOOL and op.path.match(path) is not None
             ),
             None,
@@ -102,10 +135,32 @@ class RuleSet:
         something else); or an operation either method matches says `method_override: refuse`.
         None when neither method matches: the request is none of the rules' business. So an
         override adds receipts or is refused, never skips one.
+
+        A request target that servers read differently (a fragment, `;` path parameters:
+        canonical.readings) is `refused` (`refused_as` AMBIGUOUS_TARGET) when any of its readings
+        matches; None when none does.
         """
         candidates = self._candidates(host, port)
         if not candidates:
             return None
+        alternatives = readings(path)
+        if len(alternatives) == 1:
+            return self._match_target(candidates, method, path, body, headers)
+        for reading in alternatives:
+            hit = self._match_target(candidates, method, reading, body, headers)
+            if hit is not None:
+                return replace(hit, refused=_ambiguous(path, reading, hit.operation), refused_as=AMBIGUOUS_TARGET)
+        return None
+
+    def _match_target(
+        self,
+        candidates: tuple[Candidate, ...],
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: Iterable[tuple[str | bytes, str | bytes]] | None,
+    ) -> Match | None:
+        """`match` of one reading of the request target, method override headers included."""
         path = canonical_path(path).split("?", 1)[0]
         found = method_overrides(headers) if headers is not None else []
         named = list(dict.fromkeys(m for _, m in found))
@@ -125,25 +180,25 @@ class RuleSet:
                 f"(method_override: refuse, {refusing.source}:{refusing.line}); send the request with the method "
                 "you mean and without them"
             )
-            return replace(first, refused=why, refusal="method_override_refused")
+            return replace(first, refused=why, refused_as=None)
         if len(named) > 1:
             why = (
                 f"{method} with method override headers that name different methods ({shown}): which one "
                 f"{first.operation.api} would take is a guess; send one of them, or none"
             )
-            return replace(first, refused=why, refusal="method_override_refused")
+            return replace(first, refused=why, refused_as=None)
         if as_method != named[0]:
             why = (
                 f"{method} with {shown}: {first.operation.api} takes it as {named[0]}, which no operation matches, "
                 f"if it honours the header, or as the {method} that {first.operation.name} matches if it ignores "
                 "it; which one is a guess, so send the request with the method you mean and without the header"
             )
-            return replace(first, refused=why, refusal="method_override_refused")
+            return replace(first, refused=why, refused_as=None)
         return first
 
     @staticmethod
     def _match(
-        candidates: tuple[tuple[RuleFile, Operation], ...],
+        candidates: tuple[Candidate, ...],
         method: str,
         path: str,
         body: bytes | None,
@@ -158,38 +213,45 @@ class RuleSet:
         mutation: dict[str, dict[str, Any]] | NotStrict | None = None
         parsed = False
         call: ToolCall | Refused | bool | None = False  # False: the body is not read as a tool call yet
-        for _, op in candidates:
+        for _, op, alias in candidates:
             if op.method == method:
                 params = op.path.match(path)
                 if params is None:
                     continue
+                found: Match | None = None
                 if op.mcp_tool is not None:
                     if body is None:
-                        return Match(op, params, pending=True)
-                    if call is False:
-                        call = read_call(parse_message(body), _lower(headers))
-                    if isinstance(call, Refused):  # on an MCP endpoint a rule names: 400, never sent
-                        return Match(op, params, refused=call.why, refusal=call.reason)
-                    if isinstance(call, ToolCall) and op_takes(op, call):
-                        return Match(op, params, mcp_call=call)
-                    continue
-                if op.graphql is None:
-                    return Match(op, params)
-                if body is None:
-                    return Match(op, params, pending=True)
-                if not parsed:
-                    from proxy_addon.gql import read_mutation  # graphql-core loads only for GraphQL rules
+                        found = Match(op, params, pending=True)
+                    else:
+                        if call is False:
+                            call = read_call(parse_message(body), _lower(headers))
+                        if isinstance(call, Refused):  # on an MCP endpoint a rule names: 400, never sent
+                            found = Match(op, params, refused=call.why, refused_as=call.reason)
+                        elif isinstance(call, ToolCall) and op_takes(op, call):
+                            found = Match(op, params, mcp_call=call)
+                elif op.graphql is None:
+                    found = Match(op, params)
+                elif body is None:
+                    found = Match(op, params, pending=True)
+                else:
+                    if not parsed:
+                        from proxy_addon.gql import read_mutation  # graphql-core loads only for GraphQL rules
 
-                    mutation, parsed = read_mutation(body), True
-                if isinstance(mutation, NotStrict):  # on a GraphQL endpoint a rule names: 400, never sent
-                    return Match(op, params, refused=mutation.why, refusal="bad_json")
-                if mutation is not None and op.graphql in mutation:
-                    return Match(op, params, graphql_args=mutation[op.graphql])
+                        mutation, parsed = read_mutation(body), True
+                    if isinstance(mutation, NotStrict):  # on a GraphQL endpoint a rule names: 400, never sent
+                        found = Match(op, params, refused=mutation.why, refused_as="bad_json")
+                    elif mutation is not None and op.graphql in mutation:
+                        found = Match(op, params, graphql_args=mutation[op.graphql])
+                if found is not None:
+                    return found if alias is None else replace(found, fingerprint_host=alias)
         return None
 
 
 def op_takes(op: Operation, call: ToolCall) -> bool:
-    """Whether an MCP operation names this call's tool, and the argument values it asks for."""
+    """Whether an MCP operation names this call's tool, and the argument values it asks for. The
+    `from_server` operation takes every tool but those the rules name reads (`mcp.read_only_tools`)."""
+    if op.mcp_tool == ANY_TOOL and call.name in op.mcp_read_tools:
+        return False
     return op.mcp_tool in (call.name, ANY_TOOL) and all(
         k in call.arguments and same_value(call.arguments[k], v) for k, v in op.mcp_arguments
     )
@@ -204,10 +266,26 @@ def _lower(headers: Iterable[tuple[str | bytes, str | bytes]] | None) -> dict[st
     return out
 
 
-def _canonical_rule_host(host: str) -> str:
-    """A rules host (`name` or `name:port`) with its name in canonical form (`0x7f000001:8080` → `127.0.0.1:8080`)."""
-    name, colon, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
-    return canonical_host(name) + colon + port
+def _canonical_rule_host(host: str) -> tuple[str, int]:
+    """A rules host (`name` or `name:port`): its name in canonical form and its port, 0 for any
+    (`0x7f000001:8080` → ("127.0.0.1", 8080))."""
+    name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+    return canonical_host(name), int(port) if port.isdecimal() else 0
+
+
+def _ambiguous(sent: str, reading: str, op: Operation) -> str:
+    """Why a request target servers read differently is refused: what it has, and the write it can be."""
+    parts = [
+        *(["a fragment (#…), which RFC 9110 says is never sent"] if "#" in sent else []),
+        *(["path parameters (;…)"] if ";" in sent.partition("#")[0].partition("?")[0] else []),
+    ]
+    return (
+        f"the request target has {' and '.join(parts)}, which servers read differently (Werkzeug and Express "
+        "drop a fragment, uvicorn and Go's net/http keep it in the path; Tomcat, Jetty and Spring remove "
+        "path parameters from every segment, Werkzeug, Starlette, Express and nginx keep them), and read as "
+        f"{canonical_path(reading).split('?', 1)[0]} it is {op.api} {op.name} ({op.source}:{op.line}); send it "
+        "without the fragment, and a ';' that belongs in a path value as %3B"
+    )
 
 
 def host_pattern(host: str) -> str:
@@ -215,11 +293,15 @@ def host_pattern(host: str) -> str:
     A rules host as a regex for mitmproxy's `allow_hosts`, which matches `host:port` strings.
     An IP address matches in every spelling that names it (`127.1`, `0x7f000001`,
     `::ffff:127.0.0.1`): a CONNECT to an alias must be intercepted too, or its writes would
-    pass through the tunnel without a receipt.
+    pass through the tunnel without a receipt. A loopback name matches every loopback name
+    (`localhost`, `127.0.0.1`, `::1`, `0.0.0.0`, `::`, in every spelling), as RuleSet matches them.
     """
     name, _, port = host.partition(":")
     ip = ip_literal(name)
-    if ip is not None and ":" not in ip:
+    if canonical_host(name) in LOOPBACK:  # every loopback name: a rule naming one names them all (RuleSet)
+        ipv4 = "|".join(_ipv4_spellings(a) for a in ("127.0.0.1", "0.0.0.0"))
+        name_rx = f"(?:localhost|{ipv4}|{_V6_LOCAL})"
+    elif ip is not None and ":" not in ip:
         name_rx = _ipv4_spellings(ip)
     elif name.startswith("*."):
         name_rx = r"(?:[^.:]+\.)+" + re.escape(name[2:])
@@ -227,6 +309,9 @@ def host_pattern(host: str) -> str:
         name_rx = re.escape(name)
     port_rx = re.escape(port) if port else "[0-9]+"
     return rf"^{name_rx}\.?:{port_rx}$"
+
+
+_V6_LOCAL = r"\[?[0:]*:(?:0{0,3}1)?\]?"  # `::1` and `::` in every IPv6 spelling (0:0:0:0:0:0:0:1, [::1])
 
 
 def _ipv4_spellings(ip: str) -> str:
