@@ -362,7 +362,7 @@ def test_mcp_bodies_read_two_ways_are_refused_as_bad_json(body, says):
     got = parse_message(body)
     assert isinstance(got, Refused) and got.reason == "bad_json" and says in got.why, got
     m = RS.match("api.spell.test", 443, "POST", "/mcp", body=body)
-    assert m is not None and m.refusal == "bad_json" and m.refused == got.why
+    assert m is not None and m.refused_as == "bad_json" and m.refused == got.why
 
 
 @pytest.mark.parametrize(
@@ -378,7 +378,7 @@ def test_graphql_bodies_read_two_ways_are_refused_as_bad_json(doc, says):
     got = read_mutation(body)
     assert isinstance(got, NotStrict) and says in got.why, got
     m = RS.match("api.spell.test", 443, "POST", "/graphql", body=body)
-    assert m is not None and m.refusal == "bad_json" and says in m.refused
+    assert m is not None and m.refused_as == "bad_json" and says in m.refused
 
 
 def test_graphql_variables_are_maps_read_exactly():

@@ -85,7 +85,7 @@ def test_other_messages_are_not_tool_calls(rules, body):
 def test_a_body_that_is_not_json_is_refused(rules):
     """Before issue 24 it passed untouched; a server that reads it otherwise (tests/lenient_json.py) ran it."""
     m = match(rules, b"not json")
-    assert (m.refusal, m.refused) == ("bad_json", "the JSON-RPC body is not JSON (Expecting value at offset 0)")
+    assert (m.refused_as, m.refused) == ("bad_json", "the JSON-RPC body is not JSON (Expecting value at offset 0)")
 
 
 def test_routing_headers_must_agree_with_the_body(rules):

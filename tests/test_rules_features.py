@@ -291,7 +291,7 @@ def test_graphql_mutations_match_by_root_field_not_operation_name():
     query = {"query": "query issueCreate { issues { nodes { id } } }"}
     assert rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(query)) is None
     not_json = rs.match("api.linear.test", 443, "POST", "/graphql", body=b"not json")
-    assert not_json.refusal == "bad_json" and "not JSON" in not_json.refused  # a server may read it otherwise: 400
+    assert not_json.refused_as == "bad_json" and "not JSON" in not_json.refused  # a server may read it otherwise: 400
     two = {"query": "mutation A { issueCreate(input: {title: \"a\"}) { success } } query B { viewer { id } }",
            "operationName": "B"}
     assert rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(two)) is None  # B runs, a query

@@ -60,9 +60,11 @@ SUB_DELIMS = "!$&'()*+,;=:@"  # literal in a path; their encodings are other pat
 # --- intents -----------------------------------------------------------------------------------
 
 # A path parameter as atoms: a character written as itself, or a byte that must stay encoded.
+# A raw ';' starts path parameters, which servers read differently: the proxy refuses them
+# (tests/test_request_target.py); as data it is sent encoded, %3B.
 atom = st.one_of(
-    st.sampled_from(UNRESERVED + SUB_DELIMS),
-    st.sampled_from(["%2F", "%3F", "%23", "%25", "%20", "%C3%A9", "%E2%82%AC", "%FF"]),
+    st.sampled_from([c for c in UNRESERVED + SUB_DELIMS if c != ";"]),
+    st.sampled_from(["%2F", "%3F", "%23", "%25", "%20", "%3B", "%C3%A9", "%E2%82%AC", "%FF"]),
 )
 
 

@@ -279,6 +279,7 @@ class Receipts:
             return
         except BadJson as e:  # a key twice in the JSON body (json_body.py): 400, no receipt, never sent
             refusals.bad_json(flow, meta, str(e))
+            return
         except UnpairedSurrogate as e:  # bad input, found while fingerprinting: 400, before any receipt
             refusals.unpaired_surrogate(flow, meta, str(e))
             return
