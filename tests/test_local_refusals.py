@@ -43,6 +43,19 @@ class Reply:
         return json.loads(self.body)
 
 
+def exchange_raw(port: int, request: bytes) -> Reply:
+    """`request`, byte for byte, on a connection of its own to 127.0.0.1:`port`; the answer, read to the close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    raw_head, _, content = data.partition(b"\r\n\r\n")
+    lines = raw_head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return Reply(int(lines[0].split()[1]), headers, content)
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -144,15 +157,7 @@ def send_raw(
         + extra
         + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
     )
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=15) as s:
-        s.sendall(head + body)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    raw_head, _, content = data.partition(b"\r\n\r\n")
-    lines = raw_head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return Reply(int(lines[0].split()[1]), headers, content)
+    return exchange_raw(proxy.port, head + body)
 
 
 def assert_clean_retry_is_a_first_write(

@@ -22,8 +22,6 @@ Raw requests go out on a socket (`send`): no HTTP client sends a fragment.
 from __future__ import annotations
 
 import json
-import socket
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import pytest
@@ -32,6 +30,7 @@ from proxy_addon.fingerprint import RequestView, fingerprint
 from proxy_addon.rules import RuleSet, load_rules
 from tests.conftest import RECORDED_TOKEN, SECRETS, Proxy
 from tests.test_integration import receipts_for
+from tests.test_local_refusals import Reply, exchange_raw
 from tests.upstream import FlaskUpstream, ServletUpstream
 
 RULES = """\
@@ -45,15 +44,6 @@ operations:
     external_id: id
 """
 
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self):
-        return json.loads(self.body)
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +76,7 @@ def send(proxy: Proxy, url: str, title: str) -> Reply:
         f"POST {url} HTTP/1.1\r\nHost: {urlsplit(url).netloc}\r\napi-key: {SECRETS['api-key']}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=15) as s:
-        s.sendall(head + body)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    raw_head, _, content = data.partition(b"\r\n\r\n")
-    lines = raw_head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return Reply(int(lines[0].split()[1]), headers, content)
+    return exchange_raw(proxy.port, head + body)
 
 
 def assert_refused(reply: Reply, what: str) -> None:

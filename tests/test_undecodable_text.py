@@ -16,13 +16,12 @@ reason. A header the proxy does not read passes to the upstream as it came.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 from tests.conftest import SECRETS, Proxy, wait_for
 from tests.test_integration import receipts_for
-from tests.test_local_refusals import Reply
+from tests.test_local_refusals import Reply, exchange_raw
 from tests.test_metrics import by, scrape
 from tests.upstream import Upstream
 
@@ -76,15 +75,7 @@ def send(proxy: Proxy, up: Upstream, path: str, lines: bytes, credential: bytes 
         + lines
         + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
     )
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=15) as s:
-        s.sendall(head + body)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    raw_head, _, content = data.partition(b"\r\n\r\n")
-    lines_ = raw_head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines_[1:])}
-    return Reply(int(lines_[0].split()[1]), headers, content)
+    return exchange_raw(proxy.port, head + body)
 
 
 def refusals(proxy: Proxy) -> dict[tuple[str, ...], float]:
