@@ -242,7 +242,11 @@ def _fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[
         "principal": caller.principal,
     }
     digest = hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
-    headers = principal(op.credential_headers, req.headers, key)  # what a read, headers only, can show it has
+    # What a read, which sends headers only, can show it has: the principal itself when the parts
+    # counted are scheme 2's credential headers, in their order (the same keyed hash); else its own.
+    scheme2 = scheme2_parts(op.credential_headers, req.headers)
+    same = not caller.unidentified and caller.counted == tuple(n for n, _ in scheme2)
+    headers = caller.principal if same else principal(op.credential_headers, req.headers, key)
     hidden = (*secrets.values(), *webhook_tokens(bare))  # in the raw path too, however it was spelled
     return Intent(
         fingerprint=f"sha256:{digest}",

@@ -26,6 +26,7 @@ principal is caller.py's.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Mapping, Sequence
 from urllib.parse import unquote_plus
@@ -82,6 +83,7 @@ def is_secret_name(name: str) -> bool:
     return SECRET_NAME.search(name) is not None
 
 
+@functools.lru_cache(maxsize=4096)  # header, query and field names repeat from request to request
 def is_credential_name(name: str) -> bool:
     """Whether a query parameter, header or field name says it holds a caller's credential (CREDENTIAL_NAME)."""
     return CREDENTIAL_NAME.search(name) is not None and NOT_A_CREDENTIAL.search(name) is None
