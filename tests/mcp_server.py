@@ -20,11 +20,17 @@ Tools:
     list_issues()                         readOnlyHint true; {"issues": [{"number", "title", "body"}, ...]}
     get_issue(number)                     readOnlyHint true; {"number", "title", "body"}, or isError
                                           true "issue N not found"
-    find_issues(title)                    only with --find-tool: readOnlyHint true; {"issues": [...]}, those
-                                          with that title. Its inputSchema marks `title` with
-                                          `"x-mcp-header": "Title"`: a 2026-07-28 call must mirror it in
-                                          `Mcp-Param-Title` (base64-wrapped when not plain ASCII), or the
-                                          SDK answers 400 -32020 (HeaderMismatch)
+  Only with --extra-tools:
+    find_issues(title)                    readOnlyHint true; {"issues": [...]}, those with that title. Its
+                                          inputSchema marks `title` with `"x-mcp-header": "Title"`: a
+                                          2026-07-28 call must mirror it in `Mcp-Param-Title` (base64-wrapped
+                                          when not plain ASCII), or the SDK answers 400 -32020 (HeaderMismatch)
+    create_confirmed_issue(title, body)   a write that first asks the user to confirm: a resolver
+                                          (`Resolve`) returns `Elicit(...)` before the tool's body runs. A
+                                          client that declares no elicitation capability (the SDK's client
+                                          without an elicitation callback) gets the SDK's -32021
+                                          (MissingRequiredClientCapability) and nothing is recorded; an
+                                          accepted confirmation records an issue as create_issue does
 
 One revision only (--speaks; by default the server speaks both, as the SDK's does):
     --speaks 2026-07-28   a server that speaks only the modern revision, as the specification says one
@@ -160,11 +166,11 @@ import sys
 import threading
 from typing import Annotated, Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params")
 RESPONSE_KEPT = 4000
@@ -212,11 +218,20 @@ class Effects:
 
 
 EFFECTS = Effects()
+
+
+class Confirmation(BaseModel):
+    confirm: bool
+
+
+async def ask_to_confirm(title: str) -> Elicit[Confirmation]:
+    """create_confirmed_issue's resolver (module level: the SDK evaluates the tool's annotations here)."""
+    return Elicit(f"Create the issue {title!r}?", Confirmation)
 SSE_WINDOW = 0.05  # --sse: the 2026-07-28 handler's window before it commits to SSE (the SDK's is 15 s)
 TOOL_DELAY = [0.0]  # --sse: every tool takes 2 * SSE_WINDOW, so its answer is SSE in both revisions
 
 
-def build_server(find_tool: bool = False) -> MCPServer:
+def build_server(extra_tools: bool = False) -> MCPServer:
     server = MCPServer("receipts-test-issues", instructions="A test issue tracker with fault injection.")
 
     @server.tool(annotations=ToolAnnotations(title="Create an issue", read_only_hint=False, destructive_hint=False,
@@ -255,13 +270,24 @@ def build_server(find_tool: bool = False) -> MCPServer:
                 return issue
         raise ToolError(f"issue {number} not found")
 
-    if find_tool:
+    if extra_tools:
         @server.tool(annotations=ToolAnnotations(title="Find issues", read_only_hint=True, open_world_hint=False))
         async def find_issues(title: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Title"})]
                               ) -> dict[str, Any]:
             """The issues with this title, oldest first."""
             await asyncio.sleep(TOOL_DELAY[0])
             return {"issues": [i for i in EFFECTS.snapshot()["issues"] if i["title"] == title]}
+
+        @server.tool(annotations=ToolAnnotations(title="Create an issue, once confirmed", read_only_hint=False,
+                                                 destructive_hint=False, idempotent_hint=False,
+                                                 open_world_hint=False))
+        async def create_confirmed_issue(title: str, confirmed: Annotated[Confirmation, Resolve(ask_to_confirm)],
+                                         body: str = "") -> dict[str, Any]:
+            """Create an issue once the user confirms it."""
+            await asyncio.sleep(TOOL_DELAY[0])
+            if not confirmed.confirm:
+                raise ToolError("the user did not confirm the issue")
+            return EFFECTS.record_issue(title, body)
 
     return server
 
@@ -504,7 +530,7 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--sse", action="store_true", help="answer text/event-stream (both revisions)")
     parser.add_argument("--hang", type=float, default=3.0, help="seconds commit_then_hang holds its answer")
     parser.add_argument("--speaks", choices=(MODERN, LEGACY), help="serve this revision only (the docstring)")
-    parser.add_argument("--find-tool", action="store_true", help="serve find_issues too (an x-mcp-header argument)")
+    parser.add_argument("--extra-tools", action="store_true", help="serve find_issues too (an x-mcp-header argument)")
     parser.add_argument("--tls", metavar="CERTDIR", help="serve https with a self-signed certificate for 127.0.0.1 "
                         "written in CERTDIR (upstream-cert.pem: the CA a proxy must trust upstream)")
     args = parser.parse_args(argv)
@@ -515,7 +541,7 @@ def main(argv: list[str] | None = None) -> None:
         _streamable_http_modern._SSE_PING_INTERVAL = SSE_WINDOW  # see the docstring: tools/call answers in SSE
         TOOL_DELAY[0] = 2 * SSE_WINDOW
 
-    server = build_server(find_tool=args.find_tool)
+    server = build_server(extra_tools=args.extra_tools)
     app = FaultsAndEffects(server.streamable_http_app(json_response=args.json), args.hang, args.speaks)
     tls: dict[str, Any] = {}
     if args.tls:

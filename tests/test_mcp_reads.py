@@ -76,7 +76,7 @@ def proxy(tmp_path_factory, confdir) -> Iterator[Proxy]:
 @pytest.fixture(scope="module", params=SERVERS, ids=[f"{s}-only-{m}" for s, m in SERVERS])
 def server(request, tmp_path_factory) -> Iterator[McpServer]:
     speaks, mode = request.param
-    with McpServer(mode, tmp_path_factory.mktemp(f"mcp-{speaks}"), speaks=speaks, find_tool=True) as s:
+    with McpServer(mode, tmp_path_factory.mktemp(f"mcp-{speaks}"), speaks=speaks, extra_tools=True) as s:
         s.speaks = speaks
         yield s
 
@@ -213,7 +213,7 @@ def endpoints(tmp_path_factory) -> Iterator[dict[str, McpServer]]:
     try:
         for name, speaks in (("modern", MODERN), ("legacy", LEGACY), ("both", None)):
             started[name] = McpServer("json", tmp_path_factory.mktemp(f"read-{name}"), speaks=speaks,
-                                      find_tool=True).start()
+                                      extra_tools=True).start()
         yield started
     finally:
         for s in started.values():

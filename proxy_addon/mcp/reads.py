@@ -53,10 +53,8 @@ from typing import Any
 import httpx
 
 from proxy_addon.errors import ReconcileError
-from proxy_addon.jsonpath import NOT_JSON, parse_json
 from proxy_addon.mcp.calls import PROTOCOL_VERSION_META, revision_of
-from proxy_addon.mcp.jsonrpc import is_sse, response_for
-from proxy_addon.mcp.outcomes import result_view
+from proxy_addon.mcp.outcomes import answer_of, result_view
 from proxy_addon.mcp.request_headers import header_value, invalid_header_schema, param_headers
 
 LEGACY = "2025-11-25"  # the legacy revision a read asks for in its initialize
@@ -88,11 +86,8 @@ class RpcError(ReconcileError):
 
 
 def _error_in(r: httpx.Response, request_id: int) -> Mapping[str, Any] | None:
-    """The JSON-RPC error an answer holds: the response to the request, else one without an id in a JSON body."""
-    found = response_for(r.content, r.headers.get("content-type"), request_id)
-    if found is None and not is_sse(r.headers.get("content-type")):
-        doc = parse_json(r.content)
-        found = doc if isinstance(doc, dict) and doc is not NOT_JSON and doc.get("id") is None else None
+    """The JSON-RPC error an answer holds for the request (outcomes.answer_of: by its id, or without one in JSON)."""
+    found = answer_of(r.content, r.headers.get("content-type"), request_id)
     error = found.get("error") if found is not None else None
     return error if isinstance(error, dict) else None
 
@@ -128,10 +123,8 @@ class _Session:
             raise RpcError(method, r.status_code, _error_in(r, self.next_id))
         if method == "initialize" and (session := r.headers.get("mcp-session-id")):
             self.headers["mcp-session-id"] = session
-        found = response_for(r.content, r.headers.get("content-type"), self.next_id)
+        found = answer_of(r.content, r.headers.get("content-type"), self.next_id)
         if found is None:
-            if (error := _error_in(r, self.next_id)) is not None:
-                raise RpcError(method, r.status_code, error)
             raise ReconcileError(f"MCP {method}: no JSON-RPC response in the answer")
         if "error" in found:
             raise RpcError(method, r.status_code, found["error"] if isinstance(found["error"], dict) else {})
