@@ -31,6 +31,11 @@ Tools:
                                           without an elicitation callback) gets the SDK's -32021
                                           (MissingRequiredClientCapability) and nothing is recorded; an
                                           accepted confirmation records an issue as create_issue does
+    create_issue_then_confirm(title, body) a write that records the issue, then asks the user with
+                                          ctx.elicit() from the tool's body. Where the transport cannot carry
+                                          that request (a JSON-mode session, and every 2026-07-28 call), the
+                                          SDK raises -32600 under the call's id (NoBackChannelError), after
+                                          the issue was recorded: 400 in 2026-07-28, 200 in 2025-11-25
 
 One revision only (--speaks; by default the server speaks both, as the SDK's does):
     --speaks 2026-07-28   a server that speaks only the modern revision, as the specification says one
@@ -166,7 +171,7 @@ import sys
 import threading
 from typing import Annotated, Any
 
-from mcp.server.mcpserver import Elicit, MCPServer, Resolve
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import ToolAnnotations
@@ -288,6 +293,16 @@ def build_server(extra_tools: bool = False) -> MCPServer:
             if not confirmed.confirm:
                 raise ToolError("the user did not confirm the issue")
             return EFFECTS.record_issue(title, body)
+
+        @server.tool(annotations=ToolAnnotations(title="Create an issue, then confirm", read_only_hint=False,
+                                                 destructive_hint=False, idempotent_hint=False,
+                                                 open_world_hint=False))
+        async def create_issue_then_confirm(title: str, ctx: Context, body: str = "") -> dict[str, Any]:
+            """Create an issue, then ask the user whether it is right."""
+            await asyncio.sleep(TOOL_DELAY[0])
+            issue = EFFECTS.record_issue(title, body)
+            await ctx.elicit(f"Issue {issue['number']} created: is it right?", Confirmation)
+            return issue
 
     return server
 

@@ -200,17 +200,18 @@ def _http_error_outcome(
     rule or status of the operation decides and the body holds the call's JSON-RPC error, a 4xx
     whose default is a refusal says which (`_verdict`: rejected, in the specification's words), or
     that the server may have failed while processing it (-32603, and -32600 under the call's id,
-    which the SDK's 2026-07-28 server answers with 400: outcome_unknown).
+    which the SDK's 2026-07-28 server answers with 400: outcome_unknown). A 5xx stays
+    outcome_unknown, its reason naming the code.
     """
     outcome = answer_outcome(status, phrase, headers, body, op, recorded)
     message = answer_of(body, headers.get("content-type"), call_id)
     error = message.get("error") if message is not None else None
-    if (
-        message is None
-        or not isinstance(error, dict)
-        or classify_status(status) is not State.REJECTED
-        or _decided_by_rules(status, headers, body, op)
-    ):
+    if message is None or not isinstance(error, dict) or _decided_by_rules(status, headers, body, op):
+        return outcome
+    if status >= 500:  # the status says it may have run, whatever the code: the code is said too
+        why = f"{error_words(error.get('code'))}: the tool may have run before it failed"
+        return dataclasses.replace(outcome, reason=f"{outcome.reason}: {why}", error=f"{outcome.error}: {why}")
+    if classify_status(status) is not State.REJECTED:  # 408, 409: as any write's
         return outcome
     state, why = _verdict(message)
     if state is State.REJECTED:
