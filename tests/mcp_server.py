@@ -3,12 +3,13 @@ A real MCP server (the official SDK's `mcp.server.mcpserver.MCPServer`, mcp 2.x)
 Streamable HTTP, for the tests of MCP tool calls through the proxy. It serves both protocol
 revisions at once: the legacy 2025-11-25 one (initialize, then Mcp-Session-Id) and 2026-07-28
 (server/discover, no session, Mcp-Method/Mcp-Name headers); the SDK routes each POST by its
-MCP-Protocol-Version header.
+MCP-Protocol-Version header. With --speaks, one of them only.
 
     python -m tests.mcp_server --port 0 --json      # or --sse; prints one line once it listens:
     mcp_server: ready http://127.0.0.1:PORT/mcp
     python -m tests.mcp_server --json --tls CERTDIR # https, a self-signed certificate in CERTDIR
     python -m tests.mcp_server --json --speaks 2026-07-28   # one revision only (below)
+    python -m tests.mcp_server --json --extra-tools         # find_issues and the two confirming writes too
 
 Tools:
     create_issue(title, body, fault="")   a write (readOnlyHint false, destructiveHint false,
