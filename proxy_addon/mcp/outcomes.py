@@ -25,7 +25,7 @@ the call, a 5xx may have run it), with two readings of a JSON-RPC error in its b
 reason (2026-07-28 servers answer these with 400, and 404 for -32601); -32603, and -32600
 under the call's id, are outcome_unknown: the server may have failed while running the tool
 (the SDK's 2026-07-28 server answers a running tool's -32600 with 400).
-docs/rules.md ("Errors raised before the tool runs") has the table, and why each code proves
+docs/rules.md ("MCP: errors raised before the tool runs") has the table, and why each code proves
 that the tool did not run.
 
 What the `classify:` rules of an MCP operation test (`body:` paths), and what `external_id`
