@@ -17,6 +17,7 @@ Bodies (`RequestView.body` is the body with its Content-Encoding undone: bodies.
 - GraphQL operations: dotted paths into the root field's arguments, variables substituted.
 - MCP tool calls: the tool and its arguments (`params.arguments.NAME`), never the JSON-RPC
   id (new on every retry) or the session (mcp/intent.py); without named fields, every argument.
+  The protocol revision it was sent in is noted (`mcp_revision`), never fingerprinted.
 - no `fingerprint.body` in the rule: the SHA-256 of the whole body. A body that is none of
   the above, or has none of the named fields, is hashed whole too, and the intent says
   which fallback was used (`fallback`: intent_body.FALLBACKS); build_attempt logs it in one line.
@@ -31,7 +32,7 @@ Bodies (`RequestView.body` is the body with its Content-Encoding undone: bodies.
 - Size: the intent is stored bounded (intent_body.bound_intent): a value larger than 4 KiB, a
   name longer than 256 characters and the fields of a part past the first 256 are stored as keyed
   hashes (noted in `bounded`). The fingerprint is taken on the whole intent, before that.
-The notes (`fallback`, `missing`, `hashed`, `bounded`) are stored with the intent and never enter
+The notes (`fallback`, `missing`, `hashed`, `bounded`, `mcp_revision`) are stored with the intent and never enter
 the fingerprint: the same fields read another way are the same intent.
 
 Methods: the fingerprint and the record take the method the operation was matched with
@@ -212,6 +213,8 @@ def _fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[
         intent["headers"] = {h: req.headers.get(h) for h in spec.headers}
     if op.mcp_tool is not None and match.mcp_call is not None:
         intent.update(arguments_view(match.mcp_call, spec.body, key, scheme=scheme))  # never the JSON-RPC id or session
+        if match.mcp_call.revision is not None:  # a note (NOTES): the revision a reconcile read speaks
+            intent["mcp_revision"] = match.mcp_call.revision
     else:
         graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
         intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=parse, scheme=scheme))

@@ -107,8 +107,10 @@ def multipart_parts(content_type: str, body: bytes) -> dict[str, Any] | None:
 
 # Notes stored with the intent when the body could not be read as the rule says, or the method
 # was named by an override header, or a value was too large to store (`bounded`). They are shown
-# (Receipt view, rules explain, one warning line) but never enter the fingerprint.
-NOTES = ("fallback", "missing", "hashed", "method_override", "bounded")
+# (Receipt view, rules explain, one warning line) but never enter the fingerprint. `mcp_revision`:
+# the MCP protocol revision a tool call was sent in (a reconcile read speaks it: mcp/reads.py); a
+# retry sent in another revision is the same write.
+NOTES = ("fallback", "missing", "hashed", "method_override", "bounded", "mcp_revision")
 FALLBACKS = {
     "json_sent_as_form": "the body is a JSON object sent as application/x-www-form-urlencoded (as curl -d sends "
     "it), and the form has none of the named fields: the fields were read from the JSON",

@@ -24,6 +24,7 @@ import httpx
 
 from proxy_addon import gql
 from proxy_addon.errors import ReconcileError
+from proxy_addon.mcp.calls import revision_of
 from proxy_addon.mcp.reads import read_tool
 from proxy_addon.redaction import redact_url
 from proxy_addon.rules import TEMPLATE_VAR, Operation, PathTemplate
@@ -43,6 +44,7 @@ class ReadRequest:
     keep: tuple[str, ...] = field(default=(), compare=False)
     tool: str | None = None  # an MCP read (method "MCP"): this tool at `url`, `body` its arguments (JSON)
     tool_read_only: bool = False
+    revision: str | None = None  # an MCP read: the protocol revision the write was sent in (its intent's note)
 
     @property
     def shown(self) -> str:
@@ -125,7 +127,14 @@ def plan_read(op: Operation, receipt: Receipt) -> ReadRequest:
         raise ReconcileError(f"operation {op.api} {op.name} has no reconcile spec")
     if spec.tool is not None:  # an MCP read: the tool, on the endpoint the receipt's call went to
         arguments = json.dumps(_render_doc(spec.body or {}, receipt)).encode()
-        return ReadRequest("MCP", receipt.target, arguments, tool=spec.tool, tool_read_only=spec.tool_read_only)
+        return ReadRequest(
+            "MCP",
+            receipt.target,
+            arguments,
+            tool=spec.tool,
+            tool_read_only=spec.tool_read_only,
+            revision=revision_of(receipt.intent.get("mcp_revision")),
+        )
     url = urljoin(receipt.target, render(spec.url, receipt, url=True))
     keep = tuple(unquote_plus(p.partition("=")[0]) for p in re.split("[&;]", spec.url.partition("?")[2]) if p)
     body = None
@@ -175,7 +184,13 @@ async def perform_read(
         async with settings.upstream.client(timeout=settings.timeout, follow_redirects=False) as client:
             arguments = json.loads(read.body or b"{}")
             return await read_tool(
-                client, read.url, read.tool, arguments, credentials, declared_read_only=read.tool_read_only
+                client,
+                read.url,
+                read.tool,
+                arguments,
+                credentials,
+                declared_read_only=read.tool_read_only,
+                revision=read.revision,
             )
     check_read(read, settings.post_reads)
     headers = {**dict(read.headers), **credentials}

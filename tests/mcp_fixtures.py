@@ -7,6 +7,7 @@ The MCP test server (tests/mcp_server.py) as a subprocess, for the MCP tests; st
         server.effects()["created"]            # issues recorded by the server
 
     McpServer("json", workdir, tls=True)     # https; server.cert_path is the CA a proxy trusts upstream
+    McpServer("sse", workdir, speaks="2026-07-28", extra_tools=True)  # one revision only; find_issues and create_confirmed_issue served
     server.can({"result": {...}})              # the next tools/call gets this hand-made answer
 
 `BareMitmdump(workdir, confdir, upstream_ca=None)`: a mitmdump without the addon (the baseline).
@@ -37,9 +38,11 @@ MODES = ("json", "sse")
 class McpServer:
     """`python -m tests.mcp_server --port 0 --json|--sse` in `workdir`; its URL read from its ready line."""
 
-    def __init__(self, mode: str, workdir: Path, *, hang: float = 3.0, tls: bool = False):
+    def __init__(self, mode: str, workdir: Path, *, hang: float = 3.0, tls: bool = False, speaks: str | None = None,
+                 extra_tools: bool = False):
         assert mode in MODES, mode
         self.mode, self.hang, self.tls = mode, hang, tls
+        self.options = [*(["--speaks", speaks] if speaks else []), *(["--extra-tools"] if extra_tools else [])]
         self.cert_path = workdir / "upstream-cert.pem" if tls else None  # the CA a proxy trusts upstream
         self.log_path = workdir / f"mcp-server-{mode}-{uuid.uuid4().hex[:6]}.log"
         self.proc: subprocess.Popen | None = None
@@ -51,7 +54,8 @@ class McpServer:
         tls = ["--tls", str(self.log_path.parent)] if self.tls else []
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.mcp_server", "--port", "0", f"--{self.mode}",
-                                          "--hang", str(self.hang), *tls], stdout=out, stderr=subprocess.STDOUT,
+                                          "--hang", str(self.hang), *tls, *self.options], stdout=out,
+                                         stderr=subprocess.STDOUT,
                                          cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         match = wait_for(self._ready, timeout=20, what=f"the MCP server to listen (log: {self.log_path})")
         self.url = match.group(1)

@@ -3,11 +3,13 @@ A real MCP server (the official SDK's `mcp.server.mcpserver.MCPServer`, mcp 2.x)
 Streamable HTTP, for the tests of MCP tool calls through the proxy. It serves both protocol
 revisions at once: the legacy 2025-11-25 one (initialize, then Mcp-Session-Id) and 2026-07-28
 (server/discover, no session, Mcp-Method/Mcp-Name headers); the SDK routes each POST by its
-MCP-Protocol-Version header.
+MCP-Protocol-Version header. With --speaks, one of them only.
 
     python -m tests.mcp_server --port 0 --json      # or --sse; prints one line once it listens:
     mcp_server: ready http://127.0.0.1:PORT/mcp
     python -m tests.mcp_server --json --tls CERTDIR # https, a self-signed certificate in CERTDIR
+    python -m tests.mcp_server --json --speaks 2026-07-28   # one revision only (below)
+    python -m tests.mcp_server --json --extra-tools         # find_issues and the two confirming writes too
 
 Tools:
     create_issue(title, body, fault="")   a write (readOnlyHint false, destructiveHint false,
@@ -19,6 +21,35 @@ Tools:
     list_issues()                         readOnlyHint true; {"issues": [{"number", "title", "body"}, ...]}
     get_issue(number)                     readOnlyHint true; {"number", "title", "body"}, or isError
                                           true "issue N not found"
+  Only with --extra-tools:
+    find_issues(title)                    readOnlyHint true; {"issues": [...]}, those with that title. Its
+                                          inputSchema marks `title` with `"x-mcp-header": "Title"`: a
+                                          2026-07-28 call must mirror it in `Mcp-Param-Title` (base64-wrapped
+                                          when not plain ASCII), or the SDK answers 400 -32020 (HeaderMismatch)
+    create_confirmed_issue(title, body)   a write that first asks the user to confirm: a resolver
+                                          (`Resolve`) returns `Elicit(...)` before the tool's body runs. A
+                                          client that declares no elicitation capability (the SDK's client
+                                          without an elicitation callback) gets the SDK's -32021
+                                          (MissingRequiredClientCapability) and nothing is recorded; an
+                                          accepted confirmation records an issue as create_issue does
+    create_issue_then_confirm(title, body) a write that records the issue, then asks the user with
+                                          ctx.elicit() from the tool's body. Where the transport cannot carry
+                                          that request (a JSON-mode session, and every 2026-07-28 call), the
+                                          SDK raises -32600 under the call's id (NoBackChannelError), after
+                                          the issue was recorded: 400 in 2026-07-28, 200 in 2025-11-25
+
+One revision only (--speaks; by default the server speaks both, as the SDK's does):
+    --speaks 2026-07-28   a server that speaks only the modern revision, as the specification says one
+                          answers: a POST without an MCP-Protocol-Version header or with a legacy one
+                          (initialize among them) is 400 with a JSON-RPC error -32022
+                          (UnsupportedProtocolVersion, data {"supported": ["2026-07-28"], "requested"}); GET
+                          and DELETE are 405. The SDK's modern path answers the rest.
+    --speaks 2025-11-25   a server that speaks only the legacy one: a POST whose MCP-Protocol-Version
+                          header names another revision is 400 with a JSON-RPC error -32600 (id null,
+                          "Bad Request: Unsupported protocol version: ..."), as the 2025-11-25
+                          transport says ("MUST respond with 400 Bad Request"); server/discover without a
+                          session gets the SDK's legacy answer (400 -32600 "Missing session ID").
+    Both record the refused requests in /_effects like any other.
 
 Faults of create_issue (and log_issue), chosen per call: the `fault` argument (every call with it), else the next
 one queued with POST /_faults {"faults": ["commit_then_drop", ...]} (one per such call, in
@@ -139,16 +170,20 @@ import asyncio
 import json
 import sys
 import threading
-from typing import Any
+from typing import Annotated, Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import ToolAnnotations
+from pydantic import BaseModel, Field
 
 FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params")
 RESPONSE_KEPT = 4000
-HEADERS_OF_INTEREST = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version", "accept", "content-type")
+HEADERS_OF_INTEREST = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version", "accept", "content-type",
+                       "mcp-param-title")
+MODERN, LEGACY = "2026-07-28", "2025-11-25"
+HANDSHAKE_REVISIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 
 
 class Effects:
@@ -189,11 +224,20 @@ class Effects:
 
 
 EFFECTS = Effects()
+
+
+class Confirmation(BaseModel):
+    confirm: bool
+
+
+async def ask_to_confirm(title: str) -> Elicit[Confirmation]:
+    """create_confirmed_issue's resolver (module level: the SDK evaluates the tool's annotations here)."""
+    return Elicit(f"Create the issue {title!r}?", Confirmation)
 SSE_WINDOW = 0.05  # --sse: the 2026-07-28 handler's window before it commits to SSE (the SDK's is 15 s)
 TOOL_DELAY = [0.0]  # --sse: every tool takes 2 * SSE_WINDOW, so its answer is SSE in both revisions
 
 
-def build_server() -> MCPServer:
+def build_server(extra_tools: bool = False) -> MCPServer:
     server = MCPServer("receipts-test-issues", instructions="A test issue tracker with fault injection.")
 
     @server.tool(annotations=ToolAnnotations(title="Create an issue", read_only_hint=False, destructive_hint=False,
@@ -231,6 +275,35 @@ def build_server() -> MCPServer:
             if issue["number"] == number:
                 return issue
         raise ToolError(f"issue {number} not found")
+
+    if extra_tools:
+        @server.tool(annotations=ToolAnnotations(title="Find issues", read_only_hint=True, open_world_hint=False))
+        async def find_issues(title: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Title"})]
+                              ) -> dict[str, Any]:
+            """The issues with this title, oldest first."""
+            await asyncio.sleep(TOOL_DELAY[0])
+            return {"issues": [i for i in EFFECTS.snapshot()["issues"] if i["title"] == title]}
+
+        @server.tool(annotations=ToolAnnotations(title="Create an issue, once confirmed", read_only_hint=False,
+                                                 destructive_hint=False, idempotent_hint=False,
+                                                 open_world_hint=False))
+        async def create_confirmed_issue(title: str, confirmed: Annotated[Confirmation, Resolve(ask_to_confirm)],
+                                         body: str = "") -> dict[str, Any]:
+            """Create an issue once the user confirms it."""
+            await asyncio.sleep(TOOL_DELAY[0])
+            if not confirmed.confirm:
+                raise ToolError("the user did not confirm the issue")
+            return EFFECTS.record_issue(title, body)
+
+        @server.tool(annotations=ToolAnnotations(title="Create an issue, then confirm", read_only_hint=False,
+                                                 destructive_hint=False, idempotent_hint=False,
+                                                 open_world_hint=False))
+        async def create_issue_then_confirm(title: str, ctx: Context, body: str = "") -> dict[str, Any]:
+            """Create an issue, then ask the user whether it is right."""
+            await asyncio.sleep(TOOL_DELAY[0])
+            issue = EFFECTS.record_issue(title, body)
+            await ctx.elicit(f"Issue {issue['number']} created: is it right?", Confirmation)
+            return issue
 
     return server
 
@@ -298,9 +371,10 @@ def serve(app, *, port: int, ready: str, tls: dict[str, Any] | None = None) -> N
 class FaultsAndEffects:
     """ASGI wrapper: the control endpoints, a record of each POST to /mcp, and the wire faults."""
 
-    def __init__(self, app, hang_seconds: float):
+    def __init__(self, app, hang_seconds: float, speaks: str | None = None):
         self.app = app
         self.hang_seconds = hang_seconds
+        self.speaks = speaks  # --speaks: the one revision served (None: both)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -314,6 +388,10 @@ class FaultsAndEffects:
             if path == "/mcp":
                 with EFFECTS.lock:
                     EFFECTS.requests.append({"http_method": method, "jsonrpc_method": None, "headers": seen})
+                if self.speaks == MODERN:  # no GET stream, no DELETE of a session: 405
+                    for m in _json_response(405, {"error": f"{method} is not served by a {MODERN} server"}):
+                        await send(m)
+                    return None
             return await self.app(scope, receive, send)
 
         raw = await read_body(receive)
@@ -324,6 +402,12 @@ class FaultsAndEffects:
         entry: dict[str, Any] = {"http_method": method, "jsonrpc_method": None, "id": None, "tool": None,
                                  "arguments": None, "fault": "", "headers": seen,
                                  "body": raw[:RESPONSE_KEPT].decode(errors="replace")}
+        if (refusal := self.other_revision(headers.get("mcp-protocol-version"), msg)) is not None:
+            entry.update(jsonrpc_method=msg.get("method") if isinstance(msg, dict) else None,
+                         id=msg.get("id") if isinstance(msg, dict) else None, fault="other_revision")
+            with EFFECTS.lock:
+                EFFECTS.requests.append(entry)
+            return await self.refuse(refusal, entry, send)
         fault = ""
         if isinstance(msg, dict):
             params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
@@ -385,6 +469,26 @@ class FaultsAndEffects:
         await watch({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
         raise ConnectionAbortedError("commit_then_drop: connection cut after the commit")  # uvicorn closes it
 
+    def other_revision(self, version: str | None, msg: Any) -> dict[str, Any] | None:
+        """--speaks: the JSON-RPC error that refuses a POST in a revision this server does not speak, or None."""
+        rid = msg.get("id") if isinstance(msg, dict) else None
+        if self.speaks == MODERN and (version is None or version in HANDSHAKE_REVISIONS):
+            params = msg.get("params") if isinstance(msg, dict) and isinstance(msg.get("params"), dict) else {}
+            requested = version or params.get("protocolVersion") or "none"
+            return {"jsonrpc": "2.0", "id": rid, "error": {
+                "code": -32022, "message": "Unsupported protocol version",
+                "data": {"supported": [MODERN], "requested": requested}}}
+        if self.speaks == LEGACY and version is not None and version not in HANDSHAKE_REVISIONS:
+            return {"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32600, "message": f"Bad Request: Unsupported protocol version: {version}"}}
+        return None
+
+    async def refuse(self, message: dict[str, Any], entry: dict[str, Any], send) -> None:
+        body = json.dumps(message).encode()
+        entry["response"] = {"status": 400, "content_type": "application/json", "body": body.decode()}
+        for m in _json_response(400, message):
+            await send(m)
+
     async def answer_canned(self, canned: dict[str, Any], entry: dict[str, Any], send) -> None:
         """Answer a tools/call with a hand-made JSON-RPC message (the tool does not run)."""
         rid = canned.get("id", entry["id"])
@@ -441,6 +545,8 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--json", action="store_true", help="answer application/json")
     mode.add_argument("--sse", action="store_true", help="answer text/event-stream (both revisions)")
     parser.add_argument("--hang", type=float, default=3.0, help="seconds commit_then_hang holds its answer")
+    parser.add_argument("--speaks", choices=(MODERN, LEGACY), help="serve this revision only (the docstring)")
+    parser.add_argument("--extra-tools", action="store_true", help="serve find_issues too (an x-mcp-header argument)")
     parser.add_argument("--tls", metavar="CERTDIR", help="serve https with a self-signed certificate for 127.0.0.1 "
                         "written in CERTDIR (upstream-cert.pem: the CA a proxy must trust upstream)")
     args = parser.parse_args(argv)
@@ -451,8 +557,8 @@ def main(argv: list[str] | None = None) -> None:
         _streamable_http_modern._SSE_PING_INTERVAL = SSE_WINDOW  # see the docstring: tools/call answers in SSE
         TOOL_DELAY[0] = 2 * SSE_WINDOW
 
-    server = build_server()
-    app = FaultsAndEffects(server.streamable_http_app(json_response=args.json), args.hang)
+    server = build_server(extra_tools=args.extra_tools)
+    app = FaultsAndEffects(server.streamable_http_app(json_response=args.json), args.hang, args.speaks)
     tls: dict[str, Any] = {}
     if args.tls:
         from pathlib import Path

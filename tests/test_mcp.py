@@ -266,8 +266,9 @@ def test_a_lost_answer_is_settled_by_a_read_only_tool(mcp_server, reconciling_pr
     [receipt] = receipts(reconciling_proxy, args["title"])
     assert receipt.state == "succeeded" and receipt.external_id is not None and receipt.external_id.isdigit()
     assert states(reconciling_proxy, receipt.operation_id)[-3:] == ["outcome_unknown", "reconciling", "succeeded"]
-    # The read went in a session of its own: initialize, tools/list was not needed (no read_only in the
-    # rule: it was), and a tools/call of list_issues; never a second create_issue.
+    # The read went in the write's revision (legacy: a session of its own, initialize first; 2026-07-28: none),
+    # read tools/list (no read_only in the rule), and made a tools/call of list_issues; never a second
+    # create_issue. (tests/test_mcp_reads.py: servers that speak one revision only.)
     assert [c["tool"] for c in mcp_server.calls()] == ["create_issue", "list_issues"]
     assert retry["is_error"] and "already succeeded" in text(retry)
 

@@ -51,7 +51,8 @@ def duplicates(op: Operation) -> list[str]:
         read = f"{spec.method} {spec.url}"
         if spec.tool is not None:
             read = (
-                f"a call of the MCP tool {spec.tool} in a session of its own ("
+                f"a call of the MCP tool {spec.tool} in the protocol revision the write was sent in (2026-07-28: "
+                "no session; 2025-11-25: a session of its own; not noted: server/discover first) ("
                 + (
                     "read-only by the rule's word"
                     if spec.tool_read_only

@@ -21,6 +21,9 @@ What is refused (never forwarded), on an endpoint a rule names:
   regardless of case, the last one winning) and run a call the proxy would not see
   (json_body.read_strict). These are refused as `bad_json` (`Refused.reason`).
 The JSON-RPC `id` and `Mcp-Session-Id` never enter the intent: they change on every retry.
+The protocol revision the call is sent in (`ToolCall.revision`: its MCP-Protocol-Version header,
+else its `_meta`'s, when it is a date) is noted with the intent, never fingerprinted: a reconcile
+read speaks it (mcp/reads.py).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from proxy_addon.json_body import NotStrict, misspelled, read_strict
 from proxy_addon.jsonpath import NOT_JSON, parse_json
 
 _B64 = re.compile(r"=\?base64\?(?P<payload>.*)\?=")
+_REVISION = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # a protocol revision is a date: anything else is not kept
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 # The keys the proxy reads of a JSON-RPC message and of its params: another spelling is refused.
 ENVELOPE = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
@@ -48,6 +52,7 @@ class ToolCall:
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     modern: bool = False  # the 2026-07-28 revision (routing headers or params._meta): results carry resultType
+    revision: str | None = None  # the protocol revision it is sent in (MCP-Protocol-Version, else _meta), if a date
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,15 @@ def read_call(doc: Any, headers: Mapping[str, str]) -> ToolCall | Refused | None
         return Refused(f"tools/call {_short(name)} without a JSON-RPC id (a notification gets no answer)")
     meta = params.get("_meta")
     modern = method_header is not None or (isinstance(meta, dict) and PROTOCOL_VERSION_META in meta)
-    return ToolCall(call_id, name, arguments, modern)
+    revision = revision_of(headers.get("mcp-protocol-version")) or revision_of(
+        meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
+    )
+    return ToolCall(call_id, name, arguments, modern, revision)
+
+
+def revision_of(value: Any) -> str | None:
+    """A protocol revision as a request names it (`2026-07-28`), or None: a value that is not a date is never kept."""
+    return value if isinstance(value, str) and _REVISION.fullmatch(value) else None
 
 
 def _short(value: Any) -> str:

@@ -36,9 +36,11 @@ def describe_tool_call(report: dict[str, Any], op: Operation, tool: str, rules: 
     report["classify"] = [
         *rules,
         "a 2xx answer (JSON or an event stream) is read for the JSON-RPC response with the call's id: a result → "
-        "succeeded; isError: true → rejected; error -32602 (invalid params) → rejected; any other error, or no "
-        "response with that id → outcome_unknown",
-        "another status: as any write (4xx → rejected, 5xx → outcome_unknown)",
+        "succeeded; isError: true → rejected; an error raised before the tool runs (-32700, -32600 without an id, "
+        "-32601, -32602, -32020, -32021, -32022) → rejected; any other error (-32603, -32600 under the call's id), "
+        "or no response with that id → outcome_unknown",
+        "another status: as any write (4xx → rejected, 5xx → outcome_unknown), but a 4xx whose JSON-RPC error is "
+        "-32603 or -32600 under the call's id → outcome_unknown",
     ]
     report["duplicates"] = [
         d.replace(

@@ -261,7 +261,7 @@ def _lower(headers: Iterable[tuple[str | bytes, str | bytes]] | None) -> dict[st
     out: dict[str, str] = {}
     for k, v in headers or ():
         name = (k.decode("latin-1") if isinstance(k, bytes) else k).lower()
-        if name in ("mcp-method", "mcp-name") and name not in out:
+        if name in ("mcp-method", "mcp-name", "mcp-protocol-version") and name not in out:
             out[name] = v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v
     return out
 
