@@ -89,6 +89,7 @@ def answers_posted(server) -> list[dict]:
 def test_an_elicitation_reaches_the_client_and_its_answer_the_tool(server, proxy):
     args = {"title": title(), "body": "Third floor"}
     yes = {"action": "accept", "content": {"confirm": True, "note": "the user said yes"}}
+    before = len(receipts(proxy))
     report = run(server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args), answers={"elicit": yes})
     first, retry = report["results"]
     assert first["ok"] and not first["is_error"], first
@@ -104,13 +105,14 @@ def test_an_elicitation_reaches_the_client_and_its_answer_the_tool(server, proxy
     receipt = the_receipt(proxy, args["title"])
     assert receipt.state == "succeeded" and receipt.external_id == str(first["structured"]["number"])
     assert "replayed" in events(proxy, receipt.operation_id)
-    assert len(receipts(proxy, "the user said yes")) == 0
+    assert len(receipts(proxy)) == before + 1  # the call's alone: the answer made none
     assert recorded_answer(proxy.db, receipt).body.count(b"data:") == 1  # the result's event, not the question's
 
 
 @pytest.mark.parametrize("channel", ["call", "session"])
 def test_a_sampling_request_and_a_roots_request_reach_the_client_during_the_call(server, proxy, channel):
     drafted, rooted = {"title": title(), "channel": channel}, {"title": title(), "channel": channel}
+    before = len(receipts(proxy))
     report = run(server, proxy, ("call", "drafted_issue", drafted), ("call", "rooted_issue", rooted),
                  answers={"sample": "Smoke on the third floor", "roots": ["file:///srv/repo", "file:///srv/docs"]})
     sampled, listed = report["results"]
@@ -123,7 +125,7 @@ def test_a_sampling_request_and_a_roots_request_reach_the_client_during_the_call
     for args, result in ((drafted, sampled), (rooted, listed)):
         receipt = the_receipt(proxy, args["title"])
         assert receipt.state == "succeeded" and receipt.external_id == str(result["structured"]["number"])
-    assert len(receipts(proxy, "Smoke on the third floor")) == 0
+    assert len(receipts(proxy)) == before + 2  # the calls' alone: the answers made none
 
 
 @pytest.mark.parametrize("revision", ["legacy", "2026-07-28"])
@@ -149,6 +151,7 @@ def test_an_answer_with_keys_that_differ_by_case_passes_to_the_tool(server, prox
     """The strict JSON rules refuse such keys in a request (a tool call's arguments), never in the client's answer."""
     args = {"title": title(), "body": "Basement"}
     yes = {"action": "accept", "content": {"confirm": True, "note": "lower", "Note": "upper"}}
+    before = len(receipts(proxy))
     report = run(server, proxy, ("call", "confirm_issue", args), answers={"elicit": yes})
     [result] = report["results"]
     assert result["ok"] and not result["is_error"], result
@@ -156,7 +159,7 @@ def test_an_answer_with_keys_that_differ_by_case_passes_to_the_tool(server, prox
     [answer] = answers_posted(server)
     assert '"Note"' in answer["body"] and answer["response"]["status"] == 202
     assert server.effects()["created"] == 1
-    assert the_receipt(proxy, args["title"]).state == "succeeded"
+    assert the_receipt(proxy, args["title"]).state == "succeeded" and len(receipts(proxy)) == before + 1
 
 
 def test_the_clients_cancellation_passes_to_the_server(server, proxy):
@@ -167,9 +170,11 @@ def test_the_clients_cancellation_passes_to_the_server(server, proxy):
     (here it had not: no issue).
     """
     args = {"title": title(), "steps": 1, "hold": 30.0}  # never released: the client's timeout passes first
-    report = run_client(server.url, [("call", "reported_issue", args)], revision="legacy", proxy=proxy.url,
-                        ca=proxy.ca, timeout=1.5)
-    [result] = report["results"]
+    before = len(receipts(proxy))
+    # Then a call the session waits for: closed at once, the session could end before the cancellation lands.
+    report = run_client(server.url, [("call", "reported_issue", args), ("call", "get_issue", {"number": 1})],
+                        revision="legacy", proxy=proxy.url, ca=proxy.ca, timeout=1.5)
+    result = report["results"][0]
     assert not result["ok"] and result["error"]["code"] == -32001, result
     [call] = server.calls("reported_issue")
     cancelled = [r for r in server.effects()["requests"] if r["jsonrpc_method"] == "notifications/cancelled"]
@@ -178,4 +183,4 @@ def test_the_clients_cancellation_passes_to_the_server(server, proxy):
     receipt = wait_for(lambda: next((r for r in receipts(proxy, args["title"]) if r.state != "submitted"), None),
                        timeout=20, what="the call's outcome")
     assert receipt.state == "outcome_unknown", (receipt.state, receipt.error)
-    assert len(receipts(proxy, args["title"])) == 1 and server.effects()["created"] == 0
+    assert len(receipts(proxy)) == before + 1 and server.effects()["created"] == 0
