@@ -23,10 +23,13 @@ Tools:
 Tools that ask the client while they run (2025-11-25 with --sse: on the call's own event stream;
 with --json, or in 2026-07-28, the SDK's server has no channel for a request of its own, and the
 call fails): writes, annotated as create_issue, answering as it does.
-    confirm_issue(title, body)            sends an elicitation request ("Create the issue ...?", a form
-                                          {confirm: bool, note: str}); records the issue (its body
+    confirm_issue(title, body, draft=False)   sends an elicitation request ("Create the issue ...?", a
+                                          form {confirm: bool, note: str}); records the issue (its body
                                           + " / " + note) when the answer is accept with confirm true,
-                                          else a tool error "not confirmed: <action>" and no issue
+                                          else a tool error "not confirmed: <action>" and no issue.
+                                          With draft, it records the issue (its body) first, then asks.
+                                          With --json the SDK's server cannot ask: the tool fails with
+                                          the JSON-RPC error -32600 ("no back-channel"), after the draft
     drafted_issue(title, channel="call")  sends a sampling request (sampling/createMessage) and records
                                           the issue with the sampled text as its body
     rooted_issue(title, channel="call")   sends a roots/list request and records the issue with the
@@ -262,12 +265,13 @@ def build_server() -> MCPServer:
                             open_world_hint=False)
 
     @server.tool(annotations=write)
-    async def confirm_issue(title: str, ctx: Context, body: str = "") -> dict[str, Any]:
+    async def confirm_issue(title: str, ctx: Context, body: str = "", draft: bool = False) -> dict[str, Any]:
         """Create an issue once the user confirms it (an elicitation request while the call runs)."""
+        drafted = EFFECTS.record_issue(title, body) if draft else None  # a tool that writes, then asks
         answer = await ctx.elicit(f"Create the issue {title!r}?", Confirmation)
         if answer.action != "accept" or not answer.data.confirm:
             raise ToolError(f"not confirmed: {answer.action}")
-        return EFFECTS.record_issue(title, f"{body} / {answer.data.note}")
+        return drafted or EFFECTS.record_issue(title, f"{body} / {answer.data.note}")
 
     @server.tool(annotations=write)
     async def drafted_issue(title: str, ctx: Context, channel: str = "call") -> dict[str, Any]:

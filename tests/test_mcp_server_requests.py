@@ -7,7 +7,7 @@ revision, where the server's own requests travel on the call's event stream (iss
   the client's answer (a POST of a JSON-RPC response) passes to the server untouched and makes
   no receipt, the tool completes: one issue, the receipt succeeded, a retry replayed without
   asking again (before: the question was held with the answer, the client timed out, -32001,
-  and the receipt was outcome_unknown);
+  and the receipt was outcome_unknown); declined: the tool's error, rejected, no issue;
 - a sampling request and a roots/list request, on the call's stream and on the session's GET
   stream (where the SDK's ctx.session.list_roots() sends it): answered by the client's callbacks;
 - progress and log notifications reach the client's callbacks while the call runs: the tool
@@ -17,8 +17,9 @@ revision, where the server's own requests travel on the call's event stream (iss
   notifications/cancelled, which the server takes (202).
 
 JSON mode has no channel for any of this (the SDK's server drops notifications and refuses to send
-a request of its own in it), nor has 2026-07-28, whose elicitation is an `input_required` result
-(item 1); its progress notifications are tested here, in SSE mode.
+a request of its own in it: the tool fails with -32600, which is no refusal when the tool had written
+before it asked), nor has 2026-07-28, whose elicitation is an `input_required` result (item 1); its
+progress notifications are tested here, in SSE mode.
 """
 
 from __future__ import annotations
@@ -109,6 +110,18 @@ def test_an_elicitation_reaches_the_client_and_its_answer_the_tool(server, proxy
     assert recorded_answer(proxy.db, receipt).body.count(b"data:") == 1  # the result's event, not the question's
 
 
+def test_a_declined_elicitation_is_the_tools_refusal(server, proxy):
+    """The user says no: the tool reports an error and makes nothing (rejected); the retry is sent, and asks again."""
+    args = {"title": title(), "body": "Roof"}
+    no = {"action": "decline"}
+    report = run(server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args), answers={"elicit": no})
+    for result in report["results"]:
+        assert result["ok"] and result["is_error"] and "not confirmed: decline" in result["content"][0]["text"], result
+    assert [(a["kind"], a["op"]) for a in report["asked"]] == [("elicit", 0), ("elicit", 1)]
+    assert server.effects()["created"] == 0 and len(server.calls("confirm_issue")) == 2
+    assert [r.state for r in receipts(proxy, args["title"])] == ["rejected", "rejected"]
+
+
 @pytest.mark.parametrize("channel", ["call", "session"])
 def test_a_sampling_request_and_a_roots_request_reach_the_client_during_the_call(server, proxy, channel):
     drafted, rooted = {"title": title(), "channel": channel}, {"title": title(), "channel": channel}
@@ -184,3 +197,21 @@ def test_the_clients_cancellation_passes_to_the_server(server, proxy):
                        timeout=20, what="the call's outcome")
     assert receipt.state == "outcome_unknown", (receipt.state, receipt.error)
     assert len(receipts(proxy)) == before + 1 and server.effects()["created"] == 0
+
+
+def test_in_json_mode_a_tool_that_wrote_then_asks_fails_and_is_not_taken_as_refused(mcp_json_server, proxy):
+    """
+    A JSON body has no room for a request of the server's: the SDK's server raises NoBackChannelError inside
+    the running tool, a JSON-RPC error -32600 (invalid request) sent after the tool's first write. That code
+    is no proof the call was refused before it ran: outcome_unknown, and the retry is blocked.
+    """
+    mcp_json_server.reset()
+    args = {"title": title(), "body": "draft", "draft": True}
+    yes = {"action": "accept", "content": {"confirm": True}}
+    first, retry = run(mcp_json_server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args),
+                       answers={"elicit": yes})["results"]
+    assert not first["ok"] and first["error"]["code"] == -32600 and "back-channel" in first["error"]["message"]
+    assert mcp_json_server.effects()["created"] == 1 and len(mcp_json_server.calls("confirm_issue")) == 1
+    receipt = the_receipt(proxy, args["title"])
+    assert receipt.state == "outcome_unknown", (receipt.state, receipt.error)
+    assert retry["ok"] and retry["is_error"] and retry["content"][0]["text"].startswith("NOT SENT"), retry
