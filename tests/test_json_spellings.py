@@ -385,6 +385,8 @@ def test_a_clients_answer_to_the_server_passes_whatever_its_result_holds(body):
     assert isinstance(doc, dict) and "method" not in doc, doc
     assert read_call(doc, {}) is None
     assert RS.match("api.spell.test", 443, "POST", "/mcp", body=body) is None  # no rule: passed untouched
+    # A gateway that routes by the 2026-07-28 header would take it for a tool call: refused, as any disagreement.
+    assert isinstance(read_call(doc, {"mcp-method": "tools/call"}), Refused)
 
 
 @pytest.mark.parametrize(
