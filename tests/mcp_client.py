@@ -29,6 +29,20 @@ after a tool's first successful call (to learn its outputSchema), and mode "auto
 server/discover first.
 `timeout` is the client's read timeout per request (`read_timeout_seconds`), in seconds; `headers`
 are sent on every request (e.g. an Authorization header, as an agent configures one).
+
+The server's own requests and notifications (tests/mcp_server.py's confirm_issue, drafted_issue,
+rooted_issue, reported_issue) reach the SDK's callbacks, given by `answers` (each one given is
+declared as a capability; one not given is the SDK's default):
+    {"elicit": {"action": "accept", "content": {...}}}   the elicitation callback's answer
+    {"sample": "text"}                                   the sampling callback's (a text message)
+    {"roots": ["file:///..."]}                           the list-roots callback's
+Each request the client got is listed in report["asked"]: {"kind": "elicit"|"sample"|"roots",
+"op": the index of the operation running, "message"?: the elicitation's or the sampling's text}.
+Log messages (the logging callback) are listed in report["logs"]: {"level", "data", "op"};
+`log_level` opts in to them in 2026-07-28 (Client(log_level=...)). Every call has a progress
+callback: its notifications are the call's result["progress"] [[progress, total, message], ...];
+with `release` (a URL of the server's, POST /_release), the callback sends {"title": <the call's
+title>} there, directly (never through the proxy), once progress reaches total.
 """
 
 from __future__ import annotations
@@ -47,7 +61,8 @@ INTERESTING = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version
 
 def run_client(url: str, ops: list[tuple], *, revision: str, proxy: str | None = None, ca: Path | str | None = None,
                timeout: float = 5.0, env: dict[str, str] | None = None,
-               headers: dict[str, str] | None = None) -> dict[str, Any]:
+               headers: dict[str, str] | None = None, answers: dict[str, Any] | None = None,
+               log_level: str | None = None, release: str | None = None) -> dict[str, Any]:
     """Run the SDK client in a subprocess (see the module docstring); return its JSON report."""
     assert revision in REVISIONS, revision
     child_env = {k: v for k, v in os.environ.items()
@@ -58,7 +73,8 @@ def run_client(url: str, ops: list[tuple], *, revision: str, proxy: str | None =
     if ca:
         child_env["SSL_CERT_FILE"] = str(ca)
     child_env.update(env or {})
-    plan = json.dumps({"url": url, "ops": ops, "revision": revision, "timeout": timeout, "headers": headers or {}})
+    plan = json.dumps({"url": url, "ops": ops, "revision": revision, "timeout": timeout, "headers": headers or {},
+                       "answers": answers or {}, "log_level": log_level, "release": release})
     budget = 20 + timeout * (len(ops) + 2)
     p = subprocess.run([sys.executable, "-m", "tests.mcp_client"], input=plan.encode(), capture_output=True,
                        env=child_env, cwd=ROOT, timeout=budget)
@@ -108,16 +124,18 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
                                      headers=plan.get("headers") or {},
                                      event_hooks={"request": [on_request], "response": [on_response]})
     revision = plan["revision"]
-    report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http}
+    report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http,
+                              "asked": [], "logs": []}
     try:
         async with http_client:
             transport = streamable_http_client(plan["url"], http_client=http_client)
             client = Client(transport, mode="legacy" if revision == "legacy" else "auto",
-                            read_timeout_seconds=timeout, cache=None)
+                            read_timeout_seconds=timeout, cache=None, log_level=plan.get("log_level"),
+                            **_callbacks(plan.get("answers") or {}, report))
             async with client:
                 report["protocol_version"] = client.protocol_version
                 for op in plan["ops"]:
-                    report["results"].append(await _op(client, op))
+                    report["results"].append(await _op(client, op, plan.get("release")))
     except BaseException as exc:  # the report says what the client raised (a group of one: that one)
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -125,8 +143,39 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-async def _op(client, op: list) -> dict[str, Any]:
+def _callbacks(answers: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The SDK client's callbacks: each answers as `answers` says, and notes what it was asked."""
+    import mcp_types as types
+
+    def op() -> int:
+        return len(report["results"])  # the index of the operation running
+
+    async def elicit(_context, params):
+        report["asked"].append({"kind": "elicit", "op": op(), "message": params.message})
+        return types.ElicitResult(**answers["elicit"])
+
+    async def sample(_context, params):
+        asked = params.messages[0].content
+        report["asked"].append({"kind": "sample", "op": op(), "message": getattr(asked, "text", None)})
+        return types.CreateMessageResult(role="assistant", model="test-model",
+                                         content=types.TextContent(type="text", text=answers["sample"]))
+
+    async def roots(_context):
+        report["asked"].append({"kind": "roots", "op": op()})
+        return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in answers["roots"]])
+
+    async def log(params):
+        report["logs"].append({"level": params.level, "data": params.data, "op": op()})
+
+    given = {"elicitation_callback": elicit if "elicit" in answers else None,
+             "sampling_callback": sample if "sample" in answers else None,
+             "list_roots_callback": roots if "roots" in answers else None}
+    return {"logging_callback": log, **{k: v for k, v in given.items() if v is not None}}
+
+
+async def _op(client, op: list, release: str | None = None) -> dict[str, Any]:
     kind = op[0]
+    progress: list[list[Any]] = []  # a call's progress notifications, as its progress callback got them
     try:
         if kind == "list_tools":
             listed = await client.list_tools()
@@ -135,13 +184,35 @@ async def _op(client, op: list) -> dict[str, Any]:
                  if t.annotations else None} for t in listed.tools]}
         if kind == "call":
             _, name, arguments = op
-            result = await client.call_tool(name, arguments)
+
+            async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                progress.append([done, total, message])
+                if release and total is not None and done >= total:
+                    await _release(release, arguments.get("title"))
+
+            result = await client.call_tool(name, arguments, progress_callback=on_progress)
             dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             return {"op": kind, "tool": name, "ok": True, "is_error": bool(getattr(result, "is_error", False)),
-                    "content": dumped.get("content"), "structured": dumped.get("structuredContent"), "result": dumped}
+                    "content": dumped.get("content"), "structured": dumped.get("structuredContent"), "result": dumped,
+                    "progress": progress}
         raise ValueError(f"unknown operation {op!r}")
     except Exception as exc:
-        return {"op": kind, "ok": False, "error": _error(exc)}
+        return {"op": kind, "ok": False, "error": _error(exc), "progress": progress}
+
+
+async def _release(url: str, title: Any) -> None:
+    """POST {"title"} to the server's /_release, directly: never through the proxy under test."""
+    import urllib.request
+
+    import anyio
+
+    def post() -> None:
+        req = urllib.request.Request(url, data=json.dumps({"title": title}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=10) as r:
+            r.read()
+
+    await anyio.to_thread.run_sync(post)
 
 
 def main() -> None:

@@ -51,6 +51,30 @@ One revision only (--speaks; by default the server speaks both, as the SDK's doe
                           session gets the SDK's legacy answer (400 -32600 "Missing session ID").
     Both record the refused requests in /_effects like any other.
 
+Tools that ask the client while they run (2025-11-25 with --sse: on the call's own event stream;
+with --json, or in 2026-07-28, the SDK's server has no channel for a request of its own, and the
+call fails): writes, annotated as create_issue, answering as it does.
+    confirm_issue(title, body, draft=False)   sends an elicitation request ("Create the issue ...?", a
+                                          form {confirm: bool, note: str}); records the issue (its body
+                                          + " / " + note) when the answer is accept with confirm true,
+                                          else a tool error "not confirmed: <action>" and no issue.
+                                          With draft, it records the issue (its body) first, then asks.
+                                          With --json the SDK's server cannot ask: the tool fails with
+                                          the JSON-RPC error -32600 ("no back-channel"), after the draft
+    drafted_issue(title, channel="call")  sends a sampling request (sampling/createMessage) and records
+                                          the issue with the sampled text as its body
+    rooted_issue(title, channel="call")   sends a roots/list request and records the issue with the
+                                          roots' URIs, joined with " ", as its body
+        channel "call": on the call's own stream (related to the call, as ctx.elicit sends);
+        "session": on the session's standalone GET stream (the SDK's ctx.session.list_roots() and
+        create_message() without related_request_id)
+    reported_issue(title, steps=3, hold=10.0)   sends a log message (info, "starting <title>") and
+                                          `steps` progress notifications (i/steps), then waits for
+                                          POST /_release {"title"} (the client releases it once it
+                                          has the progress: so the notifications must reach it
+                                          while the call runs), at most `hold` seconds; records the
+                                          issue and answers it with "released": true or false
+
 Faults of create_issue (and log_issue), chosen per call: the `fault` argument (every call with it), else the next
 one queued with POST /_faults {"faults": ["commit_then_drop", ...]} (one per such call, in
 order, then none). The queue keeps retries of the same arguments ordinary: a retry with the same
@@ -78,7 +102,8 @@ Control endpoints (plain HTTP on the same port; tests call them directly, not th
                      message, with the request's own id unless "id" is given ("$string": the
                      request's id as a string); the tool does not
                      run. To check what the SDK client accepts (tests/test_mcp_baseline.py).
-    POST /_reset     forget issues, requests, queued faults and canned answers
+    POST /_release   {"title": ...}: reported_issue with this title stops waiting
+    POST /_reset     forget issues, requests, queued faults, canned answers and releases
 
 Response modes: --json answers every request with one `application/json` body. --sse answers
 with `text/event-stream`, but not always: in the 2026-07-28 revision the SDK's server commits to
@@ -99,8 +124,8 @@ Legacy 2025-11-25 (Client(mode="legacy")):
        MCP-Protocol-Version header; the answer carries `mcp-session-id: <hex>` and the result
        {"protocolVersion", "capabilities", "serverInfo", "instructions"?}, no resultType
     2. POST notifications/initialized (no id) -> 202 Accepted, empty body
-    3. GET /mcp (Accept: text/event-stream) the standalone stream, held open (mitmproxy buffers
-       it and never completes it; the client does not wait for it)
+    3. GET /mcp (Accept: text/event-stream) the standalone stream, held open (a bare mitmproxy
+       buffers it and never completes it, receipt-proxy streams it; the client does not wait for it)
     4. tools/list, tools/call: headers `mcp-session-id`, `mcp-protocol-version: 2025-11-25`; no
        Mcp-Method/Mcp-Name; results without resultType
     5. DELETE /mcp with mcp-session-id when the client closes
@@ -175,7 +200,8 @@ from typing import Annotated, Any
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
-from mcp_types import ToolAnnotations
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types import ListRootsRequest, ListRootsResult, SamplingMessage, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params")
@@ -195,6 +221,7 @@ class Effects:
         self.requests: list[dict[str, Any]] = []
         self.queued: list[str] = []
         self.canned: list[dict[str, Any]] = []
+        self.released: set[str] = set()  # titles POST /_release let go (reported_issue)
 
     def reset(self) -> None:
         with self.lock:
@@ -202,6 +229,7 @@ class Effects:
             self.requests.clear()
             self.queued.clear()
             self.canned.clear()
+            self.released.clear()
 
     def record_issue(self, title: str, body: str) -> dict[str, Any]:
         with self.lock:
@@ -276,6 +304,48 @@ def build_server(extra_tools: bool = False) -> MCPServer:
                 return issue
         raise ToolError(f"issue {number} not found")
 
+    write = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                            open_world_hint=False)
+
+    @server.tool(annotations=write)
+    async def confirm_issue(title: str, ctx: Context, body: str = "", draft: bool = False) -> dict[str, Any]:
+        """Create an issue once the user confirms it (an elicitation request while the call runs)."""
+        drafted = EFFECTS.record_issue(title, body) if draft else None  # a tool that writes, then asks
+        answer = await ctx.elicit(f"Create the issue {title!r}?", Confirmation)
+        if answer.action != "accept" or not answer.data.confirm:
+            raise ToolError(f"not confirmed: {answer.action}")
+        return drafted or EFFECTS.record_issue(title, f"{body} / {answer.data.note}")
+
+    @server.tool(annotations=write)
+    async def drafted_issue(title: str, ctx: Context, channel: str = "call") -> dict[str, Any]:
+        """Create an issue whose body the client's model writes (a sampling request while the call runs)."""
+        ask = [SamplingMessage(role="user", content=TextContent(type="text", text=f"Describe {title!r}"))]
+        related = ctx.request_id if channel == "call" else None
+        drafted = await ctx.session.create_message(ask, max_tokens=50, related_request_id=related)
+        text = drafted.content.text if isinstance(drafted.content, TextContent) else ""
+        return EFFECTS.record_issue(title, text)
+
+    @server.tool(annotations=write)
+    async def rooted_issue(title: str, ctx: Context, channel: str = "call") -> dict[str, Any]:
+        """Create an issue that names the client's roots (a roots/list request while the call runs)."""
+        if channel == "call":  # the SDK's list_roots() has no related_request_id: sent as it would send one
+            roots = await ctx.session.send_request(ListRootsRequest(), ListRootsResult,
+                                                   metadata=ServerMessageMetadata(related_request_id=ctx.request_id))
+        else:
+            roots = await ctx.session.list_roots()
+        return EFFECTS.record_issue(title, " ".join(str(r.uri) for r in roots.roots))
+
+    @server.tool(annotations=write)
+    async def reported_issue(title: str, ctx: Context, steps: int = 3, hold: float = 10.0) -> dict[str, Any]:
+        """Create an issue, reporting progress and a log message first, once the client has them."""
+        await ctx.info(f"starting {title}")
+        for i in range(1, steps + 1):
+            await ctx.report_progress(i, steps, f"step {i} of {steps}")
+        ends = asyncio.get_running_loop().time() + hold
+        while title not in EFFECTS.released and asyncio.get_running_loop().time() < ends:
+            await asyncio.sleep(0.02)
+        return {**EFFECTS.record_issue(title, ""), "released": title in EFFECTS.released}
+
     if extra_tools:
         @server.tool(annotations=ToolAnnotations(title="Find issues", read_only_hint=True, open_world_hint=False))
         async def find_issues(title: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Title"})]
@@ -306,6 +376,11 @@ def build_server(extra_tools: bool = False) -> MCPServer:
             return issue
 
     return server
+
+
+class Confirmation(BaseModel):
+    confirm: bool
+    note: str = ""
 
 
 def _json_response(send_status: int, payload: Any):
@@ -380,7 +455,7 @@ class FaultsAndEffects:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope["path"], scope["method"]
-        if path in ("/_effects", "/_faults", "/_reset", "/_canned"):
+        if path in ("/_effects", "/_faults", "/_reset", "/_canned", "/_release"):
             return await self.control(path, method, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         seen = {h: headers[h] for h in HEADERS_OF_INTEREST if h in headers}
@@ -510,6 +585,11 @@ class FaultsAndEffects:
         elif path == "/_reset" and method == "POST":
             EFFECTS.reset()
             messages = _json_response(200, {"reset": True})
+        elif path == "/_release" and method == "POST":
+            title = json.loads(await read_body(receive)).get("title")
+            with EFFECTS.lock:
+                EFFECTS.released.add(str(title))
+            messages = _json_response(200, {"released": title})
         elif path == "/_faults" and method == "POST":
             raw = await read_body(receive)
             try:

@@ -1,10 +1,13 @@
 """
 A hand-made MCP endpoint on 127.0.0.1 that answers a tools/call with an event stream of a shape
 the official SDK's server cannot produce: many notifications before the result, a stream that
-goes on after it, a result held until the test lets it go. Only tools/call is served (the tests
-drive it with a raw client, no session): it is counted as a commit, then answered 200
-`text/event-stream` with a chunked body, events framed as the SDK's server frames them
-(`event: message\\r\\ndata: <JSON>\\r\\n\\r\\n`).
+goes on after it, a result held until the test lets it go, a response with another id. A
+tools/call is counted as a commit, then answered 200 `text/event-stream` with a chunked body,
+events framed as the SDK's server frames them (`event: message\\r\\ndata: <JSON>\\r\\n\\r\\n`).
+The tests drive it with a raw client (no session), or with the official SDK's client in the
+2025-11-25 revision, for which it answers just enough of the rest: `initialize` (JSON, with an
+Mcp-Session-Id; the tools capability), notifications and responses 202, `tools/list` (JSON:
+create_issue, no output schema), GET 405 (no standalone stream), DELETE 200.
 
     with SseUpstream() as up:
         up.url                               # http://127.0.0.1:PORT/mcp
@@ -18,6 +21,10 @@ The shape is the call's `shape` argument:
     broken   the result, a `: ping`, then half an event and the connection cut (no last chunk)
     held     one notifications/message, then the result once `release(title)` is called, or after
              HOLD_SECONDS without it; the result's structuredContent says which (`released`)
+    other    a response (a result) with another id (the request's id as a string, "7" for 7: JSON-RPC
+             ids of two types are two ids), then, once `release(title)` is called (or after
+             HOLD_SECONDS), the result; with `"then": "end"`, the stream ends after the other
+             response, without the call's
     (none)   the result alone
 The result: {"content": [{"type": "text", "text": <JSON>}], "structuredContent": {"number": n,
 "title": ..., "released"?: bool}, "isError": false} under the request's id; `number` counts commits.
@@ -74,7 +81,7 @@ class SseUpstream:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 msg = json.loads(body)
                 if msg.get("method") != "tools/call":
-                    self.send_error(404)
+                    self.session(msg)
                     return
                 args = msg["params"].get("arguments") or {}
                 title = str(args.get("title"))
@@ -93,6 +100,19 @@ class SseUpstream:
                     shape = args.get("shape")
                     if shape == "flood":
                         self.flood(int(args["n"]), int(args.get("size", 200)))
+                    elif shape == "other":
+                        other = str(msg["id"]) if isinstance(msg["id"], int) else f"{msg['id']}-other"
+                        self.chunk(event({"jsonrpc": "2.0", "id": other, "result": {
+                            "content": [{"type": "text", "text": "an answer to another request"}],
+                            "isError": False}}))
+                        if args.get("then") == "end":
+                            self.wfile.write(b"0\r\n\r\n")
+                            self.wfile.flush()
+                            return
+                        ends = time.monotonic() + HOLD_SECONDS
+                        while not release.is_set() and not upstream.stopping.is_set() and time.monotonic() < ends:
+                            release.wait(0.05)
+                        structured["released"] = release.is_set()
                     elif shape == "held":
                         self.chunk(event({"jsonrpc": "2.0", "method": "notifications/message",
                                           "params": {"level": "info", "data": "working on it"}}))
@@ -121,6 +141,38 @@ class SseUpstream:
                 except OSError:  # the peer closed the connection
                     upstream.peer_closed[title].set()
                     self.close_connection = True
+
+            def session(self, msg: dict[str, Any]) -> None:
+                """What the SDK's client sends besides tool calls, answered just enough (module docstring)."""
+                method, extra = msg.get("method"), {}
+                if method == "initialize":
+                    extra = {"Mcp-Session-Id": "sse-upstream-session"}
+                    result: dict[str, Any] = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                                              "serverInfo": {"name": "sse-upstream", "version": "1"}}
+                elif method == "tools/list":
+                    result = {"tools": [{"name": "create_issue", "inputSchema": {"type": "object"}}]}
+                elif method is None or "id" not in msg:  # a notification, or a response: accepted
+                    self.send_response(202)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                else:
+                    self.send_error(404)
+                    return
+                data = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode()
+                self.send_response(200)
+                for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **extra}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self.send_error(405)
+
+            def do_DELETE(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
 
             def flood(self, n: int, size: int) -> None:
                 pad = "x" * max(0, size - 120)

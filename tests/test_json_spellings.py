@@ -22,7 +22,7 @@ from proxy_addon.gql import read_mutation
 from proxy_addon.intent_body import canonical_number
 from proxy_addon.json_body import NOT_JSON, UNDECODABLE, JsonNumber, NotStrict, read_json, read_strict
 from proxy_addon.mcp.answers import as_tool_answer
-from proxy_addon.mcp.calls import Refused, ToolCall, parse_message
+from proxy_addon.mcp.calls import Refused, ToolCall, parse_message, read_call
 from proxy_addon.rules import RuleSet, load_rules
 
 KEY = b"0123456789abcdef" * 4
@@ -363,6 +363,47 @@ def test_mcp_bodies_read_two_ways_are_refused_as_bad_json(body, says):
     assert isinstance(got, Refused) and got.reason == "bad_json" and says in got.why, got
     m = RS.match("api.spell.test", 443, "POST", "/mcp", body=body)
     assert m is not None and m.refused_as == "bad_json" and m.refused == got.why
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc": "2.0", "id": 0, "result": {"action": "accept", "content": {"note": "a", "Note": "b"}}}',
+        b'{"jsonrpc": "2.0", "id": 0, "result": {"action": "accept", "action": "decline"}}',
+        b'{"jsonrpc": "2.0", "id": 0, "id": 1, "result": {}}',
+        b'{"jsonrpc": "2.0", "id": 0, "Result": {"content": {"type": "text", "text": "\\ud800"}}}',
+        b'{"jsonrpc": "2.0", "id": 0, "result": {"temperature": NaN}}',
+        b'{"jsonrpc": "2.0", "id": 0, "error": {"code": -1, "message": "no", "Message": "non"}}',
+    ],
+)
+def test_a_clients_answer_to_the_server_passes_whatever_its_result_holds(body):
+    """
+    A body with no `method` in any spelling is the client's answer to a server's request (elicitation,
+    sampling, roots): no reader takes it for a request, so it is never a tool call, and never refused.
+    """
+    doc = parse_message(body)
+    assert isinstance(doc, dict) and "method" not in doc, doc
+    assert read_call(doc, {}) is None
+    assert RS.match("api.spell.test", 443, "POST", "/mcp", body=body) is None  # no rule: passed untouched
+    # A gateway that routes by the 2026-07-28 header would take it for a tool call: refused, as any disagreement.
+    assert isinstance(read_call(doc, {"mcp-method": "tools/call"}), Refused)
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        (b'{"jsonrpc": "2.0", "id": 0, "result": {}, "Method": "tools/call", "params": {"name": "create_issue"}}',
+         "'Method' at the top level"),
+        (b'{"jsonrpc": "2.0", "id": 0, "result": {"a": 1, "a": 2}, "method": "tools/call"}', "twice"),
+        (b'{"jsonrpc": "2.0", "id": 0, "result": {"note": "\xff"}}', "not UTF-8"),
+        (b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "RequestId": 2}}',
+         "differ only by case"),
+    ],
+)
+def test_an_answer_that_may_be_a_request_is_still_refused(body, says):
+    """A `method` key in any spelling, or bytes that are not UTF-8 (decoders disagree on them): the strict rules."""
+    got = parse_message(body)
+    assert isinstance(got, Refused) and got.reason == "bad_json" and says in got.why, got
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,13 @@ endpoint of tests/mcp_sse_upstream.py (shapes the SDK's server cannot make), and
 - The SDK's own server (SSE mode, https) and client: a result, its replay and a lost answer, the
   two answers streamed by mitmproxy, and the receipt holding the response's event alone. (The
   SDK's tests in tests/test_mcp.py, SSE mode, go through the same path.)
+- A response with another id on the call's stream (issue 25): passed on, and the call waits for
+  its own, which decides (the endpoint sends it only once the client has the other one); a
+  stream that ends with the other response alone is `outcome_unknown`, although the SDK's client
+  takes that response as its result, and the retry is blocked.
+- The SDK's client (2025-11-25) on the hand-made shapes: a result the stream outlives, or breaks
+  after, is its result, succeeded, and a retry replayed; a result that never comes before
+  receipts_upstream_timeout is the proxy's isError words, `outcome_unknown`, the retry blocked.
 """
 
 from __future__ import annotations
@@ -299,6 +306,97 @@ def test_a_stream_whose_result_outlives_the_upstream_timeout_is_unknown_and_says
         assert receipt.state == "outcome_unknown" and receipt.operation_id in said["result"]["content"][0]["text"]
         assert "answer was lost" in said["result"]["content"][0]["text"]
         assert "receipts_upstream_timeout (2s)" in (receipt.error or "")
+    finally:
+        upstream.release(args["title"])
+        proxy.stop()
+
+
+def test_a_response_with_another_id_is_passed_on_and_the_call_waits_for_its_own(upstream, proxy):
+    """Another id (here "21" for 21: two types, two ids) answers another request: passed on, never the call's outcome."""
+    args = {"title": f"other {uuid.uuid4().hex[:8]}", "shape": "other"}
+    try:
+        with client(proxy) as c:
+            with c.stream("POST", upstream.url, json=tool_call(21, args), headers={"Accept": ACCEPT}) as r:
+                stream = events(r)
+                other = next(stream)
+                assert other["id"] == "21" and other["result"]["content"][0]["text"] == "an answer to another request"
+                assert the_receipt(proxy, args["title"]).state == "submitted"  # not the call's: still waiting
+                upstream.release(args["title"])  # the call's result comes only once the client has the other one
+                result = next(stream)
+                assert list(stream) == []
+            retry = c.post(upstream.url, json=tool_call(22, args), headers={"Accept": ACCEPT})
+        assert result["id"] == 21 and result["result"]["structuredContent"]["released"] is True
+        receipt = wait_for(lambda: next((x for x in receipts(proxy, args["title"]) if x.state == "succeeded"), None),
+                           timeout=20, what="the receipt to be succeeded")
+        assert receipt.external_id == str(result["result"]["structuredContent"]["number"])
+        recorded = recorded_answer(proxy.db, receipt).body
+        assert recorded.count(b"data:") == 1 and b"another request" not in recorded
+        assert retry.headers.get("x-receipt-replayed") == "true"
+        assert [(m["id"], m["result"]["structuredContent"]) for m in events_of(retry)] == [
+            (22, result["result"]["structuredContent"])]
+        assert [m["params"]["arguments"] for m in upstream.calls].count(args) == 1
+    finally:
+        upstream.release(args["title"])
+
+
+def sdk_call(upstream: SseUpstream, proxy: Proxy, *ops: tuple, timeout: float = 5.0) -> dict:
+    """The official SDK's client (2025-11-25) through the proxy to the hand-made endpoint."""
+    from tests.mcp_client import run_client
+
+    report = run_client(upstream.url, list(ops), revision="legacy", proxy=proxy.url, timeout=timeout)
+    assert "connect_error" not in report and report["protocol_version"] == "2025-11-25", report
+    return report
+
+
+def test_a_stream_that_ends_with_another_ids_response_alone_is_unknown(upstream, proxy):
+    """
+    The SDK's client takes the first response on a call's stream whatever its id (it puts the
+    request's id in): the agent reads "an answer to another request" as its result. The proxy
+    records the server's answer to the call, which never came: outcome_unknown, and the retry
+    is blocked, not sent.
+    """
+    args = {"title": f"other alone {uuid.uuid4().hex[:8]}", "shape": "other", "then": "end"}
+    first, retry = sdk_call(upstream, proxy, ("call", "create_issue", args), ("call", "create_issue", args))["results"]
+    assert first["ok"] and first["content"][0]["text"] == "an answer to another request", first
+    receipt = the_receipt(proxy, args["title"])
+    assert receipt.state == "outcome_unknown", (receipt.state, receipt.error)
+    assert "without a JSON-RPC response to the call" in (receipt.error or "")
+    assert retry["ok"] and retry["is_error"] and retry["content"][0]["text"].startswith("NOT SENT")
+    assert receipt.operation_id in retry["content"][0]["text"]
+    assert [m["params"]["arguments"] for m in upstream.calls].count(args) == 1
+
+
+@pytest.mark.parametrize("shape", ["endless", "broken"])
+def test_the_sdk_client_gets_a_result_that_a_stream_outlives_or_breaks_after(upstream, proxy, shape):
+    """The SDK's client reads up to the result and closes the stream; the receipt is succeeded; a retry replayed."""
+    args = {"title": f"sdk {shape} {uuid.uuid4().hex[:8]}", "shape": shape}
+    first, retry = sdk_call(upstream, proxy, ("call", "create_issue", args), ("call", "create_issue", args))["results"]
+    assert first["ok"] and not first["is_error"], first
+    assert first["structured"]["title"] == args["title"]
+    assert retry["ok"] and not retry["is_error"] and retry["structured"] == first["structured"], retry
+    receipt = the_receipt(proxy, args["title"])
+    assert receipt.state == "succeeded" and receipt.external_id == str(first["structured"]["number"])
+    assert [m["params"]["arguments"] for m in upstream.calls].count(args) == 1
+    if shape == "endless":  # the client has gone: the proxy closed the upstream's stream
+        assert upstream.peer_closed[args["title"]].wait(20), "the upstream stream was left open"
+
+
+def test_the_sdk_client_gets_the_proxys_words_when_no_result_comes_in_time(upstream, tmp_path, confdir):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "tracker.yaml").write_text(RULES)
+    proxy = Proxy(tmp_path, confdir, rules=rules, extra=("--set", "receipts_upstream_timeout=2"))
+    args = {"title": f"sdk late {uuid.uuid4().hex[:8]}", "shape": "held"}
+    try:
+        proxy.start()
+        report = sdk_call(upstream, proxy, ("call", "create_issue", args), ("call", "create_issue", args), timeout=10)
+        first, retry = report["results"]
+        receipt = the_receipt(proxy, args["title"])
+        assert receipt.state == "outcome_unknown" and "receipts_upstream_timeout (2s)" in (receipt.error or "")
+        assert first["ok"] and first["is_error"] and "answer was lost" in first["content"][0]["text"], first
+        assert receipt.operation_id in first["content"][0]["text"]
+        assert retry["ok"] and retry["is_error"] and retry["content"][0]["text"].startswith("NOT SENT"), retry
+        assert [m["params"]["arguments"] for m in upstream.calls].count(args) == 1
     finally:
         upstream.release(args["title"])
         proxy.stop()

@@ -19,7 +19,10 @@ What is refused (never forwarded), on an endpoint a rule names:
   differ only by case anywhere, or an envelope or params key in another case (`"Method"`):
   Node's and Go's servers read such bodies (replacing bad bytes with U+FFFD; Go matching keys
   regardless of case, the last one winning) and run a call the proxy would not see
-  (json_body.read_strict). These are refused as `bad_json` (`Refused.reason`).
+  (json_body.read_strict). These are refused as `bad_json` (`Refused.reason`), unless the
+  body is an object with no `method` key in any spelling: the client's answer to a request
+  of the server's (elicitation, sampling, roots), which no reader takes for a request, passes
+  untouched whatever its result holds (`answer_of`).
 The JSON-RPC `id` and `Mcp-Session-Id` never enter the intent: they change on every retry.
 The protocol revision the call is sent in (`ToolCall.revision`: its MCP-Protocol-Version header,
 else its `_meta`'s, when it is a date) is noted with the intent, never fingerprinted: a reconcile
@@ -30,7 +33,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,19 +139,61 @@ def parse_message(body: bytes) -> Any:
     or its envelope or params spell a key in another case (module docstring). Parsers disagree
     on which of two keys counts: a body that names a read-only tool for the proxy could name a
     write for the server. So such a body is refused, never guessed.
+
+    Unless it is the client's answer to a request of the server's (`answer_of`): an object with
+    no `method` in any spelling is no request to any reader, whatever else it holds, and is
+    returned as read (the last of two keys counting), to pass untouched.
     """
     what = "the JSON-RPC body"
     doc = read_strict(body, what, fold=True)
-    if isinstance(doc, NotStrict):
-        return Refused(doc.why, "bad_json")
+    problem = doc if isinstance(doc, NotStrict) else _misspelled_in(doc, what)
+    if problem is None:
+        return doc
+    answer = answer_of(body)
+    return answer if answer is not None else Refused(problem.why, "bad_json")
+
+
+def _misspelled_in(doc: Any, what: str) -> NotStrict | None:
+    """A key of the envelope or of params spelled in another case, in the message or a batch's item."""
     for i, message in enumerate(doc if isinstance(doc, list) else [doc]):
         at = str(i) if isinstance(doc, list) else ""  # a batch's item, or the message
         problem = misspelled(message, ENVELOPE, what, at or "the top level")
         if problem is None and isinstance(message, dict):
             problem = misspelled(message.get("params"), PARAMS, what, f"{at}.params" if at else "params")
         if problem is not None:
-            return Refused(problem.why, "bad_json")
+            return problem
+    return None
+
+
+def answer_of(body: bytes) -> dict[str, Any] | None:
+    """
+    A body that is a JSON-RPC response (the client's answer to the server's elicitation, sampling
+    or roots request): a UTF-8 JSON object none of whose keys is `method` in any case or Unicode
+    form, as read by a lenient parser (keys twice, NaN, lone surrogates). No reader takes it for a
+    request, so no reader runs a tool for it: what its `result` holds is the client's business,
+    and it passes untouched, even where a request would be refused. None: it is not one.
+    """
+    try:
+        text = body.decode("utf-8")  # not UTF-8: decoders disagree on what is in it (read_strict refuses it)
+    except UnicodeDecodeError:
+        return None
+    top: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        top[:] = [k for k, _ in items]  # the top-level object is the last one built
+        return dict(items)
+
+    try:
+        doc = json.loads(text, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or any(_folded(k) == "method" for k in top):
+        return None
     return doc
+
+
+def _folded(key: str) -> str:
+    return unicodedata.normalize("NFC", key.casefold()) if not key.isascii() else key.casefold()
 
 
 def unread_call(body: bytes, tool: str, headers: Mapping[str, str]) -> ToolCall:

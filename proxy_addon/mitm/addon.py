@@ -15,7 +15,7 @@ Hooks, one job each:
   or answer from an existing receipt (409 blocked, recorded replay, 503 when the store
   cannot be written).
 - `responseheaders`: an MCP tool call's event stream, routed to the relay by `request`, streams
-  (streaming.py).
+  (streaming.py); so does any event stream no receipt records (an MCP session's GET stream).
 - `response` / `error`: record outcomes (record.py) when mitmproxy forwards (`receipts_forward=mitmproxy`).
 """
 

@@ -31,6 +31,9 @@ asked by exchange.send with the answer's head; the relay listens before the call
 Memory: one event (up to receipts_response_cap), the response's event, and what waits for the
 agent (up to PIPE bytes; past that, reading waits for the agent, up to the deadline before the
 response). The drain (drain.py) waits for the task as for a request hook.
+
+An event stream the proxy records nothing from (a session's GET stream, the answer to a
+message no rule names) streams through mitmproxy itself, unread (`pass_untouched`).
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ from proxy_addon.metrics import Metrics
 from proxy_addon.mitm import record
 from proxy_addon.mitm.drain import Drain
 from proxy_addon.mitm.exchange import Reply
-from proxy_addon.mitm.flows import headers_of
+from proxy_addon.mitm.flows import META, headers_of
 from proxy_addon.mitm.relay import Pipe, Relay
+from proxy_addon.mitm.tools import LISTING
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
 
@@ -150,8 +154,12 @@ class Streams:
         self._drain.follow(task, flow, meta)
 
     def headers(self, flow: http.HTTPFlow) -> None:
-        """The responseheaders hook: a routed flow gets its request back as sent, and its answer streams."""
-        self.relay.restore(flow)
+        """
+        The responseheaders hook: a routed flow gets its request back as sent, and its answer
+        streams; so does an event stream the proxy neither records nor reads (`pass_untouched`).
+        """
+        if not self.relay.restore(flow):
+            pass_untouched(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
         """mitmproxy gave up on a routed flow (the agent left, say): nothing more is passed on."""
@@ -300,8 +308,26 @@ class Streams:
         s.pipe.end(mcp_answers.as_tool_answer(failed, s.call, "text/event-stream").body)
 
 
+def pass_untouched(flow: http.HTTPFlow) -> None:
+    """
+    An event stream that is no write's answer (no receipt is recorded from it) streams to the
+    agent as it comes, as mitmproxy streams a body with streaming on: an MCP session's GET
+    stream, where a server sends requests of its own (the SDK's `list_roots()`, a sampling
+    request not tied to a call) and notifications, and the stream answering a message no rule
+    names (a read tool's call, whose server may ask the agent too). Held whole, as mitmproxy
+    holds a body by default, none of it would reach the agent before the stream ended, which a
+    GET stream never does. A write's answer (mitmproxy forwarding it: `receipts_forward`) and a
+    tools/list answer the proxy reads (tools.py) are held as before.
+    """
+    resp = flow.response
+    if resp is None or META in flow.metadata or LISTING in flow.metadata:
+        return
+    if is_sse(resp.headers.get("content-type")):
+        resp.stream = True
+
+
 async def _next(chunks: AsyncIterator[bytes]) -> bytes | None:
     return await anext(chunks, None)
 
 
-__all__ = ["Streams", "streamed_if"]
+__all__ = ["Streams", "pass_untouched", "streamed_if"]
