@@ -256,6 +256,7 @@ EFFECTS = Effects()
 
 class Confirmation(BaseModel):
     confirm: bool
+    note: str = ""
 
 
 async def ask_to_confirm(title: str) -> Elicit[Confirmation]:
@@ -376,11 +377,6 @@ def build_server(extra_tools: bool = False) -> MCPServer:
             return issue
 
     return server
-
-
-class Confirmation(BaseModel):
-    confirm: bool
-    note: str = ""
 
 
 def _json_response(send_status: int, payload: Any):
