@@ -102,22 +102,37 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
             http[i].update(status=response.status_code, content_type=response.headers.get("content-type"),
                            session_id=response.headers.get("mcp-session-id"))
 
+    elicitations: list[str] = []  # the messages of the elicitation requests the user was asked
+    report_tasks: list[str] = []
+
+    async def confirm(context, params):  # the user confirms every question
+        from mcp_types import ElicitResult
+
+        elicitations.append(params.message)
+        return ElicitResult(action="accept", content={"confirm": True})
+
     timeout = float(plan["timeout"])
     # trust_env (the default): the proxy from HTTP(S)_PROXY, the CA from SSL_CERT_FILE (httpcore2 reads it).
     http_client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout + 5, read=timeout + 5),
                                      headers=plan.get("headers") or {},
                                      event_hooks={"request": [on_request], "response": [on_response]})
     revision = plan["revision"]
-    report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http}
+    report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http,
+                              "elicitations": elicitations, "tasks": report_tasks}
     try:
         async with http_client:
+            from tests.mcp_tasks import TasksClient
+
+            tasks = TasksClient()
             transport = streamable_http_client(plan["url"], http_client=http_client)
             client = Client(transport, mode="legacy" if revision == "legacy" else "auto",
-                            read_timeout_seconds=timeout, cache=None)
+                            read_timeout_seconds=timeout, cache=None, elicitation_callback=confirm,
+                            extensions=[tasks])
             async with client:
                 report["protocol_version"] = client.protocol_version
                 for op in plan["ops"]:
-                    report["results"].append(await _op(client, op))
+                    report["results"].append(await _op(client, op, report_tasks))
+                report_tasks.extend(tasks.seen)
     except BaseException as exc:  # the report says what the client raised (a group of one: that one)
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -125,9 +140,60 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-async def _op(client, op: list) -> dict[str, Any]:
+def _dumped(result) -> dict[str, Any]:
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {"ok": True, "is_error": bool(getattr(result, "is_error", False)), "content": dumped.get("content"),
+            "structured": dumped.get("structuredContent"), "result": dumped}
+
+
+async def _op(client, op: list, tasks: list[str]) -> dict[str, Any]:
+    from tests.mcp_tasks import poll_task
+
     kind = op[0]
+    legacy = client.protocol_version == "2025-11-25"
     try:
+        if kind == "call_task" and legacy:  # 2025-11-25: a task-augmented call, polled to its end
+            _, name, arguments = op
+            created = await client.session._dispatcher.send_raw_request(
+                "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": 600000}})
+            if not isinstance(created.get("task"), dict):  # answered at once (a replay, the proxy's refusal)
+                from mcp_types import CallToolResult
+
+                return {"op": kind, "tool": name, **_dumped(CallToolResult.model_validate(created))}
+            task_id = created["task"]["taskId"]
+            tasks.append(task_id)
+            return {"op": kind, "tool": name, **_dumped(await poll_task(client.session, task_id, legacy=True))}
+        if kind == "call_task":  # 2026-07-28: the tasks extension's claim polls it (TasksClient)
+            _, name, arguments = op
+            return {"op": kind, "tool": name, **_dumped(await client.call_tool(name, arguments))}
+        if kind == "task_handle":  # the task handle, not polled
+            _, name, arguments = op
+            if legacy:
+                created = await client.session._dispatcher.send_raw_request(
+                    "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": 600000}})
+                handle = created["task"]
+            else:
+                result = await client.session.call_tool(name, arguments, allow_claimed=True)
+                handle = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            tasks.append(handle["taskId"])
+            return {"op": kind, "tool": name, "ok": True, "handle": handle}
+        if kind == "poll_task":
+            _, task_id = op
+            return {"op": kind, **_dumped(await poll_task(client.session, task_id, legacy=legacy))}
+        if kind == "call_input":  # 2026-07-28: one round, an input_required result returned as it is
+            _, name, arguments = op
+            result = await client.session.call_tool(name, arguments, allow_input_required=True)
+            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            return {"op": kind, "tool": name, "ok": True, "result_type": dumped.get("resultType"), "result": dumped}
+        if kind == "continue":  # 2026-07-28: the next round of a call_input, with the user's confirmation
+            _, name, arguments, request_state, keys = op
+            from mcp_types import ElicitResult
+
+            responses = {k: ElicitResult(action="accept", content={"confirm": True}) for k in keys}
+            result = await client.session.call_tool(name, arguments, input_responses=responses,
+                                                    request_state=request_state, allow_input_required=True)
+            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            return {"op": kind, "tool": name, "result_type": dumped.get("resultType"), **_dumped(result)}
         if kind == "list_tools":
             listed = await client.list_tools()
             return {"op": kind, "ok": True, "tools": [
@@ -135,10 +201,7 @@ async def _op(client, op: list) -> dict[str, Any]:
                  if t.annotations else None} for t in listed.tools]}
         if kind == "call":
             _, name, arguments = op
-            result = await client.call_tool(name, arguments)
-            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-            return {"op": kind, "tool": name, "ok": True, "is_error": bool(getattr(result, "is_error", False)),
-                    "content": dumped.get("content"), "structured": dumped.get("structuredContent"), "result": dumped}
+            return {"op": kind, "tool": name, **_dumped(await client.call_tool(name, arguments))}
         raise ValueError(f"unknown operation {op!r}")
     except Exception as exc:
         return {"op": kind, "ok": False, "error": _error(exc)}

@@ -141,12 +141,19 @@ import sys
 import threading
 from typing import Any
 
+from typing import Annotated
+
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resolve import Elicit, Resolve
 from mcp.shared.exceptions import MCPError
-from mcp_types import ToolAnnotations
+from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult, ToolAnnotations
+from pydantic import BaseModel
 
-FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params")
+from tests.mcp_tasks import TASK_FAULTS, TASK_TOOL, TaskRuntime, TasksExtension, legacy_tasks
+
+FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params", *TASK_FAULTS)
+FAULTED_TOOLS = ("create_issue", "log_issue", TASK_TOOL)  # the tools a queued fault reaches
 RESPONSE_KEPT = 4000
 HEADERS_OF_INTEREST = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version", "accept", "content-type")
 
@@ -160,9 +167,16 @@ class Effects:
         self.requests: list[dict[str, Any]] = []
         self.queued: list[str] = []
         self.canned: list[dict[str, Any]] = []
+        self.counters: dict[str, int] = {}
+
+    def count(self, name: str) -> int:
+        with self.lock:
+            self.counters[name] = self.counters.get(name, 0) + 1
+            return self.counters[name]
 
     def reset(self) -> None:
         with self.lock:
+            self.counters.clear()
             self.issues.clear()
             self.requests.clear()
             self.queued.clear()
@@ -185,7 +199,8 @@ class Effects:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"created": len(self.issues), "issues": [dict(i) for i in self.issues],
-                    "requests": [dict(r) for r in self.requests], "queued": list(self.queued)}
+                    "requests": [dict(r) for r in self.requests], "queued": list(self.queued),
+                    "counters": dict(self.counters)}
 
 
 EFFECTS = Effects()
@@ -193,8 +208,25 @@ SSE_WINDOW = 0.05  # --sse: the 2026-07-28 handler's window before it commits to
 TOOL_DELAY = [0.0]  # --sse: every tool takes 2 * SSE_WINDOW, so its answer is SSE in both revisions
 
 
+class Confirmation(BaseModel):
+    confirm: bool
+
+
+def ask_to_confirm(title: str) -> Elicit[Confirmation]:
+    """create_issue_confirmed's question (the SDK's resolver: input_required in 2026-07-28, a request mid-call before)."""
+    return Elicit(f"Create the issue {title!r}?", Confirmation)
+
+
+def task_fault(arguments: dict[str, Any]) -> str:
+    return str(arguments.get("fault") or "")
+
+
+TASKS = TaskRuntime(lambda title, body: EFFECTS.record_issue(title, body))
+
+
 def build_server() -> MCPServer:
-    server = MCPServer("receipts-test-issues", instructions="A test issue tracker with fault injection.")
+    server = MCPServer("receipts-test-issues", instructions="A test issue tracker with fault injection.",
+                       extensions=[TasksExtension(TASKS, task_fault)], middleware=[legacy_tasks(TASKS, task_fault)])
 
     @server.tool(annotations=ToolAnnotations(title="Create an issue", read_only_hint=False, destructive_hint=False,
                                              idempotent_hint=False, open_world_hint=False))
@@ -231,6 +263,34 @@ def build_server() -> MCPServer:
             if issue["number"] == number:
                 return issue
         raise ToolError(f"issue {number} not found")
+
+    @server.tool(annotations=ToolAnnotations(title="Create an issue once confirmed", read_only_hint=False,
+                                             destructive_hint=False, idempotent_hint=False, open_world_hint=False))
+    async def create_issue_confirmed(confirmation: Annotated[Confirmation, Resolve(ask_to_confirm)], title: str,
+                                     body: str = "") -> dict[str, Any]:
+        """Create an issue after the user confirms it (elicitation)."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        if not confirmation.confirm:
+            raise ToolError("the user did not confirm the issue")
+        return EFFECTS.record_issue(title, body)
+
+    @server.tool(annotations=ToolAnnotations(title="Ask for ever", read_only_hint=False, open_world_hint=False))
+    async def ask_forever(title: str) -> dict[str, Any] | InputRequiredResult:
+        """2026-07-28: answers input_required on every round, never runs (a server that keeps asking)."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        n = EFFECTS.count("asked")
+        question = ElicitRequest(params=ElicitRequestFormParams(
+            message=f"Really create {title!r}? (asked {n} times)",
+            requested_schema={"type": "object", "properties": {"confirm": {"type": "boolean"}}}))
+        return InputRequiredResult(input_requests={f"again-{n}": question}, request_state=f"round-{n}")
+
+    @server.tool(name=TASK_TOOL, annotations=ToolAnnotations(title="Create an issue, as a task", read_only_hint=False,
+                                                             destructive_hint=False, idempotent_hint=False,
+                                                             open_world_hint=False))
+    async def create_issue_later(title: str, body: str = "", fault: str = "") -> dict[str, Any]:
+        """Create an issue; run as a task when the client asks for one (tests/mcp_tasks.py), else at once."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        return EFFECTS.record_issue(title, body)
 
     return server
 
@@ -306,7 +366,7 @@ class FaultsAndEffects:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope["path"], scope["method"]
-        if path in ("/_effects", "/_faults", "/_reset", "/_canned"):
+        if path in ("/_effects", "/_faults", "/_reset", "/_canned", "/_release"):
             return await self.control(path, method, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         seen = {h: headers[h] for h in HEADERS_OF_INTEREST if h in headers}
@@ -330,7 +390,7 @@ class FaultsAndEffects:
             entry.update(jsonrpc_method=msg.get("method"), id=msg.get("id"))
             if msg.get("method") == "tools/call":
                 entry.update(tool=params.get("name"), arguments=params.get("arguments"))
-                if params.get("name") in ("create_issue", "log_issue"):
+                if params.get("name") in FAULTED_TOOLS:
                     args = params.get("arguments") or {}
                     fault = args.get("fault") or EFFECTS.next_fault()
                     if fault and not args.get("fault") and isinstance(args, dict):
@@ -405,7 +465,11 @@ class FaultsAndEffects:
             messages = _json_response(200, EFFECTS.snapshot())
         elif path == "/_reset" and method == "POST":
             EFFECTS.reset()
+            TASKS.reset()
             messages = _json_response(200, {"reset": True})
+        elif path == "/_release" and method == "POST":
+            TASKS.release()
+            messages = _json_response(200, {"released": True})
         elif path == "/_faults" and method == "POST":
             raw = await read_body(receive)
             try:

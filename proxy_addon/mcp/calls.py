@@ -20,7 +20,9 @@ What is refused (never forwarded), on an endpoint a rule names:
   Node's and Go's servers read such bodies (replacing bad bytes with U+FFFD; Go matching keys
   regardless of case, the last one winning) and run a call the proxy would not see
   (json_body.read_strict). These are refused as `bad_json` (`Refused.reason`).
-The JSON-RPC `id` and `Mcp-Session-Id` never enter the intent: they change on every retry.
+The JSON-RPC `id` and `Mcp-Session-Id` never enter the intent: they change on every retry. Nor do
+`requestState` and `inputResponses` (the next round of a call whose server asked for input: the
+same write going on, `ToolCall.continues`) or `task` (a 2025-11-25 task-augmented call).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ _B64 = re.compile(r"=\?base64\?(?P<payload>.*)\?=")
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 # The keys the proxy reads of a JSON-RPC message and of its params: another spelling is refused.
 ENVELOPE = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
-PARAMS = frozenset({"name", "arguments", "_meta"})
+PARAMS = frozenset({"name", "arguments", "_meta", "requestState", "inputResponses", "task"})
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class ToolCall:
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     modern: bool = False  # the 2026-07-28 revision (routing headers or params._meta): results carry resultType
+    # The next round of a call whose server asked for input (2026-07-28, multi-round-trip requests): it
+    # carries `requestState` or `inputResponses` (store/interim.py). Neither ever enters the intent.
+    continues: bool = False
+    task: bool = False  # a 2025-11-25 task-augmented call (`params.task`): its answer may be a task handle
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,8 @@ def read_call(doc: Any, headers: Mapping[str, str]) -> ToolCall | Refused | None
         return Refused(f"tools/call {_short(name)} without a JSON-RPC id (a notification gets no answer)")
     meta = params.get("_meta")
     modern = method_header is not None or (isinstance(meta, dict) and PROTOCOL_VERSION_META in meta)
-    return ToolCall(call_id, name, arguments, modern)
+    continues = params.get("requestState") is not None or params.get("inputResponses") is not None
+    return ToolCall(call_id, name, arguments, modern, continues, isinstance(params.get("task"), dict))
 
 
 def _short(value: Any) -> str:

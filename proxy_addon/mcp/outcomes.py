@@ -3,7 +3,9 @@ What a tool call's answer means, as a receipt state (the MCP side of classify.py
 
 An answer other than 2xx is classified as any write's (classify.answer_outcome): a 401 or a
 400 refused the call, a 5xx may have run it. A 2xx answer, JSON or an event stream, is read
-for the JSON-RPC response with the call's own `id`:
+for the JSON-RPC response with the call's own `id`; a result that is not the call's outcome
+(`resultType` input_required or task, a 2025-11-25 task handle: mcp/interim.py) leaves the receipt
+`submitted`; otherwise:
 - `result` with `isError` false or absent → succeeded;
 - `result` with `isError: true` → rejected: the tool reported an error instead of a result
   (unless one of the operation's `classify:` rules says otherwise: a tool whose error may
@@ -34,6 +36,7 @@ from typing import Any
 
 from proxy_addon.classify import Outcome, answer_outcome, rule_fits
 from proxy_addon.jsonpath import NOT_JSON, id_in, parse_json
+from proxy_addon.mcp.interim import interim_of
 from proxy_addon.mcp.jsonrpc import response_for
 from proxy_addon.rules import ALREADY_EXISTS, Operation
 from proxy_addon.states import State
@@ -77,8 +80,14 @@ def tool_outcome(
     op: Operation,
     recorded: RecordedResponse | None,
     call_id: Any,
+    *,
+    task_call: bool = False,
 ) -> Outcome:
-    """The outcome of an answer to a tool call (`headers` with lower-case names, `body` decoded)."""
+    """
+    The outcome of an answer to a tool call (`headers` with lower-case names, `body` decoded);
+    `task_call`: a 2025-11-25 task-augmented call. An interim answer (input_required, a task
+    handle: mcp/interim.py) is no outcome: its Outcome stays `submitted`, with `interim` set.
+    """
     if not 200 <= status < 300:
         return answer_outcome(status, phrase, headers, body, op, recorded)
     message = response_for(body, headers.get("content-type"), call_id)
@@ -88,6 +97,10 @@ def tool_outcome(
             "the tool may have run"
         )
         return Outcome(State.OUTCOME_UNKNOWN, why, error=why, http_status=status, response=recorded)
+    if (interim := interim_of(message, task_call=task_call)) is not None:
+        if interim.interim is not None:
+            return interim  # never recorded: an interim answer is never replayed
+        return dataclasses.replace(interim, http_status=status, response=recorded)
     view = result_view(message)
     for rule in op.classify_rules:
         if rule_fits(dataclasses.replace(rule, statuses=()), status, headers, b"", [view]):

@@ -53,6 +53,7 @@ from proxy_addon.mitm import (
     refusals,
     request_body,
     streaming,
+    tasks,
     tools,
 )
 from proxy_addon.mitm.approval import Approvals, await_approval
@@ -260,10 +261,13 @@ class Receipts:
         credentials = credentials_from(op.credential_headers, view.headers)
         versions = self.gate.versions.of_operation(op)
         timeout = ctx.options.receipts_upstream_timeout
+        # The next round of an MCP call whose server asked for input goes on under its receipt (store/interim.py).
+        continues, rounds = m.mcp_call is not None and m.mcp_call.continues, ctx.options.receipts_mcp_rounds
 
         def attempt() -> Attempt:
             built = build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance, versions=versions)
-            return dataclasses.replace(built, upstream_timeout=timeout)  # its lifetime (send_guard.py, judge.py)
+            # its lifetime (send_guard.py, judge.py)
+            return dataclasses.replace(built, upstream_timeout=timeout, continues=continues, mcp_rounds=rounds)
 
         # The lease, and its epoch before the receipt is committed: a lease lost and taken again since
         # then means another proxy may have taken the receipt over (send_guard.py).
@@ -291,7 +295,13 @@ class Receipts:
             said = "duplicate answered with the recorded response"
             self._answer_duplicate(flow, replayed, "replayed", receipt, "REPLAYED", logging.INFO, said)
         elif decision.kind != "forward":
-            blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
+            blocked = answers.duplicate(
+                receipt,
+                decision.kind,
+                retry_after=retry_after(op, receipt, utcnow()),
+                task_id=decision.task_id,
+                note=decision.note,
+            )
             prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
             said = f"duplicate blocked ({receipt.state})"
             self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
@@ -390,6 +400,8 @@ class Receipts:
 
     async def response(self, flow: http.HTTPFlow) -> None:
         tools.learn(flow, self.tool_catalog)
+        if self.gate is not None and self.rules is not None:  # a task's answer passing: its write may be settled
+            await tasks.learn(flow, self.gate, self.rules)
         meta = self._awaiting_outcome(flow)
         if meta is not None:
             await self._record_response(flow, meta)

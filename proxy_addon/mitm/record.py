@@ -62,7 +62,10 @@ async def answer(
     """
     resp = flow.response
     assert resp is not None
-    result = forward.outcome_of(resp, op, cap=cap, complete=complete, call_id=(meta.get("mcp") or {}).get("id"))
+    call = meta.get("mcp") or {}
+    result = forward.outcome_of(
+        resp, op, cap=cap, complete=complete, call_id=call.get("id"), task_call=bool(call.get("task"))
+    )
     receipt = await outcome(gate, metrics, flow, meta, result, op)
     if receipt is not None and result.evidence and receipt.external_id:
         resp.headers["X-Receipt-External-Id"] = receipt.external_id
