@@ -10,7 +10,10 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 1. the store decides in one committed transaction: a new receipt to forward, or a duplicate
    of an existing one;
 2. a duplicate of a receipt still `submitted` waits for its outcome (up to `wait_submitted`),
-   on this process's own event or by polling the store when another process sent it;
+   on this process's own event or by polling the store when another process sent it; but one
+   whose MCP call waits for its client's input is answered at once, and one whose call's task
+   has not ended reads the task first (`read_task`, with the duplicate's credentials: an ended
+   task settles the receipt, mcp/tasks.py; store/interim.py says what waits);
 3. a duplicate of an `outcome_unknown` receipt that can be settled now is reconciled with a
    read, with the duplicate's own credentials; concurrent duplicates share one read. One that
    waits out its next-read time (a failed read's Retry-After or backoff, a settle delay:
@@ -18,7 +21,9 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 4. the store decides again, and only this final answer is recorded in the receipt's events.
 
 `record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait
-for it, and reconciles at once when the answer says the effect may already exist.
+for it, and reconciles at once when the answer says the effect may already exist. An interim
+answer (an MCP call's input_required, a task handle) is recorded as such: the receipt waits.
+`task_seen` takes what a task's answer passing the proxy says (mitm/tasks.py).
 
 On SQLite the gate has `local`, a connection of the event loop's own that never waits
 (mitm/store.py; loop_connection.py): a duplicate is decided and its answer recorded there, from one read, without
@@ -42,6 +47,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 import logging
 import time
@@ -346,6 +352,11 @@ class Gate:
             async with self._slots.hold(receipt, settings.timeout):
                 report = await perform_task_read(receipt.target, task_id, receipt.task_revision, credentials, settings)
         except (NoReadSlot, ReconcileError) as e:
+            past = receipt.waiting_until is not None and self._now() >= dt.datetime.fromisoformat(receipt.waiting_until)
+            if isinstance(e, ReconcileError) and past:  # its server may have discarded it: its end may never be read
+                return await self.task_report(
+                    op, receipt, TaskReport(None, expired=str(e), said="the proxy's tasks/get")
+                )
             logger.warning(
                 "receipt %s %s %s: task %s not read: %s; it waits on",
                 receipt.operation_id,

@@ -97,6 +97,16 @@ def recorded_result(proxy: Proxy, r: Receipt) -> dict:
     return message["result"]
 
 
+def receipt_view(proxy: Proxy, operation_id: str) -> str:
+    from proxy_addon.mitm.web import describe
+
+    store = Store.open(proxy.db, create=False)
+    try:
+        return describe(store, operation_id)
+    finally:
+        store.close()
+
+
 def calls_of(server, tool: str) -> list[dict]:
     return server.calls(tool)
 
@@ -158,6 +168,8 @@ def test_a_new_identical_call_while_the_first_waits_for_input_is_refused_at_once
     assert refused["ok"] and refused["is_error"], refused
     assert "waiting for input" in text_of(refused) and r.operation_id in text_of(refused)
     assert other["elicitations"] == []  # nothing reached the server: nobody was asked
+    shown = receipt_view(proxy, r.operation_id)  # mitmweb's Receipt view
+    assert "WAITING FOR INPUT" in shown and "input required (round)" in shown and "input rounds     1" in shown
 
     done = client(proxy, mcp_json_server, [("continue", "create_issue_confirmed", args, state, keys)], MODERN)
     finished = done["results"][0]
@@ -276,6 +288,8 @@ def test_a_retry_while_the_task_works_is_refused_with_its_id_and_replayed_once_t
     assert retry["ok"] and retry["is_error"] and task_id in text_of(retry), retry
     (r,) = receipts(proxy, args["title"])
     assert (r.state, r.waiting_for, r.task_status) == ("submitted", "task", "working")
+    shown = receipt_view(proxy, r.operation_id)  # mitmweb's Receipt view: the task by its first characters
+    assert f"WAITING FOR ITS TASK {task_id[:8]}…" in shown and "kept encrypted" in shown and task_id not in shown
 
     mcp_json_server._control("POST", "/_release")  # the task goes on; nobody polls it
     wait_for(lambda: mcp_json_server.effects()["created"] == 1, timeout=20, what="the held task to make its issue")
@@ -303,3 +317,19 @@ def test_the_task_id_is_never_stored_in_clear(proxy, mcp_json_server):
     wal = Path(str(proxy.db) + "-wal")
     assert not wal.exists() or task_id.encode() not in wal.read_bytes()
     assert task_id not in proxy.log()
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_a_task_its_server_no_longer_knows_leaves_the_outcome_unknown(proxy, mcp_json_server, revision):
+    """The proxy's own tasks/get answers -32602 (expired, purged): the task's end can never be read."""
+    mcp_json_server.reset()
+    args = issue()
+    mcp_json_server.queue("task_hold")
+    client(proxy, mcp_json_server, [("task_handle", "create_issue_later", args)], revision)
+    mcp_json_server.reset()  # the server forgets its tasks (the held one never made its issue)
+    retry = client(proxy, mcp_json_server, [("call_task", "create_issue_later", args)], revision)["results"][0]
+    assert retry["ok"] and retry["is_error"] and "NOT SENT" in text_of(retry), retry
+    assert calls_of(mcp_json_server, "create_issue_later") == [] and mcp_json_server.effects()["created"] == 0
+    (r,) = receipts(proxy, args["title"])
+    assert r.state == "outcome_unknown" and "no longer knows the task" in (r.error or "")
+    assert history(proxy, r.operation_id) == ["→submitted", "task", "→outcome_unknown", "blocked"]

@@ -62,6 +62,8 @@ def _task(task: Mapping[str, Any], revision: str) -> Outcome:
         )
         return Outcome(State.OUTCOME_UNKNOWN, why, error=why)
     shown = status if isinstance(status, str) else "unknown"
+    ttl = task.get("ttlMs" if revision == MODERN else "ttl")
+    seconds = ttl / 1000 if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else None
     why = (
         f"the server runs the call as a task ({revision}, status {_short(shown)}): not an outcome; the task's end "
         "decides it"
@@ -69,7 +71,7 @@ def _task(task: Mapping[str, Any], revision: str) -> Outcome:
     return Outcome(
         State.SUBMITTED,
         why,
-        interim=Interim("task", why, task_id=task_id, task_status=shown[:40], task_revision=revision),
+        interim=Interim("task", why, task_id=task_id, task_status=shown[:40], task_revision=revision, task_ttl=seconds),
     )
 
 

@@ -15,15 +15,16 @@ The two revisions:
   would have (its result, or its JSON-RPC error) once it ended. A JSON-RPC error to tasks/result is
   the call's end only when the task was seen `failed` (-32602 is also "no such task").
 
-The rules (docs/rules.md, "Tasks"): a task's end is judged as the call's answer would have been,
+The rules (docs/rules.md, "Interim answers"): a task's end is judged as the call's answer would have been,
 for the specification says tasks/get (tasks/result) answers "exactly what the underlying request
 would have returned": a result → succeeded (recorded, so a duplicate is replayed the tool's
 result under its own id), `isError` → rejected, a classify rule as for any result; an error
 -32602 → rejected (the server refused the call's parameters), any other error → outcome_unknown
 (it may have failed after acting). A `cancelled` task → outcome_unknown: cancellation is
 cooperative, the task may have acted before it stopped. A task the server no longer knows
-(-32602 to the proxy's own tasks/get: expired, purged) → outcome_unknown: its end can never be
-read. A task that has not ended (working, input_required) leaves the receipt waiting.
+(-32602 to the proxy's own tasks/get: expired, purged), or one the proxy cannot read once its
+time to live (its ttl) has passed → outcome_unknown: its end may never be read. A task that has
+not ended (working, input_required) leaves the receipt waiting.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class TaskReport:
     status: str | None
     message: dict[str, Any] | None = None  # {"result": ...} or {"error": ...}: what the call answered in the end
     gone: bool = False  # the server does not know the task (the proxy's own tasks/get: -32602)
+    expired: str | None = None  # the proxy's read failed (why) past the task's ttl: its server may have discarded it
     said: str = "tasks/get"
 
 
@@ -96,6 +98,9 @@ def task_outcome(report: TaskReport, op: Operation, revision: str | None, hint: 
     said = f"task {hint} ({report.said})"
     if report.gone:
         why = f"{said}: the server no longer knows the task (expired or purged): its end cannot be read"
+        return Outcome(State.OUTCOME_UNKNOWN, why, error=why)
+    if report.expired is not None:
+        why = f"{said}: not read ({report.expired}), and past its time to live, after which its server may discard it"
         return Outcome(State.OUTCOME_UNKNOWN, why, error=why)
     if report.status == "cancelled":
         why = f"{said} was cancelled: a task may act before it stops (cancellation is cooperative)"

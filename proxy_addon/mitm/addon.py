@@ -16,7 +16,8 @@ Hooks, one job each:
   cannot be written).
 - `responseheaders`: an MCP tool call's event stream, routed to the relay by `request`, streams
   (streaming.py).
-- `response` / `error`: record outcomes (record.py) when mitmproxy forwards (`receipts_forward=mitmproxy`).
+- `response` / `error`: record outcomes (record.py) when mitmproxy forwards (`receipts_forward=mitmproxy`);
+  read an MCP task's answer passing through (tasks.py: it may settle the write waiting for it).
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ class ReceiptInterim(ReceiptTransitions):
                     task_hint=task_hint(task_id),
                     task_status=interim.task_status,
                     task_revision=interim.task_revision,
+                    waiting_until=iso(now + dt.timedelta(seconds=interim.task_ttl)) if interim.task_ttl else None,
                 )
                 event, reason = "task", f"task {task_hint(task_id)}: {interim.reason}"
             changed = self._execute(

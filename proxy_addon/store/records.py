@@ -107,6 +107,7 @@ class Interim:
     task_id: str | None = field(default=None, repr=False)
     task_status: str | None = None  # working, input_required, ... (as the handle says)
     task_revision: str | None = None  # the MCP revision of the task: "2026-07-28" (the Tasks extension) or "2025-11-25"
+    task_ttl: float | None = None  # seconds the server keeps the task (its ttl), if it says: then it may discard it
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,9 @@ class Receipt:
     # input), "task" (its server runs it as a task); None otherwise.
     waiting_for: str | None = None
     mcp_rounds: int = 0  # how many times its server asked for input (MCP input_required answers)
-    waiting_until: str | None = None  # waiting for input: past this, the call is taken as abandoned
+    # waiting for input: past this, the call is taken as abandoned; for a task: its server may have
+    # discarded it (its ttl), so a read of it that fails then settles it outcome_unknown
+    waiting_until: str | None = None
     task_hint: str | None = None  # the first characters of its task's id, to tell it by (the id is sealed)
     task_status: str | None = None  # its task's status, as last seen
     task_revision: str | None = None  # the MCP revision its task was created in
