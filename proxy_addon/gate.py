@@ -471,8 +471,8 @@ class Gate:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), min(poll, max(0.0, deadline - loop.time())))
                 receipt = await self.calls(lambda s: s.get(operation_id))
-                if receipt.state is not State.SUBMITTED:
-                    return
+                if receipt.state is not State.SUBMITTED or receipt.waiting_for is not None:
+                    return  # an outcome, or an interim answer: it waits for its client or its task, not in flight
         finally:
             self._waiters[operation_id] -= 1
             if not self._waiters[operation_id]:

@@ -596,3 +596,25 @@ async def test_a_task_that_cannot_be_read_waits_until_its_time_to_live_then_is_u
     assert w.upstream.seen(w.path("plain")) == 2  # the two reads (POSTs of tasks/get); the write was never sent
     assert duplicates(w.events(waiting.operation_id)) == [("task", "submitted"), ("blocked", "submitted"),
                                                           ("blocked", "outcome_unknown")]
+
+
+async def test_a_duplicate_waiting_in_another_process_is_answered_once_the_call_waits_for_input(world):
+    """
+    Gate B (another proxy on the same store) holds a duplicate while A's call is in flight; A's answer
+    is input_required: B's duplicate is answered then, not after receipts_wait_submitted (60 s here).
+    """
+    from proxy_addon.store import Interim
+
+    w = world
+    a, b = w.gate(wait_submitted=60), w.gate(wait_submitted=60)
+    attempt, op = w.attempt("plain")
+    first = await a.admit(attempt, op, CREDENTIALS)
+    waiting = asyncio.ensure_future(b.admit(w.attempt("plain")[0], op, CREDENTIALS))
+    await asyncio.sleep(0.3)  # B is waiting for the outcome
+    assert not waiting.done()
+    asked = Outcome(State.SUBMITTED, "asked", interim=Interim("input_required", "the server asked for input"))
+    await a.record(first.decision.receipt.operation_id, asked)
+    answered = await asyncio.wait_for(waiting, 20)  # generous; without the interim's wake-up it takes 60 s
+    assert answered.decision.kind == "blocked" and answered.decision.receipt.waiting_for == "input"
+    assert duplicates(w.events(first.decision.receipt.operation_id)) == [("input_required", "submitted"),
+                                                                         ("blocked", "submitted")]
