@@ -25,6 +25,7 @@ import json
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
 from proxy_addon.mcp.jsonrpc import messages_of
@@ -333,3 +334,59 @@ def test_a_task_its_server_no_longer_knows_leaves_the_outcome_unknown(proxy, mcp
     (r,) = receipts(proxy, args["title"])
     assert r.state == "outcome_unknown" and "no longer knows the task" in (r.error or "")
     assert history(proxy, r.operation_id) == ["→submitted", "task", "→outcome_unknown", "blocked"]
+
+
+def test_each_round_is_sent_within_a_lifetime_of_its_own(tmp_path, confdir, mcp_json_server):
+    """
+    A receipt's request may be in flight until `in_flight_until` (receipts_upstream_timeout after it was
+    sent), and the proxy never sends past it (send_guard.py). The next round, sent long after the first,
+    gets a lifetime of its own: sent, not refused as late.
+    """
+    import time
+
+    mcp_json_server.reset()
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "tracker.yaml").write_text(RULES)
+    p = Proxy(tmp_path, confdir, rules=rules, extra=("--set", "receipts_upstream_timeout=2")).start()
+    try:
+        args = issue()
+        asked = client(p, mcp_json_server, [("call_input", "create_issue_confirmed", args)], MODERN)["results"][0]
+        state, keys = asked["result"]["requestState"], list(asked["result"]["inputRequests"])
+        (first,) = receipts(p, args["title"])
+        time.sleep(3)  # past the first round's in_flight_until
+        done = client(p, mcp_json_server, [("continue", "create_issue_confirmed", args, state, keys)], MODERN)
+        assert done["results"][0]["ok"] and not done["results"][0]["is_error"], done["results"]
+        assert mcp_json_server.effects()["created"] == 1
+        (r,) = receipts(p, args["title"])
+        assert r.state == "succeeded" and r.in_flight_until > first.in_flight_until
+    finally:
+        p.stop()
+
+
+def test_a_next_round_that_never_leaves_leaves_the_outcome_unknown(proxy, tmp_path):
+    """Its earlier rounds were sent: that this one never left proves nothing of them (not not_sent)."""
+    from tests.mcp_fixtures import McpServer
+
+    server = McpServer("json", tmp_path).start()
+    try:
+        args = issue()
+        asked = client(proxy, server, [("call_input", "create_issue_confirmed", args)], MODERN)["results"][0]
+        state, keys = asked["result"]["requestState"], list(asked["result"]["inputRequests"])
+    finally:
+        server.stop()  # the next round finds nobody listening: its connection is refused, nothing leaves
+    # the SDK client would first discover the (stopped) server: the next round is sent as it sends one
+    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "create_issue_confirmed", "arguments": args, "requestState": state,
+        "inputResponses": {k: {"action": "accept", "content": {"confirm": True}} for k in keys},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}}}}
+    headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "create_issue_confirmed",
+               "accept": "application/json, text/event-stream"}
+    with httpx.Client(proxy=proxy.url, timeout=30, trust_env=False) as http:
+        lost = http.post(server.url, json=body, headers=headers)
+    said = lost.json()["result"]
+    assert said["isError"] and "may or may not have taken effect" in said["content"][0]["text"], said
+    (r,) = receipts(proxy, args["title"])
+    assert r.state == "outcome_unknown" and "earlier rounds were sent" in (r.error or "")
+    assert history(proxy, r.operation_id) == ["→submitted", "input_required", "continued", "→outcome_unknown"]

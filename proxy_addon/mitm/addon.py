@@ -290,6 +290,8 @@ class Receipts:
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
+        if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
+            meta["round"] = receipt.mcp_rounds + 1
         if decision.kind == "replay":
             assert decision.answer is not None  # opened by the store for this replay (store/sealing.py)
             replayed = answers.replay(receipt, decision.answer)
@@ -355,6 +357,7 @@ class Receipts:
 
     async def _exchange_failed(self, flow: http.HTTPFlow, meta: dict, result: Outcome) -> None:
         """Record an exchange that failed (or was never started), and answer the agent so (502, 504)."""
+        result = record.of_round(meta, result)  # the next round of an MCP call: its earlier rounds were sent
         receipt = await self._record(flow, meta, result)
         if receipt is None and result.state is State.NOT_SENT:
             logger.warning(f"receipt {meta['operation_id']}: {result.reason} (nothing was sent)")
