@@ -314,6 +314,8 @@ def test_the_task_id_is_never_stored_in_clear(proxy, mcp_json_server):
     handle = client(proxy, mcp_json_server, [("task_handle", "create_issue_later", args)], MODERN)["results"][0]
     task_id = handle["handle"]["taskId"]
     mcp_json_server._control("POST", "/_release")
+    (r,) = receipts(proxy, args["title"])
+    assert (r.waiting_for, r.task_hint) == ("task", task_id[:8] + "…")  # recorded, by its first characters only
     assert task_id.encode() not in Path(proxy.db).read_bytes()
     wal = Path(str(proxy.db) + "-wal")
     assert not wal.exists() or task_id.encode() not in wal.read_bytes()
