@@ -354,9 +354,8 @@ class Gate:
         except (NoReadSlot, ReconcileError) as e:
             past = receipt.waiting_until is not None and self._now() >= dt.datetime.fromisoformat(receipt.waiting_until)
             if isinstance(e, ReconcileError) and past:  # its server may have discarded it: its end may never be read
-                return await self.task_report(
-                    op, receipt, TaskReport(None, expired=str(e), said="the proxy's tasks/get")
-                )
+                expired = TaskReport(None, expired=str(e), said="the proxy's tasks/get")
+                return await self.task_report(op, receipt, expired, credentials)
             logger.warning(
                 "receipt %s %s %s: task %s not read: %s; it waits on",
                 receipt.operation_id,
@@ -366,7 +365,7 @@ class Gate:
                 e,
             )
             return receipt
-        return await self.task_report(op, receipt, report)
+        return await self.task_report(op, receipt, report, credentials)
 
     async def task_seen(
         self, api: str, task_id: str, report: TaskReport, operation: Callable[[Receipt], Operation | None]
@@ -381,7 +380,9 @@ class Gate:
             return None
         return await self.task_report(op, receipt, report)
 
-    async def task_report(self, op: Operation, receipt: Receipt, report: TaskReport) -> Receipt:
+    async def task_report(
+        self, op: Operation, receipt: Receipt, report: TaskReport, credentials: Mapping[str, str] | None = None
+    ) -> Receipt:
         """What a report says of the task a receipt waits for: its outcome recorded once it ended, else its status."""
         hint = receipt.task_hint or "?"
         outcome = task_outcome(report, op, receipt.task_revision, hint)
@@ -393,20 +394,13 @@ class Gate:
                 await self.calls(lambda s: s.note_task(operation_id, status, why))
                 return await self.calls(lambda s: s.get(operation_id))
             return receipt
-        try:
-            done = await self._record(operation_id, outcome, None)
-        except (IllegalTransition, StoreError) as e:  # settled meanwhile (another read, another proxy), or unwritable
-            logger.warning("receipt %s: could not record %s (%s): %s", operation_id, outcome.state, outcome.reason, e)
-            return await self.calls(lambda s: s.get(operation_id))
-        logger.log(
-            logging.INFO if done.state is State.SUCCEEDED else logging.WARNING,
-            "receipt %s %s %s: %s (%s)",
-            done.operation_id,
-            done.api,
-            done.operation,
-            done.state,
-            outcome.reason,
+        # Recorded as any outcome; one that says the effect may exist (a classify rule) is read at once
+        # with the duplicate's credentials, when a duplicate brought them (an observed answer did not).
+        done = await self.record(
+            operation_id, outcome, op=op if credentials is not None else None, credentials=credentials
         )
+        if done is None:  # settled meanwhile (another read, another proxy), or the store refused: logged
+            return await self.calls(lambda s: s.get(operation_id))
         self.on_change(done)
         return done
 
