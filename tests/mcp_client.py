@@ -20,7 +20,17 @@ Operations, run in order in one client session; one that fails does not stop the
     ("list_tools",)                     -> {"op", "ok", "tools": [{"name", "annotations"}]}
     ("call", name, arguments)           -> {"op", "ok", "is_error", "content": [...],
                                             "structured": {...}|None, "result": <the result as dumped>}
+    ("call_task", name, arguments)      a task: 2026-07-28, as "call" (the TasksClient extension polls it,
+                                        tests/mcp_tasks.py); 2025-11-25, a task-augmented call polled with
+                                        tasks/get, then tasks/result -> as "call"
+    ("task_handle", name, arguments)    the task handle, not polled -> {"op", "ok", "handle": {...}}
+    ("poll_task", task_id)              -> as "call"
+    ("call_input", name, arguments)     2026-07-28: one round; an input_required result returned as it is
+                                        -> {"op", "ok", "result_type", "result"}
+    ("continue", name, arguments, request_state, keys)  its next round, every key answered "confirm"
     a failure                           -> {"op", "ok": false, "error": {"type", "code", "message"}}
+The client confirms every elicitation (its messages in the report's "elicitations") and declares the
+Tasks extension (the task ids it was handed in "tasks").
 The report: {"revision", "protocol_version", "connect_error"?, "results": [...],
 "http": [{"method", "url", "jsonrpc_method", "id", "status", "content_type", "session_id",
 "request_headers": {...}}]} where "http" lists every HTTP exchange the client made (httpx2 event

@@ -19,6 +19,14 @@ Tools:
     list_issues()                         readOnlyHint true; {"issues": [{"number", "title", "body"}, ...]}
     get_issue(number)                     readOnlyHint true; {"number", "title", "body"}, or isError
                                           true "issue N not found"
+    create_issue_confirmed(title, body="") a write that asks the user to confirm first (the SDK's resolver,
+                                          `Elicit`): 2026-07-28 answers input_required, and runs when the
+                                          client sends its next round with the answer; 2025-11-25 sends
+                                          elicitation/create on the call's own event stream (--sse only)
+    ask_forever(title)                    2026-07-28: answers input_required on every round, never runs
+    create_issue_later(title, body="", fault="")  a write run as a task when the client asks for one
+                                          (2025-11-25 params.task) or declares the Tasks extension
+                                          (2026-07-28): tests/mcp_tasks.py; else at once, as create_issue
 
 Faults of create_issue (and log_issue), chosen per call: the `fault` argument (every call with it), else the next
 one queued with POST /_faults {"faults": ["commit_then_drop", ...]} (one per such call, in
@@ -32,6 +40,8 @@ order, then none). The queue keeps retries of the same arguments ordinary: a ret
     tool_error         records nothing; result {"isError": true, "content": [{"type": "text", ...}]}
     internal_error     records the issue, then a JSON-RPC error -32603 ("internal error after commit")
     invalid_params     records nothing; a JSON-RPC error -32602 ("invalid params: ...")
+Faults of create_issue_later's task (queued the same way): task_fails, task_invalid, task_cancelled,
+task_hold (tests/mcp_tasks.py says what each does).
 
 Control endpoints (plain HTTP on the same port; tests call them directly, not through the proxy):
     GET  /_effects   {"created": n, "issues": [...], "requests": [...], "queued": [...]}: `created`
@@ -47,7 +57,8 @@ Control endpoints (plain HTTP on the same port; tests call them directly, not th
                      message, with the request's own id unless "id" is given ("$string": the
                      request's id as a string); the tool does not
                      run. To check what the SDK client accepts (tests/test_mcp_baseline.py).
-    POST /_reset     forget issues, requests, queued faults and canned answers
+    POST /_release   held tasks (task_hold) go on
+    POST /_reset     forget issues, requests, queued faults, canned answers, counters and tasks
 
 Response modes: --json answers every request with one `application/json` body. --sse answers
 with `text/event-stream`, but not always: in the 2026-07-28 revision the SDK's server commits to
