@@ -74,13 +74,22 @@ def json_answer(status: int, body: dict, headers: dict[str, str]) -> Answer:
 
 
 def duplicate(
-    receipt: Receipt, kind: str, *, retry_after: dt.datetime | None = None, now: dt.datetime | None = None
+    receipt: Receipt,
+    kind: str,
+    *,
+    retry_after: dt.datetime | None = None,
+    now: dt.datetime | None = None,
+    task_id: str | None = None,
+    note: str | None = None,
 ) -> Answer:
     """
     The answer to a duplicate that is not forwarded: `blocked`, `blocked_succeeded` or
     `key_conflict`. `retry_after`: when the proxy will next read to settle the first attempt
     (after a failed read's Retry-After or backoff, or when a read can prove it absent: once the
-    original can no longer land, and after settle).
+    original can no longer land, and after settle). A first attempt that waits for its client's
+    input or for its task (an MCP tool call: store/interim.py) says so (`waiting_for`), with the
+    task's id for its own caller (`task_id`); `note`: why this attempt was refused, when the
+    receipt's state does not say it (the server asked for input too often).
     """
     base = {"operation_id": receipt.operation_id, "api": receipt.api, "operation": receipt.operation}
     if kind == "key_conflict":
@@ -107,13 +116,26 @@ def duplicate(
             },
             receipt_headers(receipt),
         )
-    doc = {
+    doc: dict[str, object] = {
         "error": "duplicate_unresolved",
         **base,
         "state": str(receipt.state),
         "submitted_at": receipt.submitted_at,
         "hint": HINTS.get(receipt.state, "the first attempt is unresolved"),
     }
+    if receipt.state is State.SUBMITTED and receipt.waiting_for == "input":
+        doc.update(waiting_for="input", rounds=receipt.mcp_rounds)
+        doc["hint"] = (
+            "the first attempt waits for the input its server asked for (input_required); it goes on when its "
+            "client sends that input, and an identical new request is not sent meanwhile"
+        )
+    elif receipt.state is State.SUBMITTED and receipt.waiting_for == "task":
+        doc.update(waiting_for="task", task_status=receipt.task_status)
+        if task_id is not None:
+            doc["task_id"] = task_id
+        doc["hint"] = "the server runs the first attempt as a task that has not ended; poll the task for its result"
+    if note is not None:
+        doc.update(detail=note, hint="the first attempt did not complete; reconcile it before retrying")
     headers = receipt_headers(receipt)
     if retry_after is not None:
         doc["retry_after"] = retry_after.isoformat().replace("+00:00", "Z")

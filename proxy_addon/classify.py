@@ -58,7 +58,7 @@ from proxy_addon.exchange_failures import NOT_SENT_ERRORS, NotProcessed, SendSto
 from proxy_addon.jsonpath import NOT_JSON, dig_all, id_in, parse_json
 from proxy_addon.rules import ALREADY_EXISTS, ClassifyRule, Operation
 from proxy_addon.states import State
-from proxy_addon.store import RecordedResponse
+from proxy_addon.store import Interim, RecordedResponse
 
 __all__ = [
     "Outcome",
@@ -93,6 +93,9 @@ class Outcome:
     response: RecordedResponse | None = None
     evidence: bool = False  # the answer says the effect may already exist: a read decides, now
     timed_out: bool = False  # our own deadline passed
+    # Not an outcome (`state` stays submitted): the server asked for input, or runs the call as a task
+    # (an MCP tool call: mcp/outcomes.py; recorded by store/interim.py)
+    interim: Interim | None = None
 
     def fields(self) -> dict[str, Any]:
         """The receipt fields `Store.transition` records with the state."""

@@ -10,7 +10,10 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 1. the store decides in one committed transaction: a new receipt to forward, or a duplicate
    of an existing one;
 2. a duplicate of a receipt still `submitted` waits for its outcome (up to `wait_submitted`),
-   on this process's own event or by polling the store when another process sent it;
+   on this process's own event or by polling the store when another process sent it; but one
+   whose MCP call waits for its client's input is answered at once, and one whose call's task
+   has not ended reads the task first (`read_task`, with the duplicate's credentials: an ended
+   task settles the receipt, mcp/tasks.py; store/interim.py says what waits);
 3. a duplicate of an `outcome_unknown` receipt that can be settled now is reconciled with a
    read, with the duplicate's own credentials; concurrent duplicates share one read. One that
    waits out its next-read time (a failed read's Retry-After or backoff, a settle delay:
@@ -18,7 +21,9 @@ The gate: what happens to a matched write between "it arrived" and "its outcome 
 4. the store decides again, and only this final answer is recorded in the receipt's events.
 
 `record` writes the outcome (guarded: only from `submitted`), wakes the duplicates that wait
-for it, and reconciles at once when the answer says the effect may already exist.
+for it, and reconciles at once when the answer says the effect may already exist. An interim
+answer (an MCP call's input_required, a task handle) is recorded as such: the receipt waits.
+`task_seen` takes what a task's answer passing the proxy says (mitm/tasks.py).
 
 On SQLite the gate has `local`, a connection of the event loop's own that never waits
 (mitm/store.py; loop_connection.py): a duplicate is decided and its answer recorded there, from one read, without
@@ -42,6 +47,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 import logging
 import time
@@ -51,12 +57,13 @@ from typing import Any, Literal, TypeVar
 
 from proxy_addon.classify import Outcome
 from proxy_addon.earlier_fingerprints import Versions
-from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable
+from proxy_addon.errors import IllegalTransition, ReconcileError, StoreError, StoreUnavailable
 from proxy_addon.fingerprint import SCHEME
 from proxy_addon.loop_connection import OnTheLoop
+from proxy_addon.mcp.tasks import TaskReport, task_outcome
 from proxy_addon.metrics import Metrics, read_result
 from proxy_addon.read_slots import NoReadSlot, ReadSlots
-from proxy_addon.reads import ReadSettings
+from proxy_addon.reads import ReadSettings, perform_task_read
 from proxy_addon.reconcile import reconcilable_now, reconcile
 from proxy_addon.rules import Operation, PathTemplate, RuleSet
 from proxy_addon.states import State
@@ -76,6 +83,8 @@ class GateSettings:
     wait_submitted: float = 30.0  # seconds a duplicate of an in-flight request waits for its outcome
     reads: ReadSettings = field(default_factory=ReadSettings)
     reads_max: int = 8  # reconcile reads running at once in this process; the others wait (receipts_reads_max)
+    # seconds an MCP call whose server asked for input waits for its client's next round (receipts_mcp_input_wait)
+    mcp_input_wait: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,7 @@ class Gate:
         self.on_change = on_change  # a receipt changed here outside a flow's own hooks (a reconcile)
         self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
         self._reconciles: dict[str, asyncio.Task[Receipt | None]] = {}  # receipt id → the read in progress
+        self._task_reads: dict[str, asyncio.Task[Receipt]] = {}  # receipt id → the read of its task in progress
         self._slots = ReadSlots(lambda: self.settings.reads_max)  # at most reads_max reads at once
         self._remote: dict[str, asyncio.Event] = {}  # receipt id → set when another process changed it (wake)
         self._waiters: collections.Counter[str] = collections.Counter()  # receipt id → duplicates waiting on it
@@ -144,10 +154,15 @@ class Gate:
         return self.calls.store.clock()
 
     def _follows_up(self, op: Operation, d: Decision) -> bool:
-        """A duplicate that first waits for the original's outcome, or reconciles it."""
-        state = d.receipt.state
+        """
+        A duplicate that first waits for the original's outcome (in flight), reads its task (a
+        task the proxy can read: store/interim.py), or reconciles it. One whose original waits for
+        its client's input is answered at once: its outcome comes only when that client goes on.
+        """
+        state, waiting = d.receipt.state, d.receipt.waiting_for
         return d.kind == "blocked" and (
-            (state is State.SUBMITTED and self.settings.wait_submitted > 0)
+            (state is State.SUBMITTED and waiting is None and self.settings.wait_submitted > 0)
+            or (state is State.SUBMITTED and waiting == "task" and d.task_id is not None)
             or (state is State.OUTCOME_UNKNOWN and reconcilable_now(op, d.receipt, self._now()))
         )
 
@@ -189,7 +204,9 @@ class Gate:
         decision = await decided(False)
         if self._follows_up(op, decision):
             receipt = decision.receipt
-            if receipt.state is State.SUBMITTED:
+            if receipt.state is State.SUBMITTED and receipt.waiting_for == "task" and decision.task_id is not None:
+                receipt = await self.read_task(op, receipt, decision.task_id, credentials)
+            elif receipt.state is State.SUBMITTED:
                 self.metrics.waited(op.api, op.name)
                 await self.wait_for_outcome(receipt.operation_id, self.settings.wait_submitted)
                 receipt = await self.calls(lambda s: s.get(receipt.operation_id))
@@ -237,7 +254,11 @@ class Gate:
         Record a forwarded write's outcome; the receipt, or None when the store refused (it stays
         submitted, and becomes outcome_unknown when the proxy restarts). An `evidence` outcome
         (the answer says the effect may exist) is reconciled at once with the request's credentials.
+        An interim answer (`outcome.interim`: its server asked for input, or runs it as a task) is
+        no outcome: the receipt stays submitted, waiting for it (store/interim.py).
         """
+        if outcome.interim is not None:
+            return await self._record_interim(operation_id, outcome, flow_id)
         try:
             receipt = await self._record(operation_id, outcome, flow_id)
         except IllegalTransition as e:  # no longer submitted: another proxy took it over (its lease expired)
@@ -284,6 +305,104 @@ class Gate:
             )
             receipt = settled if settled is not None else await self.calls(lambda s: s.get(operation_id))
         return receipt
+
+    async def _record_interim(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt | None:
+        """An interim answer, recorded: the receipt waits (store/interim.py); its waiting duplicates look again."""
+        interim = outcome.interim
+        assert interim is not None
+        wait = self.settings.mcp_input_wait
+        try:
+            receipt = await self.calls(
+                lambda s: s.record_interim(operation_id, interim, flow_id=flow_id, input_wait=wait)
+            )
+        except (IllegalTransition, StoreError) as e:
+            logger.warning("receipt %s: could not record that %s: %s", operation_id, interim.reason, e)
+            return None
+        finally:
+            if (event := self._outcomes.pop(operation_id, None)) is not None:
+                event.set()  # duplicates waiting for an outcome decide again: it now waits for its client or task
+        logger.info(
+            "receipt %s %s %s: submitted, waiting for %s: %s",
+            receipt.operation_id,
+            receipt.api,
+            receipt.operation,
+            receipt.waiting_for,
+            interim.reason if interim.kind == "input_required" else f"task {receipt.task_hint}: {interim.reason}",
+        )
+        return receipt
+
+    def read_task(
+        self, op: Operation, receipt: Receipt, task_id: str, credentials: Mapping[str, str]
+    ) -> asyncio.Future[Receipt]:
+        """
+        Read the task a receipt waits for (mcp/task_reads.py), with a duplicate's own credentials,
+        and settle the receipt if the task has ended (mcp/tasks.py); concurrent duplicates share one
+        read, which takes a read slot. The receipt after the read (as it was, when the read failed).
+        """
+        task = self._task_reads.get(receipt.operation_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._read_task(op, receipt, task_id, dict(credentials)))
+            self._task_reads[receipt.operation_id] = task
+            task.add_done_callback(lambda _: self._task_reads.pop(receipt.operation_id, None))
+        return asyncio.shield(task)
+
+    async def _read_task(self, op: Operation, receipt: Receipt, task_id: str, credentials: dict[str, str]) -> Receipt:
+        settings = self.settings.reads
+        try:
+            async with self._slots.hold(receipt, settings.timeout):
+                report = await perform_task_read(receipt.target, task_id, receipt.task_revision, credentials, settings)
+        except (NoReadSlot, ReconcileError) as e:
+            past = receipt.waiting_until is not None and self._now() >= dt.datetime.fromisoformat(receipt.waiting_until)
+            if isinstance(e, ReconcileError) and past:  # its server may have discarded it: its end may never be read
+                expired = TaskReport(None, expired=str(e), said="the proxy's tasks/get")
+                return await self.task_report(op, receipt, expired, credentials)
+            logger.warning(
+                "receipt %s %s %s: task %s not read: %s; it waits on",
+                receipt.operation_id,
+                receipt.api,
+                receipt.operation,
+                receipt.task_hint,
+                e,
+            )
+            return receipt
+        return await self.task_report(op, receipt, report, credentials)
+
+    async def task_seen(
+        self, api: str, task_id: str, report: TaskReport, operation: Callable[[Receipt], Operation | None]
+    ) -> Receipt | None:
+        """
+        An answer about a task that passed the proxy (a client's tasks/get or tasks/result:
+        mitm/tasks.py): the receipt of `api` waiting for that task, if any, after it (None: none).
+        """
+        receipt = await self.calls(lambda s: s.waiting_task(api, task_id))
+        op = operation(receipt) if receipt is not None else None
+        if receipt is None or op is None:
+            return None
+        return await self.task_report(op, receipt, report)
+
+    async def task_report(
+        self, op: Operation, receipt: Receipt, report: TaskReport, credentials: Mapping[str, str] | None = None
+    ) -> Receipt:
+        """What a report says of the task a receipt waits for: its outcome recorded once it ended, else its status."""
+        hint = receipt.task_hint or "?"
+        outcome = task_outcome(report, op, receipt.task_revision, hint)
+        operation_id = receipt.operation_id
+        if outcome is None:
+            status = report.status
+            if status is not None and status != receipt.task_status:
+                why = f"task {hint} is {status} ({report.said})"
+                await self.calls(lambda s: s.note_task(operation_id, status, why))
+                return await self.calls(lambda s: s.get(operation_id))
+            return receipt
+        # Recorded as any outcome; one that says the effect may exist (a classify rule) is read at once
+        # with the duplicate's credentials, when a duplicate brought them (an observed answer did not).
+        done = await self.record(
+            operation_id, outcome, op=op if credentials is not None else None, credentials=credentials
+        )
+        if done is None:  # settled meanwhile (another read, another proxy), or the store refused: logged
+            return await self.calls(lambda s: s.get(operation_id))
+        self.on_change(done)
+        return done
 
     async def _record(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt:
         """
@@ -346,8 +465,8 @@ class Gate:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), min(poll, max(0.0, deadline - loop.time())))
                 receipt = await self.calls(lambda s: s.get(operation_id))
-                if receipt.state is not State.SUBMITTED:
-                    return
+                if receipt.state is not State.SUBMITTED or receipt.waiting_for is not None:
+                    return  # an outcome, or an interim answer: it waits for its client or its task, not in flight
         finally:
             self._waiters[operation_id] -= 1
             if not self._waiters[operation_id]:
@@ -359,7 +478,7 @@ class Gate:
         Reconcile reads running now (a duplicate's, an operator's), and those waiting for a read
         slot: a stopping proxy waits for them (drain.py).
         """
-        return len(self._reconciles)
+        return len(self._reconciles) + len(self._task_reads)
 
     def reconcile(
         self,

@@ -250,10 +250,11 @@ def landed_by(receipt: Receipt) -> dt.datetime:
     When the original request can no longer land: when its proxy saw the attempt end
     (`completed_at`: the answer, a failure, its deadline; the connection closed then). A proxy
     that went silent (its receipt recovered: stopped, paused, cut off) never saw it end: its
-    request may be held open until its `in_flight_until` (when it became submitted, plus that
-    proxy's upstream timeout; an earlier version's receipt: submitted_at plus UPSTREAM_TIMEOUT),
-    plus LANDING_MARGIN. An upstream that goes on with a request after its connection closed is
-    what a rule's `settle` is for (counted from here).
+    request may be held open until its `in_flight_until` (when it became submitted, or when its
+    MCP call's last round was sent: store/interim.py, plus that proxy's upstream timeout; an
+    earlier version's receipt: submitted_at plus UPSTREAM_TIMEOUT), plus LANDING_MARGIN. An
+    upstream that goes on with a request after its connection closed is what a rule's `settle`
+    is for (counted from here).
     """
     if receipt.completed_at:
         return dt.datetime.fromisoformat(receipt.completed_at)

@@ -3,6 +3,7 @@ Reconcile reads: plan one from a rule and a receipt, refuse anything that is not
 
     read = plan_read(op, receipt)            # GET/HEAD (or a POST query to a post_reads path)
     status, headers, body = await perform_read(read, credentials, settings)
+    report = await perform_task_read(receipt.target, task_id, receipt.task_revision, credentials, settings)
 
 Templates (`{intent.title}`, `{path.id}`, `{query.q}`, `{header.x}`, `{external_id}`,
 `{idempotency_key}`, `{submitted_at}`, `{submitted_at_unix}`) are filled from the receipt,
@@ -26,6 +27,8 @@ from proxy_addon import gql
 from proxy_addon.errors import ReconcileError
 from proxy_addon.mcp.calls import revision_of
 from proxy_addon.mcp.reads import read_tool
+from proxy_addon.mcp.task_reads import read_task
+from proxy_addon.mcp.tasks import TaskReport
 from proxy_addon.redaction import redact_url
 from proxy_addon.rules import TEMPLATE_VAR, Operation, PathTemplate
 from proxy_addon.store import Receipt
@@ -199,6 +202,15 @@ async def perform_read(
     async with settings.upstream.client(timeout=settings.timeout, follow_redirects=True) as client:
         r = await client.request(read.method, read.url, headers=headers, content=read.body)
         return r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content
+
+
+async def perform_task_read(
+    url: str, task_id: str, revision: str | None, credentials: Mapping[str, str], settings: ReadSettings | None = None
+) -> TaskReport:
+    """The proxy's own read of an MCP task (mcp/task_reads.py), sent as reads are; ReconcileError when it fails."""
+    settings = settings or ReadSettings()
+    async with settings.upstream.client(timeout=settings.timeout, follow_redirects=False) as client:
+        return await read_task(client, url, task_id, revision, credentials)
 
 
 def describe(e: BaseException) -> str:

@@ -11,7 +11,8 @@ A committed receipt stops being this proxy's to send in two ways, and the guard 
 this process's own clock (`leases.local_clock`: CLOCK_BOOTTIME), with no database round trip:
 
 - Its lifetime. The receipt says its request may be in flight until `in_flight_until` (when it
-  became submitted, plus this proxy's receipts_upstream_timeout), and a read elsewhere may prove
+  became submitted, or when the next round of its MCP call was decided: store/interim.py, plus
+  this proxy's receipts_upstream_timeout), and a read elsewhere may prove
   it absent after that (judge.py, `landed_by`). So the exchange's deadline never passes it, and a
   request not yet written by then is not sent at all. On SQLite too.
 - On PostgreSQL (a fleet), its lease. Another proxy takes the receipt over (recovery: submitted →

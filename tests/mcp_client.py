@@ -20,7 +20,17 @@ Operations, run in order in one client session; one that fails does not stop the
     ("list_tools",)                     -> {"op", "ok", "tools": [{"name", "annotations"}]}
     ("call", name, arguments)           -> {"op", "ok", "is_error", "content": [...],
                                             "structured": {...}|None, "result": <the result as dumped>}
+    ("call_task", name, arguments)      a task: 2026-07-28, as "call" (the TasksClient extension polls it,
+                                        tests/mcp_tasks.py); 2025-11-25, a task-augmented call polled with
+                                        tasks/get, then tasks/result -> as "call"
+    ("task_handle", name, arguments)    the task handle, not polled -> {"op", "ok", "handle": {...}}
+    ("poll_task", task_id)              -> as "call"
+    ("call_input", name, arguments)     2026-07-28: one round; an input_required result returned as it is
+                                        -> {"op", "ok", "result_type", "result"}
+    ("continue", name, arguments, request_state, keys)  its next round, every key answered "confirm"
     a failure                           -> {"op", "ok": false, "error": {"type", "code", "message"}}
+The client confirms every elicitation (its messages in the report's "elicitations") and declares the
+Tasks extension (the task ids it was handed in "tasks").
 The report: {"revision", "protocol_version", "connect_error"?, "results": [...],
 "http": [{"method", "url", "jsonrpc_method", "id", "status", "content_type", "session_id",
 "request_headers": {...}}]} where "http" lists every HTTP exchange the client made (httpx2 event
@@ -118,6 +128,15 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
             http[i].update(status=response.status_code, content_type=response.headers.get("content-type"),
                            session_id=response.headers.get("mcp-session-id"))
 
+    elicitations: list[str] = []  # the messages of the elicitation requests the user was asked
+    report_tasks: list[str] = []
+
+    async def confirm(context, params):  # the user confirms every question
+        from mcp_types import ElicitResult
+
+        elicitations.append(params.message)
+        return ElicitResult(action="accept", content={"confirm": True})
+
     timeout = float(plan["timeout"])
     # trust_env (the default): the proxy from HTTP(S)_PROXY, the CA from SSL_CERT_FILE (httpcore2 reads it).
     http_client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout + 5, read=timeout + 5),
@@ -125,17 +144,22 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
                                      event_hooks={"request": [on_request], "response": [on_response]})
     revision = plan["revision"]
     report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http,
-                              "asked": [], "logs": []}
+                              "asked": [], "logs": [], "elicitations": elicitations, "tasks": report_tasks}
     try:
         async with http_client:
+            from tests.mcp_tasks import TasksClient
+
+            tasks = TasksClient()
             transport = streamable_http_client(plan["url"], http_client=http_client)
             client = Client(transport, mode="legacy" if revision == "legacy" else "auto",
                             read_timeout_seconds=timeout, cache=None, log_level=plan.get("log_level"),
-                            **_callbacks(plan.get("answers") or {}, report))
+                            extensions=[tasks], **{"elicitation_callback": confirm,
+                                                   **_callbacks(plan.get("answers") or {}, report)})
             async with client:
                 report["protocol_version"] = client.protocol_version
                 for op in plan["ops"]:
-                    report["results"].append(await _op(client, op, plan.get("release")))
+                    report["results"].append(await _op(client, op, report_tasks, plan.get("release")))
+                report_tasks.extend(tasks.seen)
     except BaseException as exc:  # the report says what the client raised (a group of one: that one)
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -173,10 +197,61 @@ def _callbacks(answers: dict[str, Any], report: dict[str, Any]) -> dict[str, Any
     return {"logging_callback": log, **{k: v for k, v in given.items() if v is not None}}
 
 
-async def _op(client, op: list, release: str | None = None) -> dict[str, Any]:
+def _dumped(result) -> dict[str, Any]:
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {"ok": True, "is_error": bool(getattr(result, "is_error", False)), "content": dumped.get("content"),
+            "structured": dumped.get("structuredContent"), "result": dumped}
+
+
+async def _op(client, op: list, tasks: list[str], release: str | None = None) -> dict[str, Any]:
+    from tests.mcp_tasks import poll_task
+
     kind = op[0]
+    legacy = client.protocol_version == "2025-11-25"
     progress: list[list[Any]] = []  # a call's progress notifications, as its progress callback got them
     try:
+        if kind == "call_task" and legacy:  # 2025-11-25: a task-augmented call, polled to its end
+            _, name, arguments = op
+            created = await client.session._dispatcher.send_raw_request(
+                "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": 600000}})
+            if not isinstance(created.get("task"), dict):  # answered at once (a replay, the proxy's refusal)
+                from mcp_types import CallToolResult
+
+                return {"op": kind, "tool": name, **_dumped(CallToolResult.model_validate(created))}
+            task_id = created["task"]["taskId"]
+            tasks.append(task_id)
+            return {"op": kind, "tool": name, **_dumped(await poll_task(client.session, task_id, legacy=True))}
+        if kind == "call_task":  # 2026-07-28: the tasks extension's claim polls it (TasksClient)
+            _, name, arguments = op
+            return {"op": kind, "tool": name, **_dumped(await client.call_tool(name, arguments))}
+        if kind == "task_handle":  # the task handle, not polled
+            _, name, arguments = op
+            if legacy:
+                created = await client.session._dispatcher.send_raw_request(
+                    "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": 600000}})
+                handle = created["task"]
+            else:
+                result = await client.session.call_tool(name, arguments, allow_claimed=True)
+                handle = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            tasks.append(handle["taskId"])
+            return {"op": kind, "tool": name, "ok": True, "handle": handle}
+        if kind == "poll_task":
+            _, task_id = op
+            return {"op": kind, **_dumped(await poll_task(client.session, task_id, legacy=legacy))}
+        if kind == "call_input":  # 2026-07-28: one round, an input_required result returned as it is
+            _, name, arguments = op
+            result = await client.session.call_tool(name, arguments, allow_input_required=True)
+            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            return {"op": kind, "tool": name, "ok": True, "result_type": dumped.get("resultType"), "result": dumped}
+        if kind == "continue":  # 2026-07-28: the next round of a call_input, with the user's confirmation
+            _, name, arguments, request_state, keys = op
+            from mcp_types import ElicitResult
+
+            responses = {k: ElicitResult(action="accept", content={"confirm": True}) for k in keys}
+            result = await client.session.call_tool(name, arguments, input_responses=responses,
+                                                    request_state=request_state, allow_input_required=True)
+            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            return {"op": kind, "tool": name, "result_type": dumped.get("resultType"), **_dumped(result)}
         if kind == "list_tools":
             listed = await client.list_tools()
             return {"op": kind, "ok": True, "tools": [

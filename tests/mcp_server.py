@@ -74,6 +74,14 @@ call fails): writes, annotated as create_issue, answering as it does.
                                           has the progress: so the notifications must reach it
                                           while the call runs), at most `hold` seconds; records the
                                           issue and answers it with "released": true or false
+    create_issue_confirmed(title, body="") a write that asks the user to confirm first (the SDK's resolver,
+                                          `Elicit`): 2026-07-28 answers input_required, and runs when the
+                                          client sends its next round with the answer; 2025-11-25 sends
+                                          elicitation/create on the call's own event stream (--sse only)
+    ask_forever(title)                    2026-07-28: answers input_required on every round, never runs
+    create_issue_later(title, body="", fault="")  a write run as a task when the client asks for one
+                                          (2025-11-25 params.task) or declares the Tasks extension
+                                          (2026-07-28): tests/mcp_tasks.py; else at once, as create_issue
 
 Faults of create_issue (and log_issue), chosen per call: the `fault` argument (every call with it), else the next
 one queued with POST /_faults {"faults": ["commit_then_drop", ...]} (one per such call, in
@@ -87,6 +95,8 @@ order, then none). The queue keeps retries of the same arguments ordinary: a ret
     tool_error         records nothing; result {"isError": true, "content": [{"type": "text", ...}]}
     internal_error     records the issue, then a JSON-RPC error -32603 ("internal error after commit")
     invalid_params     records nothing; a JSON-RPC error -32602 ("invalid params: ...")
+Faults of create_issue_later's task (queued the same way): task_fails, task_invalid, task_cancelled,
+task_hold (tests/mcp_tasks.py says what each does).
 
 Control endpoints (plain HTTP on the same port; tests call them directly, not through the proxy):
     GET  /_effects   {"created": n, "issues": [...], "requests": [...], "queued": [...]}: `created`
@@ -102,8 +112,8 @@ Control endpoints (plain HTTP on the same port; tests call them directly, not th
                      message, with the request's own id unless "id" is given ("$string": the
                      request's id as a string); the tool does not
                      run. To check what the SDK client accepts (tests/test_mcp_baseline.py).
-    POST /_release   {"title": ...}: reported_issue with this title stops waiting
-    POST /_reset     forget issues, requests, queued faults, canned answers and releases
+    POST /_release   {"title": ...}: reported_issue with this title stops waiting; held tasks (task_hold) go on
+    POST /_reset     forget issues, requests, queued faults, canned answers, releases, counters and tasks
 
 Response modes: --json answers every request with one `application/json` body. --sse answers
 with `text/event-stream`, but not always: in the 2026-07-28 revision the SDK's server commits to
@@ -197,14 +207,27 @@ import sys
 import threading
 from typing import Annotated, Any
 
-from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resolve import Elicit, Resolve
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
-from mcp_types import ListRootsRequest, ListRootsResult, SamplingMessage, TextContent, ToolAnnotations
+from mcp_types import (
+    ElicitRequest,
+    ElicitRequestFormParams,
+    InputRequiredResult,
+    ListRootsRequest,
+    ListRootsResult,
+    SamplingMessage,
+    TextContent,
+    ToolAnnotations,
+)
 from pydantic import BaseModel, Field
 
-FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params")
+from tests.mcp_tasks import TASK_FAULTS, TASK_TOOL, TaskRuntime, TasksExtension, legacy_tasks
+
+FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params", *TASK_FAULTS)
+FAULTED_TOOLS = ("create_issue", "log_issue", TASK_TOOL)  # the tools a queued fault reaches
 RESPONSE_KEPT = 4000
 HEADERS_OF_INTEREST = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version", "accept", "content-type",
                        "mcp-param-title")
@@ -222,9 +245,16 @@ class Effects:
         self.queued: list[str] = []
         self.canned: list[dict[str, Any]] = []
         self.released: set[str] = set()  # titles POST /_release let go (reported_issue)
+        self.counters: dict[str, int] = {}
+
+    def count(self, name: str) -> int:
+        with self.lock:
+            self.counters[name] = self.counters.get(name, 0) + 1
+            return self.counters[name]
 
     def reset(self) -> None:
         with self.lock:
+            self.counters.clear()
             self.issues.clear()
             self.requests.clear()
             self.queued.clear()
@@ -248,7 +278,8 @@ class Effects:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"created": len(self.issues), "issues": [dict(i) for i in self.issues],
-                    "requests": [dict(r) for r in self.requests], "queued": list(self.queued)}
+                    "requests": [dict(r) for r in self.requests], "queued": list(self.queued),
+                    "counters": dict(self.counters)}
 
 
 EFFECTS = Effects()
@@ -266,8 +297,16 @@ SSE_WINDOW = 0.05  # --sse: the 2026-07-28 handler's window before it commits to
 TOOL_DELAY = [0.0]  # --sse: every tool takes 2 * SSE_WINDOW, so its answer is SSE in both revisions
 
 
+def task_fault(arguments: dict[str, Any]) -> str:
+    return str(arguments.get("fault") or "")
+
+
+TASKS = TaskRuntime(lambda title, body: EFFECTS.record_issue(title, body))
+
+
 def build_server(extra_tools: bool = False) -> MCPServer:
-    server = MCPServer("receipts-test-issues", instructions="A test issue tracker with fault injection.")
+    server = MCPServer("receipts-test-issues", instructions="A test issue tracker with fault injection.",
+                       extensions=[TasksExtension(TASKS, task_fault)], middleware=[legacy_tasks(TASKS, task_fault)])
 
     @server.tool(annotations=ToolAnnotations(title="Create an issue", read_only_hint=False, destructive_hint=False,
                                              idempotent_hint=False, open_world_hint=False))
@@ -304,6 +343,34 @@ def build_server(extra_tools: bool = False) -> MCPServer:
             if issue["number"] == number:
                 return issue
         raise ToolError(f"issue {number} not found")
+
+    @server.tool(annotations=ToolAnnotations(title="Create an issue once confirmed", read_only_hint=False,
+                                             destructive_hint=False, idempotent_hint=False, open_world_hint=False))
+    async def create_issue_confirmed(confirmation: Annotated[Confirmation, Resolve(ask_to_confirm)], title: str,
+                                     body: str = "") -> dict[str, Any]:
+        """Create an issue after the user confirms it (elicitation)."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        if not confirmation.confirm:
+            raise ToolError("the user did not confirm the issue")
+        return EFFECTS.record_issue(title, body)
+
+    @server.tool(annotations=ToolAnnotations(title="Ask for ever", read_only_hint=False, open_world_hint=False))
+    async def ask_forever(title: str) -> dict[str, Any] | InputRequiredResult:
+        """2026-07-28: answers input_required on every round, never runs (a server that keeps asking)."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        n = EFFECTS.count("asked")
+        question = ElicitRequest(params=ElicitRequestFormParams(
+            message=f"Really create {title!r}? (asked {n} times)",
+            requested_schema={"type": "object", "properties": {"confirm": {"type": "boolean"}}}))
+        return InputRequiredResult(input_requests={f"again-{n}": question}, request_state=f"round-{n}")
+
+    @server.tool(name=TASK_TOOL, annotations=ToolAnnotations(title="Create an issue, as a task", read_only_hint=False,
+                                                             destructive_hint=False, idempotent_hint=False,
+                                                             open_world_hint=False))
+    async def create_issue_later(title: str, body: str = "", fault: str = "") -> dict[str, Any]:
+        """Create an issue; run as a task when the client asks for one (tests/mcp_tasks.py), else at once."""
+        await asyncio.sleep(TOOL_DELAY[0])
+        return EFFECTS.record_issue(title, body)
 
     write = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
                             open_world_hint=False)
@@ -485,7 +552,7 @@ class FaultsAndEffects:
             entry.update(jsonrpc_method=msg.get("method"), id=msg.get("id"))
             if msg.get("method") == "tools/call":
                 entry.update(tool=params.get("name"), arguments=params.get("arguments"))
-                if params.get("name") in ("create_issue", "log_issue"):
+                if params.get("name") in FAULTED_TOOLS:
                     args = params.get("arguments") or {}
                     fault = args.get("fault") or EFFECTS.next_fault()
                     if fault and not args.get("fault") and isinstance(args, dict):
@@ -580,12 +647,15 @@ class FaultsAndEffects:
             messages = _json_response(200, EFFECTS.snapshot())
         elif path == "/_reset" and method == "POST":
             EFFECTS.reset()
+            TASKS.reset()
             messages = _json_response(200, {"reset": True})
         elif path == "/_release" and method == "POST":
-            title = json.loads(await read_body(receive)).get("title")
+            title = json.loads(await read_body(receive) or b"{}").get("title")
             with EFFECTS.lock:
-                EFFECTS.released.add(str(title))
-            messages = _json_response(200, {"released": title})
+                if title is not None:
+                    EFFECTS.released.add(str(title))
+            TASKS.release()
+            messages = _json_response(200, {"released": title if title is not None else True})
         elif path == "/_faults" and method == "POST":
             raw = await read_body(receive)
             try:

@@ -560,3 +560,61 @@ async def test_the_store_thread_runs_calls_in_order_and_survives_failures_and_ca
         await calls(step(7))
     with pytest.raises(StoreError):  # closed on its own thread, after the calls before it
         calls.store.list()
+
+
+# --- an MCP call's task (store/interim.py, mcp/tasks.py) -------------------------------------------
+
+
+async def test_a_task_that_cannot_be_read_waits_until_its_time_to_live_then_is_unknown(world):
+    """
+    The proxy reads a task itself when a duplicate comes (here its URL answers no JSON-RPC: the read
+    fails). Before the task's ttl the receipt waits on and the duplicate is refused with the task's
+    id; past it, its server may have discarded it: outcome_unknown, and nothing is ever sent again.
+    """
+    from proxy_addon.store import Interim
+    from proxy_addon.store.sealing import AnswerSeal
+
+    w = world
+    gate = w.gate(wait_submitted=30)
+    for store in (gate.calls.store, *w.locals_):
+        store.answer_seal = AnswerSeal(KEY)
+    attempt, op = w.attempt("plain")
+    first = await gate.admit(attempt, op, CREDENTIALS)
+    assert first.decision.kind == "forward"
+    task = Interim("task", "a task", task_id="task-1234567890", task_status="working",
+                   task_revision="2026-07-28", task_ttl=60)
+    waiting = await gate.record(first.decision.receipt.operation_id, Outcome(State.SUBMITTED, "a task", interim=task))
+    assert waiting is not None and (waiting.waiting_for, waiting.task_hint) == ("task", "task-123…")
+
+    again = await gate.admit(w.attempt("plain")[0], op, CREDENTIALS)  # read: fails; refused with the id, at once
+    assert again.decision.kind == "blocked" and again.decision.task_id == "task-1234567890"
+    assert again.decision.receipt.state is State.SUBMITTED
+    w.clock.advance(61)
+    late = await gate.admit(w.attempt("plain")[0], op, CREDENTIALS)
+    assert late.decision.kind == "blocked" and late.decision.receipt.state is State.OUTCOME_UNKNOWN
+    assert "past its time to live" in (late.decision.receipt.error or "")
+    assert w.upstream.seen(w.path("plain")) == 2  # the two reads (POSTs of tasks/get); the write was never sent
+    assert duplicates(w.events(waiting.operation_id)) == [("task", "submitted"), ("blocked", "submitted"),
+                                                          ("blocked", "outcome_unknown")]
+
+
+async def test_a_duplicate_waiting_in_another_process_is_answered_once_the_call_waits_for_input(world):
+    """
+    Gate B (another proxy on the same store) holds a duplicate while A's call is in flight; A's answer
+    is input_required: B's duplicate is answered then, not after receipts_wait_submitted (60 s here).
+    """
+    from proxy_addon.store import Interim
+
+    w = world
+    a, b = w.gate(wait_submitted=60), w.gate(wait_submitted=60)
+    attempt, op = w.attempt("plain")
+    first = await a.admit(attempt, op, CREDENTIALS)
+    waiting = asyncio.ensure_future(b.admit(w.attempt("plain")[0], op, CREDENTIALS))
+    await asyncio.sleep(0.3)  # B is waiting for the outcome
+    assert not waiting.done()
+    asked = Outcome(State.SUBMITTED, "asked", interim=Interim("input_required", "the server asked for input"))
+    await a.record(first.decision.receipt.operation_id, asked)
+    answered = await asyncio.wait_for(waiting, 20)  # generous; without the interim's wake-up it takes 60 s
+    assert answered.decision.kind == "blocked" and answered.decision.receipt.waiting_for == "input"
+    assert duplicates(w.events(first.decision.receipt.operation_id)) == [("input_required", "submitted"),
+                                                                         ("blocked", "submitted")]

@@ -158,7 +158,8 @@ def test_mcp_passes_the_addon_untouched_when_no_rule_matches(mcp_server, receipt
     listed, first, second, listing, got = ok_calls(report)
     assert report["protocol_version"] == ("2025-11-25" if revision == "legacy" else "2026-07-28")
     assert {t["name"] for t in listed["tools"]} == {"create_issue", "log_issue", "list_issues", "get_issue",
-                                                    "confirm_issue", "drafted_issue", "rooted_issue", "reported_issue"}
+                                                    "confirm_issue", "drafted_issue", "rooted_issue", "reported_issue",
+                                                    "create_issue_confirmed", "ask_forever", "create_issue_later"}
     assert [first["structured"]["number"], second["structured"]["number"]] == [1, 2], "no rule: both calls go out"
     assert listing["structured"] == {"issues": [{"number": 1, **ISSUE}, {"number": 2, **ISSUE}]}
     assert got["structured"] == {"number": 1, **ISSUE}

@@ -116,7 +116,7 @@ def test_migrations_recorded_by_name_and_a_concurrent_first_start_migrates_once(
             "m001_receipts", "m002_prunable_events_and_idempotency_keys", "m003_awaiting_approval_is_unresolved",
             "m004_when_an_idempotency_key_was_first_sent", "m005_raw_target", "m006_failed_reads", "m007_approval_decisions",
             "m008_instance_leases", "m009_fingerprint_versions", "m010_request_lifetime",
-            "m011_key_check_and_sealed_answers", "m012_read_principal"]
+            "m011_key_check_and_sealed_answers", "m012_read_principal", "m013_interim_answers"]
         assert {r["migration_set"] for r in rows} == {"receipt-proxy"}
     finally:
         store.close()

@@ -159,7 +159,8 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m005_raw_target"), ("receipt-proxy", "m006_failed_reads"),
         ("receipt-proxy", "m007_approval_decisions"), ("receipt-proxy", "m008_instance_leases"),
         ("receipt-proxy", "m009_fingerprint_versions"), ("receipt-proxy", "m010_request_lifetime"),
-        ("receipt-proxy", "m011_key_check_and_sealed_answers"), ("receipt-proxy", "m012_read_principal")]
+        ("receipt-proxy", "m011_key_check_and_sealed_answers"), ("receipt-proxy", "m012_read_principal"),
+            ("receipt-proxy", "m013_interim_answers")]
     forward(s)
     s.close()
 

@@ -83,6 +83,28 @@ def text_of(doc: dict[str, Any], call: ToolCall) -> str:
     error = doc.get("error")
     hint = doc.get("hint")
     receipt = f" (receipt {rid})" if rid else ""
+    if error == "duplicate_unresolved" and doc.get("detail"):
+        return (
+            f"NOT SENT: this round of the call to {tool}{receipt}: {doc['detail']}. It may or may not have taken "
+            "effect: do not repeat it. Tell the user; an operator can settle it with "
+            f"`receipts show {rid}` and `receipts reconcile {rid}` (or `receipts resolve`)."
+        )
+    if error == "duplicate_unresolved" and doc.get("waiting_for") == "input":
+        return (
+            f"NOT SENT: this call to {tool} duplicates an earlier identical call{receipt} that is waiting for input "
+            f"its server asked for (it asked {doc.get('rounds')} time(s)); that call has not completed. It goes on "
+            "when its client sends that input (the same call with the server's requestState); do not repeat it, and "
+            "do not change its arguments to get around this."
+        )
+    if error == "duplicate_unresolved" and doc.get("waiting_for") == "task":
+        task = doc.get("task_id")
+        which = f"task {task}" if task else "a task"
+        return (
+            f"NOT SENT: this call to {tool} duplicates an earlier identical call{receipt} that the server runs as "
+            f"{which}, which has not ended (status {doc.get('task_status') or 'unknown'}). Do not repeat it: poll "
+            f"that task (tasks/get{f' {task}' if task else ''}) for its result. When the task ends, an identical call "
+            "is answered with its result, or sent again if it provably failed."
+        )
     if error == "duplicate_unresolved":
         state = _STATES.get(str(doc.get("state")), "unresolved")
         return (

@@ -23,7 +23,9 @@ What is refused (never forwarded), on an endpoint a rule names:
   body is an object with no `method` key in any spelling: the client's answer to a request
   of the server's (elicitation, sampling, roots), which no reader takes for a request, passes
   untouched whatever its result holds (`answer_of`).
-The JSON-RPC `id` and `Mcp-Session-Id` never enter the intent: they change on every retry.
+The JSON-RPC `id` and `Mcp-Session-Id` never enter the intent: they change on every retry. Nor do
+`requestState` and `inputResponses` (the next round of a call whose server asked for input: the
+same write going on, `ToolCall.continues`) or `task` (a 2025-11-25 task-augmented call).
 The protocol revision the call is sent in (`ToolCall.revision`: its MCP-Protocol-Version header,
 else its `_meta`'s, when it is a date) is noted with the intent, never fingerprinted: a reconcile
 read speaks it (mcp/reads.py).
@@ -48,7 +50,7 @@ _REVISION = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # a protocol revision is 
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 # The keys the proxy reads of a JSON-RPC message and of its params: another spelling is refused.
 ENVELOPE = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
-PARAMS = frozenset({"name", "arguments", "_meta"})
+PARAMS = frozenset({"name", "arguments", "_meta", "requestState", "inputResponses", "task"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class ToolCall:
     arguments: dict[str, Any] = field(default_factory=dict)
     modern: bool = False  # the 2026-07-28 revision (routing headers or params._meta): results carry resultType
     revision: str | None = None  # the protocol revision it is sent in (MCP-Protocol-Version, else _meta), if a date
+    # The next round of a call whose server asked for input (2026-07-28, multi-round-trip requests): it
+    # carries `requestState` or `inputResponses` (store/interim.py). Neither ever enters the intent.
+    continues: bool = False
+    task: bool = False  # a 2025-11-25 task-augmented call (`params.task`): its answer may be a task handle
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,10 @@ def read_call(doc: Any, headers: Mapping[str, str]) -> ToolCall | Refused | None
     revision = revision_of(headers.get("mcp-protocol-version")) or revision_of(
         meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
     )
-    return ToolCall(call_id, name, arguments, modern, revision)
+    continues = params.get("requestState") is not None or params.get("inputResponses") is not None
+    return ToolCall(
+        call_id, name, arguments, modern, revision, continues=continues, task=isinstance(params.get("task"), dict)
+    )
 
 
 def revision_of(value: Any) -> str | None:

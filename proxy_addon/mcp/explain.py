@@ -1,6 +1,7 @@
 """
 `receipts rules explain` for an MCP tool call: which tool, whether a rule names it or
-`mcp.tools: from_server` derived it, how its answers are classified, what a duplicate gets
+`mcp.tools: from_server` derived it, how its answers are classified (with multi-round-trip
+calls, input_required, and tasks), what a duplicate gets
 (`describe_tool_call`, for explain/report.py), and those lines of the text (`tool_call_lines`,
 for explain/render.py).
 """
@@ -41,6 +42,17 @@ def describe_tool_call(report: dict[str, Any], op: Operation, tool: str, rules: 
         "or no response with that id → outcome_unknown",
         "another status: as any write (4xx → rejected, 5xx → outcome_unknown), but a 4xx whose JSON-RPC error is "
         "-32603 or -32600 under the call's id → outcome_unknown",
+        "a result with resultType input_required (the server asks for input: elicitation, sampling, roots) is no "
+        "outcome: the receipt stays submitted, waiting for the client's next round (the same call with requestState/"
+        "inputResponses), which is sent under the same receipt and decides it; at most receipts_mcp_rounds rounds "
+        "(past them: not sent, outcome_unknown), and a client that has not gone on after receipts_mcp_input_wait is "
+        "taken as gone (outcome_unknown); the interim answer passes untouched and is never replayed",
+        "a task handle (resultType task, or a 2025-11-25 task-augmented call's CreateTaskResult) is no outcome: the "
+        "receipt stays submitted with the task's id (kept encrypted), and the task's end decides it, read from the "
+        "tasks/get and tasks/result answers that pass the proxy, or by the proxy itself (tasks/get) when a duplicate "
+        "comes: its result as any result (succeeded, recorded to replay; isError → rejected); a failed task's error "
+        "as the call's error would be (one raised before the tool runs → rejected, else outcome_unknown); cancelled, "
+        "or unknown to the server → outcome_unknown",
     ]
     report["duplicates"] = [
         d.replace(
@@ -52,6 +64,11 @@ def describe_tool_call(report: dict[str, Any], op: Operation, tool: str, rules: 
             "answered with the recorded result under the duplicate's own JSON-RPC id",
         )
         for d in report["duplicates"]
+    ] + [
+        "while the first call waits for its client's input: refused at once (an isError tool result that says so), "
+        "never made to wait for an outcome only that client can bring",
+        "while the first call's task works: refused, with the task's id, for the model to poll it (after the proxy "
+        "read the task itself: a task that ended settles the receipt first, and the duplicate gets that)",
     ]
 
 

@@ -4,7 +4,9 @@ What a tool call's answer means, as a receipt state (the MCP side of classify.py
 The answer is read for the JSON-RPC response with the call's own `id` (JSON, or an event
 stream); in a JSON answer without one, for an error without an id (null or absent): JSON-RPC
 answers so when the server could not read the request's id (a parse error, an invalid request),
-and a POST carries one request, so that error is the call's (`answer_of`).
+and a POST carries one request, so that error is the call's (`answer_of`). A result that is not
+the call's outcome (`resultType` input_required or task, a 2025-11-25 task handle:
+mcp/interim.py) leaves the receipt `submitted`.
 
 A 2xx answer:
 - `result` with `isError` false or absent → succeeded;
@@ -48,6 +50,7 @@ from typing import Any
 
 from proxy_addon.classify import Outcome, answer_outcome, classify_status, rule_fits
 from proxy_addon.jsonpath import NOT_JSON, id_in, parse_json
+from proxy_addon.mcp.interim import interim_of
 from proxy_addon.mcp.jsonrpc import is_sse, response_for
 from proxy_addon.rules import ALREADY_EXISTS, Operation
 from proxy_addon.states import State
@@ -159,8 +162,14 @@ def tool_outcome(
     op: Operation,
     recorded: RecordedResponse | None,
     call_id: Any,
+    *,
+    task_call: bool = False,
 ) -> Outcome:
-    """The outcome of an answer to a tool call (`headers` with lower-case names, `body` decoded)."""
+    """
+    The outcome of an answer to a tool call (`headers` with lower-case names, `body` decoded);
+    `task_call`: a 2025-11-25 task-augmented call. An interim answer (input_required, a task
+    handle: mcp/interim.py) is no outcome: its Outcome stays `submitted`, with `interim` set.
+    """
     if not 200 <= status < 300:
         return _http_error_outcome(status, phrase, headers, body, op, recorded, call_id)
     message = answer_of(body, headers.get("content-type"), call_id)
@@ -170,6 +179,10 @@ def tool_outcome(
             "the tool may have run"
         )
         return Outcome(State.OUTCOME_UNKNOWN, why, error=why, http_status=status, response=recorded)
+    if (interim := interim_of(message, task_call=task_call)) is not None:
+        if interim.interim is not None:
+            return interim  # never recorded: an interim answer is never replayed
+        return dataclasses.replace(interim, http_status=status, response=recorded)
     view = result_view(message)
     for rule in op.classify_rules:
         if rule_fits(dataclasses.replace(rule, statuses=()), status, headers, b"", [view]):

@@ -16,7 +16,8 @@ Hooks, one job each:
   cannot be written).
 - `responseheaders`: an MCP tool call's event stream, routed to the relay by `request`, streams
   (streaming.py); so does any event stream no receipt records (an MCP session's GET stream).
-- `response` / `error`: record outcomes (record.py) when mitmproxy forwards (`receipts_forward=mitmproxy`).
+- `response` / `error`: record outcomes (record.py) when mitmproxy forwards (`receipts_forward=mitmproxy`);
+  read an MCP task's answer passing through (tasks.py: it may settle the write waiting for it).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from proxy_addon.mitm import (
     refusals,
     request_body,
     streaming,
+    tasks,
     tools,
 )
 from proxy_addon.mitm.approval import Approvals, await_approval
@@ -260,10 +262,13 @@ class Receipts:
         credentials = credentials_from(op.credential_headers, view.headers)
         versions = self.gate.versions.of_operation(op)
         timeout = ctx.options.receipts_upstream_timeout
+        # The next round of an MCP call whose server asked for input goes on under its receipt (store/interim.py).
+        continues, rounds = m.mcp_call is not None and m.mcp_call.continues, ctx.options.receipts_mcp_rounds
 
         def attempt() -> Attempt:
             built = build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance, versions=versions)
-            return dataclasses.replace(built, upstream_timeout=timeout)  # its lifetime (send_guard.py, judge.py)
+            # its lifetime (send_guard.py, judge.py)
+            return dataclasses.replace(built, upstream_timeout=timeout, continues=continues, mcp_rounds=rounds)
 
         # The lease, and its epoch before the receipt is committed: a lease lost and taken again since
         # then means another proxy may have taken the receipt over (send_guard.py).
@@ -285,13 +290,21 @@ class Receipts:
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
+        if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
+            meta["round"] = receipt.mcp_rounds + 1
         if decision.kind == "replay":
             assert decision.answer is not None  # opened by the store for this replay (store/sealing.py)
             replayed = answers.replay(receipt, decision.answer)
             said = "duplicate answered with the recorded response"
             self._answer_duplicate(flow, replayed, "replayed", receipt, "REPLAYED", logging.INFO, said)
         elif decision.kind != "forward":
-            blocked = answers.duplicate(receipt, decision.kind, retry_after=retry_after(op, receipt, utcnow()))
+            blocked = answers.duplicate(
+                receipt,
+                decision.kind,
+                retry_after=retry_after(op, receipt, utcnow()),
+                task_id=decision.task_id,
+                note=decision.note,
+            )
             prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
             said = f"duplicate blocked ({receipt.state})"
             self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
@@ -344,6 +357,7 @@ class Receipts:
 
     async def _exchange_failed(self, flow: http.HTTPFlow, meta: dict, result: Outcome) -> None:
         """Record an exchange that failed (or was never started), and answer the agent so (502, 504)."""
+        result = record.of_round(meta, result)  # the next round of an MCP call: its earlier rounds were sent
         receipt = await self._record(flow, meta, result)
         if receipt is None and result.state is State.NOT_SENT:
             logger.warning(f"receipt {meta['operation_id']}: {result.reason} (nothing was sent)")
@@ -390,6 +404,8 @@ class Receipts:
 
     async def response(self, flow: http.HTTPFlow) -> None:
         tools.learn(flow, self.tool_catalog)
+        if self.gate is not None and self.rules is not None:  # a task's answer passing: its write may be settled
+            await tasks.learn(flow, self.gate, self.rules)
         meta = self._awaiting_outcome(flow)
         if meta is not None:
             await self._record_response(flow, meta)

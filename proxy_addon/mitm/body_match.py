@@ -21,7 +21,7 @@ from mitmproxy import http
 
 from proxy_addon.mcp.calls import unread_call
 from proxy_addon.mcp.catalog import ToolCatalog
-from proxy_addon.mitm import tools
+from proxy_addon.mitm import tasks, tools
 from proxy_addon.mitm.flows import META
 from proxy_addon.rules import ANY_TOOL, RuleSet
 
@@ -36,8 +36,9 @@ def settle(flow: http.HTTPFlow, meta: dict, body: bytes, rules: RuleSet, catalog
     if m is not None and call is not None and tools.read_by_annotations(flow, m.operation, call.name, catalog):
         m = None  # the server's tools/list says this tool only reads, and the rules trust it
     if m is None:  # a GraphQL query, a mutation or MCP message no rule names: passed through untouched
-        del flow.metadata[META]
+        api = flow.metadata.pop(META)["api"]
         tools.note_listing(flow, body, rules)  # a tools/list answer tells which tools only read
+        tasks.note_read(flow, body, api)  # a tasks/get or tasks/result answer may settle a write waiting for its task
         return False
     meta.update(api=m.operation.api, operation=m.operation.name, params=m.params, graphql_args=m.graphql_args)
     meta.update(refused=m.refused, refused_as=m.refused_as)  # the mutation's operation decides, as for the rest

@@ -55,12 +55,19 @@ def add_key(flow: http.HTTPFlow, op: Operation, receipt: Receipt, given_key: str
 
 
 def outcome_of(
-    resp: http.Response, op: Operation | None, *, cap: int, complete: bool = True, call_id: Any = None
+    resp: http.Response,
+    op: Operation | None,
+    *,
+    cap: int,
+    complete: bool = True,
+    call_id: Any = None,
+    task_call: bool = False,
 ) -> Outcome:
     """
     What an answer means. Its body, decoded, is read up to `cap`; past that (or when `complete`
     is False: only its first bytes are there) the outcome comes from the status and headers,
-    and the recorded answer is truncated. `call_id`: an MCP tool call's JSON-RPC id (mcp/outcomes.py).
+    and the recorded answer is truncated. `call_id`: an MCP tool call's JSON-RPC id (mcp/outcomes.py);
+    `task_call`: a 2025-11-25 task-augmented one.
     No answer is recorded for an operation whose rule says `record: false`.
     """
     raw = resp.raw_content or b""
@@ -78,7 +85,7 @@ def outcome_of(
     if body is not None:
         recorded = answers.recorded(status, items, body, cap) if keep else None
         if op is not None and op.mcp_tool is not None and call_id is not None:
-            return tool_outcome(status, resp.reason, headers, body, op, recorded, call_id)
+            return tool_outcome(status, resp.reason, headers, body, op, recorded, call_id, task_call=task_call)
         outcome = answer_outcome(status, resp.reason, headers, body, op, recorded)
     else:
         kept = b"" if codings(resp.headers.get("content-encoding")) else raw[:cap]

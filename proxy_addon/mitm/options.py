@@ -163,6 +163,20 @@ OPTIONS: list[Option] = [
         "(then gets the replay, or the 409); 0: answer 409 at once",
     ),
     Option(
+        "receipts_mcp_rounds",
+        int,
+        10,
+        "Times an MCP tool call's server may ask for input (input_required) and get the client's next round "
+        "under the call's receipt; past that, the next round is not sent and the receipt becomes outcome_unknown",
+    ),
+    Option(
+        "receipts_mcp_input_wait",
+        int,
+        600,
+        "Seconds an MCP tool call whose server asked for input (input_required) waits for the client's next "
+        "round; past that, an identical call finds it outcome_unknown (its client is taken as gone)",
+    ),
+    Option(
         "receipts_forward",
         str,
         "addon",
@@ -229,6 +243,8 @@ POSITIVE = (
     "receipts_read_deadline",
     "receipts_read_backoff",
     "receipts_reads_max",
+    "receipts_mcp_rounds",
+    "receipts_mcp_input_wait",
     "receipts_lease",
     "receipts_heartbeat",
 )
@@ -321,6 +337,7 @@ def gate_settings(opts: Any) -> GateSettings:
         replay_window=opts.receipts_replay_window,
         wait_submitted=opts.receipts_wait_submitted,
         reads_max=opts.receipts_reads_max,
+        mcp_input_wait=opts.receipts_mcp_input_wait,
         reads=ReadSettings(
             upstream=upstream_of(opts),
             timeout=opts.receipts_read_timeout,

@@ -11,6 +11,7 @@ receipt's id and state, and the idempotency key the write was sent with).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from mitmproxy import http
@@ -22,15 +23,32 @@ from proxy_addon.mitm import forward
 from proxy_addon.mitm.flows import headers_of, mark, show_key
 from proxy_addon.redaction import credentials_from
 from proxy_addon.rules import Operation
+from proxy_addon.states import State
 from proxy_addon.store import Receipt
 
-__all__ = ["answer", "outcome"]
+__all__ = ["answer", "of_round", "outcome"]
+
+
+def of_round(meta: dict, result: Outcome) -> Outcome:
+    """
+    The outcome of what was sent, as its receipt takes it: the next round of an MCP call whose
+    server asked for input (store/interim.py: `meta["round"]`) that never left is no proof that
+    nothing left, for its earlier rounds did: outcome_unknown, not not_sent.
+    """
+    if result.state is not State.NOT_SENT or not meta.get("round"):
+        return result
+    why = (
+        f"{result.reason}; but this was round {meta['round']} of a call whose earlier rounds were sent (its server "
+        "asked for input): whether one acted is unknown"
+    )
+    return dataclasses.replace(result, state=State.OUTCOME_UNKNOWN, reason=why, error=why)
 
 
 async def outcome(
     gate: Gate, metrics: Metrics, flow: http.HTTPFlow, meta: dict, result: Outcome, op: Operation | None = None
 ) -> Receipt | None:
     """Record a forwarded request's outcome through the gate, and show it on the flow."""
+    result = of_round(meta, result)
     meta["outcome"] = str(result.state)
     if (sent_at := meta.pop("sent_at", None)) is not None:
         metrics.exchanged(meta["api"], meta["operation"], time.monotonic() - sent_at)
@@ -62,7 +80,10 @@ async def answer(
     """
     resp = flow.response
     assert resp is not None
-    result = forward.outcome_of(resp, op, cap=cap, complete=complete, call_id=(meta.get("mcp") or {}).get("id"))
+    call = meta.get("mcp") or {}
+    result = forward.outcome_of(
+        resp, op, cap=cap, complete=complete, call_id=call.get("id"), task_call=bool(call.get("task"))
+    )
     receipt = await outcome(gate, metrics, flow, meta, result, op)
     if receipt is not None and result.evidence and receipt.external_id:
         resp.headers["X-Receipt-External-Id"] = receipt.external_id

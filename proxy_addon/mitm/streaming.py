@@ -267,7 +267,7 @@ class Streams:
         head = s.reply.response
         status, body = head.status_code, s.answer.response_event
         kept = answers.recorded(status, head.headers.items(multi=True), body, s.cap)
-        result = tool_outcome(status, head.reason, headers_of(head), body, s.op, kept, s.call.id)
+        result = tool_outcome(status, head.reason, headers_of(head), body, s.op, kept, s.call.id, task_call=s.call.task)
         await record.outcome(gate, metrics, s.flow, s.meta, result, s.op)
 
     async def _ended_without_response(self, s: _Stream, gate: Gate, metrics: Metrics) -> None:

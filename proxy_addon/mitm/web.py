@@ -3,9 +3,11 @@ The receipts story in mitmweb: a "Receipt" content view (commands are in command
 
 - The Receipt view shows a flow's receipt: state, fingerprint, sanitized intent (and how
   its body was read when not as the rule says: the fallback used, missing or hashed fields)
-  and event history. For a blocked or replayed duplicate it shows the original receipt. mitmproxy
-  picks it by itself for the proxy's own answers (blocked, replayed, denied); for other
-  matched flows choose "Receipt" in the body's view menu.
+  and event history. An MCP tool call that waits shows for what: its client's input (and how
+  many rounds its server asked for), or its task (the first characters of its id, its status).
+  For a blocked or replayed duplicate it shows the original receipt. mitmproxy picks it by
+  itself for the proxy's own answers (blocked, replayed, denied); for other matched flows
+  choose "Receipt" in the body's view menu.
 - `ReceiptWeb` is the small addon that registers the view when mitmproxy loads it.
 """
 
@@ -20,7 +22,8 @@ from mitmproxy.contentviews import Metadata
 
 from proxy_addon.fingerprint import intent_notes
 from proxy_addon.mitm.flows import meta_of
-from proxy_addon.store import Receipt, ReceiptStore
+from proxy_addon.states import State
+from proxy_addon.store import Event, Receipt, ReceiptStore
 
 ANSWERED = ("blocked", "replay", "blocked_succeeded", "key_conflict", "denied")  # the proxy answered
 
@@ -44,10 +47,11 @@ def describe(store: ReceiptStore, operation_id: str, *, answer: str | None = Non
     if notes := intent_notes(r.intent):  # a fallback, missing or hashed fields: said, never silent
         lines += ["", 'how the body was read (docs/rules.md, "When the named fields are not there"):']
         lines += [f"  {n}" for n in notes]
+    if waiting := _waiting(r):
+        lines += ["", waiting]
     lines += ["", "history:"]
     for e in store.events(r.operation_id):
-        change = f"{e.from_state or '(new)'} → {e.to_state}" if e.event == "transition" else f"{e.event} duplicate"
-        lines.append(f"  {e.at}  {change:36}  {e.actor:18}  {e.reason}")
+        lines.append(f"  {e.at}  {_change(e):36}  {e.actor:18}  {e.reason}")
     return "\n".join(lines) + "\n"
 
 
@@ -65,10 +69,45 @@ def _fields(r: Receipt) -> list[str]:
         ("external id", r.external_id),
         ("error", r.error),
         ("retry of", r.retry_of),
+        ("input rounds", r.mcp_rounds or None),  # how often its server asked for input (MCP input_required)
+        ("task", _task(r)),
         ("idempotency key", r.idempotency_key),
         ("recorded answer", _answer(r)),
     ]
     return [f"{k:16} {v}" for k, v in rows if v not in (None, "")]
+
+
+def _task(r: Receipt) -> str | None:
+    if r.task_hint is None:
+        return None
+    return f"{r.task_hint} ({r.task_status or 'status unknown'}, {r.task_revision}; its full id is kept encrypted)"
+
+
+def _change(e: Event) -> str:
+    """An event as the history shows it: a transition, a duplicate's answer, or a step of a call that waits."""
+    if e.event == "transition":
+        return f"{e.from_state or '(new)'} → {e.to_state}"
+    if e.event in ("blocked", "replayed"):
+        return f"{e.event} duplicate"
+    return {"input_required": "input required (round)", "continued": "next round sent", "task": "task"}.get(
+        e.event, e.event
+    )
+
+
+def _waiting(r: Receipt) -> str | None:
+    """What a submitted MCP tool call waits for, in words (store/interim.py)."""
+    if r.state is not State.SUBMITTED or r.waiting_for is None:
+        return None
+    if r.waiting_for == "input":
+        until = f", until {r.waiting_until}" if r.waiting_until else ""
+        return (
+            f"WAITING FOR INPUT: its server asked for input ({r.mcp_rounds} round(s)); the call goes on when the "
+            f"client sends its next round{until}. Nothing is in flight meanwhile."
+        )
+    return (
+        f"WAITING FOR ITS TASK {r.task_hint} ({r.task_status or 'status unknown'}): the server runs the call as a "
+        "task; the task's end decides the receipt (read as the client polls it, or by the proxy when a retry comes)."
+    )
 
 
 def _answer(r: Receipt) -> str | None:

@@ -20,8 +20,8 @@ from typing import Literal
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
 from proxy_addon.store.base import UniqueViolation, WouldWait, marks
+from proxy_addon.store.interim import ReceiptInterim
 from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
-from proxy_addon.store.transitions import ReceiptTransitions
 
 _RECEIPT_COLUMNS = (
     "operation_id",
@@ -109,7 +109,7 @@ class _NeedsDurable(Exception):
     """A transaction begun as not durable was about to insert a receipt: rolled back, begun again durably."""
 
 
-class ReceiptAttempts(ReceiptTransitions):
+class ReceiptAttempts(ReceiptInterim):
     """Deciding an attempt: answer a duplicate, or insert a new receipt to forward."""
 
     def begin_attempt(
@@ -264,7 +264,7 @@ class ReceiptAttempts(ReceiptTransitions):
         # the insert, and the attempt ends StoreUnavailable (nothing forwarded).
         unresolved = latest if latest is not None and latest.state in UNRESOLVED else None
         if unresolved is not None:
-            return Decision("blocked", unresolved, "duplicate blocked: the first attempt is unresolved")
+            return self._unresolved(a, unresolved, rows[0].get("task_sealed"), now, actor, durable=durable)
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
             answered = rows[0]["answered_from"] == State.SUBMITTED
             replayable = latest.intent_fingerprint not in a.unreplayable
@@ -278,6 +278,31 @@ class ReceiptAttempts(ReceiptTransitions):
         if not durable:
             raise _NeedsDurable
         return self._insert(a, latest, now, actor)
+
+    def _unresolved(
+        self, a: Attempt, r: Receipt, task_sealed: object, now: dt.datetime, actor: str, *, durable: bool
+    ) -> Decision:
+        """
+        An attempt whose intent has an unresolved receipt: blocked, but for the next round of a call
+        whose server asked for input, which goes on under that receipt (store/interim.py).
+        """
+        if r.state is State.SUBMITTED and r.waiting_for == "input":
+            if self._abandoned(r, now):
+                r = self._input_abandoned(r, a, actor)
+            elif a.continues:
+                if r.mcp_rounds > a.mcp_rounds:
+                    return self._rounds_exceeded(r, a, actor)
+                if not durable:
+                    raise _NeedsDurable  # it is sent next: its renewed lifetime must be on disk first
+                return self._continue(r, a, now, actor)
+            else:
+                return Decision(
+                    "blocked", r, "duplicate blocked: the first attempt waits for the input its server asked for"
+                )
+        if r.state is State.SUBMITTED and r.waiting_for == "task":
+            task_id = self._task_id_for(r, a, task_sealed)
+            return Decision("blocked", r, "duplicate blocked: the first attempt's task is not done", task_id=task_id)
+        return Decision("blocked", r, "duplicate blocked: the first attempt is unresolved")
 
     def _after_success(
         self,
@@ -336,6 +361,7 @@ class ReceiptAttempts(ReceiptTransitions):
 
     def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
         """A new receipt (and its first event) for an attempt to forward."""
+        self._hold_lease(a)
         at = iso(now)
         retry_of = latest.operation_id if latest is not None else None
         operation_id = new_operation_id(now)

@@ -11,12 +11,11 @@ differ) is both backends' (key_check.py).
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from proxy_addon.errors import StoreUnavailable
 from proxy_addon.store.receipts import ReceiptStore
-from proxy_addon.store.records import Attempt, Decision, Receipt
+from proxy_addon.store.records import Attempt
 
 
 class PostgresFleet(ReceiptStore):
@@ -71,8 +70,8 @@ class PostgresFleet(ReceiptStore):
                 "DELETE FROM receipt_instances WHERE expires_at < now() - make_interval(secs => ?)", (older_than,)
             )
 
-    def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
-        """A new receipt, only while this proxy's lease holds (renewed in the same transaction)."""
+    def _hold_lease(self, a: Attempt) -> None:
+        """A new receipt, or the next round of one (interim.py), only while this proxy's lease holds (renewed here)."""
         if self.lease is not None and a.instance == self.lease[0]:
             held = self._execute(
                 "UPDATE receipt_instances SET expires_at = greatest(expires_at, now() + make_interval(secs => ?)) "
@@ -84,4 +83,3 @@ class PostgresFleet(ReceiptStore):
                     f"this proxy's lease on {self.location} has expired (no heartbeat reached the database in time): "
                     "other proxies may be recovering its receipts, so nothing is sent until the heartbeat renews it"
                 )
-        return super()._insert(a, latest, now, actor)

@@ -309,3 +309,23 @@ def m012_read_principal(db: Schema) -> None:
     # in its query, body or path: caller.py): `receipts reconcile` checks that a read's headers are
     # the write's against it. NULL: the principal is that of the headers.
     db.execute("ALTER TABLE receipts ADD COLUMN read_principal TEXT")
+
+
+@migration
+def m013_interim_answers(db: Schema) -> None:
+    # An MCP tool call whose server answered something that is not an outcome (store/interim.py)
+    # stays `submitted`, with nothing in flight: `waiting_for` says for what ("input": the server
+    # asked the client for input, MCP input_required; "task": it runs the call as a task), NULL
+    # otherwise. `mcp_rounds` counts the server's input_required answers; `waiting_until` is when a
+    # call waiting for input is taken as abandoned. A task is kept by a keyed reference (`task_ref`,
+    # the index its observed answers find it by), its id sealed (`task_sealed`, sealing.py), the
+    # first characters of its id to tell it by (`task_hint`), its last seen status and its revision.
+    db.execute("ALTER TABLE receipts ADD COLUMN waiting_for TEXT")
+    db.execute("ALTER TABLE receipts ADD COLUMN mcp_rounds INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE receipts ADD COLUMN waiting_until TEXT")
+    db.execute("ALTER TABLE receipts ADD COLUMN task_ref TEXT")
+    db.execute(f"ALTER TABLE receipts ADD COLUMN task_sealed {'BYTEA' if db.postgres else 'BLOB'}")
+    db.execute("ALTER TABLE receipts ADD COLUMN task_hint TEXT")
+    db.execute("ALTER TABLE receipts ADD COLUMN task_status TEXT")
+    db.execute("ALTER TABLE receipts ADD COLUMN task_revision TEXT")
+    db.execute("CREATE INDEX receipts_by_task ON receipts(task_ref) WHERE task_ref IS NOT NULL")

@@ -88,6 +88,26 @@ class Attempt:
         return (self.intent_fingerprint, *self.earlier, *self.earlier_unresolved)
 
     upstream_timeout: float | None = None  # receipts_upstream_timeout of the proxy that sends it (its lifetime)
+    # An MCP tool call that carries `requestState`/`inputResponses`: the next round of a call whose
+    # server asked for input (store/interim.py); sent under that call's receipt while it waits for it.
+    continues: bool = False
+    mcp_rounds: int = 10  # receipts_mcp_rounds: the most times a call's server may ask for input
+
+
+@dataclass(frozen=True)
+class Interim:
+    """
+    An answer that is not the write's outcome (store/interim.py): the server asks the client for
+    input before it goes on (MCP `input_required`), or runs the call as a task (a task handle).
+    `task_id` is the server's id of the task: sealed when stored, never logged.
+    """
+
+    kind: Literal["input_required", "task"]
+    reason: str
+    task_id: str | None = field(default=None, repr=False)
+    task_status: str | None = None  # working, input_required, ... (as the handle says)
+    task_revision: str | None = None  # the MCP revision of the task: "2026-07-28" (the Tasks extension) or "2025-11-25"
+    task_ttl: float | None = None  # seconds the server keeps the task (its ttl), if it says: then it may discard it
 
 
 @dataclass(frozen=True)
@@ -163,6 +183,16 @@ class Receipt:
     read_principal: str | None = None  # its credential headers' principal, when not `principal` (Attempt)
     upstream_timeout: float | None = None  # the sending proxy's receipts_upstream_timeout (None: an earlier version)
     in_flight_until: str | None = None  # submitted + upstream_timeout: the latest its proxy holds the request open
+    # Submitted with nothing in flight (store/interim.py): "input" (its server asked the client for
+    # input), "task" (its server runs it as a task); None otherwise.
+    waiting_for: str | None = None
+    mcp_rounds: int = 0  # how many times its server asked for input (MCP input_required answers)
+    # waiting for input: past this, the call is taken as abandoned; for a task: its server may have
+    # discarded it (its ttl), so a read of it that fails then settles it outcome_unknown
+    waiting_until: str | None = None
+    task_hint: str | None = None  # the first characters of its task's id, to tell it by (the id is sealed)
+    task_status: str | None = None  # its task's status, as last seen
+    task_revision: str | None = None  # the MCP revision its task was created in
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -199,6 +229,12 @@ class Receipt:
             read_principal=row.get("read_principal"),
             upstream_timeout=row.get("upstream_timeout"),
             in_flight_until=row.get("in_flight_until"),
+            waiting_for=row.get("waiting_for"),
+            mcp_rounds=row.get("mcp_rounds") or 0,
+            waiting_until=row.get("waiting_until"),
+            task_hint=row.get("task_hint"),
+            task_status=row.get("task_status"),
+            task_revision=row.get("task_revision"),
         )
 
     @property
@@ -242,6 +278,10 @@ class Decision:
     receipt: Receipt
     reason: str = ""  # for a duplicate: why it gets this answer (recorded in the receipt's events)
     answer: RecordedResponse | None = field(default=None, repr=False)  # "replay": the recorded answer, opened
+    # "blocked" on a receipt that waits for its task: the task's id, opened for this duplicate (its own
+    # caller: never for one the proxy cannot tell from the first, Attempt.unreplayable)
+    task_id: str | None = field(default=None, repr=False)
+    note: str | None = None  # what the duplicate's answer must say beyond the receipt's state (store/interim.py)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """
 Recovery at start: receipts left in flight (`submitted`, `reconciling`) or held
 (`awaiting_approval`) by a proxy instance that is no longer running are moved on
-(`recover_in_flight`), so that none stays unresolved for ever.
+(`recover_in_flight`), so that none stays unresolved for ever. A `submitted` receipt waiting for
+its client's input or for its task has nothing in flight, and stays (interim.py).
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ class ReceiptRecovery(ReceiptTransitions):
         its attempt end, and it may be in flight until its `in_flight_until`. Returns their ids.
         `is_alive` is asked only after the receipts in flight were read (leases.py relies on it).
         `stopped(instance)` words how the instance was found stopped (default "proxy stopped"), so
-        that the event names it.
+        that the event names it. A `submitted` receipt that waits for its client's input or for its
+        task (interim.py) is left as it is: nothing of it is in flight (its last round's answer came),
+        its client may still go on, and its task may still be read; it is settled as it would have been.
         """
         rows = self._rows(
-            "SELECT operation_id, state, instance FROM receipts WHERE state IN (?, ?, ?)",
-            (State.SUBMITTED, State.RECONCILING, State.AWAITING_APPROVAL),
+            "SELECT operation_id, state, instance FROM receipts WHERE state IN (?, ?, ?) "
+            "AND (waiting_for IS NULL OR state <> ?)",
+            (State.SUBMITTED, State.RECONCILING, State.AWAITING_APPROVAL, State.SUBMITTED),
         )
         recovered = []
         outcomes = {

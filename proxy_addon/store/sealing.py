@@ -16,6 +16,12 @@ status (`http_status`) and truncation that stay in clear beside it (metadata tha
 show` and `export` print). An answer moved into another receipt, or whose status was changed,
 does not open.
 
+A task's id (an MCP tool call answered with a task handle: store/interim.py) is sealed the same
+way, under the same key, bound to its receipt and to its purpose (`seal_task`, `open_task`): a
+server that cannot bind its tasks to a caller lets whoever knows a task id read its result, so
+the id is kept like the answer it leads to. It is found again by a keyed reference
+(`task_ref`: HMAC-SHA256 under a key derived for that alone), never by the id in clear.
+
 A sealed row leaves `response_status` and `response_headers` NULL: an earlier version, which
 takes `response_status` for "an answer was recorded" and would replay `response_body` as it
 is, finds none on a sealed row, and blocks the duplicate instead (a downgrade never replays
@@ -25,6 +31,8 @@ by an earlier version: it is read as it is (`StoredAnswer.clear`) and still repl
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 from typing import Any
@@ -39,6 +47,7 @@ from proxy_addon.store.records import RecordedResponse, StoredAnswer
 
 SCHEME = "v1"
 PURPOSE = b"receipt-proxy recorded answers v1"  # HKDF's info: this key is for nothing else
+TASK_REF_PURPOSE = b"receipt-proxy task references v1"  # the key of task ids' lookup references
 _NONCE = 12
 
 
@@ -48,6 +57,7 @@ class AnswerSeal:
     def __init__(self, secret_key: bytes):
         derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=PURPOSE).derive(secret_key)
         self._aead = AESGCM(derived)
+        self._ref_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=TASK_REF_PURPOSE).derive(secret_key)
 
     def __repr__(self) -> str:
         return "AnswerSeal(...)"  # never the key
@@ -86,6 +96,28 @@ class AnswerSeal:
         head, _, body = plain.partition(b"\n")
         headers = [(str(k), str(v)) for k, v in json.loads(head)]
         return RecordedResponse(stored.status, headers, body, stored.truncated)
+
+    def seal_task(self, operation_id: str, task_id: str) -> bytes:
+        """A task id, sealed for receipt `operation_id` (the nonce, then the ciphertext)."""
+        nonce = os.urandom(_NONCE)
+        return nonce + self._aead.encrypt(nonce, task_id.encode(), _task_bound(operation_id))
+
+    def open_task(self, operation_id: str, sealed: bytes) -> str:
+        """The task id sealed for receipt `operation_id`; StoreError when it does not open."""
+        try:
+            return self._aead.decrypt(sealed[:_NONCE], sealed[_NONCE:], _task_bound(operation_id)).decode()
+        except (InvalidTag, ValueError, UnicodeDecodeError):
+            raise StoreError(
+                f"the task id recorded for receipt {operation_id} does not open with this secret.key"
+            ) from None
+
+    def task_ref(self, api: str, task_id: str) -> str:
+        """The keyed reference a receipt finds its task by: the task's API and id, never the id in clear."""
+        return hmac.new(self._ref_key, f"{api}\n{task_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def _task_bound(operation_id: str) -> bytes:
+    return f"task\n{operation_id}".encode()
 
 
 def _bound(operation_id: str, status: int, truncated: bool) -> bytes:

@@ -186,6 +186,8 @@ class ReceiptTransitions(ReceiptReads):
         was = state_of(old["state"], f"receipt {operation_id}")  # the row is made a Receipt once: as updated
         if was is State.SUBMITTED and set_completed:
             sets["completed_at"] = at  # the attempt is over, whatever we learned of it
+        if was is State.SUBMITTED and to is not State.SUBMITTED:
+            sets.update(waiting_for=None, waiting_until=None)  # settled: it waits for nothing (interim.py)
         if to is State.SUBMITTED and old.get("upstream_timeout") is not None:  # approved: it is sent from now
             sets["in_flight_until"] = iso(now + dt.timedelta(seconds=old["upstream_timeout"]))
         changed = self._execute(

@@ -100,7 +100,9 @@ def test_list_json(db, capsys):
         "http_status": 201, "error": None, "external_id": "art_1", "flow_id": "flow-1", "retry_of": None,
         "instance": None, "idempotency_key": None, "client_key": None, "idempotency_key_at": None, "raw_target": None,
         "failed_reads": 0, "next_read_at": None, "fingerprint_scheme": None, "fingerprint_rule": None,
-        "read_principal": None, "upstream_timeout": None, "in_flight_until": None, "response_status": 201,
+        "read_principal": None, "upstream_timeout": None, "in_flight_until": None, "waiting_for": None,
+        "mcp_rounds": 0, "waiting_until": None, "task_hint": None, "task_status": None, "task_revision": None,
+        "response_status": 201,
         # sealed: a 12-byte nonce, the headers as JSON, a newline, the body, a 16-byte tag (store/sealing.py)
         "response_size": 12 + len('[["content-type", "application/json"]]\n{"id": "RESPONSE-BODY-MARKER-5e1f"}') + 16,
         "response_encrypted": True,
