@@ -166,7 +166,10 @@ def _checked_key(store: ReceiptStore, key_file: Path) -> bytes:
     files and what to do, when the key is missing or another.
     """
     fleet = isinstance(store, PostgresStore)
-    if not key_file.exists() and (store.holds_receipts() or store.recorded_key_check() is not None):
+    # The database first, then the file: a proxy that records the check value made its key file
+    # before, so a fleet's proxies starting at once on one key path see the file once they see it.
+    used = store.recorded_key_check() is not None or store.holds_receipts()
+    if used and not key_file.exists():
         if fleet:
             raise StoreError(
                 f"the HMAC key {key_file} is missing, and the other proxies on {store.location} use one: every proxy "

@@ -29,7 +29,7 @@ Operations, run in order in one client session; one that fails does not stop the
                                         -> {"op", "ok", "result_type", "result"}
     ("continue", name, arguments, request_state, keys)  its next round, every key answered "confirm"
     a failure                           -> {"op", "ok": false, "error": {"type", "code", "message"}}
-The client confirms every elicitation (its messages in the report's "elicitations") and declares the
+The client answers elicitations as the plan's "answers" say (their messages in the report's "elicitations") and declares the
 Tasks extension (the task ids it was handed in "tasks").
 The report: {"revision", "protocol_version", "connect_error"?, "results": [...],
 "http": [{"method", "url", "jsonrpc_method", "id", "status", "content_type", "session_id",
@@ -131,12 +131,6 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
     elicitations: list[str] = []  # the messages of the elicitation requests the user was asked
     report_tasks: list[str] = []
 
-    async def confirm(context, params):  # the user confirms every question
-        from mcp_types import ElicitResult
-
-        elicitations.append(params.message)
-        return ElicitResult(action="accept", content={"confirm": True})
-
     timeout = float(plan["timeout"])
     # trust_env (the default): the proxy from HTTP(S)_PROXY, the CA from SSL_CERT_FILE (httpcore2 reads it).
     http_client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout + 5, read=timeout + 5),
@@ -153,8 +147,7 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
             transport = streamable_http_client(plan["url"], http_client=http_client)
             client = Client(transport, mode="legacy" if revision == "legacy" else "auto",
                             read_timeout_seconds=timeout, cache=None, log_level=plan.get("log_level"),
-                            extensions=[tasks], **{"elicitation_callback": confirm,
-                                                   **_callbacks(plan.get("answers") or {}, report)})
+                            extensions=[tasks], **_callbacks(plan.get("answers") or {}, report))
             async with client:
                 report["protocol_version"] = client.protocol_version
                 for op in plan["ops"]:
@@ -176,6 +169,7 @@ def _callbacks(answers: dict[str, Any], report: dict[str, Any]) -> dict[str, Any
 
     async def elicit(_context, params):
         report["asked"].append({"kind": "elicit", "op": op(), "message": params.message})
+        report["elicitations"].append(params.message)
         return types.ElicitResult(**answers["elicit"])
 
     async def sample(_context, params):

@@ -116,8 +116,11 @@ def text_of(result: dict) -> str:
     return " ".join(c.get("text", "") for c in result.get("content") or [])
 
 
+CONFIRM = {"elicit": {"action": "accept", "content": {"confirm": True}}}  # the user confirms every question
+
+
 def client(proxy: Proxy, server, ops: list[tuple], revision: str, **kw) -> dict:
-    return run_client(server.url, ops, revision=revision, proxy=proxy.url, ca=proxy.ca, **kw)
+    return run_client(server.url, ops, revision=revision, proxy=proxy.url, ca=proxy.ca, **{"answers": CONFIRM, **kw})
 
 
 # --- elicitation: input_required rounds (2026-07-28), a request on the call's stream (2025-11-25) ---------

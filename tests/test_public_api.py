@@ -51,6 +51,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "Dialect": ("proxy_addon.store.base", "Dialect"),
         "Event": ("proxy_addon.store.records", "Event"),
         "Held": ("proxy_addon.store.versions", "Held"),
+        "Interim": ("proxy_addon.store.records", "Interim"),
         "PostgresStore": ("proxy_addon.store.postgres", "PostgresStore"),
         "Receipt": ("proxy_addon.store.records", "Receipt"),
         "ReceiptStore": ("proxy_addon.store.receipts", "ReceiptStore"),
@@ -119,7 +120,7 @@ ALL = {
         "load_rules", "load_rules_path",
     ],
     "proxy_addon.store": [
-        "ApprovalDecision", "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "Held",
+        "ApprovalDecision", "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "Held", "Interim",
         "PostgresStore", "Receipt", "ReceiptStore", "RecordedResponse", "SQLiteStore", "Store", "StoredAnswer",
         "UniqueViolation",
         "is_postgres", "iso", "new_operation_id", "open_store", "utcnow",
