@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from bench import procs, report, store_bench
-from bench.http_bench import CLIENTS, SCENARIOS, HttpBench, Path as BenchPath
+from bench.http_bench import CLIENTS, SCENARIOS, HttpBench
+from bench.http_bench import Path as BenchPath
 
 RULES = """\
 # receipt-proxy bench rules: POST /bench/things is a write; everything else passes through.

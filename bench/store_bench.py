@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.http_bench import Stats
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, RecordedResponse, Store
 from proxy_addon.store.sealing import AnswerSeal
-
-from bench.http_bench import Stats
 
 OPS = ("insert", "outcome", "dup-check", "dup-record", "replay-check")
 

@@ -20,13 +20,13 @@ Receipt states and the one table of legal transitions.
                               safe_to_retry or         failed, or past receipts_read_deadline (24 h
                               rejected; or a read)     after the outcome became unknown)
 
-    submitted, waiting (no state of its own: the receipt's `waiting_for`, store/interim.py)
+    submitted, waiting (no state of its own: the receipt's `waiting_for`, store/rounds.py)
         an MCP tool call whose server answered something that is no outcome, with nothing in flight:
         ── input_required ──► waiting_for "input" ── the client's next round (same receipt) ──► submitted
                                                   ── more than receipts_mcp_rounds, or no round within
                                                      receipts_mcp_input_wait ──► outcome_unknown
         ── a task handle ───► waiting_for "task"  ── the task's end, as the call's answer ──► succeeded,
-                                                     rejected, outcome_unknown (mcp/tasks.py)
+                                                     rejected, outcome_unknown (outcome/task_ends.py)
         A duplicate meanwhile is blocked at once (never waits); recovery leaves such a receipt as it is.
 
 Every state change in the store is checked against `TRANSITIONS` and guarded in

@@ -1,5 +1,5 @@
 """
-The answers the proxy makes itself (proxy_addon/answers.py): status, JSON body and headers,
+The answers the proxy makes itself (proxy_addon/outcome/http_answers.py): status, JSON body and headers,
 for receipts made by a real store (begin_attempt + transition), without a proxy.
 """
 
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from proxy_addon import answers
-from proxy_addon.answers import Answer
+from proxy_addon.outcome import http_answers as answers
+from proxy_addon.outcome.http_answers import Answer
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Receipt, RecordedResponse, Store
 from tests.conftest import T0, FakeClock

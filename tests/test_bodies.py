@@ -1,4 +1,4 @@
-"""Unit tests for proxy_addon.bodies: each content coding, stacked codings, bombs stopped at the limit, bad streams."""
+"""Unit tests for proxy_addon.wire.bodies: each content coding, stacked codings, bombs stopped at the limit, bad streams."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import brotli
 import pytest
 
-from proxy_addon import bodies
-from proxy_addon.bodies import decode_body
 from proxy_addon.errors import BadEncoding, BodyTooLarge, ReceiptsError, UnsupportedEncoding
+from proxy_addon.wire import bodies
+from proxy_addon.wire.bodies import decode_body
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -131,7 +131,7 @@ def test_a_bomb_does_not_grow_the_process():
         f"""
         import resource, sys, zlib
         sys.path.insert(0, {str(ROOT)!r})
-        from proxy_addon.bodies import decode_body
+        from proxy_addon.wire.bodies import decode_body
         from proxy_addon.errors import BodyTooLarge
         c = zlib.compressobj(1, zlib.DEFLATED, 31)
         chunk = b"\\0" * (1 << 20)

@@ -1,5 +1,5 @@
 """
-Every credential enters the principal (proxy_addon/caller.py, fingerprint scheme 3), without a
+Every credential enters the principal (proxy_addon/intent/caller.py, fingerprint scheme 3), without a
 proxy: which parts of a request count, what the rules may declare, how path credentials are
 redacted and hashed, and that scheme 2 still gives every request the fingerprint it gave before.
 Through a real proxy: tests/test_callers_e2e.py.
@@ -11,14 +11,14 @@ import json
 
 import pytest
 
-from proxy_addon.caller import caller_of
-from proxy_addon.earlier_fingerprints import Version
 from proxy_addon.errors import RulesError
-from proxy_addon.fingerprint import RequestView, build_attempt, fingerprint
-from proxy_addon.redaction import REDACTED, redact_url, token_shaped
+from proxy_addon.intent.caller import caller_of
+from proxy_addon.intent.earlier_fingerprints import Version
+from proxy_addon.intent.fingerprint import RequestView, build_attempt, fingerprint
 from proxy_addon.rules import RuleSet, check_rules, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import RecordedResponse, open_store
+from proxy_addon.wire.redaction import REDACTED, redact_url, token_shaped
 from tests.conftest import FakeClock
 
 KEY = b"0123456789abcdef" * 4

@@ -1,5 +1,5 @@
 """
-Canonical request targets (proxy_addon/canonical.py), unit by unit: every normalisation, what
+Canonical request targets (proxy_addon/wire/canonical.py), unit by unit: every normalisation, what
 must NOT be merged, and how matching (RuleSet.match), path templates, allow_hosts patterns,
 the fingerprint and `rules explain` use them. The same requests through a real proxy are in
 tests/test_canonical_requests.py; the property over random spellings in tests/test_same_write.py.
@@ -13,7 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy_addon.canonical import (
+from proxy_addon.errors import RulesError
+from proxy_addon.explain import explain, render
+from proxy_addon.intent.fingerprint import RequestView, build_attempt, fingerprint, intent_notes
+from proxy_addon.rules import RuleSet, host_pattern, load_rules, parse_path_template
+from proxy_addon.wire.canonical import (
     ConflictingOverrides,
     canonical_host,
     canonical_path,
@@ -23,10 +27,6 @@ from proxy_addon.canonical import (
     param_value,
     target,
 )
-from proxy_addon.errors import RulesError
-from proxy_addon.explain import explain, render
-from proxy_addon.fingerprint import RequestView, build_attempt, fingerprint, intent_notes
-from proxy_addon.rules import RuleSet, host_pattern, load_rules, parse_path_template
 
 KEY = b"k" * 32
 
@@ -306,7 +306,7 @@ def test_a_plain_request_keeps_its_fingerprint():
     """Receipts written before canonical targets still block duplicates: nothing changed for a canonical request."""
     import hashlib
 
-    from proxy_addon.fingerprint import canonical_json
+    from proxy_addon.intent.fingerprint import canonical_json
 
     got = _fp("api.test", "/api/b/things")
     material = {"api": "canon", "operation": "things.create", "method": "POST", "host": "api.test",

@@ -21,8 +21,8 @@ import pytest
 
 from proxy_addon.store import Store
 from tests.conftest import RECORDED_TOKEN, SECRETS, SECRETS_HEADERS, Answer, Clients, Proxy
-from tests.upstream import NginxUpstream
 from tests.test_integration import events_of
+from tests.upstream import NginxUpstream
 
 RULES = """\
 api: canon-api

@@ -1,4 +1,4 @@
-"""Unit tests for proxy_addon.classify: response statuses, upstream errors, external ids."""
+"""Unit tests for proxy_addon.outcome.classify: response statuses, upstream errors, external ids."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from proxy_addon.classify import answer_outcome, classify_error, classify_status, external_id_of
+from proxy_addon.outcome.classify import answer_outcome, classify_error, classify_status, external_id_of
 from proxy_addon.rules import ALREADY_EXISTS, RuleSet, load_rules
 from proxy_addon.states import State
 
@@ -149,7 +149,7 @@ SLACKISH = "[{status: 200, body: {ok: false}, state: rejected}, {status: 4xx, st
     (409, SLACKISH, U, False),  # a status-only rule fits: it decides
 ])
 def test_an_answer_whose_body_was_not_read_is_classified_from_its_head(status, classify, state, evidence):
-    from proxy_addon.classify import head_outcome
+    from proxy_addon.outcome.classify import head_outcome
 
     operation = op("/v1/overridden", classify) if classify else op("/v1/plain")
     out = head_outcome(status, "", {}, operation, None, "its body is larger than receipts_response_cap")
@@ -263,8 +263,8 @@ LOCAL_FAILURES = [
 
 @pytest.mark.parametrize(("how", "state", "says", "written"), [pytest.param(*row, id=row[0]) for row in LOCAL_FAILURES])
 async def test_a_local_refusal_is_not_sent_only_when_nothing_was_written(how, state, says, written):
-    from proxy_addon.classify import failure_outcome
-    from proxy_addon.exchange_failures import CLIENT_ERRORS
+    from proxy_addon.outcome.classify import failure_outcome
+    from proxy_addon.outcome.exchange_failures import CLIENT_ERRORS
 
     listener = Listener()
     try:
@@ -292,7 +292,7 @@ def test_a_local_protocol_error_not_raised_building_the_head_is_outcome_unknown(
     import h11
     import httpx
 
-    from proxy_addon.classify import failure_outcome
+    from proxy_addon.outcome.classify import failure_outcome
 
     cls = httpx.LocalProtocolError if error == "httpx" else h11.LocalProtocolError
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy_addon.fingerprint import canonical_credential
+from proxy_addon.intent.fingerprint import canonical_credential
 
 
 @pytest.mark.parametrize("name, value, canonical", [

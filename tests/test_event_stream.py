@@ -1,6 +1,6 @@
 """
-An event stream read as it arrives (proxy_addon/mcp/event_stream.py) and a tool call's answer read
-so (mcp/call_answer.py): the same events whatever chunks the stream comes in, every byte given
+An event stream read as it arrives (proxy_addon/wire/event_stream.py) and a tool call's answer read
+so (wire/call_answer.py): the same events whatever chunks the stream comes in, every byte given
 back in order, an event larger than the bound given back unread as it comes, and each JSON-RPC
 message told apart: the call's response, a notification, a request of the server's own.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import random
 
-from proxy_addon.mcp.call_answer import CallAnswer
-from proxy_addon.mcp.event_stream import Event, EventStream
-from proxy_addon.mcp.jsonrpc import messages_of
+from proxy_addon.wire.call_answer import CallAnswer
+from proxy_addon.wire.event_stream import Event, EventStream
+from proxy_addon.wire.jsonrpc import messages_of
 
 
 def message(**fields) -> bytes:

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 import pytest
 from mitmproxy import http
 
-from proxy_addon.classify import Outcome
 from proxy_addon.mitm.exchange import Reply, make_client
 from proxy_addon.mitm.exchange import send as send_once
+from proxy_addon.outcome.classify import Outcome
 from proxy_addon.states import State
-from proxy_addon.upstream import Upstream
+from proxy_addon.wire.upstream import Upstream
 
 BODY = b'{"title": "hello"}'
 

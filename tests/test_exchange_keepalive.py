@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from mitmproxy import http
 
-from proxy_addon.classify import Outcome
 from proxy_addon.mitm.exchange import Reply, make_client, send
+from proxy_addon.outcome.classify import Outcome
 from proxy_addon.states import State
-from proxy_addon.upstream import Upstream
+from proxy_addon.wire.upstream import Upstream
 
 ANSWER = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

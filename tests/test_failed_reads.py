@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pytest
 
 from proxy_addon.cli import main
-from proxy_addon.judge import retry_after_of
+from proxy_addon.reconcile.judge import retry_after_of
 from proxy_addon.store import Event, Receipt, Store, iso
 from tests.conftest import Clients, FakeClock, Proxy
 from tests.test_reconcile import unknown_write

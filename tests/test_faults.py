@@ -97,7 +97,7 @@ class SameWrite:
     test: str  # the pytest node id that shows it
 
 
-# Targets: matched and fingerprinted in their canonical form (proxy_addon/canonical.py); each spelling
+# Targets: matched and fingerprinted in their canonical form (proxy_addon/wire/canonical.py); each spelling
 # gets a receipt, the second is replayed (or blocked), the upstream sees one write, sent as written.
 _SW = "tests/test_canonical_requests.py::"
 _MO = "tests/test_method_override.py::"
@@ -435,7 +435,7 @@ def refused_lines() -> list[str]:
         "A matched write that no HTTP client can send is answered by the proxy, and the upstream reads",
         "not a byte of it. A header field that cannot be sent gets 400 before any receipt; a refusal",
         "inside the exchange is `not_sent` only when it provably came before the first byte was",
-        "written (exchange_failures.py says how that is known), and never blocks the same write made sendable.",
+        "written (outcome/exchange_failures.py says how that is known), and never blocks the same write made sendable.",
         "",
         "| the request | the agent gets | receipt | the same write, made sendable | shown by |",
         "|---|---|---|---|---|",

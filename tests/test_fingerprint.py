@@ -1,4 +1,4 @@
-"""Unit tests for proxy_addon.fingerprint: intents, principals, redaction and the HMAC key."""
+"""Unit tests for proxy_addon.intent.fingerprint: intents, principals, redaction and the HMAC key."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import stat
 import pytest
 
 from proxy_addon.errors import RulesError
-from proxy_addon.redaction import REDACTED, redact_url
-from proxy_addon import identity
-from proxy_addon.fingerprint import (
+from proxy_addon.intent import identity
+from proxy_addon.intent.body_view import keyed_hash
+from proxy_addon.intent.fingerprint import (
     RequestView,
     build_attempt,
     canonical_json,
@@ -23,7 +23,7 @@ from proxy_addon.fingerprint import (
     principal_of,
 )
 from proxy_addon.rules import RuleSet, load_rules
-from proxy_addon.intent_body import keyed_hash
+from proxy_addon.wire.redaction import REDACTED, redact_url
 
 KEY = b"0123456789abcdef" * 4
 OTHER_KEY = b"fedcba9876543210" * 4

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy_addon.earlier_fingerprints import Version, Versions
-from proxy_addon.fingerprint import SCHEME, RequestView, build_attempt, fingerprint
-from proxy_addon.fingerprint_v1 import fingerprint_v1
+from proxy_addon.intent.earlier_fingerprints import Version, Versions
+from proxy_addon.intent.fingerprint import SCHEME, RequestView, build_attempt, fingerprint
+from proxy_addon.intent.fingerprint_v1 import fingerprint_v1
 from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Held

@@ -1,5 +1,5 @@
 """
-The gate (proxy_addon/gate.py) driven directly, without mitmproxy: a real store on its own
+The gate (proxy_addon/gate/admission.py) driven directly, without mitmproxy: a real store on its own
 thread, attempts built from a rules file, and the real upstream of tests/upstream.py, which
 counts the writes it saw and the reads a reconcile sent. Writes the gate forwards are sent
 here with httpx, once, as the exchange would.
@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from proxy_addon import answers
-from proxy_addon.classify import Outcome, answer_outcome, failure_outcome
 from proxy_addon.errors import StoreError
-from proxy_addon.fingerprint import RequestView, build_attempt
-from proxy_addon.gate import Admitted, Gate, GateSettings
-from proxy_addon.loop_connection import LOCAL_CHECKPOINT
-from proxy_addon.store_thread import StoreThread
-from proxy_addon.reads import ReadSettings
+from proxy_addon.gate.admission import Admitted, Gate, GateSettings
+from proxy_addon.gate.loop_connection import LOCAL_CHECKPOINT
+from proxy_addon.gate.store_thread import StoreThread
+from proxy_addon.intent.fingerprint import RequestView, build_attempt
+from proxy_addon.outcome import http_answers as answers
+from proxy_addon.outcome.classify import Outcome, answer_outcome, failure_outcome
+from proxy_addon.reconcile.http_reads import ReadSettings
 from proxy_addon.rules import Operation, RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Event, Receipt, Store
@@ -80,7 +80,7 @@ class World:
     def gate(self, **settings) -> Gate:
         """
         A gate over its own store connection (two gates: two proxy processes on one database),
-        and, when `local`, the event loop's connection that never waits (mitm/store.py opens it).
+        and, when `local`, the event loop's connection that never waits (mitm/receipts_db.py opens it).
         """
         store = Store.open(self.db, clock=self.clock)
         calls = StoreThread(store)
@@ -405,9 +405,9 @@ async def test_record_returns_none_and_logs_when_the_store_refuses(world, how, c
     operation_id = admitted.decision.receipt.operation_id
     outcome = await world.send(op)
     refuse(gate, how)
-    with caplog.at_level(logging.ERROR, logger="proxy_addon.gate"):
+    with caplog.at_level(logging.ERROR, logger="proxy_addon.gate.admission"):
         assert await gate.record(operation_id, outcome) is None
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "proxy_addon.gate"]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "proxy_addon.gate.admission"]
     assert len(errors) == 1
     assert operation_id in errors[0].getMessage() and "could not record" in errors[0].getMessage()
     (stored,) = world.receipts()
@@ -562,7 +562,7 @@ async def test_the_store_thread_runs_calls_in_order_and_survives_failures_and_ca
         calls.store.list()
 
 
-# --- an MCP call's task (store/interim.py, mcp/tasks.py) -------------------------------------------
+# --- an MCP call's task (store/rounds.py, outcome/task_ends.py) -------------------------------------------
 
 
 async def test_a_task_that_cannot_be_read_waits_until_its_time_to_live_then_is_unknown(world):

@@ -122,9 +122,9 @@ def test_a_second_send_of_one_request_is_stopped_before_it_is_written():
 
     import httpcore
 
-    from proxy_addon.classify import failure_outcome
-    from proxy_addon.exchange_failures import SentTwice
     from proxy_addon.mitm.httpcore_send import _Trace
+    from proxy_addon.outcome.classify import failure_outcome
+    from proxy_addon.outcome.exchange_failures import SentTwice
 
     trace = _Trace()
     write = httpcore.Request("POST", "https://127.0.0.1/api/x")
@@ -147,10 +147,10 @@ def test_a_guard_that_refuses_stops_an_http2_request_before_its_headers(h2_upstr
     and the upstream saw no request; a guard that allows lets it go."""
     import asyncio
 
-    from proxy_addon.classify import Outcome
     from proxy_addon.mitm.exchange import Reply, make_client, send
+    from proxy_addon.outcome.classify import Outcome
     from proxy_addon.states import State
-    from proxy_addon.upstream import Upstream
+    from proxy_addon.wire.upstream import Upstream
 
     path = f"/api/x{uuid.uuid4().hex[:12]}/plain"
     asked: list = []

@@ -10,8 +10,8 @@ from __future__ import annotations
 import datetime as dt
 from urllib.parse import parse_qs, urlsplit
 
-from proxy_addon.reads import plan_read
-from proxy_addon.reconcile import key_dedupes, reconcilable_now, retry_after
+from proxy_addon.reconcile.http_reads import plan_read
+from proxy_addon.reconcile.settle import key_dedupes, reconcilable_now, retry_after
 from proxy_addon.rules import load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Receipt, Store, iso

@@ -1,5 +1,5 @@
 """
-proxy_addon/instances.py: which proxy processes are alive, by an exclusive flock that each
+proxy_addon/gate/instances.py: which proxy processes are alive, by an exclusive flock that each
 holds on `<db>.instances/<id>.lock` for as long as it lives.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy_addon import instances
+from proxy_addon.gate import instances
 from tests.conftest import ROOT
 
 
@@ -105,7 +105,7 @@ def test_a_released_lock_is_not_alive_and_its_file_is_removed(db):
 CLAIMER = """
 import sys, time
 from pathlib import Path
-from proxy_addon import instances
+from proxy_addon.gate import instances
 instance, fd = instances.claim(Path(sys.argv[1]))
 print(instance, flush=True)
 time.sleep(120)

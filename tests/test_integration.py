@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from proxy_addon.store import Receipt, Store
-from tests.conftest import CLIENTS, SECRETS, Answer, Clients, Proxy, at_once, next_hop, wait_for
+from tests.conftest import CLIENTS, Answer, Clients, Proxy, at_once, next_hop, wait_for
 from tests.upstream import Upstream, free_port
 
 

@@ -15,9 +15,9 @@ import json
 import pytest
 
 from proxy_addon.errors import ReconcileError
-from proxy_addon.fingerprint import RequestView, fingerprint
-from proxy_addon.intent_body import ENTRIES_BOUND, NAME_BOUND, VALUE_BOUND, bound_intent, intent_notes
-from proxy_addon.reads import render
+from proxy_addon.intent.body_view import ENTRIES_BOUND, NAME_BOUND, VALUE_BOUND, bound_intent, intent_notes
+from proxy_addon.intent.fingerprint import RequestView, fingerprint
+from proxy_addon.reconcile.http_reads import render
 from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Receipt

@@ -23,11 +23,11 @@ import pytest
 
 from proxy_addon import explain
 from proxy_addon.errors import ReconcileError
-from proxy_addon.fingerprint import RequestView, build_attempt, fingerprint, intent_notes
-from proxy_addon.reads import plan_read
-from proxy_addon.redaction import REDACTED
+from proxy_addon.intent.fingerprint import RequestView, build_attempt, fingerprint, intent_notes
+from proxy_addon.reconcile.http_reads import plan_read
 from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.store import Store
+from proxy_addon.wire.redaction import REDACTED
 from tests.conftest import SECRETS, Clients, marker_secrets_in, read, wait_for
 
 KEY = b"k" * 64
@@ -192,7 +192,7 @@ def test_build_attempt_logs_the_fallback_once_without_values(caplog):
     m = RS.match("api.shop.test", 443, "POST", "/v1/forms")
     body = j({"title": "SECRET-TITLE-VALUE", "sku": "1"})
     view = RequestView("POST", "https", "api.shop.test", 443, "/v1/forms?jwt=SECRET-JWT", FORM, body)
-    with caplog.at_level(logging.WARNING, logger="proxy_addon.fingerprint"):
+    with caplog.at_level(logging.WARNING, logger="proxy_addon.intent.fingerprint"):
         attempt = build_attempt(m, view, KEY)
     (line,) = [r.getMessage() for r in caplog.records]
     assert "json_sent_as_form" in line and "shop forms.create" in line

@@ -1,7 +1,7 @@
 """
 MCP answers that are not a write's outcome (input_required, task handles), without a proxy: what the
-MCP layer reads of them (mcp/interim.py, mcp/tasks.py), what the store does with them on each
-backend (store/interim.py: waiting, the next round, the bound on rounds, an abandoned call,
+MCP layer reads of them (outcome/interim_answers.py, outcome/task_ends.py), what the store does with them on each
+backend (store/rounds.py: waiting, the next round, the bound on rounds, an abandoned call,
 recovery, a task's sealed id), and what the model reads when a duplicate is refused.
 The same, through real processes: tests/test_mcp_interim.py.
 """
@@ -13,17 +13,17 @@ import json
 
 import pytest
 
-from proxy_addon.answers import duplicate
-from proxy_addon.fingerprint import RequestView, fingerprint
-from proxy_addon.mcp import ToolCall
-from proxy_addon.mcp.answers import as_tool_answer
-from proxy_addon.mcp.interim import interim_of
-from proxy_addon.mcp.outcomes import tool_outcome
-from proxy_addon.mcp.tasks import TaskReport, result_report, task_outcome
+from proxy_addon.intent.fingerprint import RequestView, fingerprint
+from proxy_addon.outcome.http_answers import duplicate
+from proxy_addon.outcome.interim_answers import interim_of
+from proxy_addon.outcome.task_ends import TaskReport, result_report, task_outcome
+from proxy_addon.outcome.tool_answers import as_tool_answer
+from proxy_addon.outcome.tool_outcomes import tool_outcome
 from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Interim
 from proxy_addon.store.sealing import AnswerSeal
+from proxy_addon.wire.mcp_calls import ToolCall
 
 KEY = b"k" * 32
 RULES = """
@@ -98,7 +98,7 @@ def test_request_state_input_responses_and_task_never_enter_the_fingerprint(rule
         m = rules.match("mcp.example", 443, "POST", "/mcp", body=body)
         view = RequestView("POST", "https", "mcp.example", 443, "/mcp", {"content-type": "application/json"}, body)
         got = fingerprint(m, view, KEY)
-        from proxy_addon.intent_body import NOTES  # notes (the revision a call names) never enter the fingerprint
+        from proxy_addon.intent.body_view import NOTES  # notes (the revision a call names) never enter the fingerprint
 
         intent = {k: v for k, v in got.intent.items() if k not in NOTES}
         return (got.fingerprint, json.dumps(intent, sort_keys=True)), m.mcp_call

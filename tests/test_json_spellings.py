@@ -1,7 +1,7 @@
 """
-How a matched write's JSON is read (issue 24, items 5, 10 and 11), without a proxy: proxy_addon/json_body.py,
+How a matched write's JSON is read (issue 24, items 5, 10 and 11), without a proxy: proxy_addon/wire/json_body.py,
 the fingerprint's numbers and charsets (intent_body.py, scheme 3), and what matching refuses on MCP and GraphQL
-endpoints (mcp/calls.py, gql.py, rules/ruleset.py). The effects through a real proxy: tests/test_json_one_way.py.
+endpoints (wire/mcp_calls.py, gql.py, rules/ruleset.py). The effects through a real proxy: tests/test_json_one_way.py.
 
 The scheme pin: for a corpus of spellings, `fingerprint(..., scheme=2)` gives exactly the fingerprints the code
 before issue 24 gave (literals, computed on d26266d), so receipts made before an upgrade are still found; scheme 3
@@ -15,15 +15,15 @@ import json
 
 import pytest
 
-from proxy_addon.answers import bad_json
 from proxy_addon.errors import BadJson
-from proxy_addon.fingerprint import SCHEME, RequestView, build_attempt, fingerprint
-from proxy_addon.gql import read_mutation
-from proxy_addon.intent_body import canonical_number
-from proxy_addon.json_body import NOT_JSON, UNDECODABLE, JsonNumber, NotStrict, read_json, read_strict
-from proxy_addon.mcp.answers import as_tool_answer
-from proxy_addon.mcp.calls import Refused, ToolCall, parse_message, read_call
+from proxy_addon.intent.body_view import canonical_number
+from proxy_addon.intent.fingerprint import SCHEME, RequestView, build_attempt, fingerprint
+from proxy_addon.outcome.http_answers import bad_json
+from proxy_addon.outcome.tool_answers import as_tool_answer
 from proxy_addon.rules import RuleSet, load_rules
+from proxy_addon.wire.gql import read_mutation
+from proxy_addon.wire.json_body import NOT_JSON, UNDECODABLE, JsonNumber, NotStrict, read_json, read_strict
+from proxy_addon.wire.mcp_calls import Refused, ToolCall, parse_message, read_call
 
 KEY = b"0123456789abcdef" * 4
 RULES = """\
@@ -480,7 +480,7 @@ def test_two_keys_that_are_one_text_in_nfc_are_refused():
 def test_a_number_stored_as_a_keyed_hash_is_no_value_a_read_can_look_for():
     """A read for `{intent.amount}` must fail to plan, not search for the hash and prove absence."""
     from proxy_addon.errors import ReconcileError
-    from proxy_addon.reads import value_of
+    from proxy_addon.reconcile.http_reads import value_of
     from proxy_addon.states import State
     from proxy_addon.store import Receipt
 
@@ -526,8 +526,8 @@ operations:
 )
 def test_a_reconcile_read_finds_a_number_by_its_value(sent, answered, found):
     """Before: `{intent.amount}` rendered 1.0 and an API answering 1 was 'absent': safe_to_retry, a second write."""
-    from proxy_addon.judge import judge
-    from proxy_addon.reads import plan_read
+    from proxy_addon.reconcile.http_reads import plan_read
+    from proxy_addon.reconcile.judge import judge
     from proxy_addon.states import State
     from proxy_addon.store import Receipt
 

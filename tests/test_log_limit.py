@@ -1,11 +1,11 @@
 """
-A retry storm logs one line per receipt per window (proxy_addon/log_limit.py), while every
+A retry storm logs one line per receipt per window (proxy_addon/mitm/log_limit.py), while every
 duplicate is still answered, recorded in the receipt's events and counted.
 """
 
 from __future__ import annotations
 
-from proxy_addon.log_limit import LogLimit
+from proxy_addon.mitm.log_limit import LogLimit
 from tests.conftest import Clients, Proxy
 from tests.test_integration import events_of, plain, settled
 from tests.upstream import Upstream

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import base64
-import re
 import json
+import re
 
 import pytest
 
-from proxy_addon.answers import Answer, json_answer
 from proxy_addon.errors import RulesError
 from proxy_addon.explain import explain, render
-from proxy_addon.fingerprint import RequestView, fingerprint
-from proxy_addon.mcp import Refused, ToolCall, read_call, response_for
-from proxy_addon.mcp.answers import as_tool_answer
-from proxy_addon.mcp.jsonrpc import messages_of, wants_sse
-from proxy_addon.mcp.outcomes import tool_outcome
+from proxy_addon.intent.fingerprint import RequestView, fingerprint
+from proxy_addon.outcome.http_answers import Answer, json_answer
+from proxy_addon.outcome.tool_answers import as_tool_answer
+from proxy_addon.outcome.tool_outcomes import tool_outcome
 from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.states import State
+from proxy_addon.wire.jsonrpc import messages_of, response_for, wants_sse
+from proxy_addon.wire.mcp_calls import Refused, ToolCall, read_call
 
 KEY = b"k" * 32
 

@@ -15,7 +15,7 @@ a mitmdump with the receipts addon, and
   and -32600 without an id (a `jsonrpc` that is not "2.0").
 Each case counts the tool's effects and the requests that reached the server, and checks the
 receipt's state and reason and what the client got. A request the proxy itself refuses with a
-JSON-RPC error (-32600, mcp/answers.py) makes no receipt and reaches no server: it is never
+JSON-RPC error (-32600, outcome/tool_answers.py) makes no receipt and reaches no server: it is never
 taken for the upstream's answer.
 """
 
@@ -343,9 +343,9 @@ operations:
 
 @pytest.mark.parametrize("framing, status", [("json", 200), ("json", 400), ("sse", 200)])
 def test_an_operations_classify_rule_on_the_code_comes_first(framing, status):
-    from proxy_addon.mcp.jsonrpc import framed
-    from proxy_addon.mcp.outcomes import tool_outcome
+    from proxy_addon.outcome.tool_outcomes import tool_outcome
     from proxy_addon.rules import RuleSet, load_rules
+    from proxy_addon.wire.jsonrpc import framed
 
     rules = RuleSet.of([load_rules(OWN_RULES, "mcp.yaml")])
     ctype, body = framed({"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": "no"}}, sse=framing == "sse")
@@ -355,7 +355,7 @@ def test_an_operations_classify_rule_on_the_code_comes_first(framing, status):
 
 
 def test_invalid_request_proves_a_refusal_only_without_an_id():
-    from proxy_addon.mcp.outcomes import tool_outcome
+    from proxy_addon.outcome.tool_outcomes import tool_outcome
     from proxy_addon.rules import RuleSet, load_rules
 
     op = RuleSet.of([load_rules(OWN_RULES, "mcp.yaml")]).operation("tracker", "issues.create")

@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy_addon.mcp.jsonrpc import messages_of
 from proxy_addon.store import Receipt, Store
+from proxy_addon.wire.jsonrpc import messages_of
 from tests.conftest import Proxy, recorded_answer, wait_for
 from tests.mcp_client import run_client
 

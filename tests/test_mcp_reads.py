@@ -31,8 +31,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from proxy_addon.fingerprint import RequestView, fingerprint
-from proxy_addon.mcp.reads import read_tool
+from proxy_addon.intent.fingerprint import RequestView, fingerprint
+from proxy_addon.reconcile.tool_reads import read_tool
 from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.store import Receipt, Store
 from tests.conftest import Proxy

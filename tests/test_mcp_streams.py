@@ -45,8 +45,8 @@ import pytest
 
 from tests.conftest import Proxy, recorded_answer, wait_for
 from tests.mcp_sse_upstream import SseUpstream
-from tests.test_memory import vm
 from tests.test_mcp import receipts
+from tests.test_memory import vm
 
 MiB = 1024 * 1024
 RULES = """\

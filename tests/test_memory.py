@@ -37,7 +37,7 @@ from mitmproxy import http
 from proxy_addon.mitm import exchange
 from proxy_addon.mitm.exchange import make_client
 from proxy_addon.store import Receipt, Store
-from proxy_addon.upstream import Upstream as UpstreamConfig
+from proxy_addon.wire.upstream import Upstream as UpstreamConfig
 from tests.conftest import SECRETS_HEADERS, Proxy, wait_for
 from tests.upstream import Upstream
 

@@ -23,8 +23,8 @@ from mitmproxy import exceptions
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy_addon.errors import IllegalTransition
-from proxy_addon.metrics import Metrics
-from proxy_addon.mitm.metrics import MetricsServer
+from proxy_addon.gate.metrics import Metrics
+from proxy_addon.mitm.metrics_server import MetricsServer
 from proxy_addon.mitm.options import parse_listen
 from proxy_addon.states import State
 from proxy_addon.store import Store, open_store

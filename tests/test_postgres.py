@@ -16,12 +16,11 @@ import pytest
 
 from proxy_addon.cli import main
 from proxy_addon.errors import StoreError, StoreUnavailable
-from proxy_addon.leases import recover_expired
+from proxy_addon.gate.leases import recover_expired
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, PostgresStore, RecordedResponse, is_postgres, open_store
 from proxy_addon.store.dsn import describe
 from tests.conftest import T0, FakeClock
-from tests.pg import schema_url
 
 
 def attempt(fp: str = "fp-1", instance: str | None = "inst-1") -> Attempt:

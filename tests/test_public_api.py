@@ -103,10 +103,10 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "render": ("proxy_addon.explain.render", "render"),
     },
     "proxy_addon.mitm": {
-        "MetricsServer": ("proxy_addon.mitm.metrics", "MetricsServer"),
-        "ReceiptCommands": ("proxy_addon.mitm.commands", "ReceiptCommands"),
+        "MetricsServer": ("proxy_addon.mitm.metrics_server", "MetricsServer"),
+        "ReceiptCommands": ("proxy_addon.mitm.flow_commands", "ReceiptCommands"),
         "ReceiptWeb": ("proxy_addon.mitm.web", "ReceiptWeb"),
-        "Receipts": ("proxy_addon.mitm.addon", "Receipts"),
+        "Receipts": ("proxy_addon.mitm.receipts_addon", "Receipts"),
         "Watch": ("proxy_addon.mitm.watch", "Watch"),
         "make_addons": ("proxy_addon.mitm", "make_addons"),
     },
@@ -215,17 +215,17 @@ MITM_ALLOWED = ("mitm", "addon.py")  # the layer itself, and the script mitmprox
 
 
 @pytest.mark.parametrize(("source", "module", "flagged"), [
-    ("import mitmproxy", "proxy_addon.gate", True),
-    ("import mitmproxy.http as h", "proxy_addon.gate", True),
-    ("from mitmproxy import http", "proxy_addon.gate", True),
-    ("from proxy_addon import mitm", "proxy_addon.gate", True),
-    ("from proxy_addon.mitm.exchange import send", "proxy_addon.gate", True),
-    ("from .mitm import exchange", "proxy_addon.gate", True),
-    ("from ..mitm import exchange", "proxy_addon.cli.commands", True),
-    ("def f():\n    import mitmproxy.ctx\n", "proxy_addon.gate", True),  # a lazy import counts too
-    ("import mitmproxy_like", "proxy_addon.gate", False),
-    ("from proxy_addon import store", "proxy_addon.gate", False),
-    ("from . import mitm_notes", "proxy_addon.gate", False),
+    ("import mitmproxy", "proxy_addon.states", True),
+    ("import mitmproxy.http as h", "proxy_addon.states", True),
+    ("from mitmproxy import http", "proxy_addon.states", True),
+    ("from proxy_addon import mitm", "proxy_addon.states", True),
+    ("from proxy_addon.mitm.exchange import send", "proxy_addon.states", True),
+    ("from .mitm import exchange", "proxy_addon.states", True),
+    ("from ..mitm import exchange", "proxy_addon.cli.command_table", True),
+    ("def f():\n    import mitmproxy.ctx\n", "proxy_addon.states", True),  # a lazy import counts too
+    ("import mitmproxy_like", "proxy_addon.states", False),
+    ("from proxy_addon import store", "proxy_addon.states", False),
+    ("from . import mitm_notes", "proxy_addon.states", False),
 ])
 def test_the_import_check_sees_what_it_must(source, module, flagged):
     names = [n for _, n in imports_of(source, module)]
@@ -248,7 +248,7 @@ def test_only_the_mitm_layer_imports_mitmproxy():
 def test_importing_every_core_module_loads_no_mitmproxy():
     """Transitively too: every module outside the layer imports without mitmproxy being loaded."""
     modules = [module_name(p) for p in sources(exclude=MITM_ALLOWED) if p.name != "__main__.py"]
-    assert "proxy_addon.gate" in modules and "proxy_addon.cli" in modules
+    assert "proxy_addon.gate.admission" in modules and "proxy_addon.cli" in modules
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in sys.modules if m == 'mitmproxy' or m.startswith('mitmproxy.')))")

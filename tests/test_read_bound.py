@@ -22,9 +22,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy_addon.gate import Gate, GateSettings
-from proxy_addon.store_thread import StoreThread
-from proxy_addon.reads import ReadSettings
+from proxy_addon.gate.admission import Gate, GateSettings
+from proxy_addon.gate.store_thread import StoreThread
+from proxy_addon.reconcile.http_reads import ReadSettings
 from proxy_addon.rules import RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, Store
@@ -146,7 +146,7 @@ async def test_a_read_waits_for_a_slot_at_most_the_read_timeout_and_then_reads_a
         admitted = await gate.admit(world.attempt(title=title)[0], op, CREDENTIALS)
         return admitted, time.monotonic() - started
 
-    with caplog.at_level(logging.WARNING, logger="proxy_addon.gate"):
+    with caplog.at_level(logging.WARNING, logger="proxy_addon.gate.admission"):
         ta = asyncio.create_task(duplicate(a))
         await until(lambda: world.upstream.reads(path) == 1, what="A's read")
         await asyncio.sleep(0.5)

@@ -6,7 +6,6 @@ and from the `receipts reconcile` CLI. The upstream counts the reads and the wri
 from __future__ import annotations
 
 import asyncio
-
 import datetime as dt
 import json
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from proxy_addon.errors import ReconcileError
-from proxy_addon.reads import ReadRequest, perform_read
+from proxy_addon.reconcile.http_reads import ReadRequest, perform_read
 from proxy_addon.store import Receipt, Store
 from tests.conftest import SECRETS, Clients, Proxy, at_once, wait_for
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from proxy_addon.errors import RulesError
-from proxy_addon.judge import judge
-from proxy_addon.reads import plan_read
+from proxy_addon.reconcile.http_reads import plan_read
+from proxy_addon.reconcile.judge import judge
 from proxy_addon.rules import check_rules_path, load_rules
 from proxy_addon.states import State
 from tests.test_reconcile_spec import BASE, INTENT, receipt

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-
 import json
 
 import pytest
 
-from proxy_addon.errors import RulesError
-from proxy_addon.errors import ReconcileError
-from proxy_addon.judge import absence_provable_from, judge, landed_by
-from proxy_addon.reads import ReadRequest, perform_read, plan_read, render
+from proxy_addon.errors import ReconcileError, RulesError
+from proxy_addon.reconcile.http_reads import ReadRequest, perform_read, plan_read, render
+from proxy_addon.reconcile.judge import absence_provable_from, judge, landed_by
 from proxy_addon.rules import load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Receipt

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from proxy_addon.fingerprint import RequestView, fingerprint
+from proxy_addon.intent.fingerprint import RequestView, fingerprint
 from proxy_addon.rules import RuleSet, load_rules
 from tests.conftest import RECORDED_TOKEN, SECRETS, Proxy
 from tests.test_integration import receipts_for
@@ -252,7 +252,7 @@ def test_loopback_aliases_are_one_intent_with_the_host_the_rule_names():
     ("/a/..;/b#f", ("/a/..;/b#f", "/a/..;/b", "/a/../b#f", "/a/../b")),
 ])
 def test_the_readings_of_a_request_target(path, expected):
-    from proxy_addon.canonical import readings
+    from proxy_addon.wire.canonical import readings
 
     assert readings(path) == expected
 

@@ -12,18 +12,18 @@ import json
 import httpx
 import pytest
 
-from proxy_addon import gql, identity
-from proxy_addon.classify import classify_response, dig_all, response_external_id
-from proxy_addon.errors import RulesError
-from proxy_addon.fingerprint import RequestView, fingerprint
-from proxy_addon.intent_body import multipart_parts
-from proxy_addon.errors import ReconcileError
-from proxy_addon.judge import judge
-from proxy_addon.reads import ReadRequest, plan_read
-from proxy_addon.reads import check_read as _check
+from proxy_addon.errors import ReconcileError, RulesError
+from proxy_addon.intent import identity
+from proxy_addon.intent.body_view import multipart_parts
+from proxy_addon.intent.fingerprint import RequestView, fingerprint
+from proxy_addon.outcome.classify import classify_response, dig_all, response_external_id
+from proxy_addon.reconcile.http_reads import ReadRequest, plan_read
+from proxy_addon.reconcile.http_reads import check_read as _check
+from proxy_addon.reconcile.judge import judge
 from proxy_addon.rules import ALREADY_EXISTS, Match, RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
+from proxy_addon.wire import gql
 
 KEY = b"k" * 32
 
@@ -411,7 +411,7 @@ def test_a_found_id_may_take_a_part_from_the_receipt():
 
 
 def test_an_idempotency_key_dedupes_only_while_the_api_remembers_it():
-    from proxy_addon.reconcile import key_dedupes
+    from proxy_addon.reconcile.settle import key_dedupes
 
     op = op_of(HEAD + "operations:\n  pay:\n    match: {method: POST, path: /pay}\n"
                       "    idempotency_key: {header: Idempotency-Key, ttl: 24h}\n")

@@ -9,7 +9,6 @@ stay on the last good rules and say so.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 

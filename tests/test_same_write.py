@@ -2,7 +2,7 @@
 The same write, however it is spelled, is one fingerprint; different writes are different ones.
 
 A property over random JSON intents, driven through the functions the proxy runs on every
-matched request, in its order (mitm/addon.py): `RuleSet.match` on the host and path as sent
+matched request, in its order (mitm/receipts_addon.py): `RuleSet.match` on the host and path as sent
 (requestheaders), the body's Content-Encoding undone (`bodies.decode_body`, as
 `Receipts._body` does), the request view of a real mitmproxy `Request` (`flows.request_view`)
 and `fingerprint`. Each intent is sent as random equivalent requests:
@@ -34,11 +34,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from mitmproxy import http
 
-from proxy_addon.bodies import codings, decode_body
-from proxy_addon.canonical import param_value
-from proxy_addon.fingerprint import fingerprint
+from proxy_addon.intent.fingerprint import fingerprint
 from proxy_addon.mitm.flows import request_view
 from proxy_addon.rules import RuleSet, load_rules
+from proxy_addon.wire.bodies import codings, decode_body
+from proxy_addon.wire.canonical import param_value
 
 KEY = b"same-write-key-0123456789abcdef0123"
 CAP = 1 << 20  # receipts_body_cap for the decoder, as the proxy passes it
@@ -221,7 +221,7 @@ def spelled(draw, intent: Intent) -> http.Request:
 
 
 def proxy_fingerprint(req: http.Request) -> str:
-    """What the proxy does with a request, in its order (mitm/addon.py requestheaders, _body, _begin)."""
+    """What the proxy does with a request, in its order (mitm/receipts_addon.py requestheaders, _body, _begin)."""
     m = RULES.match(req.host, req.port, req.method, req.path, headers=req.headers.fields)
     assert m is not None, f"{req.method} {req.host} {req.path} slipped past the rules"
     assert m.operation.name == "things.create" and m.refused is None

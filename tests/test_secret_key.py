@@ -13,7 +13,7 @@ import sqlite3
 import pytest
 
 from proxy_addon.errors import StoreError
-from proxy_addon.installation import Installation, key_check
+from proxy_addon.gate.installation import Installation, key_check
 from proxy_addon.store import Attempt, Store, open_store
 from tests.conftest import Clients, Proxy, wait_for
 

@@ -11,9 +11,9 @@ import datetime as dt
 
 import pytest
 
-from proxy_addon import leases, send_guard
-from proxy_addon.leases import HeldLease, send_margin
-from proxy_addon.send_guard import SendGuard
+from proxy_addon.gate import leases, send_guard
+from proxy_addon.gate.leases import HeldLease, send_margin
+from proxy_addon.gate.send_guard import SendGuard
 from proxy_addon.states import State
 from proxy_addon.store import PostgresStore, Receipt
 

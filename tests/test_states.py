@@ -21,7 +21,6 @@ from proxy_addon.store import Attempt, Store, iso
 from tests.conftest import FakeClock
 
 
-
 def bfs_paths(start: State = State.SUBMITTED) -> dict[State, list[State]]:
     """Shortest legal path (list of states after `start`) from `start` to every reachable state."""
     paths: dict[State, list[State]] = {start: []}

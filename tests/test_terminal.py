@@ -13,7 +13,7 @@ import pytest
 from proxy_addon.cli import main
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, RecordedResponse, Store
-from proxy_addon.terminal import escape_controls
+from proxy_addon.wire.terminal import escape_controls
 from tests.conftest import Proxy, wait_for
 
 RAW = "\x1b[2J\x1b[31mFAKE\x9b2J\x07\x00\x7f"
@@ -106,8 +106,8 @@ def test_an_upstream_reason_phrase_reaches_neither_log_nor_cli_raw(tmp_path, con
 def test_the_proxys_log_lines_escape_controls(caplog):
     import logging
 
-    from proxy_addon import gate  # a module that logs an upstream's text (targets, reasons)
-    from proxy_addon.terminal import escape_logs
+    from proxy_addon.gate import admission as gate  # a module that logs an upstream's text (targets, reasons)
+    from proxy_addon.wire.terminal import escape_logs
 
     escape_logs()
     with caplog.at_level(logging.INFO):

@@ -163,7 +163,7 @@ def test_a_utf8_header_is_text_the_fingerprint_reads(header_proxy, up, bucket):
 
 
 def test_only_the_headers_the_proxy_reads_as_text_must_be_utf8():
-    from proxy_addon.fields import undecodable
+    from proxy_addon.wire.fields import undecodable
 
     fields = [(b"X-Other", b"caf\xe9"), (b"X-Title", b"caf\xc3\xa9"), (b"Api-Key", b"k\xed\xa0\x80")]
     assert undecodable(fields, ("x-title",)) is None

@@ -160,7 +160,7 @@ def test_a_new_write_after_the_upgrade_is_recorded_under_todays_scheme(tmp_path,
     finally:
         proxy.stop()
     (receipt, _), = receipts(db, bucket).values()
-    from proxy_addon.fingerprint import SCHEME
+    from proxy_addon.intent.fingerprint import SCHEME
     from proxy_addon.rules import load_rules_path
 
     op = load_rules_path(rules).operation("upgrade-api", "things.create")

@@ -65,7 +65,6 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-
 # Secrets an upstream mints in its answer to a write (the "mint" fault): never stored in clear.
 MINTED_KEY = "sk_live_MINTED-KEY-9d4c1e"
 MINTED_TOKEN = "tok_MINTED-TOKEN-7a2b3f"
@@ -371,7 +370,7 @@ class DecodingUpstream(Upstream):
     """
     An upstream that decodes a request body's Content-Encoding (gzip, deflate, br, zstd, stacked) before
     it reads it, as web frameworks with a decompression middleware do: the same JSON sent plain,
-    gzip-encoded or deflated creates the same item. Written apart from proxy_addon/bodies.py.
+    gzip-encoded or deflated creates the same item. Written apart from proxy_addon/wire/bodies.py.
     """
 
     def content(self, encoding: str | None, body: bytes) -> bytes:
@@ -403,7 +402,7 @@ class NginxUpstream(Upstream):
     percent-encoded unreserved characters decoded, runs of '/' merged, '.' and '..' resolved,
     so that every spelling of a path reaches the same handler and counts as that path. With
     `fold_case`, letter case is ignored too, as IIS and some frameworks do. Written apart from
-    proxy_addon/canonical.py on purpose: the tests hold the proxy to what a server does.
+    proxy_addon/wire/canonical.py on purpose: the tests hold the proxy to what a server does.
     """
 
     def __init__(self, *, fold_case: bool = False, **kwargs):
@@ -429,7 +428,7 @@ class ServletUpstream(Upstream):
     them): every segment's path parameters (from a ';' to the next '/': `;jsessionid=1`) are removed
     before routing, then dot segments are resolved, so `/api/b/things;jsessionid=1` and
     `/api/b/x/..;/things` are `/api/b/things`. A percent-encoded `%3B` is no separator there.
-    Written apart from proxy_addon/canonical.py on purpose.
+    Written apart from proxy_addon/wire/canonical.py on purpose.
     """
 
     def route(self, target: str) -> str:
@@ -514,7 +513,7 @@ class OverrideUpstream(Upstream):
     that order) names the method, in any letter case, if it is one Rack knows. Rack and Express
     honour them on a POST by default, Express on any method with `methods: null`, and so does this
     upstream: a GET naming POST is handled, and committed, as a POST. `up.overrides` lists each
-    (method sent, method handled as, path). Written apart from proxy_addon/canonical.py.
+    (method sent, method handled as, path). Written apart from proxy_addon/wire/canonical.py.
     """
 
     HEADERS = ("X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override")

@@ -17,9 +17,10 @@ Each subcommand is one entry in `COMMANDS`: a function adding its arguments, a f
 running it against an open ReceiptStore, and its help. Errors a user can fix are one line,
 `Error: ...`, on stderr, with exit status 1; argparse's own usage errors exit 2.
 
-The table is in commands.py; the commands in receipts.py (list, show, blocked, export,
-prune), resolve.py, approvals.py (pending, approve, deny), reconcile.py and rules.py;
-values.py parses what the user types and output.py prints.
+The table is in cli/command_table.py; the commands in cli/receipt_commands.py (list, show,
+blocked, export, prune), cli/resolve_command.py, cli/approval_commands.py (pending, approve,
+deny), cli/reconcile_command.py and cli/rules_commands.py; values.py parses what the user types
+and output.py prints.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import TextIO, cast
 
-from proxy_addon.cli.commands import COMMANDS, Command, StorelessCommand
+from proxy_addon.cli.command_table import COMMANDS, Command, StorelessCommand
 from proxy_addon.cli.output import event_json, operation_name, print_json, print_table, receipt_json, short_time
 from proxy_addon.cli.values import (
     HEADER_NAME,
@@ -45,9 +46,9 @@ from proxy_addon.cli.values import (
     sendable,
 )
 from proxy_addon.errors import ReceiptsError, StoreError
-from proxy_addon.paths import default_db
+from proxy_addon.gate.paths import default_db
 from proxy_addon.store import Clock, is_postgres, open_store, utcnow
-from proxy_addon.terminal import EscapingWriter
+from proxy_addon.wire.terminal import EscapingWriter
 
 __all__ = [
     "COMMANDS",

@@ -14,7 +14,7 @@ itself, how an answer would be classified and what a duplicate would get. One mo
     duplicates.py     what a duplicate gets, and what a reconcile read proves
     render.py         the report as text (`render`)
 
-An MCP tool call's part is mcp/explain.py's.
+An MCP tool call's part is explain/tool_calls.py's.
 """
 
 from __future__ import annotations

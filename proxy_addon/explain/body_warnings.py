@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from proxy_addon.jsonpath import NOT_JSON, parse_json
 from proxy_addon.rules import Operation
+from proxy_addon.wire.jsonpath import NOT_JSON, parse_json
 
 # The body fallbacks (intent_body.FALLBACKS) that leave the named fields unread: the intent is the whole body's hash.
 UNREAD = {

@@ -6,10 +6,10 @@ MCP tool), so that a rule that was meant to match can be fixed.
 
 from __future__ import annotations
 
-from proxy_addon import gql
-from proxy_addon.canonical import canonical_host, canonical_path
-from proxy_addon.jsonpath import parse_json
 from proxy_addon.rules import ANY_TOOL, RuleSet
+from proxy_addon.wire import gql
+from proxy_addon.wire.canonical import canonical_host, canonical_path
+from proxy_addon.wire.jsonpath import parse_json
 
 
 def why_no_match(rules: RuleSet, host: str, port: int, method: str, path: str, body: bytes) -> list[str]:

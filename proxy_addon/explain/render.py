@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy_addon.mcp.explain import tool_call_lines
+from proxy_addon.explain.tool_calls import tool_call_lines
 
 SHOWN = 120  # characters of a value shown
 

@@ -5,7 +5,7 @@ values (credentials never: they are shown as REDACTED), the fingerprint itself, 
 would be classified, the identity the proxy adds and what a duplicate would get (duplicates.py).
 Warnings say when the named fields cannot be read from the body given (body_warnings.py).
 It matches and fingerprints exactly as the proxy does: `RuleSet.match` and `fingerprint` on
-the URL as given, whose canonical form (canonical.py) the report shows when it differs.
+the URL as given, whose canonical form (wire/canonical.py) the report shows when it differs.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy_addon.bodies import codings, decode_body
-from proxy_addon.caller import secret_params
-from proxy_addon.canonical import method_overrides
 from proxy_addon.errors import BadEncoding, BadJson, BodyTooLarge, UnpairedSurrogate
 from proxy_addon.explain.body_warnings import UNREAD, body_warnings
 from proxy_addon.explain.duplicates import duplicates
 from proxy_addon.explain.no_match import why_no_match
-from proxy_addon.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes, text_headers
-from proxy_addon.mcp.explain import describe_tool_call
-from proxy_addon.redaction import (
+from proxy_addon.explain.tool_calls import describe_tool_call
+from proxy_addon.intent.caller import secret_params
+from proxy_addon.intent.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes, text_headers
+from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
+from proxy_addon.wire.bodies import codings, decode_body
+from proxy_addon.wire.canonical import method_overrides
+from proxy_addon.wire.redaction import (
     ALWAYS_SECRET_HEADERS,
     REDACTED,
     SECRET_NAME,
@@ -33,7 +34,6 @@ from proxy_addon.redaction import (
     token_shaped,
     webhook_tokens,
 )
-from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
 
 BODY_LIMIT = 256 * 1024 * 1024  # bytes a --body may decode to (the proxy's own bound is receipts_body_cap)
 
@@ -160,7 +160,7 @@ def explain(
         intent = fingerprint(m, view, key) if refused is None else None
     except UnpairedSurrogate as e:  # as the proxy answers it: 400, nothing sent
         refused = f"{e} (400 unpaired_surrogate)"
-    except BadJson as e:  # a key twice in the JSON body: the proxy answers 400 (json_body.py)
+    except BadJson as e:  # a key twice in the JSON body: the proxy answers 400 (wire/json_body.py)
         refused = str(e)
     if refused is not None or intent is None:
         report["match"] = {"api": op.api, "operation": op.name, "source": f"{op.source}:{op.line}"}
@@ -188,7 +188,7 @@ def _describe(report: dict[str, Any], op: Operation, intent: Intent, headers: Ma
             kv for part, value in intent.intent.items() if part not in NOTES for kv in _flatten(part, value)
         ),
         "principal": intent.principal,
-        "credentials": list(intent.counted),  # where and which, never a value (caller.py)
+        "credentials": list(intent.counted),  # where and which, never a value (intent/caller.py)
         "unidentified": list(intent.unidentified),
         "value": intent.fingerprint,
         # how the body was read: hashed fields, json_sent_as_form, a method override (what warnings do not say)

@@ -4,12 +4,12 @@ The mitmproxy layer: the only part of receipt-proxy that imports mitmproxy.
     addons = [Receipts(), ReceiptCommands(...), ReceiptWeb(...), Watch(...), MetricsServer(...), receipts.drain]
 
 composed the way mitmproxy composes its own addons (`mitmproxy/addons/__init__.py`), each
-with one job: the hooks (addon.py), the `receipts.*` commands (commands.py), the Receipt
+with one job: the hooks (mitm/receipts_addon.py), the `receipts.*` commands (mitm/flow_commands.py), the Receipt
 content view (web.py), the once-a-second watch over receipts and rules (watch.py), the
-Prometheus endpoint (metrics.py, option receipts_metrics), and the stop on SIGTERM/SIGINT that
+Prometheus endpoint (mitm/metrics_server.py, option receipts_metrics), and the stop on SIGTERM/SIGINT that
 lets matched requests in flight end first (drain.py).
 Options are declared and parsed in options.py; the store they open (Installation, gate,
-PostgreSQL Listener, read connection) is store.py; the exchange that sends matched requests is
+PostgreSQL Listener, read connection) is mitm/receipts_db.py; the exchange that sends matched requests is
 exchange.py (http1.py, its HTTP/1.1 pool; httpcore_send.py, through httpcore's pool for HTTP/2
 upstreams and an upstream proxy), and the outcome it records record.py; an MCP tool call's event
 stream, passed on as it comes, is streaming.py (relay.py hands it to mitmproxy's streaming);
@@ -18,9 +18,9 @@ approvals are approval.py; mitmproxy internals are internals.py.
 
 from __future__ import annotations
 
-from proxy_addon.mitm.addon import Receipts
-from proxy_addon.mitm.commands import ReceiptCommands
-from proxy_addon.mitm.metrics import MetricsServer
+from proxy_addon.mitm.flow_commands import ReceiptCommands
+from proxy_addon.mitm.metrics_server import MetricsServer
+from proxy_addon.mitm.receipts_addon import Receipts
 from proxy_addon.mitm.watch import Watch
 from proxy_addon.mitm.web import ReceiptWeb
 

@@ -47,14 +47,14 @@ from typing import Any
 from mitmproxy import ctx, hooks, http
 from mitmproxy.flow import Error
 
-from proxy_addon import answers
 from proxy_addon.errors import StoreError
-from proxy_addon.metrics import Metrics
+from proxy_addon.gate.metrics import Metrics
+from proxy_addon.gate.store_thread import StoreThread
 from proxy_addon.mitm import flows
 from proxy_addon.mitm.flows import HELD, META, mark
+from proxy_addon.outcome import http_answers as answers
 from proxy_addon.states import State
 from proxy_addon.store import ApprovalDecision, Receipt
-from proxy_addon.store_thread import StoreThread
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ match pending; once the request hook has the body, it is matched again here.
         return   # a query, or a message no rule names: passed through untouched
 
 A tool call only `mcp.tools: from_server` matched, of a tool the server's `tools/list` declared
-read-only (mcp/catalog.py), is not a write when the rules trust the server's annotations
+read-only (rules/tool_catalog.py), is not a write when the rules trust the server's annotations
 (`mcp.annotations: trusted`); otherwise it is (the MCP specification calls annotations
 untrusted unless the server is trusted; the rules name reads in `mcp.read_only_tools`, which
 RuleSet.match never takes as writes). An MCP tool call keeps its JSON-RPC id and the client's
@@ -19,11 +19,12 @@ import dataclasses
 
 from mitmproxy import http
 
-from proxy_addon.mcp.calls import unread_call
-from proxy_addon.mcp.catalog import ToolCatalog
-from proxy_addon.mitm import tasks, tools
+from proxy_addon.mitm import task_watch as tasks
+from proxy_addon.mitm import tools
 from proxy_addon.mitm.flows import META
 from proxy_addon.rules import ANY_TOOL, RuleSet
+from proxy_addon.rules.tool_catalog import ToolCatalog
+from proxy_addon.wire.mcp_calls import unread_call
 
 __all__ = ["settle"]
 

@@ -21,7 +21,7 @@ How it hooks into mitmproxy 12: `mitmproxy/tools/main.py` installs its SIGINT/SI
 with `loop.add_signal_handler` before the master runs; `Drain.running` replaces them with
 `signalled` (mitmdump and mitmweb alike; the console's Ctrl-C prompt is left alone). The drain
 ends with `master.shutdown()`, mitmproxy's own way out (`done` hooks, then exit 0). The hooks
-addon (addon.py) owns a `Drain` (no global): it runs each matched flow's `request` hook inside
+addon (mitm/receipts_addon.py) owns a `Drain` (no global): it runs each matched flow's `request` hook inside
 `track()`, which counts it in flight, and asks `refuses()` first thing in `_begin`. An answer
 passed on after its hook returned (streaming.py) is counted with `follow()` until it ends. A hook is
 cut by cancelling its task; `track()` turns that cancellation into a recorded outcome and an
@@ -40,15 +40,15 @@ from typing import Any, Protocol
 
 from mitmproxy import ctx, http
 
-from proxy_addon import answers
-from proxy_addon.classify import Outcome
 from proxy_addon.errors import StoreError
-from proxy_addon.gate import Gate
+from proxy_addon.gate.admission import Gate
+from proxy_addon.gate.store_thread import StoreThread
 from proxy_addon.mitm import flows, internals
 from proxy_addon.mitm.flows import MARKERS, META, mark
+from proxy_addon.outcome import http_answers as answers
+from proxy_addon.outcome.classify import Outcome
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
-from proxy_addon.store_thread import StoreThread
 
 
 class Holder(Protocol):

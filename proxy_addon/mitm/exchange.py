@@ -22,15 +22,15 @@ How it sends (`Client`, chosen per origin):
   the same h2 upstream, tests/upstream_h2.py), and HTTP/2 is what mitmproxy's `http2` asks for.
 - Through an `upstream:` proxy (CONNECT for https, absolute-form for http, `upstream_auth`):
   httpcore's pool, always.
-Sending through httpcore's pool is httpcore_send.py. Both raise httpx's errors: classify.py
+Sending through httpcore's pool is httpcore_send.py. Both raise httpx's errors: outcome/classify.py
 reads those.
 
 What it keeps from mitmproxy (`Upstream`, built from its options): upstream TLS
 verification (`ssl_insecure`, `ssl_verify_upstream_trusted_ca`,
 `ssl_verify_upstream_trusted_confdir`), the `upstream:` proxy mode with `upstream_auth`, and
 HTTP/2 to the upstream (when `http2` is on). What it refuses: `client_certs` (set
-`receipts_forward=mitmproxy` to use them). What a failure means is decided in classify.py,
-from what exchange_failures.py proves: a request our client refused before writing a byte of
+`receipts_forward=mitmproxy` to use them). What a failure means is decided in outcome/classify.py,
+from what outcome/exchange_failures.py proves: a request our client refused before writing a byte of
 it (not_sent) is told from one cut short after (outcome_unknown), and an HTTP/2 stream the
 upstream proved it did not process (REFUSED_STREAM, a GOAWAY that excludes it: not_sent) from
 one reset or cut off after (outcome_unknown).
@@ -43,7 +43,7 @@ on the connection it goes on, after the connection is open (a new one may take u
 `connect_timeout`): http1.py asks the `guard` right before it hands the request's bytes to the
 socket, and httpcore_send.py in httpcore's trace hook right before it writes the headers
 (HTTP/1.1 or HTTP/2). Nothing is awaited between the question and the write. A refusal is
-`SendStopped`: not_sent (send_guard.py says what it checks and why that is enough).
+`SendStopped`: not_sent (gate/send_guard.py says what it checks and why that is enough).
 
 What changes: a matched request's answer is held, not streamed (but below). mitmproxy 12
 sends a response set by the `request` hook in one piece (`send_response()` has no streaming
@@ -79,12 +79,12 @@ from dataclasses import dataclass
 import httpx
 from mitmproxy import http
 
-from proxy_addon.canonical import ip_literal
-from proxy_addon.classify import Outcome, deadline_outcome, failure_outcome
-from proxy_addon.exchange_failures import CLIENT_ERRORS
 from proxy_addon.mitm import httpcore_send
 from proxy_addon.mitm.http1 import Answer, Http1Pool, SpeaksHttp2
-from proxy_addon.upstream import Upstream
+from proxy_addon.outcome.classify import Outcome, deadline_outcome, failure_outcome
+from proxy_addon.outcome.exchange_failures import CLIENT_ERRORS
+from proxy_addon.wire.canonical import ip_literal
+from proxy_addon.wire.upstream import Upstream
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and framing that the new exchange sets itself.
 HOP_BY_HOP = frozenset(
@@ -170,7 +170,7 @@ async def send(
     `Reply` (complete, or its head and first bytes with the rest still to read), or the outcome
     of a failure before that. `deadline` (seconds) covers it all, the rest of the body too.
     `streamed(status, header fields)` True: the head alone, its body not read (`Reply.streamed`).
-    `guard` (send_guard.py) is asked just before the first byte of the request is written, on
+    `guard` (gate/send_guard.py) is asked just before the first byte of the request is written, on
     the connection it goes on: a reason it gives makes the outcome not_sent, nothing written.
     """
     try:

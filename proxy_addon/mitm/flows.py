@@ -12,13 +12,13 @@ from mitmproxy import ctx, hooks, http
 from mitmproxy import flow as mflow
 from mitmproxy.net.http import status_codes
 
-from proxy_addon.answers import Answer
-from proxy_addon.fingerprint import RequestView
-from proxy_addon.mcp import answers as mcp_answers
-from proxy_addon.mcp.calls import ToolCall
+from proxy_addon.intent.fingerprint import RequestView
+from proxy_addon.outcome import tool_answers as mcp_answers
+from proxy_addon.outcome.http_answers import Answer
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
-from proxy_addon.terminal import escape_controls
+from proxy_addon.wire.mcp_calls import ToolCall
+from proxy_addon.wire.terminal import escape_controls
 
 META = "receipts"  # flow.metadata key: a plain, serializable dict
 
@@ -109,7 +109,7 @@ def _text(raw: bytes) -> str:
 
 
 def request_view(req: http.Request, body: bytes | None = None) -> RequestView:
-    """What the fingerprint reads of a request; `body`: its body with the Content-Encoding decoded (bodies.py)."""
+    """What the fingerprint reads of a request; `body`: its body with the Content-Encoding decoded (wire/bodies.py)."""
     return RequestView(
         method=req.method,
         scheme=req.scheme,
@@ -147,7 +147,7 @@ def refresh(receipt: Receipt) -> None:
 def answer(flow: http.HTTPFlow, given: Answer) -> None:
     """
     The proxy's own answer to a matched request. An MCP tool call gets it as a tool result the
-    model reads, under its own JSON-RPC id and in its framing (mcp/answers.py).
+    model reads, under its own JSON-RPC id and in its framing (outcome/tool_answers.py).
     """
     meta = flow.metadata.get(META)
     if meta is not None and "mcp" in meta:

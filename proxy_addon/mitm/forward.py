@@ -12,17 +12,18 @@ from typing import Any
 
 from mitmproxy import http
 
-from proxy_addon import answers, identity
-from proxy_addon.bodies import codings, decode_body
-from proxy_addon.classify import Outcome, answer_outcome, head_outcome
 from proxy_addon.errors import BadEncoding, BodyTooLarge
-from proxy_addon.mcp.outcomes import tool_outcome
+from proxy_addon.intent import identity
 from proxy_addon.mitm import flows
 from proxy_addon.mitm.exchange import Rest
 from proxy_addon.mitm.flows import headers_of
+from proxy_addon.outcome import http_answers as answers
+from proxy_addon.outcome.classify import Outcome, answer_outcome, head_outcome
+from proxy_addon.outcome.tool_outcomes import tool_outcome
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, RecordedResponse
+from proxy_addon.wire.bodies import codings, decode_body
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def outcome_of(
     """
     What an answer means. Its body, decoded, is read up to `cap`; past that (or when `complete`
     is False: only its first bytes are there) the outcome comes from the status and headers,
-    and the recorded answer is truncated. `call_id`: an MCP tool call's JSON-RPC id (mcp/outcomes.py);
+    and the recorded answer is truncated. `call_id`: an MCP tool call's JSON-RPC id (outcome/tool_outcomes.py);
     `task_call`: a 2025-11-25 task-augmented one.
     No answer is recorded for an operation whose rule says `record: false`.
     """

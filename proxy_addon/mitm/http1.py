@@ -11,12 +11,12 @@ locks and its trace machinery are most of httpcore's cost here).
     async for chunk in answer.body(): ...           # the body; the connection goes back to the pool
     await answer.aclose()                           # ...or is closed, if the body was not read to its end
 
-What a failure means (classify.py reads httpx's types; each is raised from the original error):
+What a failure means (outcome/classify.py reads httpx's types; each is raised from the original error):
 - Before a byte of the request is written: httpx.ConnectError (refused, unreachable, DNS, the
   TLS handshake failed or the certificate was refused) and httpx.ConnectTimeout → not_sent;
   the caller's `guard`, asked right before the write, stopped it (SendStopped) → not_sent;
   a request head h11 will not build (two Host fields, a header it refuses) → an
-  httpx.LocalProtocolError raised from h11's, under `_h11_request_bytes` (exchange_failures.py's
+  httpx.LocalProtocolError raised from h11's, under `_h11_request_bytes` (outcome/exchange_failures.py's
   `_HEAD_BUILDERS`): nothing was written → not_sent.
 - Once the request's bytes were handed to the connection (one write: head and body): any
   failure is httpx.ReadError, httpx.RemoteProtocolError or httpx.WriteError → outcome_unknown,
@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable
 import h11
 import httpx
 
-from proxy_addon.exchange_failures import SendStopped
+from proxy_addon.outcome.exchange_failures import SendStopped
 
 _READ = 65536
 _MAX_HEAD = 100 * 1024  # the largest answer head read, as httpcore's (h11's own default is 16 KiB)
@@ -294,7 +294,7 @@ def _h11_request_bytes(
     """
     The request's bytes, head and body, as h11 frames them (the body itself, not a copy: a large
     body is held once). h11 validates the head here (names, values, one Host, method, target)
-    and raises LocalProtocolError before any byte is written: exchange_failures.py reads a
+    and raises LocalProtocolError before any byte is written: outcome/exchange_failures.py reads a
     refusal raised under this function as not_sent.
     """
     out = state.send_with_data_passthrough(h11.Request(method=method, target=target, headers=headers)) or []

@@ -11,14 +11,14 @@ through http1.py instead.
 
 httpcore is used directly, not through httpx's client: the same connections, without the
 layers the exchange would not use, and no cookie jar. httpcore's errors are raised as httpx's
-(`httpx_errors`), as http1.py raises its own: classify.py reads those.
+(`httpx_errors`), as http1.py raises its own: outcome/classify.py reads those.
 
 Sent once: httpcore's connection pool sends a request again, on a new connection, when a
 GOAWAY excludes its stream. The request is watched through httpcore's `trace` extension
 (`_Trace`): the upstream's proof that it did not process the stream becomes `NotProcessed`
-(exchange_failures.py, `not_processed`) before the pool can act on it, and a second start of
+(outcome/exchange_failures.py, `not_processed`) before the pool can act on it, and a second start of
 the same request is stopped (`SentTwice`) before a byte of it is written. The same hook asks the
-caller's `guard` (send_guard.py) right before the request's headers are written (`SendStopped`).
+caller's `guard` (gate/send_guard.py) right before the request's headers are written (`SendStopped`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ import httpcore
 import httpx
 from mitmproxy import http
 
-from proxy_addon.exchange_failures import NotProcessed, SendStopped, SentTwice, not_processed
+from proxy_addon.outcome.exchange_failures import NotProcessed, SendStopped, SentTwice, not_processed
 
 
 @contextlib.contextmanager
 def httpx_errors() -> Iterator[None]:
     """
     httpcore's errors as httpx's (the same name: httpx.ReadError for httpcore.ReadError), raised
-    from the original, as httpx's transport maps them: classify.py reads httpx's types, and the
+    from the original, as httpx's transport maps them: outcome/classify.py reads httpx's types, and the
     chain (`__cause__`, its traceback) still shows where httpcore raised it.
     """
     try:

@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 from mitmproxy import exceptions
 from mitmproxy.addonmanager import Loader
 
-from proxy_addon.gate import GateSettings
-from proxy_addon.judge import UPSTREAM_TIMEOUT
-from proxy_addon.paths import DEFAULT_DB, DEFAULT_RULES
-from proxy_addon.reads import ReadSettings
-from proxy_addon.upstream import Upstream
+from proxy_addon.gate.admission import GateSettings
+from proxy_addon.gate.paths import DEFAULT_DB, DEFAULT_RULES
+from proxy_addon.reconcile.http_reads import ReadSettings
+from proxy_addon.reconcile.judge import UPSTREAM_TIMEOUT
+from proxy_addon.wire.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 

@@ -16,15 +16,15 @@ import time
 
 from mitmproxy import http
 
-from proxy_addon.classify import Outcome
-from proxy_addon.gate import Gate
-from proxy_addon.metrics import Metrics
+from proxy_addon.gate.admission import Gate
+from proxy_addon.gate.metrics import Metrics
 from proxy_addon.mitm import forward
 from proxy_addon.mitm.flows import headers_of, mark, show_key
-from proxy_addon.redaction import credentials_from
+from proxy_addon.outcome.classify import Outcome
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
 from proxy_addon.store import Receipt
+from proxy_addon.wire.redaction import credentials_from
 
 __all__ = ["answer", "of_round", "outcome"]
 
@@ -32,7 +32,7 @@ __all__ = ["answer", "of_round", "outcome"]
 def of_round(meta: dict, result: Outcome) -> Outcome:
     """
     The outcome of what was sent, as its receipt takes it: the next round of an MCP call whose
-    server asked for input (store/interim.py: `meta["round"]`) that never left is no proof that
+    server asked for input (store/rounds.py: `meta["round"]`) that never left is no proof that
     nothing left, for its earlier rounds did: outcome_unknown, not not_sent.
     """
     if result.state is not State.NOT_SENT or not meta.get("round"):

@@ -1,10 +1,10 @@
 """
 Matched requests the proxy answers itself and never sends, with no receipt written: a header
-field no HTTP client can send (400, fields.py), a header the proxy reads as text that is not
+field no HTTP client can send (400, wire/fields.py), a header the proxy reads as text that is not
 UTF-8 (400, fields.undecodable), text entering the intent that is no Unicode (400,
 errors.UnpairedSurrogate), method override headers the rules cannot take (400), a request
 target servers read differently (400: a fragment, `;` path parameters, RuleSet.match), a JSON
-body servers read in more than one way (400, json_body.py), and a store that cannot write the
+body servers read in more than one way (400, wire/json_body.py), and a store that cannot write the
 receipt (503: fail closed). Each logs one line naming the operation (never a header's value),
 answers, and marks the flow (flows.refuse).
 """
@@ -15,8 +15,8 @@ import logging
 
 from mitmproxy import http
 
-from proxy_addon import answers
 from proxy_addon.mitm.flows import refuse
+from proxy_addon.outcome import http_answers as answers
 from proxy_addon.rules.ruleset import AMBIGUOUS_TARGET
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
     "unpaired_surrogate",
 ]
 
-logger = logging.getLogger("proxy_addon.mitm.addon")
+logger = logging.getLogger("proxy_addon.mitm.receipts_addon")
 
 
 def bad_header(flow: http.HTTPFlow, meta: dict, header: str, problem: str) -> None:

@@ -1,5 +1,5 @@
 """
-A matched request's body: collected within receipts_body_cap, and decoded (bodies.py) for
+A matched request's body: collected within receipts_body_cap, and decoded (wire/bodies.py) for
 the fingerprint. Past the cap, or with a coding that cannot be decoded, the request is
 answered 413 or 400 and never sent; it is still forwarded exactly as the agent sent it.
 """
@@ -11,11 +11,11 @@ import logging
 
 from mitmproxy import http
 
-from proxy_addon import answers
-from proxy_addon.bodies import codings, decode_body
 from proxy_addon.errors import BadEncoding, BodyTooLarge
 from proxy_addon.mitm import internals
 from proxy_addon.mitm.flows import refuse
+from proxy_addon.outcome import http_answers as answers
+from proxy_addon.wire.bodies import codings, decode_body
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def bound(flow: http.HTTPFlow, meta: dict, cap: int) -> None:
 
 async def decoded(flow: http.HTTPFlow, meta: dict, cap: int, *, configured: bool = True) -> bytes | None:
     """
-    The request's body with its Content-Encoding decoded (bodies.py), at most receipts_body_cap
+    The request's body with its Content-Encoding decoded (wire/bodies.py), at most receipts_body_cap
     bytes as sent and decoded; None when the request was refused for it (answered 413 or 400).
     """
     raw = flow.request.raw_content or b""

@@ -13,10 +13,10 @@ asked by exchange.send with the answer's head; the relay listens before the call
   the relay gives it: the upstream's head (with X-Receipt-Id, and X-Receipt-State `submitted`:
   it goes out before the outcome is known), then the body;
 - a task of its own (`_follow`) reads the body as it comes, one event at a time
-  (mcp/call_answer.py). Every event is passed on once it has ended: notifications, the server's
+  (wire/call_answer.py). Every event is passed on once it has ended: notifications, the server's
   requests, comments. An event larger than receipts_response_cap is passed on as it comes,
   unread.
-- When the call's response (its own id) has ended: its outcome is classified (mcp/outcomes.py),
+- When the call's response (its own id) has ended: its outcome is classified (outcome/tool_outcomes.py),
   recorded, and only then passed on: an agent that gets the result and sends the call again is
   replayed. The receipt records the response's event, never the rest of the stream.
 - After that the rest of the stream is passed on as it comes, and not read: when it ends, when
@@ -46,24 +46,24 @@ from dataclasses import dataclass, field
 
 from mitmproxy import http
 
-from proxy_addon import answers
-from proxy_addon.classify import Outcome, deadline_outcome, failure_outcome
-from proxy_addon.exchange_failures import CLIENT_ERRORS
-from proxy_addon.gate import Gate
-from proxy_addon.mcp import answers as mcp_answers
-from proxy_addon.mcp.call_answer import CallAnswer
-from proxy_addon.mcp.calls import ToolCall
-from proxy_addon.mcp.jsonrpc import is_sse
-from proxy_addon.mcp.outcomes import tool_outcome
-from proxy_addon.metrics import Metrics
+from proxy_addon.gate.admission import Gate
+from proxy_addon.gate.metrics import Metrics
 from proxy_addon.mitm import record
 from proxy_addon.mitm.drain import Drain
 from proxy_addon.mitm.exchange import Reply
 from proxy_addon.mitm.flows import META, headers_of
 from proxy_addon.mitm.relay import Pipe, Relay
 from proxy_addon.mitm.tools import LISTING
+from proxy_addon.outcome import http_answers as answers
+from proxy_addon.outcome import tool_answers as mcp_answers
+from proxy_addon.outcome.classify import Outcome, deadline_outcome, failure_outcome
+from proxy_addon.outcome.exchange_failures import CLIENT_ERRORS
+from proxy_addon.outcome.tool_outcomes import tool_outcome
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
+from proxy_addon.wire.call_answer import CallAnswer
+from proxy_addon.wire.jsonrpc import is_sse
+from proxy_addon.wire.mcp_calls import ToolCall
 
 logger = logging.getLogger(__name__)
 

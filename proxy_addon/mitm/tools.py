@@ -1,6 +1,6 @@
 """
 `mcp: {tools: from_server}`: the tools/list answers passing through the proxy tell which of an
-endpoint's tools the server says only read (mcp/catalog.py). A tools/list request to such an
+endpoint's tools the server says only read (rules/tool_catalog.py). A tools/list request to such an
 endpoint is noted in the request hook; its answer, JSON or an event stream, is read in the
 response hook, and one log line says which tools are taken as reads and why: named in
 `mcp.read_only_tools`, or declared `readOnlyHint: true` by a server whose annotations the rules
@@ -14,12 +14,12 @@ import logging
 
 from mitmproxy import http
 
-from proxy_addon.canonical import canonical_host
-from proxy_addon.jsonpath import parse_json
-from proxy_addon.mcp.catalog import ToolCatalog
-from proxy_addon.mcp.jsonrpc import response_for
 from proxy_addon.rules import ANY_TOOL, Operation, RuleSet
-from proxy_addon.terminal import escape_controls
+from proxy_addon.rules.tool_catalog import ToolCatalog
+from proxy_addon.wire.canonical import canonical_host
+from proxy_addon.wire.jsonpath import parse_json
+from proxy_addon.wire.jsonrpc import response_for
+from proxy_addon.wire.terminal import escape_controls
 
 logger = logging.getLogger(__name__)
 

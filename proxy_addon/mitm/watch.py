@@ -14,7 +14,7 @@ Once a second, while the proxy runs: follow receipts changed elsewhere, and relo
   until the rules load again says in its comment that the last good rules decided it.
   mitmproxy's `allow_hosts` follows the rules: only the hosts they name are TLS-intercepted,
   unless receipts_intercept_all is on or the user set allow_hosts or ignore_hosts themselves.
-- Which earlier fingerprint versions the receipts hold (earlier_fingerprints.py) is read again
+- Which earlier fingerprint versions the receipts hold (intent/earlier_fingerprints.py) is read again
   with each rules load, before the new rules take over (a load that cannot read it keeps the
   last good rules), and every VERSIONS_EVERY seconds: receipts resolve, and another proxy of a
   fleet may add some. Unresolved receipts that the new rules treat otherwise are named in a WARNING.
@@ -28,7 +28,7 @@ import logging
 from mitmproxy import ctx
 
 from proxy_addon.errors import ReceiptsError, RulesError
-from proxy_addon.mitm.addon import Receipts
+from proxy_addon.mitm.receipts_addon import Receipts
 from proxy_addon.rules import RuleSet, check_rules_path, host_pattern, load_rules_path, rules_signature
 
 logger = logging.getLogger(__name__)

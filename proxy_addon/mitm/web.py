@@ -1,5 +1,5 @@
 """
-The receipts story in mitmweb: a "Receipt" content view (commands are in commands.py).
+The receipts story in mitmweb: a "Receipt" content view (commands are in mitm/flow_commands.py).
 
 - The Receipt view shows a flow's receipt: state, fingerprint, sanitized intent (and how
   its body was read when not as the rule says: the fallback used, missing or hashed fields)
@@ -20,7 +20,7 @@ from mitmproxy import contentviews
 from mitmproxy.addonmanager import Loader
 from mitmproxy.contentviews import Metadata
 
-from proxy_addon.fingerprint import intent_notes
+from proxy_addon.intent.fingerprint import intent_notes
 from proxy_addon.mitm.flows import meta_of
 from proxy_addon.states import State
 from proxy_addon.store import Event, Receipt, ReceiptStore
@@ -95,7 +95,7 @@ def _change(e: Event) -> str:
 
 
 def _waiting(r: Receipt) -> str | None:
-    """What a submitted MCP tool call waits for, in words (store/interim.py)."""
+    """What a submitted MCP tool call waits for, in words (store/rounds.py)."""
     if r.state is not State.SUBMITTED or r.waiting_for is None:
         return None
     if r.waiting_for == "input":

@@ -9,7 +9,7 @@ answers are classified and how an unknown outcome is resolved.
 
 Credentials (`credentials:` of the file, and of an operation, which adds to the file's) are read
 by `load_credentials`: the headers, query parameters, body fields and path parameters that
-carry them, hashed into the principal and never stored (caller.py).
+carry them, hashed into the principal and never stored (intent/caller.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any, cast
 
 import yaml
 
-from proxy_addon.redaction import is_credential_param, is_secret_header, is_secret_name
 from proxy_addon.rules.load_classify import load_classify
 from proxy_addon.rules.load_reconcile import load_reconcile
 from proxy_addon.rules.model import (
@@ -37,6 +36,7 @@ from proxy_addon.rules.model import (
     path_alternatives,
 )
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, scalar_value
+from proxy_addon.wire.redaction import is_credential_param, is_secret_header, is_secret_name
 
 
 @dataclass(frozen=True)

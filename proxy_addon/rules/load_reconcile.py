@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-from proxy_addon.redaction import is_secret_header
 from proxy_addon.rules.load_classify import load_classify_rule
 from proxy_addon.rules.model import (
     KEYS,
@@ -30,6 +29,7 @@ from proxy_addon.rules.model import (
     template_variables,
 )
 from proxy_addon.rules.nodes import DOTTED, HEADER, Ctx, Entry, node_kind, scalar_value
+from proxy_addon.wire.redaction import is_secret_header
 
 
 def load_reconcile(
@@ -212,7 +212,7 @@ def _post_body(
     for key, value in bnode.value:
         name = ctx.string(key, f"{f}.read.body")
         if name == "query":  # a GraphQL document is sent as written; values go in variables
-            from proxy_addon.gql import read_is_query
+            from proxy_addon.wire.gql import read_is_query
 
             body[name] = ctx.string(value, f"{f}.read.body.query")
             if (why := read_is_query(body[name])) is not None:

@@ -288,7 +288,7 @@ def _mcp_endpoint(ctx: Ctx, top: dict[str, Entry], api: str, credentials: Creden
     endpoint which no operation names: a write, fingerprinted on all its arguments, unless the
     rules name the tool a read (`read_only_tools`), or the server's annotations are trusted
     (`annotations: trusted`) and its tools/list declares the tool read-only (the proxy learns
-    that from the answers it passes: mcp/catalog.py). The MCP specification calls annotations
+    that from the answers it passes: rules/tool_catalog.py). The MCP specification calls annotations
     untrusted unless they come from a trusted server: by default, they make no read.
     `tools: declared` (the default): only the operations below.
     """

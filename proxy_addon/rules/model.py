@@ -4,7 +4,7 @@ The rules model: the frozen values a rules file loads into, and how a request fi
     rules = RuleSet.of([rule_file, ...])
     m = rules.match("dev.to", 443, "POST", "/api/articles")   # Match(operation, params) or None
 
-`match` takes the host and path as sent and matches their canonical form (canonical.py):
+`match` takes the host and path as sent and matches their canonical form (wire/canonical.py):
 `//api/./articles`, `/api/%61rticles` and `DEV.TO.` are `/api/articles` on `dev.to`. Paths
 match case-sensitively unless the operation says `match.case_insensitive: true`. Given the
 request's headers, it matches the method a method override header names (`GET` with
@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
 
-from proxy_addon.canonical import canonical_encoding
-from proxy_addon.mcp.calls import ToolCall
 from proxy_addon.states import State
+from proxy_addon.wire.canonical import canonical_encoding
+from proxy_addon.wire.mcp_calls import ToolCall
 
 AfterSuccess = Literal["replay", "block", "allow"]
 AFTER_SUCCESS: tuple[str, ...] = ("replay", "block", "allow")
@@ -197,7 +197,9 @@ class ReconcileSpec:
     bounds: tuple[tuple[str, str, str], ...] = ()  # (field, "gte"|"lte", template): `find` by a range, like created_at
     pages: PagesSpec | None = None  # how the list continues; None: one page is read
     complete_in_one_page: bool = False  # the rule says one page holds every match (with a reason comment)
-    tool: str | None = None  # an MCP read: this tool of the receipt's own endpoint, `body` its arguments (mcp/reads.py)
+    tool: str | None = (
+        None  # an MCP read: this tool of the receipt's own endpoint, `body` its arguments (reconcile/tool_reads.py)
+    )
     tool_read_only: bool = False  # the rule vouches the tool is read-only; else the server's annotations must say so
 
 
@@ -234,7 +236,7 @@ class Operation:
     # whether the server's annotations are trusted (`mcp.annotations: trusted`): its readOnlyHint makes a read
     mcp_read_tools: tuple[str, ...] = ()
     mcp_trusts_annotations: bool = False
-    # Credentials outside the headers (`credentials: {query, body, path}`), hashed into the principal (caller.py)
+    # Credentials outside the headers (`credentials: {query, body, path}`), hashed into the principal (intent/caller.py)
     credential_query: tuple[str, ...] = ()  # query parameter names
     credential_body: tuple[str, ...] = ()  # body fields: a form's field names, dotted paths into JSON
     credential_path: tuple[str, ...] = ()  # path parameters: REDACTED in targets, a keyed hash in the intent
@@ -244,7 +246,7 @@ class Operation:
         What the fingerprint reads of this rule, as JSON values: the fields it takes and the
         credentials that make the principal. A receipt keeps its digest (`rule_digest`), and the
         store this description, so that a retry is still recognised under the rule its receipt
-        was made with after the rule is edited (earlier_fingerprints.py). Credentials declared
+        was made with after the rule is edited (intent/earlier_fingerprints.py). Credentials declared
         in the query, body or path are listed only when there are any: a rule without them has
         the description (and the digest) it had before they could be declared.
         """
@@ -317,7 +319,7 @@ class Match:
     refused: str | None = None  # why the proxy answers 400 and sends nothing (its method override headers)
     mcp_call: ToolCall | None = None  # an MCP operation: the tool call the body makes
     # the refusal's kind when not a method override's: ruleset.AMBIGUOUS_TARGET, or bad_json for a body
-    # read two ways on an MCP or GraphQL endpoint (json_body.py)
+    # read two ways on an MCP or GraphQL endpoint (wire/json_body.py)
     refused_as: str | None = None
     fingerprint_host: str | None = None  # the loopback name the rule names, when the request used another
 

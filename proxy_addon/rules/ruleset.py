@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy_addon.canonical import LOOPBACK, canonical_host, canonical_path, ip_literal, method_overrides, readings
-from proxy_addon.json_body import NotStrict
-from proxy_addon.mcp.calls import Refused, ToolCall, parse_message, read_call
 from proxy_addon.rules.model import ANY_TOOL, Match, Operation, PathTemplate, RuleFile, same_value
+from proxy_addon.wire.canonical import LOOPBACK, canonical_host, canonical_path, ip_literal, method_overrides, readings
+from proxy_addon.wire.json_body import NotStrict
+from proxy_addon.wire.mcp_calls import Refused, ToolCall, parse_message, read_call
 
 AMBIGUOUS_TARGET = "ambiguous_target"  # Match.refused_as: a fragment or path parameters servers read differently
 
@@ -206,7 +206,7 @@ class RuleSet:
     ) -> Match | None:
         """
         The first candidate with this method whose template fits the canonical `path` (no query
-        string). On an MCP or GraphQL operation's endpoint, a body read two ways (json_body.py:
+        string). On an MCP or GraphQL operation's endpoint, a body read two ways (wire/json_body.py:
         not strict UTF-8 JSON, a key twice, keys that differ only by case) is `refused` as
         `bad_json`, whatever the message or operation it names.
         """
@@ -235,7 +235,7 @@ class RuleSet:
                     found = Match(op, params, pending=True)
                 else:
                     if not parsed:
-                        from proxy_addon.gql import read_mutation  # graphql-core loads only for GraphQL rules
+                        from proxy_addon.wire.gql import read_mutation  # graphql-core loads only for GraphQL rules
 
                         mutation, parsed = read_mutation(body), True
                     if isinstance(mutation, NotStrict):  # on a GraphQL endpoint a rule names: 400, never sent

@@ -10,12 +10,12 @@ The receipts store: every SQL statement and every state change of receipt-proxy.
     records.py      the values: Attempt, Interim, Receipt, RecordedResponse, StoredAnswer, Event, Decision,
                     ApprovalDecision; time helpers
     base.py         what a backend must guarantee, and the primitives it implements
-    reads.py        the reads, written once over those primitives
+    store/queries.py        the reads, written once over those primitives
     receipts.py     `ReceiptStore`, which backends subclass, put together from the mixins below
     transitions.py  guarded transitions and their events, and the observer told of them
     attempts.py     the hot path: deciding an attempt (`begin_attempt`)
-    interim.py      answers that are not outcomes: an MCP call waiting for input, or for its task
-    approvals.py    operators' decisions on held writes (`decide_approval`, `apply_approval`)
+    store/rounds.py      answers that are not outcomes: an MCP call waiting for input, or for its task
+    store/approval_decisions.py    operators' decisions on held writes (`decide_approval`, `apply_approval`)
     resolutions.py  settling an unknown outcome by hand (`resolve`) or claiming it for a read
     retention.py    pruning old resolved receipts (`prune`)
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)

@@ -20,8 +20,8 @@ from typing import Literal
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
 from proxy_addon.store.base import UniqueViolation, WouldWait, marks
-from proxy_addon.store.interim import ReceiptInterim
 from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
+from proxy_addon.store.rounds import ReceiptInterim
 
 _RECEIPT_COLUMNS = (
     "operation_id",
@@ -64,7 +64,7 @@ def _of_intent(a: Attempt) -> tuple[str, list[str]]:
     """
     The WHERE clause (and its parameters) of this attempt's intent's receipts: today's
     fingerprint and its earlier ones; a receipt under an edited rule's fingerprint only while
-    unresolved (earlier_fingerprints.py). Just today's when there are none (every write, once
+    unresolved (intent/earlier_fingerprints.py). Just today's when there are none (every write, once
     the receipts of earlier schemes and rules are resolved): one indexed lookup, as ever.
     """
     if not a.earlier and not a.earlier_unresolved:
@@ -239,7 +239,7 @@ class ReceiptAttempts(ReceiptInterim):
         now = self.clock()
         order = self.dialect.insertion_order
         # One read: the latest receipt of this intent (under any of its fingerprints: an earlier
-        # scheme's or rule's, earlier_fingerprints.py) and, if it succeeded, how (_after_success).
+        # scheme's or rule's, intent/earlier_fingerprints.py) and, if it succeeded, how (_after_success).
         where, params = _of_intent(a)
         rows = self._rows(
             f"SELECT *, CASE WHEN state = ? THEN ({_ANSWERED_FROM}) END AS answered_from "
@@ -284,7 +284,7 @@ class ReceiptAttempts(ReceiptInterim):
     ) -> Decision:
         """
         An attempt whose intent has an unresolved receipt: blocked, but for the next round of a call
-        whose server asked for input, which goes on under that receipt (store/interim.py).
+        whose server asked for input, which goes on under that receipt (store/rounds.py).
         """
         if r.state is State.SUBMITTED and r.waiting_for == "input":
             if self._abandoned(r, now):

@@ -1,9 +1,9 @@
 """
 The contract a receipts backend keeps, and the primitives it implements.
 
-The receipts logic is written once, over these primitives: `ReceiptReads` (reads.py) and
+The receipts logic is written once, over these primitives: `ReceiptReads` (store/queries.py) and
 `ReceiptStore` (receipts.py), put together from one mixin per job: transitions.py (guarded
-transitions), attempts.py (deciding an attempt), approvals.py (operators' decisions),
+transitions), attempts.py (deciding an attempt), store/approval_decisions.py (operators' decisions),
 resolutions.py (resolve, reconcile claims), retention.py (prune), recovery.py. A backend
 subclasses ReceiptStore (sqlite.py: `SQLiteStore`; postgres.py: `PostgresStore`) and provides:
 

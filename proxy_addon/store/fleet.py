@@ -1,11 +1,11 @@
 """
 What the proxies of a fleet share on one PostgreSQL store, besides the receipts: their instance
-leases (liveness across machines, kept by heartbeats: proxy_addon/leases.py drives them; a new
+leases (liveness across machines, kept by heartbeats: proxy_addon/gate/leases.py drives them; a new
 receipt is written only while its proxy's lease holds, and sent only while it still does:
-send_guard.py) and the fleet's key check (one HMAC key
+gate/send_guard.py) and the fleet's key check (one HMAC key
 for every proxy, or their fingerprints would differ). A mixin of postgres.py's `PostgresStore`,
 in PostgreSQL's SQL (`now()`, `make_interval`, `ON CONFLICT`); SQLite's liveness is a flock
-(instances.py). The key check (one HMAC key for every proxy, or their fingerprints would
+(gate/instances.py). The key check (one HMAC key for every proxy, or their fingerprints would
 differ) is both backends' (key_check.py).
 """
 
@@ -71,7 +71,7 @@ class PostgresFleet(ReceiptStore):
             )
 
     def _hold_lease(self, a: Attempt) -> None:
-        """A new receipt, or the next round of one (interim.py), only while this proxy's lease holds (renewed here)."""
+        """A new receipt, or the next round of one (rounds.py), only while this proxy's lease holds (renewed here)."""
         if self.lease is not None and a.instance == self.lease[0]:
             held = self._execute(
                 "UPDATE receipt_instances SET expires_at = greatest(expires_at, now() + make_interval(secs => ?)) "

@@ -3,7 +3,7 @@ What a receipts database keeps of the installation's `secret.key`: a check value
 of a fixed text; the key cannot be found from it) in `receipt_settings`, on both backends
 (PostgreSQL since m008, SQLite since m011). The key makes every principal, so every
 fingerprint: a database used with another key would see no retry as a duplicate. Which key
-may open which database, and what is said when it may not, is installation.py's
+may open which database, and what is said when it may not, is gate/installation.py's
 (`Installation.open`); these are the reads and the one write it needs.
 """
 

@@ -251,7 +251,7 @@ def m008_instance_leases(db: Schema) -> None:
     # recovers the in-flight receipts of one whose lease expired. `receipt_settings` keeps a
     # check value of the fleet's HMAC key, so an instance with another key (another principal,
     # another fingerprint for the same write: duplicates unseen) refuses to start.
-    # SQLite keeps its flock on files beside the database (instances.py): nothing to add.
+    # SQLite keeps its flock on files beside the database (gate/instances.py): nothing to add.
     if not db.postgres:
         return
     db.execute(
@@ -266,7 +266,7 @@ def m008_instance_leases(db: Schema) -> None:
 def m009_fingerprint_versions(db: Schema) -> None:
     # Which fingerprint scheme (fingerprint.SCHEME) and which rule (a digest of what the
     # fingerprint reads of it: Operation.fingerprint_rule) made each receipt, so that a retry
-    # is still recognised after an upgrade or an edited rule (earlier_fingerprints.py). Receipts
+    # is still recognised after an upgrade or an edited rule (intent/earlier_fingerprints.py). Receipts
     # made before have NULL in both: scheme 1 or 2, under the rule as it is now. The rules'
     # descriptions are kept once each, by digest. The partial index holds only receipts of
     # earlier schemes: a new receipt never enters it, so it costs new writes nothing.
@@ -282,7 +282,7 @@ def m009_fingerprint_versions(db: Schema) -> None:
 @migration
 def m010_request_lifetime(db: Schema) -> None:
     # How long the original request of a receipt may still land upstream, for a read that would
-    # prove its absence (judge.py): `upstream_timeout` is the sending proxy's
+    # prove its absence (reconcile/judge.py): `upstream_timeout` is the sending proxy's
     # receipts_upstream_timeout (seconds), recorded with the receipt; `in_flight_until` is when it
     # became `submitted` plus that timeout: the latest its proxy holds the request open. A read
     # proves nothing absent before then when that proxy went silent (its receipt recovered).
@@ -306,14 +306,14 @@ def m011_key_check_and_sealed_answers(db: Schema) -> None:
 @migration
 def m012_read_principal(db: Schema) -> None:
     # The principal of a write's credential headers alone, when more made its principal (a key
-    # in its query, body or path: caller.py): `receipts reconcile` checks that a read's headers are
+    # in its query, body or path: intent/caller.py): `receipts reconcile` checks that a read's headers are
     # the write's against it. NULL: the principal is that of the headers.
     db.execute("ALTER TABLE receipts ADD COLUMN read_principal TEXT")
 
 
 @migration
 def m013_interim_answers(db: Schema) -> None:
-    # An MCP tool call whose server answered something that is not an outcome (store/interim.py)
+    # An MCP tool call whose server answered something that is not an outcome (store/rounds.py)
     # stays `submitted`, with nothing in flight: `waiting_for` says for what ("input": the server
     # asked the client for input, MCP input_required; "task": it runs the call as a task), NULL
     # otherwise. `mcp_rounds` counts the server's input_required answers; `waiting_until` is when a

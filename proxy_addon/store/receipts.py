@@ -4,13 +4,13 @@ job, each written once over the backend's primitives (base.py says what they gua
 
     transitions.py  guarded transitions and their events, and the observer told of them
     attempts.py     the hot path: deciding an attempt (`begin_attempt`)
-    approvals.py    operators' decisions on held writes (`decide_approval`, `apply_approval`)
+    store/approval_decisions.py    operators' decisions on held writes (`decide_approval`, `apply_approval`)
     resolutions.py  settling an unknown outcome by hand (`resolve`) or claiming it for a read
     retention.py    pruning old resolved receipts (`prune`)
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
     key_check.py    the check value of the installation's secret.key (`check_key`)
     versions.py     the fingerprint versions receipts still hold, and the rules' descriptions
-    reads.py        the reads
+    store/queries.py        the reads
 
     store = Store.open("receipts.db")
     decision = store.begin_attempt(attempt)      # committed before it returns
@@ -23,7 +23,7 @@ Every write runs in one `_write()` transaction of the backend.
 
 from __future__ import annotations
 
-from proxy_addon.store.approvals import ReceiptApprovals
+from proxy_addon.store.approval_decisions import ReceiptApprovals
 from proxy_addon.store.attempts import ReceiptAttempts
 from proxy_addon.store.key_check import ReceiptKeyCheck
 from proxy_addon.store.recovery import ReceiptRecovery

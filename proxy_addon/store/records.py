@@ -70,13 +70,13 @@ class Attempt:
     fingerprint_scheme: int | None = None  # the scheme that made `intent_fingerprint` (fingerprint.SCHEME)
     fingerprint_rule: str | None = None  # the digest of the rule it read (Operation.rule_digest)
     # The same request's fingerprints under the earlier schemes and rules its intent's receipts were
-    # made with (earlier_fingerprints.py): a receipt with one of `earlier` is this intent's in any
+    # made with (intent/earlier_fingerprints.py): a receipt with one of `earlier` is this intent's in any
     # state; one with one of `earlier_unresolved` only while it is unresolved (an edited rule).
     earlier: tuple[str, ...] = ()
     earlier_unresolved: tuple[str, ...] = ()
     # Fingerprints under which a success is never replayed to this request (a duplicate of it is
     # blocked instead): every one, when nothing tells its caller apart; an earlier scheme's that
-    # did not count some credential it carries (caller.py). The receipt may be another caller's.
+    # did not count some credential it carries (intent/caller.py). The receipt may be another caller's.
     unreplayable: tuple[str, ...] = ()
     # The principal of the credential headers alone (fingerprint.principal), when more made
     # `principal` (a key in the query, body or path): what a read, which sends headers only, can match.
@@ -89,7 +89,7 @@ class Attempt:
 
     upstream_timeout: float | None = None  # receipts_upstream_timeout of the proxy that sends it (its lifetime)
     # An MCP tool call that carries `requestState`/`inputResponses`: the next round of a call whose
-    # server asked for input (store/interim.py); sent under that call's receipt while it waits for it.
+    # server asked for input (store/rounds.py); sent under that call's receipt while it waits for it.
     continues: bool = False
     mcp_rounds: int = 10  # receipts_mcp_rounds: the most times a call's server may ask for input
 
@@ -97,7 +97,7 @@ class Attempt:
 @dataclass(frozen=True)
 class Interim:
     """
-    An answer that is not the write's outcome (store/interim.py): the server asks the client for
+    An answer that is not the write's outcome (store/rounds.py): the server asks the client for
     input before it goes on (MCP `input_required`), or runs the call as a task (a task handle).
     `task_id` is the server's id of the task: sealed when stored, never logged.
     """
@@ -183,7 +183,7 @@ class Receipt:
     read_principal: str | None = None  # its credential headers' principal, when not `principal` (Attempt)
     upstream_timeout: float | None = None  # the sending proxy's receipts_upstream_timeout (None: an earlier version)
     in_flight_until: str | None = None  # submitted + upstream_timeout: the latest its proxy holds the request open
-    # Submitted with nothing in flight (store/interim.py): "input" (its server asked the client for
+    # Submitted with nothing in flight (store/rounds.py): "input" (its server asked the client for
     # input), "task" (its server runs it as a task); None otherwise.
     waiting_for: str | None = None
     mcp_rounds: int = 0  # how many times its server asked for input (MCP input_required answers)
@@ -281,7 +281,7 @@ class Decision:
     # "blocked" on a receipt that waits for its task: the task's id, opened for this duplicate (its own
     # caller: never for one the proxy cannot tell from the first, Attempt.unreplayable)
     task_id: str | None = field(default=None, repr=False)
-    note: str | None = None  # what the duplicate's answer must say beyond the receipt's state (store/interim.py)
+    note: str | None = None  # what the duplicate's answer must say beyond the receipt's state (store/rounds.py)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 Recovery at start: receipts left in flight (`submitted`, `reconciling`) or held
 (`awaiting_approval`) by a proxy instance that is no longer running are moved on
 (`recover_in_flight`), so that none stays unresolved for ever. A `submitted` receipt waiting for
-its client's input or for its task has nothing in flight, and stays (interim.py).
+its client's input or for its task has nothing in flight, and stays (store/rounds.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ class ReceiptRecovery(ReceiptTransitions):
         running become `outcome_unknown`: the request may have left; `awaiting_approval` ones
         become `not_sent`: they never left. A `submitted` one keeps no `completed_at`: nobody saw
         its attempt end, and it may be in flight until its `in_flight_until`. Returns their ids.
-        `is_alive` is asked only after the receipts in flight were read (leases.py relies on it).
+        `is_alive` is asked only after the receipts in flight were read (gate/leases.py relies on it).
         `stopped(instance)` words how the instance was found stopped (default "proxy stopped"), so
         that the event names it. A `submitted` receipt that waits for its client's input or for its
-        task (interim.py) is left as it is: nothing of it is in flight (its last round's answer came),
+        task (store/rounds.py) is left as it is: nothing of it is in flight (its last round's answer came),
         its client may still go on, and its task may still be read; it is settled as it would have been.
         """
         rows = self._rows(
@@ -54,7 +54,7 @@ class ReceiptRecovery(ReceiptTransitions):
             if stopped is not None:
                 reason = reason.replace("proxy stopped", stopped(row["instance"]), 1)
             # Its proxy never saw the attempt end: no `completed_at` (a read then waits out the request's
-            # lifetime, `in_flight_until`, before it may prove absence: judge.py).
+            # lifetime, `in_flight_until`, before it may prove absence: reconcile/judge.py).
             unseen = {"completed_at": None} if state is State.SUBMITTED else {}
             try:
                 self.transition(

@@ -1,6 +1,6 @@
 """
 Settling an unknown outcome: by hand (`resolve`, from `receipts resolve`) or by claiming the
-receipt for a read (`claim_for_reconcile`, for reconcile.py); one claimant wins.
+receipt for a read (`claim_for_reconcile`, for reconcile/settle.py); one claimant wins.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ status (`http_status`) and truncation that stay in clear beside it (metadata tha
 show` and `export` print). An answer moved into another receipt, or whose status was changed,
 does not open.
 
-A task's id (an MCP tool call answered with a task handle: store/interim.py) is sealed the same
+A task's id (an MCP tool call answered with a task handle: store/rounds.py) is sealed the same
 way, under the same key, bound to its receipt and to its purpose (`seal_task`, `open_task`): a
 server that cannot bind its tasks to a caller lets whoever knows a task id read its result, so
 the id is kept like the answer it leads to. It is found again by a keyed reference

@@ -15,7 +15,7 @@ from typing import Any
 from proxy_addon.errors import IllegalTransition, StoreError, UnknownReceipt
 from proxy_addon.states import TRANSITIONS, State, sources_of
 from proxy_addon.store.base import marks
-from proxy_addon.store.reads import ReceiptReads
+from proxy_addon.store.queries import ReceiptReads
 from proxy_addon.store.records import Receipt, RecordedResponse, iso, state_of
 from proxy_addon.store.sealing import AnswerSeal
 
@@ -36,7 +36,7 @@ Observer = Callable[[str, str, State | None, State], None]
 class ReceiptTransitions(ReceiptReads):
     """Guarded state changes, their events, and the observer told of them: what every other write uses."""
 
-    observer: Observer | None = None  # the proxy's metrics (metrics.py): every state change, once committed
+    observer: Observer | None = None  # the proxy's metrics (gate/metrics.py): every state change, once committed
     # Seals each answer recorded (sealing.py), and opens one to replay: the Installation sets it
     # from secret.key. A store without it records no answer (StoreError), and replays none.
     answer_seal: AnswerSeal | None = None
@@ -187,7 +187,7 @@ class ReceiptTransitions(ReceiptReads):
         if was is State.SUBMITTED and set_completed:
             sets["completed_at"] = at  # the attempt is over, whatever we learned of it
         if was is State.SUBMITTED and to is not State.SUBMITTED:
-            sets.update(waiting_for=None, waiting_until=None)  # settled: it waits for nothing (interim.py)
+            sets.update(waiting_for=None, waiting_until=None)  # settled: it waits for nothing (store/rounds.py)
         if to is State.SUBMITTED and old.get("upstream_timeout") is not None:  # approved: it is sent from now
             sets["in_flight_until"] = iso(now + dt.timedelta(seconds=old["upstream_timeout"]))
         changed = self._execute(

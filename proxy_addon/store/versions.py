@@ -1,7 +1,7 @@
 """
 Which fingerprint versions the receipts still hold: the schemes (fingerprint.SCHEME) and the
 rules (Operation.fingerprint_rule, by digest) that made receipts which can still answer a
-retry. The proxy fingerprints a request under those too (earlier_fingerprints.py), so that
+retry. The proxy fingerprints a request under those too (intent/earlier_fingerprints.py), so that
 neither an upgrade nor an edited rule turns a retry into a new write.
 
     store.remember_rules({digest: rule_json, ...})   # each rule's description, once (at load and reload)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from proxy_addon import instances
+from proxy_addon.gate import instances
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Store
 from tests.cli.conftest import UNKNOWN_ID, assert_one_line_error, cli, table

@@ -14,7 +14,6 @@ import pytest
 from proxy_addon.cli import COMMANDS, EPILOG, main, parser
 from tests.cli.conftest import RECEIPTS, ROOT, assert_one_line_error, cli
 
-
 # --- the database -------------------------------------------------------------------------
 
 EVERY_COMMAND = [

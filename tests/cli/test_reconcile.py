@@ -6,12 +6,11 @@ import json
 
 import pytest
 
-from proxy_addon.paths import DEFAULT_RULES
+from proxy_addon.gate.paths import DEFAULT_RULES
 from proxy_addon.rules import load_rules_path
 from proxy_addon.states import State
 from proxy_addon.store import Store
 from tests.cli.conftest import dump
-
 
 RECONCILING_REASON = "reconciling with a read"
 

@@ -8,7 +8,6 @@ from proxy_addon.cli import main
 from proxy_addon.states import State
 from tests.cli.conftest import KEY_ENV, UNKNOWN_ID, Recon, assert_one_line_error, dump
 
-
 SECRET_HEADER = "SECRET-HEADER-9d1c44"
 SECRET_ENV = "SECRET-ENV-7ab302"
 

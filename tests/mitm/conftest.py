@@ -10,7 +10,7 @@ from mitmproxy.flow import Error
 from mitmproxy.test import taddons, tflow
 
 from proxy_addon.mitm import make_addons
-from proxy_addon.mitm.addon import Receipts
+from proxy_addon.mitm.receipts_addon import Receipts
 
 RULES = """\
 api: shop

@@ -7,8 +7,8 @@ from mitmproxy import exceptions, http
 from mitmproxy.flow import Error
 from mitmproxy.test import taddons
 
-from proxy_addon.mitm.addon import Receipts
 from proxy_addon.mitm.flows import MARKERS
+from proxy_addon.mitm.receipts_addon import Receipts
 from proxy_addon.store import Store
 from tests.mitm.conftest import held, order, running, send, unknown
 

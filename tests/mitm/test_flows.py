@@ -6,8 +6,8 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import tutils
 
-from proxy_addon.answers import Answer
 from proxy_addon.mitm.flows import headers_of, response_of
+from proxy_addon.outcome.http_answers import Answer
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ async def test_our_lines_skip_add_log_unless_an_addon_listens(tmp_path, caplog):
         events: list[str] = []
         real_trigger = master.addons.trigger
         master.addons.trigger = lambda event: (events.append(event.name), real_trigger(event))[1]
-        ours, theirs = logging.getLogger("proxy_addon.mitm.addon"), logging.getLogger("mitmproxy.proxy.server")
+        ours, theirs = logging.getLogger("proxy_addon.mitm.receipts_addon"), logging.getLogger("mitmproxy.proxy.server")
 
         ours.warning("receipt r-1: ours, nobody listens")
         theirs.warning("theirs, nobody listens")
