@@ -124,3 +124,20 @@ def test_the_checks_see_what_they_must(tmp_path):
     assert [t for _, t in links(tmp_path / "a.md")] == ["#run-it-now-fast", "#not-a-heading", "b.md"]
     named = NAMED.search("refused (docs/operations.md: 'Starting over')")
     assert named is not None and named.group("heading") == "Starting over"
+
+
+def test_the_architecture_names_every_module():
+    """docs/architecture.md has a line for every module of the package, under its folder's heading."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    parts = re.split(r"^`(\w+)/`: ", text, flags=re.M)  # "`wire/`: what a request ..." starts a folder's list
+    listed = {folder: body for folder, body in zip(parts[1::2], parts[2::2], strict=True)}
+    package = ROOT / "proxy_addon"
+    missing = []
+    for module in sorted(package.rglob("*.py")):
+        folder = module.parent.relative_to(package).as_posix()
+        if module.name == "__init__.py" and folder != ".":
+            continue
+        body = listed.get(folder, parts[0]) if folder != "." else parts[0]
+        if f"`{module.name}`" not in body:
+            missing.append(str(module.relative_to(ROOT)))
+    assert not missing, f"docs/architecture.md does not name: {missing}"
