@@ -1,5 +1,6 @@
 """
-The script mitmproxy loads: `mitmdump -s proxy_addon/addon.py --set receipts_db=... --set receipts_rules=...`.
+The script mitmproxy loads: `mitmdump --listen-host 127.0.0.1 -s proxy_addon/addon.py --set receipts_rules=...`
+(docs/running.md, "The plain mitmproxy way").
 
 The addons themselves live in proxy_addon/mitm/ (the only package that imports mitmproxy).
 """

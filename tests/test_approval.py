@@ -219,8 +219,8 @@ def test_resume_all_approves_each_held_write(tmp_path, confdir, upstream, bucket
 
 
 def readme_script_block() -> list[str]:
-    """The shell block of README.md's "Scripts" bullet (Approvals): what a script runs against mitmweb's API."""
-    text = (ROOT / "README.md").read_text()
+    """The shell block of docs/operations.md's "Scripts" bullet (Approvals): what a script runs on mitmweb's API."""
+    text = (ROOT / "docs" / "operations.md").read_text()
     after = text[text.index("- **Scripts**: use the CLI"):]
     block = after[after.index("```sh\n") + len("```sh\n"):]
     return [line.strip() for line in block[:block.index("```")].splitlines()]
@@ -228,7 +228,7 @@ def readme_script_block() -> list[str]:
 
 def test_the_readme_recipe_for_scripts_and_the_cli_both_decide_held_writes(tmp_path, confdir, upstream, bucket):
     """
-    README's recipe for mitmweb's HTTP API (Bearer token, the _mitmproxy_xsrf cookie and the
+    docs/operations.md's recipe for mitmweb's HTTP API (Bearer token, the _mitmproxy_xsrf cookie and the
     X-XSRFToken header) run as written with curl, on the real URL, token and flow: it lists
     the held write and resumes it. Without the XSRF pair the same POST gets 403. Then a second
     write is approved with `receipts approve` while mitmweb shows it: the flow leaves the intercept.

@@ -3,7 +3,7 @@ A real browser on mitmweb: `scripts/run` (mitmweb with the addon) in front of th
 a write the upstream drops, its identical retry blocked with 409, and headless Chromium
 checking what a user sees in mitmweb: the ⛔ marker in the flow list, the comment, the
 original receipt id in the details and the Receipt content view. It also saves the
-screenshot the README shows: docs/mitmweb-blocked-duplicate.png.
+screenshot docs/mitmweb.md shows: docs/mitmweb-blocked-duplicate.png.
 
 Needs Debian's Chromium at /usr/bin/chromium (`apt-get install chromium`) and the Python
 `playwright` package (the `test` extra); it never downloads a browser. Without an emoji font
@@ -33,7 +33,7 @@ except ImportError as e:
     pytest.skip(f"the playwright package cannot be imported ({e}); install the test extra",
                 allow_module_level=True)
 
-# The README's picture is refreshed only on request, so that a test run leaves the tree clean:
+# The picture in docs/mitmweb.md is refreshed only on request, so that a test run leaves the tree clean:
 # RECEIPTS_SCREENSHOT=1 scripts/test tests/test_browser.py
 SCREENSHOT = ROOT / "docs" / "mitmweb-blocked-duplicate.png"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -115,7 +115,7 @@ def test_mitmweb_shows_a_blocked_duplicate_and_its_receipt(tmp_path, confdir, up
                 expect(rendered).to_contain_text("submitted → outcome_unknown")
                 expect(rendered).to_contain_text("blocked duplicate")
 
-                # The picture for the README: the list with the blocked flow selected and its receipt.
+                # The picture for docs/mitmweb.md: the list with the blocked flow selected and its receipt.
                 page.mouse.move(0, 0)  # no hover highlight in the picture
                 SCREENSHOT.parent.mkdir(exist_ok=True)
                 shot = SCREENSHOT if os.environ.get("RECEIPTS_SCREENSHOT") else tmp_path / SCREENSHOT.name

@@ -465,7 +465,7 @@ def render() -> str:
     lines += [
         "",
         "With a `reconcile` spec in the rule, a retry of an `outcome_unknown` receipt first",
-        "triggers a read (see README): found → the `after_success` answer; proven absent →",
+        "triggers a read ([rules.md](rules.md#what-a-read-decides)): found → the `after_success` answer; proven absent →",
         "forwarded; not found where the read cannot prove absence → `manual_review` and 409; a",
         "read that fails → still `outcome_unknown`, 409 with `Retry-After`, and another read",
         "after it (`manual_review` after `receipts_read_attempts` failed reads). A retry that",
@@ -640,7 +640,7 @@ def held_lines() -> list[str]:
         "",
         "A rule with `approve: true` holds each write until an operator decides, in mitmweb or with",
         "`receipts approve` / `receipts deny`. A held write is sent as it was recorded, or not at",
-        "all (README, \"Approvals\").",
+        "all ([Approvals](operations.md#approvals)).",
         "",
         "| while it is held | the agent gets | receipt | the upstream receives | shown by |",
         "|---|---|---|---|---|",

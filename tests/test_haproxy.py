@@ -1,5 +1,5 @@
 """
-The fleet recipe (docs/fleet/haproxy.cfg, README "Run a fleet"): HAProxy in TCP mode in front
+The fleet recipe (docs/fleet/haproxy.cfg, docs/fleet.md, "Run a fleet"): HAProxy in TCP mode in front
 of two proxies on one PostgreSQL store. Identical writes sent through HAProxy, spread over
 both proxies, make one upstream write. Skips with a clear reason where haproxy is missing
 (.ci/run installs Debian's package) or there is no PostgreSQL.

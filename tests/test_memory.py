@@ -406,7 +406,7 @@ def large_body(start, up: Upstream, size: int) -> tuple[int, dict[str, int]]:
     base = warm(proxy, up)
     path = f"/api/{bucket()}/plain"
     # Binary, as an upload is, and it starts as no JSON text can (PNG's first byte), so the
-    # fingerprint does not try JSON: json.loads would first decode all of it into a str (see README, Limits).
+    # fingerprint does not try JSON: json.loads would first decode all of it into a str (see docs/limits.md).
     body = (b"\x89PNG\r\n\x1a\n" + os.urandom(MiB - 8)) * (size // MiB)
     digest = hashlib.sha256(body).hexdigest()
     with RssWatch(proxy.proc.pid) as watch:

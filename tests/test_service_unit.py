@@ -1,5 +1,5 @@
 """
-docs/receipt-proxy.service, the example systemd unit (README.md, "Run it as a service").
+docs/receipt-proxy.service, the example systemd unit (docs/running.md, "Run it as a service").
 
 - `systemd-analyze verify` finds nothing to say about it (it warns, with exit status 0, about
   an unknown key or a value it cannot parse, so the test asserts silence, not only the status).

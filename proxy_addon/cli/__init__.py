@@ -91,7 +91,7 @@ examples:
   receipts prune --older-than 90d --dry-run
   receipts rules check rules/
   receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json
-  receipts --db ./.state/receipts.db list
+  receipts --db /var/lib/receipt-proxy/receipts.db list
 
 Run `receipts COMMAND --help` for a command's options.
 

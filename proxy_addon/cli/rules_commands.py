@@ -37,8 +37,8 @@ def rules_args(p: argparse.ArgumentParser) -> None:
         "--header 'Authorization: lin_api_...'\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ex.add_argument("method", metavar="METHOD")
-    ex.add_argument("url", metavar="URL")
+    ex.add_argument("method", metavar="METHOD", help="the request's method: POST, PUT, PATCH, DELETE, ...")
+    ex.add_argument("url", metavar="URL", help="the request's full URL, https://host/path?query")
     ex.add_argument("--body", metavar="FILE", help="the request body, from a file ('-': standard input)")
     ex.add_argument("--form", metavar="FIELDS", help="a form-encoded body given inline, like 'amount=500&currency=usd'")
     ex.add_argument(

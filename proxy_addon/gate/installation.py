@@ -85,7 +85,7 @@ class Installation:
                 raise StoreError(
                     f"{path} does not exist, but {' and '.join(str(p) for p in left)} does: the receipts database "
                     "was removed or moved, and an empty one would forget every unresolved receipt. Restore it, or "
-                    "start over on purpose with --set receipts_new_db=true (README: 'Starting over')"
+                    "start over on purpose with --set receipts_new_db=true (docs/operations.md: 'Starting over')"
                 )
         store = open_store(path, lock_timeout=lock_timeout)
         try:
@@ -182,7 +182,7 @@ def _checked_key(store: ReceiptStore, key_file: Path) -> bytes:
             f"with it: a new key would change every principal, so unresolved writes would be sent again and "
             f"successes not replayed. Restore {key_file.name} from a backup (or point receipts_secret at it); or, "
             f"knowingly, start over: move {store.location} away and start with --set receipts_new_db=true "
-            "(README: 'Starting over')"
+            "(docs/operations.md: 'Starting over')"
         )
     key = load_or_create_key(key_file)
     mine = key_check(key)
@@ -197,7 +197,8 @@ def _checked_key(store: ReceiptStore, key_file: Path) -> bytes:
             f"the HMAC key {key_file} is not the one the receipts database {store.location} was used with: it "
             f"would change every principal, so unresolved writes would be sent again and successes not replayed. "
             f"Restore the original {key_file.name} (or point receipts_secret at it); or, knowingly, start over: "
-            f"move {store.location} away and start with --set receipts_new_db=true (README: 'Starting over')"
+            f"move {store.location} away and start with --set receipts_new_db=true "
+            "(docs/operations.md: 'Starting over')"
         )
     store.answer_seal = AnswerSeal(key)
     return key

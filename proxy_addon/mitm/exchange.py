@@ -48,7 +48,7 @@ socket, and httpcore_send.py in httpcore's trace hook right before it writes the
 What changes: a matched request's answer is held, not streamed (but below). mitmproxy 12
 sends a response set by the `request` hook in one piece (`send_response()` has no streaming
 path for it; `Response.stream` is read only for an answer mitmproxy reads from a server itself).
-So memory is bounded per exchange instead (README, "Limits"):
+So memory is bounded per exchange instead (docs/limits.md):
 - `send` reads the body up to `cap` (receipts_response_cap). An answer that ends within it
   is classified and recorded whole, as always; a failure before then is a failure outcome
   (half an answer is outcome_unknown, as in the fault matrix).

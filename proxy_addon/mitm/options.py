@@ -63,7 +63,9 @@ OPTIONS: list[Option] = [
         str,
         "",
         "Path of the per-installation HMAC key that hashes credentials into the principal; "
-        "created on first run with mode 0600. Default: secret.key beside receipts_db",
+        "created on first run with mode 0600. Default: secret.key beside receipts_db (with a PostgreSQL "
+        "receipts_db: in $RECEIPT_PROXY_STATE_DIR, else ~/.local/state/receipt-proxy); every proxy of a fleet "
+        "needs the same key",
     ),
     Option(
         "receipts_replay_window",

@@ -152,7 +152,7 @@ class SQLiteStore(ReceiptStore):
                 raise StoreUnavailable(
                     f"the receipts database file {name} was {what} while this process had it open: nothing is "
                     "written or forwarded until the proxy is restarted on the database it should use "
-                    "(README: 'Starting over')"
+                    "(docs/operations.md: 'Starting over')"
                 )
 
     @contextlib.contextmanager

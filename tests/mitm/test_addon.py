@@ -50,7 +50,7 @@ async def test_duplicate_of_unknown_is_blocked_with_marker(setup):
 async def test_comments_put_the_state_first_and_the_readmes_filters_still_find_them(setup):
     """
     mitmweb's Comment column is narrow (150 px): what the flow came to is first, the operation
-    and the receipt after it. README's filters (`~comment BLOCKED`, `~comment receipt`,
+    and the receipt after it. docs/mitmweb.md's filters (`~comment BLOCKED`, `~comment receipt`,
     `~comment <id> & !~comment BLOCKED`) still pick the same flows.
     """
     from mitmproxy import flowfilter
