@@ -64,7 +64,7 @@ from proxy_addon.reconcile.settle import retry_after
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.rules.tool_catalog import ToolCatalog
 from proxy_addon.states import State
-from proxy_addon.store import Attempt, Receipt, ReceiptStore, utcnow
+from proxy_addon.store import Attempt, Decision, Receipt, ReceiptStore, utcnow
 from proxy_addon.wire import terminal
 from proxy_addon.wire.fields import bad_field, undecodable
 from proxy_addon.wire.mcp_calls import ToolCall
@@ -295,25 +295,31 @@ class Receipts:
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
             meta["round"] = receipt.mcp_rounds + 1
+        if decision.kind != "forward":
+            self._answer_from_receipt(flow, op, decision)
+        else:
+            given_key = admitted.attempt.given_key
+            await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, lease=(lease, epoch))
+
+    def _answer_from_receipt(self, flow: http.HTTPFlow, op: Operation, decision: Decision) -> None:
+        """A duplicate answered from its receipt, nothing sent: the recorded answer replayed, or blocked (409, 422)."""
+        receipt = decision.receipt
         if decision.kind == "replay":
             assert decision.answer is not None  # opened by the store for this replay (store/sealing.py)
             replayed = answers.replay(receipt, decision.answer)
             said = "duplicate answered with the recorded response"
             self._answer_duplicate(flow, replayed, "replayed", receipt, "REPLAYED", logging.INFO, said)
-        elif decision.kind != "forward":
-            blocked = answers.duplicate(
-                receipt,
-                decision.kind,
-                retry_after=retry_after(op, receipt, utcnow()),
-                task_id=decision.task_id,
-                note=decision.note,
-            )
-            prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
-            said = f"duplicate blocked ({receipt.state})"
-            self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
-        else:
-            given_key = admitted.attempt.given_key
-            await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, lease=(lease, epoch))
+            return
+        blocked = answers.duplicate(
+            receipt,
+            decision.kind,
+            retry_after=retry_after(op, receipt, utcnow()),
+            task_id=decision.task_id,
+            note=decision.note,
+        )
+        prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
+        said = f"duplicate blocked ({receipt.state})"
+        self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
 
     async def _forward(
         self,
