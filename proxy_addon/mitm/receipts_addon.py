@@ -62,6 +62,7 @@ from proxy_addon.outcome.classify import Outcome, error_outcome, failure_outcome
 from proxy_addon.outcome.exchange_failures import SendStopped
 from proxy_addon.reconcile.settle import retry_after
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.rules.placeholders import placeholders
 from proxy_addon.rules.tool_catalog import ToolCatalog
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Decision, Receipt, ReceiptStore, utcnow
@@ -152,6 +153,8 @@ class Receipts:
             self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             self.metrics.known(rules.operations)
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
+            for warning in placeholders(opts.receipts_rules):
+                logger.warning(f"receipt-proxy: {warning}")
             tools.say_reads(rules)
         self.db.configure(opts)
         self._configure_client()
