@@ -2,7 +2,23 @@
 The public surface, pinned as httpx pins its own (tests/test_exports.py there): each package's
 `__all__` is an explicit sorted list, every name in it is importable and is the object its home
 module defines, and nothing else public leaks. And the layers: only proxy_addon/mitm/ imports
-mitmproxy, and only proxy_addon/store/ talks SQL.
+mitmproxy, and only proxy_addon/store/ talks SQL; no folder imports one above it, and no folders
+import each other in a circle, lazy imports inside functions included; every module name is used once.
+
+The order of proxy_addon/'s folders (LAYERS below), bottom first; each imports only from below it:
+
+    errors.py      the exceptions
+    states.py      the receipt states and their transitions
+    wire/          what a request and an answer say
+    store/         SQL only, both backends
+    rules/         the YAML model and its loader
+    intent/        fingerprint, body view, principal
+    outcome/       classification, the proxy's own answers
+    reconcile/     the reads that settle an unknown outcome
+    gate/          admit, wait, decide, record
+    explain/       `receipts rules explain`
+    mitm/, cli/    the two front ends (neither imports the other)
+    __init__.py, addon.py   the public names; the script mitmdump loads
 """
 
 from __future__ import annotations
@@ -284,3 +300,126 @@ def test_only_the_store_imports_the_database_driver():
     assert offenders == []
     store = PACKAGE / "store" / "sqlite.py"
     assert any(under(n, "sqlite3") for _, n in imports_of(store.read_text(), "proxy_addon.store.sqlite"))
+
+
+# --- the folders' order --------------------------------------------------------------------------
+
+# proxy_addon/'s folders and top-level modules, bottom first, as the data flows (flow -> rule -> intent
+# -> receipt -> state -> answer). Each may import those on the levels below its own, never one above
+# nor one beside it on its level: the order is the code's, read from its imports.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors",),  # the exceptions every layer raises
+    ("states",),  # the receipt states and their transitions
+    ("wire",),  # what a request and an answer say: parsing, canonical forms, redaction
+    ("store",),  # SQL only, both backends
+    ("rules",),  # the YAML model and its loader
+    ("intent",),  # the fingerprint, the body view, the principal
+    ("outcome",),  # classification and the proxy's own answers
+    ("reconcile",),  # the reads that settle an unknown outcome
+    ("gate",),  # admit, wait, decide, record: the runtime between a flow and the store
+    ("explain",),  # `receipts rules explain`: what the proxy would do, without a proxy
+    ("mitm", "cli"),  # the two front ends: mitmproxy's addon, the receipts CLI
+    ("__init__", "addon"),  # the package's public names; the script `mitmdump -s` loads
+]
+LEVEL = {unit: n for n, units in enumerate(LAYERS) for unit in units}
+
+
+def unit_of_path(path: Path) -> str:
+    """The folder of proxy_addon/ a file is in, or its own name for a top-level module."""
+    first = path.relative_to(PACKAGE).parts[0]
+    return first.removesuffix(".py")
+
+
+def unit_of_import(name: str) -> str | None:
+    """
+    The unit an imported name belongs to, None outside proxy_addon/. Bare `proxy_addon` (the way to a
+    submodule: `from proxy_addon import store`) is none; a name from the package itself
+    (`from proxy_addon import Receipt`) is its `__init__`.
+    """
+    parts = name.split(".")
+    if parts[0] != "proxy_addon" or len(parts) == 1:
+        return None
+    return parts[1] if parts[1] in LEVEL else "__init__"
+
+
+def unit_imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """The units of proxy_addon/ a file imports (lazy imports too), with their lines; its own unit left out."""
+    text = path.read_text() if source is None else source
+    own = unit_of_path(path)
+    found = []
+    for line, name in imports_of(text, module_name(path), is_package=path.name == "__init__.py"):
+        unit = unit_of_import(name)
+        if unit is not None and unit != own:
+            found.append((line, unit))
+    return found
+
+
+def upward(path: Path, source: str | None = None) -> list[str]:
+    own = LEVEL[unit_of_path(path)]
+    return [f"{path.relative_to(ROOT)}:{line} imports {unit}/ (level {LEVEL[unit]} >= {own})"
+            for line, unit in unit_imports(path, source) if LEVEL[unit] >= own]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle in a directed graph, each once, as the list of its nodes from its smallest one."""
+    found: set[tuple[str, ...]] = set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == path[0]:
+                found.add(tuple(path))
+            elif nxt not in path and nxt > path[0]:  # each circle is found from its smallest node only
+                walk(nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return [list(c) for c in sorted(found)]
+
+
+def test_the_layers_name_every_folder_and_top_module():
+    units = {unit_of_path(p) for p in sources() if p.parent != PACKAGE or p.name != "__main__.py"}
+    assert sorted(units) == sorted(LEVEL)
+
+
+@pytest.mark.parametrize(("where", "source", "flagged"), [
+    ("rules/loader.py", "from proxy_addon.gate.paths import default_rules", True),
+    ("rules/loader.py", "def f():\n    from proxy_addon.gate import paths\n", True),  # a lazy import counts too
+    ("rules/loader.py", "from ..intent import fingerprint", True),  # relative, resolved
+    ("rules/loader.py", "from proxy_addon import Receipt", True),  # the package's public names are the top
+    ("mitm/flows.py", "from proxy_addon.cli import main", True),  # one beside it on its level
+    ("states.py", "from proxy_addon.wire import bodies", True),
+    ("rules/loader.py", "from proxy_addon import errors", False),
+    ("rules/loader.py", "from proxy_addon.wire.jsonpath import parse", False),
+    ("rules/loader.py", "from . import model", False),  # its own folder
+    ("cli/values.py", "from proxy_addon.gate.paths import default_db", False),
+    ("addon.py", "from proxy_addon.mitm import make_addons", False),
+])
+def test_the_layer_check_sees_what_it_must(where, source, flagged):
+    assert bool(upward(PACKAGE / where, source)) is flagged
+
+
+def test_no_folder_imports_one_above_it():
+    offenders = [line for path in sources() for line in upward(path)]
+    assert offenders == []
+
+
+def test_no_circle_between_folders():
+    graph: dict[str, set[str]] = {}
+    for path in sources():
+        graph.setdefault(unit_of_path(path), set()).update(unit for _, unit in unit_imports(path))
+    assert cycles(graph) == []
+    # The check is not vacuous: it sees the folders' imports, and a circle when there is one.
+    assert {"wire", "store", "rules"} <= graph["intent"]
+    assert cycles({**graph, "wire": {*graph["wire"], "gate"}}) != []
+
+
+def test_each_module_name_is_used_once():
+    """A file's name says its job, so no two files of proxy_addon/ (nor a file and a folder) share one."""
+    names: dict[str, list[str]] = {}
+    for path in sources():
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+    for folder in sorted(p for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").exists()):
+        if folder != PACKAGE:
+            names.setdefault(folder.name, []).append(f"{folder.relative_to(ROOT)}/")
+    assert {name: where for name, where in names.items() if len(where) > 1} == {}

@@ -12,6 +12,7 @@
     receipts prune --older-than 90d --dry-run
     receipts rules check                      validate the rules files
     receipts rules explain POST URL --body F  what a request would match and fingerprint; nothing is sent
+    receipts demo                             the story the proxy exists for, acted out on 127.0.0.1
 
 Each subcommand is one entry in `COMMANDS`: a function adding its arguments, a function
 running it against an open ReceiptStore, and its help. Errors a user can fix are one line,
@@ -19,8 +20,9 @@ running it against an open ReceiptStore, and its help. Errors a user can fix are
 
 The table is in cli/command_table.py; the commands in cli/receipt_commands.py (list, show,
 blocked, export, prune), cli/resolve_command.py, cli/approval_commands.py (pending, approve,
-deny), cli/reconcile_command.py and cli/rules_commands.py; values.py parses what the user types
-and output.py prints.
+deny), cli/reconcile_command.py, cli/rules_commands.py and cli/demo_command.py (with the demo's
+proxy, cli/demo_proxy.py, and its API, cli/demo_api.py); values.py parses what the user types and
+output.py prints.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ examples:
   receipts rules check rules/
   receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json
   receipts --db /var/lib/receipt-proxy/receipts.db list
+  receipts demo
 
 Run `receipts COMMAND --help` for a command's options.
 

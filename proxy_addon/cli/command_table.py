@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from proxy_addon.cli.approval_commands import approve_args, approve_run, deny_args, deny_run, pending_args, pending_run
+from proxy_addon.cli.demo_command import DESCRIPTION as DEMO_DESCRIPTION
+from proxy_addon.cli.demo_command import demo_args, demo_run
 from proxy_addon.cli.receipt_commands import (
     blocked_args,
     blocked_run,
@@ -171,6 +173,13 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         ],
         rules_args,
         rules_run,
+    ),
+    "demo": StorelessCommand(
+        "act out the story the proxy exists for, on 127.0.0.1",
+        DEMO_DESCRIPTION,
+        ["receipts demo", "receipts demo | less"],
+        demo_args,
+        demo_run,
     ),
     "prune": Command(
         "delete old resolved receipts",

@@ -12,6 +12,7 @@ from proxy_addon.cli.values import UsageError
 from proxy_addon.errors import ReceiptsError, RulesError
 from proxy_addon.gate.paths import default_db, default_rules, key_path
 from proxy_addon.rules import check_rules_path, load_rules_path
+from proxy_addon.rules.placeholders import placeholders
 from proxy_addon.store import Receipt, is_postgres, open_store
 
 
@@ -73,6 +74,8 @@ def _rules_check(paths: list[str]) -> int:
         for file in files:
             if str(file) not in failed:
                 print(f"ok  {file}: {len(load_rules_path(file).operations)} operations")
+        for warning in placeholders(path):
+            print(f"warning: {warning}", file=sys.stderr)
     if bad:
         print(f"{bad} problem{'s' if bad != 1 else ''}", file=sys.stderr)
     return 1 if bad else 0

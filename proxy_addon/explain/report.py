@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from proxy_addon.errors import BadEncoding, BadJson, BodyTooLarge, UnpairedSurrogate
 from proxy_addon.explain.body_warnings import UNREAD, body_warnings
@@ -22,9 +22,9 @@ from proxy_addon.explain.no_match import why_no_match
 from proxy_addon.explain.tool_calls import describe_tool_call
 from proxy_addon.intent.caller import secret_params
 from proxy_addon.intent.fingerprint import NOTES, Intent, RequestView, fingerprint, intent_notes, text_headers
-from proxy_addon.rules import Check, ClassifyRule, Operation, RuleSet
+from proxy_addon.rules import Check, ClassifyRule, Match, Operation, RuleSet
 from proxy_addon.wire.bodies import codings, decode_body
-from proxy_addon.wire.canonical import method_overrides
+from proxy_addon.wire.canonical import Target, method_overrides
 from proxy_addon.wire.redaction import (
     ALWAYS_SECRET_HEADERS,
     REDACTED,
@@ -106,23 +106,12 @@ def explain(
     encoding, raw_size = headers.get("content-encoding"), len(body)
     body, refused = _decoded(body, encoding, body_limit)
     method = method.upper()
-    u = urlsplit(url)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"{url!r} is not an http(s) URL")
-    port = u.port or {"http": 80, "https": 443}[u.scheme]
-    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-    if "#" in url:  # urlsplit leaves the fragment out; the proxy sees it in the request target (RuleSet.match)
-        path += "#" + url.partition("#")[2]
-    shown_headers = {
-        k: REDACTED
-        if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) or is_credential_name(k) or token_shaped(v)
-        else v
-        for k, v in headers.items()
-    }
-    view = RequestView(method, u.scheme, u.hostname, port, path, headers, body)
+    u, host, port, path = _target(url)
+    shown_headers = _shown_headers(headers)
+    view = RequestView(method, u.scheme, host, port, path, headers, body)
     where = view.target
     report: dict[str, Any] = {
-        "request": f"{method} {redact_url(u.scheme, u.hostname, port, path)}",
+        "request": f"{method} {redact_url(u.scheme, host, port, path)}",
         "headers": shown_headers,
         "sent": False,
     }
@@ -132,30 +121,14 @@ def explain(
         )
     if where.changed:
         report["canonical"] = f"{method} {redact_url(where.scheme, where.host, where.port, where.path)}"
-    m = rules.match(u.hostname, port, method, path, body=body, headers=headers.items())
+    m = rules.match(host, port, method, path, body=body, headers=headers.items())
     if m is None:
-        report["match"] = None
-        report["why"] = why_no_match(rules, u.hostname, port, method, path, body)
-        if named := sorted({n for _, n in method_overrides(headers.items())} - {method}):
-            report["why"].insert(-1, f"nor does {' or '.join(named)}, which its method override headers name")
-        return report
+        return _no_match(report, rules, method, host, port, path, body, headers)
     op = m.operation
     refused = refused or m.refused  # its method override headers, or a target servers read differently
     if refused is None and (bad := _undecodable(headers, text_headers(m))) is not None:
         refused = f"its {bad} header is not UTF-8 text (400 undecodable_header)"
-    bare = where.path.partition("?")[0]
-    hidden = (*secret_params(op, m.params, bare).values(), *webhook_tokens(bare))  # path credentials: REDACTED
-    if where.changed:
-        report["canonical"] = f"{method} {redact_url(where.scheme, where.host, where.port, where.path, secrets=hidden)}"
-    if op.method != method:  # matched as the method an override header names
-        canonical = redact_url(where.scheme, where.host, where.port, where.path, secrets=hidden)
-        report["canonical"] = f"{op.method} {canonical}"
-    for name in op.credential_headers:
-        if headers.get(name):
-            shown_headers[name] = REDACTED
-    # As stored: the values of the query parameters the fingerprint names, every other one REDACTED.
-    shown = redact_url(u.scheme, u.hostname, port, path, keep=op.fingerprint.query, secrets=hidden)
-    report["request"] = f"{method} {shown}"
+    _as_stored(report, m, view, where, shown_headers)
     try:
         intent = fingerprint(m, view, key) if refused is None else None
     except UnpairedSurrogate as e:  # as the proxy answers it: 400, nothing sent
@@ -170,6 +143,66 @@ def explain(
     if m.mcp_call is not None:
         describe_tool_call(report, op, m.mcp_call.name, [_rule_text(r) for r in op.classify_rules])
     return report
+
+
+def _target(url: str) -> tuple[SplitResult, str, int, str]:
+    """The URL split, its host, its port and its request target (the fragment kept, as the proxy sees it)."""
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL")
+    port = u.port or {"http": 80, "https": 443}[u.scheme]
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    if "#" in url:  # urlsplit leaves the fragment out; the proxy sees it in the request target (RuleSet.match)
+        path += "#" + url.partition("#")[2]
+    return u, u.hostname, port, path
+
+
+def _shown_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers as the report shows them: every one that may carry a credential REDACTED."""
+    return {
+        k: REDACTED
+        if k in ALWAYS_SECRET_HEADERS or SECRET_NAME.search(k) or is_credential_name(k) or token_shaped(v)
+        else v
+        for k, v in headers.items()
+    }
+
+
+def _no_match(
+    report: dict[str, Any],
+    rules: RuleSet,
+    method: str,
+    host: str,
+    port: int,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+) -> dict[str, Any]:
+    """The report of a request no rule matches: why not, rule by rule."""
+    report["match"] = None
+    report["why"] = why_no_match(rules, host, port, method, path, body)
+    if named := sorted({n for _, n in method_overrides(headers.items())} - {method}):
+        report["why"].insert(-1, f"nor does {' or '.join(named)}, which its method override headers name")
+    return report
+
+
+def _as_stored(
+    report: dict[str, Any], m: Match, view: RequestView, where: Target, shown_headers: dict[str, str]
+) -> None:
+    """The matched request as the receipt would store it: its credentials (path, headers, query) REDACTED."""
+    op, method = m.operation, view.method
+    bare = where.path.partition("?")[0]
+    hidden = (*secret_params(op, m.params, bare).values(), *webhook_tokens(bare))  # path credentials: REDACTED
+    if where.changed:
+        report["canonical"] = f"{method} {redact_url(where.scheme, where.host, where.port, where.path, secrets=hidden)}"
+    if op.method != method:  # matched as the method an override header names
+        canonical = redact_url(where.scheme, where.host, where.port, where.path, secrets=hidden)
+        report["canonical"] = f"{op.method} {canonical}"
+    for name in op.credential_headers:
+        if view.headers.get(name):
+            shown_headers[name] = REDACTED
+    # As stored: the values of the query parameters the fingerprint names, every other one REDACTED.
+    shown = redact_url(view.scheme, view.host, view.port, view.path, keep=op.fingerprint.query, secrets=hidden)
+    report["request"] = f"{method} {shown}"
 
 
 def _describe(report: dict[str, Any], op: Operation, intent: Intent, headers: Mapping[str, str], body: bytes) -> None:

@@ -259,6 +259,25 @@ class Gate:
         """
         if outcome.interim is not None:
             return await self._record_interim(operation_id, outcome, flow_id)
+        receipt = await self._recorded(operation_id, outcome, flow_id)
+        if receipt is None:
+            return None
+        if outcome.evidence and op is not None:
+            settled = await self.reconcile(
+                op,
+                receipt,
+                credentials or {},
+                evidence=True,
+                reason="the answer says it may already exist: reconciling with a read",
+            )
+            receipt = settled if settled is not None else await self.calls(lambda s: s.get(operation_id))
+        return receipt
+
+    async def _recorded(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt | None:
+        """
+        The outcome recorded and logged; None when the store refused (logged). Either way the
+        duplicates waiting for it decide again.
+        """
         try:
             receipt = await self._record(operation_id, outcome, flow_id)
         except IllegalTransition as e:  # no longer submitted: another proxy took it over (its lease expired)
@@ -295,15 +314,6 @@ class Gate:
             receipt.state,
             outcome.reason,
         )
-        if outcome.evidence and op is not None:
-            settled = await self.reconcile(
-                op,
-                receipt,
-                credentials or {},
-                evidence=True,
-                reason="the answer says it may already exist: reconciling with a read",
-            )
-            receipt = settled if settled is not None else await self.calls(lambda s: s.get(operation_id))
         return receipt
 
     async def _record_interim(self, operation_id: str, outcome: Outcome, flow_id: str | None) -> Receipt | None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,70 @@ UPSTREAM_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 OP = ("api", "operation")
 
 
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: its kind, its name (after PREFIX), its help, its labels, and a histogram's buckets."""
+
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+
+# The metrics, by the Metrics attribute that holds each (registered in this order).
+METRICS: dict[str, MetricSpec] = {
+    "transitions": MetricSpec(
+        Counter,
+        "transitions",
+        "State changes of receipts committed by this process (from_state new: a new receipt)",
+        (*OP, "from_state", "to_state"),
+    ),
+    "duplicates": MetricSpec(
+        Counter, "duplicates", "Duplicates answered from an existing receipt, nothing sent upstream", (*OP, "answer")
+    ),
+    "waits": MetricSpec(
+        Counter, "duplicate_waits", "Duplicates that waited for the outcome of an original still in flight", OP
+    ),
+    "refusals": MetricSpec(
+        Counter,
+        "refused",
+        "Matched requests the proxy answered itself and never sent (no receipt written, 413, 400s)",
+        (*OP, "reason"),
+    ),
+    "reads": MetricSpec(Counter, "reconcile_reads", "Reconcile reads run by this process, by result", (*OP, "result")),
+    "pending": MetricSpec(Gauge, "approvals_pending", "Writes held for an operator's approval in this process", OP),
+    "decisions": MetricSpec(Counter, "approval_decisions", "Decisions on writes held for approval", (*OP, "decision")),
+    "reloads": MetricSpec(
+        Counter, "rules_reloads", "Rules loaded again while running (failed: the last good rules stay)", ("result",)
+    ),
+    "reload_ok": MetricSpec(
+        Gauge, "rules_last_reload_successful", "1 if the last rules reload succeeded (or none was needed)"
+    ),
+    "commit": MetricSpec(
+        Histogram,
+        "receipt_commit_seconds",
+        "Committing a new receipt (fsync included) before its request leaves",
+        OP,
+        COMMIT_BUCKETS,
+    ),
+    "upstream": MetricSpec(
+        Histogram,
+        "upstream_seconds",
+        "A forwarded write's exchange with the upstream, until its outcome is known",
+        OP,
+        UPSTREAM_BUCKETS,
+    ),
+}
+
+
+def declare(spec: MetricSpec, registry: CollectorRegistry) -> Any:
+    """The metric `spec` declares, registered in `registry`."""
+    if spec.buckets is not None:
+        return Histogram(f"{PREFIX}{spec.name}", spec.help, spec.labels, buckets=spec.buckets, registry=registry)
+    return spec.kind(f"{PREFIX}{spec.name}", spec.help, spec.labels, registry=registry)
+
+
 class _Children:
     """
     A labelled metric's children, looked up by their label values once: prometheus_client's
@@ -126,69 +191,21 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.transitions = Counter(
-            f"{PREFIX}transitions",
-            "State changes of receipts committed by this process (from_state new: a new receipt)",
-            (*OP, "from_state", "to_state"),
-            registry=r,
-        )
-        self.duplicates = Counter(
-            f"{PREFIX}duplicates",
-            "Duplicates answered from an existing receipt, nothing sent upstream",
-            (*OP, "answer"),
-            registry=r,
-        )
-        self.waits = Counter(
-            f"{PREFIX}duplicate_waits",
-            "Duplicates that waited for the outcome of an original still in flight",
-            OP,
-            registry=r,
-        )
-        self.refusals = Counter(
-            f"{PREFIX}refused",
-            "Matched requests the proxy answered itself and never sent (no receipt written, 413, 400s)",
-            (*OP, "reason"),
-            registry=r,
-        )
-        self.reads = Counter(
-            f"{PREFIX}reconcile_reads", "Reconcile reads run by this process, by result", (*OP, "result"), registry=r
-        )
-        self.pending = Gauge(
-            f"{PREFIX}approvals_pending", "Writes held for an operator's approval in this process", OP, registry=r
-        )
-        self.decisions = Counter(
-            f"{PREFIX}approval_decisions", "Decisions on writes held for approval", (*OP, "decision"), registry=r
-        )
-        self.reloads = Counter(
-            f"{PREFIX}rules_reloads",
-            "Rules loaded again while running (failed: the last good rules stay)",
-            ("result",),
-            registry=r,
-        )
-        self.reload_ok = Gauge(
-            f"{PREFIX}rules_last_reload_successful",
-            "1 if the last rules reload succeeded (or none was needed)",
-            registry=r,
-        )
+        self.transitions: Counter = declare(METRICS["transitions"], self.registry)
+        self.duplicates: Counter = declare(METRICS["duplicates"], self.registry)
+        self.waits: Counter = declare(METRICS["waits"], self.registry)
+        self.refusals: Counter = declare(METRICS["refusals"], self.registry)
+        self.reads: Counter = declare(METRICS["reads"], self.registry)
+        self.pending: Gauge = declare(METRICS["pending"], self.registry)
+        self.decisions: Counter = declare(METRICS["decisions"], self.registry)
+        self.reloads: Counter = declare(METRICS["reloads"], self.registry)
+        self.reload_ok: Gauge = declare(METRICS["reload_ok"], self.registry)
+        self.commit: Histogram = declare(METRICS["commit"], self.registry)
+        self.upstream: Histogram = declare(METRICS["upstream"], self.registry)
         self.reload_ok.set(1)
-        self.commit = Histogram(
-            f"{PREFIX}receipt_commit_seconds",
-            "Committing a new receipt (fsync included) before its request leaves",
-            OP,
-            buckets=COMMIT_BUCKETS,
-            registry=r,
-        )
-        self.upstream = Histogram(
-            f"{PREFIX}upstream_seconds",
-            "A forwarded write's exchange with the upstream, until its outcome is known",
-            OP,
-            buckets=UPSTREAM_BUCKETS,
-            registry=r,
-        )
         self.unknown = UnknownOutcomes()
-        r.register(self.unknown)
-        ProcessCollector(registry=r)
+        self.registry.register(self.unknown)
+        ProcessCollector(registry=self.registry)
         # The children the hot path updates: one dict lookup each (the rest are rare).
         self._transition = _Children(self.transitions)
         self._duplicate = _Children(self.duplicates)

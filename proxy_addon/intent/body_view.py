@@ -423,21 +423,28 @@ def body_view(
             json_codec = form_codec  # ASCII in an ASCII superset reads as it does undeclared: one parse
     doc = parse(body) if json_codec is None else parse(body, json_codec)
     if ctype == "application/x-www-form-urlencoded":
-        form = _form(body, form_codec)
-        if form is not None:
-            view = _fields("form", form, fields, key, lookup=_literal, scheme=scheme)
-            if view:
-                return view
-        # None of the named fields as a form: a JSON object sent with a form content type (curl -d)?
-        view = _fields("body", doc, fields, key, scheme=scheme) if isinstance(doc, dict) else {}
-        if view:
-            return {**view, "fallback": "json_sent_as_form"}
-        return _whole(body, "bad_form" if form is None and not isinstance(doc, dict) else "no_named_field")
+        return _form_view(fields, body, doc, form_codec, key, scheme=scheme)
     if doc is UNDECODABLE:
         return _whole(body, "bad_charset")
     if not isinstance(doc, dict):  # not JSON, nested too deeply, or a bare number, string or list: no fields
         return _whole(body, "not_json" if doc is NOT_JSON else "not_a_json_object")
     return _fields("body", doc, fields, key, scheme=scheme) or _whole(body, "no_named_field")
+
+
+def _form_view(
+    fields: tuple[str, ...], body: bytes, doc: Any, form_codec: str | None, key: bytes, *, scheme: int
+) -> dict[str, Any]:
+    """A form-encoded body's view: its named fields; else, a JSON object sent as a form (curl -d), its fields."""
+    form = _form(body, form_codec)
+    if form is not None:
+        view = _fields("form", form, fields, key, lookup=_literal, scheme=scheme)
+        if view:
+            return view
+    # None of the named fields as a form: a JSON object sent with a form content type (curl -d)?
+    view = _fields("body", doc, fields, key, scheme=scheme) if isinstance(doc, dict) else {}
+    if view:
+        return {**view, "fallback": "json_sent_as_form"}
+    return _whole(body, "bad_form" if form is None and not isinstance(doc, dict) else "no_named_field")
 
 
 def one_value(values: list[str] | None) -> Any:

@@ -92,7 +92,7 @@ from proxy_addon.intent.caller import canonical_credential as canonical_credenti
 from proxy_addon.intent.earlier_fingerprints import Version
 from proxy_addon.intent.fingerprint_v1 import fingerprint_v1
 from proxy_addon.intent.tool_arguments import arguments_view
-from proxy_addon.rules import Match, read_variables
+from proxy_addon.rules import Match, Operation, read_variables
 from proxy_addon.store import Attempt
 from proxy_addon.wire.canonical import Target, method_overrides, param_value
 from proxy_addon.wire.canonical import target as canonical_target
@@ -199,6 +199,59 @@ def _fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[
         query.setdefault(k, []).append(v)
     bare = where.path.partition("?")[0]
     secrets = secret_params(op, match.params, bare)  # REDACTED in the targets; hashed in the intent (scheme 3)
+    intent = _intent_view(match, req, key, query, secrets, parse=parse, scheme=scheme)
+    caller = caller_of(
+        op,
+        req.headers,
+        key,
+        scheme=scheme,
+        query=query,
+        # A rule that hashes the whole body tells two callers' bodies apart already: the body is not
+        # read again for credentials (a large one is never parsed for them alone), unless it declares some.
+        body=req.body if spec.body is not None or op.credential_body else b"",
+        secrets=secrets,
+        arguments=match.mcp_call.arguments if op.mcp_tool is not None and match.mcp_call is not None else None,
+        parse=parse,
+    )
+    if (override := method_override_note(req, op.method)) is not None:
+        intent["method_override"] = override
+    digest = _digest(match, where, intent, caller.principal)
+    # What a read, which sends headers only, can show it has: the principal itself when the parts
+    # counted are scheme 2's credential headers, in their order (the same keyed hash); else its own.
+    scheme2 = scheme2_parts(op.credential_headers, req.headers)
+    same = not caller.unidentified and caller.counted == tuple(n for n, _ in scheme2)
+    headers = caller.principal if same else principal(op.credential_headers, req.headers, key)
+    hidden = (*secrets.values(), *webhook_tokens(bare))  # in the raw path too, however it was spelled
+    return Intent(
+        fingerprint=f"sha256:{digest}",
+        intent=bound_intent(intent, key, lambda: read_variables(op.reconcile)),  # stored bounded, taken whole above
+        principal=caller.principal,
+        target=redact_url(where.scheme, where.host, where.port, where.path, keep=spec.query, secrets=hidden),
+        raw_target=redact_url(req.scheme, req.host, req.port, req.path, keep=spec.query, secrets=hidden)
+        if where.changed
+        else None,
+        counted=caller.counted,
+        unidentified=caller.unidentified,
+        read_principal=None if headers == caller.principal else headers,
+    )
+
+
+def _intent_view(
+    match: Match,
+    req: RequestView,
+    key: bytes,
+    query: dict[str, list[str]],
+    secrets: dict[str, str],
+    *,
+    parse: Callable[..., Any],
+    scheme: int,
+) -> dict[str, Any]:
+    """
+    The allowlisted fields of the intent: path parameters (one that carries a credential as a keyed
+    hash, scheme 3), query parameters, headers, and the body's fields or an MCP tool call's arguments.
+    """
+    op = match.operation
+    spec = op.fingerprint
     intent: dict[str, Any] = {
         "path": {
             p: keyed_hash(key, "path-credential", p, secrets[p])
@@ -218,21 +271,12 @@ def _fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[
     else:
         graphql = (op.graphql, match.graphql_args) if op.graphql and match.graphql_args is not None else None
         intent.update(body_view(spec.body, req.headers, req.body, graphql, key, parse=parse, scheme=scheme))
-    caller = caller_of(
-        op,
-        req.headers,
-        key,
-        scheme=scheme,
-        query=query,
-        # A rule that hashes the whole body tells two callers' bodies apart already: the body is not
-        # read again for credentials (a large one is never parsed for them alone), unless it declares some.
-        body=req.body if spec.body is not None or op.credential_body else b"",
-        secrets=secrets,
-        arguments=match.mcp_call.arguments if op.mcp_tool is not None and match.mcp_call is not None else None,
-        parse=parse,
-    )
-    if (override := method_override_note(req, op.method)) is not None:
-        intent["method_override"] = override
+    return intent
+
+
+def _digest(match: Match, where: Target, intent: dict[str, Any], caller_principal: str) -> str:
+    """The sha256 (hex) of what the intent is: api, operation, method, host, fields (notes left out), principal."""
+    op = match.operation
     material = {
         "api": op.api,
         "operation": op.name,
@@ -242,27 +286,9 @@ def _fingerprint(match: Match, req: RequestView, key: bytes, *, parse: Callable[
         if match.fingerprint_host is None
         else replace(where, host=match.fingerprint_host).authority,
         "intent": {k: v for k, v in intent.items() if k not in NOTES},  # the same fields are the same intent
-        "principal": caller.principal,
+        "principal": caller_principal,
     }
-    digest = hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
-    # What a read, which sends headers only, can show it has: the principal itself when the parts
-    # counted are scheme 2's credential headers, in their order (the same keyed hash); else its own.
-    scheme2 = scheme2_parts(op.credential_headers, req.headers)
-    same = not caller.unidentified and caller.counted == tuple(n for n, _ in scheme2)
-    headers = caller.principal if same else principal(op.credential_headers, req.headers, key)
-    hidden = (*secrets.values(), *webhook_tokens(bare))  # in the raw path too, however it was spelled
-    return Intent(
-        fingerprint=f"sha256:{digest}",
-        intent=bound_intent(intent, key, lambda: read_variables(op.reconcile)),  # stored bounded, taken whole above
-        principal=caller.principal,
-        target=redact_url(where.scheme, where.host, where.port, where.path, keep=spec.query, secrets=hidden),
-        raw_target=redact_url(req.scheme, req.host, req.port, req.path, keep=spec.query, secrets=hidden)
-        if where.changed
-        else None,
-        counted=caller.counted,
-        unidentified=caller.unidentified,
-        read_principal=None if headers == caller.principal else headers,
-    )
+    return hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
 
 
 def method_override_note(req: RequestView, matched: str) -> dict[str, str] | None:
@@ -292,30 +318,11 @@ def build_attempt(
     parse = parse_once(req.body)  # the fingerprint's fields and the key's place read one parse of the body
     intent = fingerprint(match, req, key, parse=parse)
     earlier, earlier_unresolved, blind = earlier_fingerprints(match, req, key, versions, intent, parse)
-    if notes := intent_notes(intent.intent):  # field names and codes only, never a value
-        logger.warning("%s %s %s %s: %s", op.api, op.name, op.method, intent.target, "; ".join(notes))
-    if intent.unidentified:  # names only, never a value
-        logger.warning(
-            "%s %s %s %s: no credential tells this caller apart (only %s, which are not counted): "
-            "duplicates only with the same bytes there, and no success is replayed",
-            op.api,
-            op.name,
-            op.method,
-            intent.target,
-            ", ".join(intent.unidentified),
-        )
+    _warn_of_notes(op, intent)
     agent_key = req.headers.get((op.idempotency_header or "Idempotency-Key").lower())
-    given_key, idempotency = None, op.idempotency_header is not None
-    if op.idempotency_body:
-        # An id the API deduplicates by, in the body: the agent's own, or ours if there is room.
-        given_key, idempotency = identity.body_key(op, req.body, match.graphql_args, parse=parse)
-        if not idempotency:
-            logger.warning(
-                "%s %s: no place for %s in this body; sent without a proxy-chosen id",
-                op.api,
-                op.name,
-                op.idempotency_body,
-            )
+    given_key, idempotency = (
+        _body_key(match, req, parse) if op.idempotency_body else (None, op.idempotency_header is not None)
+    )
     return Attempt(
         api=op.api,
         operation=op.name,
@@ -341,6 +348,36 @@ def build_attempt(
         # a scheme that did not see all of this request's credentials (intent/caller.py)
         unreplayable=(intent.fingerprint, *earlier, *earlier_unresolved) if intent.unidentified else blind,
     )
+
+
+def _warn_of_notes(op: Operation, intent: Intent) -> None:
+    """Log what the intent's notes say, and a caller no credential tells apart: names and codes, never a value."""
+    if notes := intent_notes(intent.intent):
+        logger.warning("%s %s %s %s: %s", op.api, op.name, op.method, intent.target, "; ".join(notes))
+    if intent.unidentified:
+        logger.warning(
+            "%s %s %s %s: no credential tells this caller apart (only %s, which are not counted): "
+            "duplicates only with the same bytes there, and no success is replayed",
+            op.api,
+            op.name,
+            op.method,
+            intent.target,
+            ", ".join(intent.unidentified),
+        )
+
+
+def _body_key(match: Match, req: RequestView, parse: Callable[..., Any]) -> tuple[str | None, bool]:
+    """An id the API deduplicates by, in the body: the agent's own, or ours if there is room (else a warning)."""
+    op = match.operation
+    given_key, idempotency = identity.body_key(op, req.body, match.graphql_args, parse=parse)
+    if not idempotency:
+        logger.warning(
+            "%s %s: no place for %s in this body; sent without a proxy-chosen id",
+            op.api,
+            op.name,
+            op.idempotency_body,
+        )
+    return given_key, idempotency
 
 
 def earlier_fingerprints(

@@ -236,23 +236,49 @@ async def await_approval(
     finally:
         metrics.held(receipt.api, receipt.operation, -1)
     metrics.decided(receipt.api, receipt.operation, decision_label(to, reason, by_cli))
+    receipt = await _record_decision(flow, receipt, calls, to, reason, actor, by_cli)
+    _go_on(flow, meta, receipt, held_as, to, reason, by_cli)
+    return receipt
+
+
+async def _record_decision(
+    flow: http.HTTPFlow,
+    receipt: Receipt,
+    calls: StoreThread,
+    to: State,
+    reason: str,
+    actor: str,
+    by_cli: ApprovalDecision | None,
+) -> Receipt:
+    """The decision committed: a CLI's recorded decision applied, or the receipt moved on (submitted, rejected)."""
     if by_cli is not None:  # used in the transaction that moves the receipt
-        receipt = await calls(
+        return await calls(
             lambda s: s.apply_approval(by_cli, fingerprint=receipt.intent_fingerprint, reason=reason, flow_id=flow.id)
         )
-    else:
-        fields = {} if to is State.SUBMITTED else {"error": reason}
-        receipt = await calls(
-            lambda s: s.transition(
-                receipt.operation_id,
-                to,
-                reason=reason,
-                actor=actor,
-                expect=[State.AWAITING_APPROVAL],
-                flow_id=flow.id,
-                **fields,
-            )
+    fields = {} if to is State.SUBMITTED else {"error": reason}
+    return await calls(
+        lambda s: s.transition(
+            receipt.operation_id,
+            to,
+            reason=reason,
+            actor=actor,
+            expect=[State.AWAITING_APPROVAL],
+            flow_id=flow.id,
+            **fields,
         )
+    )
+
+
+def _go_on(
+    flow: http.HTTPFlow,
+    meta: dict,
+    receipt: Receipt,
+    held_as: dict[str, Any],
+    to: State,
+    reason: str,
+    by_cli: ApprovalDecision | None,
+) -> None:
+    """The flow after the decision: approved, sent as recorded; denied, answered 403 (even if it was killed)."""
     if flow.metadata.get(META) is not meta:  # mitmweb's Revert put back a copy of the flow's metadata
         flow.metadata[META] = meta
     meta["state"] = str(receipt.state)
@@ -271,4 +297,3 @@ async def await_approval(
     elif by_cli is not None:
         logger.warning(f"receipt {receipt.operation_id}: {reason} ({by_cli.actor})")
     ctx.master.addons.trigger(hooks.UpdateHook([flow]))
-    return receipt

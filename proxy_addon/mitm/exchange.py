@@ -203,29 +203,47 @@ async def send(
                 head = await httpcore_send.send(
                     client.pool, request, scheme, host, port, headers, content, deadline, connect_timeout, guard
                 )
-            status, phrase, version, fields = head.status, head.reason, head.http_version, head.headers
             chunks, close = head.body(), head.aclose
-            stream = streamed is not None and streamed(status, fields)
-            body = io.BytesIO()
-            complete = not stream
-            try:
-                while complete and (chunk := await anext(chunks, None)) is not None:
-                    body.write(chunk)
-                    complete = body.tell() <= cap
-            except BaseException:
-                await close()
-                raise
-            if complete:
-                await close()
+            stream = streamed is not None and streamed(head.status, head.headers)
+            body, complete = await _first_bytes(chunks, close, cap, read=not stream)
     except TimeoutError:
         return deadline_outcome(deadline)
     except CLIENT_ERRORS as e:  # h11's own errors too: classify tells a refused head from a body cut short
         return failure_outcome(e)
+    response = _response(head, body, stream)
+    return Reply(response, complete, None if complete else _Rest(chunks, close, ends), streamed=stream)
+
+
+async def _first_bytes(
+    chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]], cap: int, *, read: bool
+) -> tuple[io.BytesIO, bool]:
+    """
+    The answer's body read up to `cap` bytes (`read` False: none of it, a stream passed on), and
+    whether that is all of it; the connection closed once it is (or on an error), else left open
+    for the rest.
+    """
+    body = io.BytesIO()
+    complete = read
+    try:
+        while complete and (chunk := await anext(chunks, None)) is not None:
+            body.write(chunk)
+            complete = body.tell() <= cap
+    except BaseException:
+        await close()
+        raise
+    if complete:
+        await close()
+    return body, complete
+
+
+def _response(head: Answer | httpcore_send.Answer, body: io.BytesIO, stream: bool) -> http.Response:
+    """mitmproxy's response for an answer's head and the body read (framed by its length unless streamed)."""
+    status, phrase, version = head.status, head.reason, head.http_version
     response = http.Response(
         http_version=b"HTTP/2.0" if version == b"HTTP/2" else version,
         status_code=status,
         reason=phrase.decode("ascii", "ignore").encode() if phrase else httpx.codes.get_reason_phrase(status).encode(),
-        headers=http.Headers(end_to_end(fields)),
+        headers=http.Headers(end_to_end(head.headers)),
         content=body.getvalue(),  # hands the buffer over, no copy
         trailers=None,
         timestamp_start=time.time(),
@@ -233,7 +251,7 @@ async def send(
     )
     if not stream:
         response.headers["content-length"] = str(len(response.raw_content or b""))
-    return Reply(response, complete, None if complete else _Rest(chunks, close, ends), streamed=stream)
+    return response
 
 
 @functools.lru_cache(maxsize=1024)

@@ -62,9 +62,10 @@ from proxy_addon.outcome.classify import Outcome, error_outcome, failure_outcome
 from proxy_addon.outcome.exchange_failures import SendStopped
 from proxy_addon.reconcile.settle import retry_after
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
+from proxy_addon.rules.placeholders import placeholders
 from proxy_addon.rules.tool_catalog import ToolCatalog
 from proxy_addon.states import State
-from proxy_addon.store import Attempt, Receipt, ReceiptStore, utcnow
+from proxy_addon.store import Attempt, Decision, Receipt, ReceiptStore, utcnow
 from proxy_addon.wire import terminal
 from proxy_addon.wire.fields import bad_field, undecodable
 from proxy_addon.wire.mcp_calls import ToolCall
@@ -152,6 +153,8 @@ class Receipts:
             self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             self.metrics.known(rules.operations)
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
+            for warning in placeholders(opts.receipts_rules):
+                logger.warning(f"receipt-proxy: {warning}")
             tools.say_reads(rules)
         self.db.configure(opts)
         self._configure_client()
@@ -295,25 +298,31 @@ class Receipts:
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
             meta["round"] = receipt.mcp_rounds + 1
+        if decision.kind != "forward":
+            self._answer_from_receipt(flow, op, decision)
+        else:
+            given_key = admitted.attempt.given_key
+            await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, lease=(lease, epoch))
+
+    def _answer_from_receipt(self, flow: http.HTTPFlow, op: Operation, decision: Decision) -> None:
+        """A duplicate answered from its receipt, nothing sent: the recorded answer replayed, or blocked (409, 422)."""
+        receipt = decision.receipt
         if decision.kind == "replay":
             assert decision.answer is not None  # opened by the store for this replay (store/sealing.py)
             replayed = answers.replay(receipt, decision.answer)
             said = "duplicate answered with the recorded response"
             self._answer_duplicate(flow, replayed, "replayed", receipt, "REPLAYED", logging.INFO, said)
-        elif decision.kind != "forward":
-            blocked = answers.duplicate(
-                receipt,
-                decision.kind,
-                retry_after=retry_after(op, receipt, utcnow()),
-                task_id=decision.task_id,
-                note=decision.note,
-            )
-            prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
-            said = f"duplicate blocked ({receipt.state})"
-            self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
-        else:
-            given_key = admitted.attempt.given_key
-            await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, lease=(lease, epoch))
+            return
+        blocked = answers.duplicate(
+            receipt,
+            decision.kind,
+            retry_after=retry_after(op, receipt, utcnow()),
+            task_id=decision.task_id,
+            note=decision.note,
+        )
+        prefix = "BLOCKED reused Idempotency-Key" if decision.kind == "key_conflict" else "BLOCKED duplicate"
+        said = f"duplicate blocked ({receipt.state})"
+        self._answer_duplicate(flow, blocked, "blocked", receipt, prefix, logging.WARNING, said)
 
     async def _forward(
         self,

@@ -30,6 +30,7 @@ from mitmproxy import ctx
 from proxy_addon.errors import ReceiptsError, RulesError
 from proxy_addon.mitm.receipts_addon import Receipts
 from proxy_addon.rules import RuleSet, check_rules_path, host_pattern, load_rules_path, rules_signature
+from proxy_addon.rules.placeholders import placeholders
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,8 @@ class Watch:
         self.receipts.metrics.reloaded(True)
         self.receipts.metrics.known(rules.operations)
         logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")
+        for warning in placeholders(path):
+            logger.warning(f"receipt-proxy: {warning}")
         self.sync_allow_hosts()
 
     def sync_allow_hosts(self) -> None:

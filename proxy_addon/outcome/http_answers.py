@@ -93,29 +93,9 @@ def duplicate(
     """
     base = {"operation_id": receipt.operation_id, "api": receipt.api, "operation": receipt.operation}
     if kind == "key_conflict":
-        return json_answer(
-            422,
-            {
-                "error": "idempotency_key_reused",
-                **base,
-                "hint": "this Idempotency-Key was already used for a different request; "
-                "use a new key for a new request",
-            },
-            receipt_headers(receipt),
-        )
+        return _key_reused(receipt, base)
     if kind == "blocked_succeeded":
-        return json_answer(
-            409,
-            {
-                "error": "duplicate_succeeded",
-                **base,
-                "state": str(receipt.state),
-                "external_id": receipt.external_id,
-                "completed_at": receipt.completed_at,
-                "hint": "this operation already succeeded; it was not sent again",
-            },
-            receipt_headers(receipt),
-        )
+        return _already_succeeded(receipt, base)
     doc: dict[str, object] = {
         "error": "duplicate_unresolved",
         **base,
@@ -123,6 +103,49 @@ def duplicate(
         "submitted_at": receipt.submitted_at,
         "hint": HINTS.get(receipt.state, "the first attempt is unresolved"),
     }
+    _waiting_for(doc, receipt, task_id)
+    if note is not None:
+        doc.update(detail=note, hint="the first attempt did not complete; reconcile it before retrying")
+    headers = receipt_headers(receipt)
+    if retry_after is not None:
+        doc["retry_after"] = retry_after.isoformat().replace("+00:00", "Z")
+        doc["hint"] = _read_again_hint(receipt, str(doc["retry_after"]))
+        wait = (retry_after - (now or dt.datetime.now(dt.UTC))).total_seconds()
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
+    return json_answer(409, doc, headers)
+
+
+def _key_reused(receipt: Receipt, base: dict[str, str]) -> Answer:
+    """422: the agent's own Idempotency-Key, already used for a different request."""
+    return json_answer(
+        422,
+        {
+            "error": "idempotency_key_reused",
+            **base,
+            "hint": "this Idempotency-Key was already used for a different request; use a new key for a new request",
+        },
+        receipt_headers(receipt),
+    )
+
+
+def _already_succeeded(receipt: Receipt, base: dict[str, str]) -> Answer:
+    """409 duplicate_succeeded: the operation succeeded, and its answer is not replayed (or may not be)."""
+    return json_answer(
+        409,
+        {
+            "error": "duplicate_succeeded",
+            **base,
+            "state": str(receipt.state),
+            "external_id": receipt.external_id,
+            "completed_at": receipt.completed_at,
+            "hint": "this operation already succeeded; it was not sent again",
+        },
+        receipt_headers(receipt),
+    )
+
+
+def _waiting_for(doc: dict[str, object], receipt: Receipt, task_id: str | None) -> None:
+    """A submitted first attempt that waits for its client's input or for its task says so (an MCP tool call)."""
     if receipt.state is State.SUBMITTED and receipt.waiting_for == "input":
         doc.update(waiting_for="input", rounds=receipt.mcp_rounds)
         doc["hint"] = (
@@ -134,31 +157,26 @@ def duplicate(
         if task_id is not None:
             doc["task_id"] = task_id
         doc["hint"] = "the server runs the first attempt as a task that has not ended; poll the task for its result"
-    if note is not None:
-        doc.update(detail=note, hint="the first attempt did not complete; reconcile it before retrying")
-    headers = receipt_headers(receipt)
-    if retry_after is not None:
-        doc["retry_after"] = retry_after.isoformat().replace("+00:00", "Z")
-        if receipt.failed_reads:
-            reads = "read" if receipt.failed_reads == 1 else "reads"
-            doc["hint"] = (
-                f"the first attempt's outcome is unknown and {receipt.failed_reads} {reads} to settle it failed; "
-                f"send it again after {doc['retry_after']} to have it read again; sooner, it is answered "
-                "409 without a read"
-            )
-        elif receipt.completed_at is None:  # taken over from a proxy that went silent (reconcile/judge.py, landed_by)
-            doc["hint"] = (
-                "the first attempt's outcome is unknown and its request may still land (its proxy stopped while it "
-                f"was in flight); send it again after {doc['retry_after']} to have it reconciled"
-            )
-        else:
-            doc["hint"] = (
-                f"the first attempt's outcome is unknown and this API's read proves absence only after a delay; "
-                f"send it again after {doc['retry_after']} to have it reconciled"
-            )
-        wait = (retry_after - (now or dt.datetime.now(dt.UTC))).total_seconds()
-        headers["Retry-After"] = str(max(1, math.ceil(wait)))
-    return json_answer(409, doc, headers)
+
+
+def _read_again_hint(receipt: Receipt, retry_after: str) -> str:
+    """What a duplicate is told when the proxy reads again only at `retry_after`, and why then."""
+    if receipt.failed_reads:
+        reads = "read" if receipt.failed_reads == 1 else "reads"
+        return (
+            f"the first attempt's outcome is unknown and {receipt.failed_reads} {reads} to settle it failed; "
+            f"send it again after {retry_after} to have it read again; sooner, it is answered "
+            "409 without a read"
+        )
+    if receipt.completed_at is None:  # taken over from a proxy that went silent (reconcile/judge.py, landed_by)
+        return (
+            "the first attempt's outcome is unknown and its request may still land (its proxy stopped while it "
+            f"was in flight); send it again after {retry_after} to have it reconciled"
+        )
+    return (
+        f"the first attempt's outcome is unknown and this API's read proves absence only after a delay; "
+        f"send it again after {retry_after} to have it reconciled"
+    )
 
 
 def replay(receipt: Receipt, rec: RecordedResponse) -> Answer:

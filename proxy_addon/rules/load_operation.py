@@ -32,6 +32,7 @@ from proxy_addon.rules.model import (
     FingerprintSpec,
     Operation,
     PathTemplate,
+    ReconcileSpec,
     parse_path_template,
     path_alternatives,
 )
@@ -127,56 +128,18 @@ def _operation(
     if "match" not in op:
         ctx.report(ctx.error(node, f"{f}.match", "is required"))
     description = ctx.attempt(ctx.string, op["description"][1], f"{f}.description") if "description" in op else None
-    method, path, graphql, override, mcp = (ctx.attempt(_match, ctx, f, op["match"][1]) if "match" in op else None) or (
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
-    declared = credentials if isinstance(credentials, Declared) else Declared(header=credentials)
-    if "credentials" in op:
-        own = ctx.attempt(load_credentials, ctx, op["credentials"][1], f"{f}.credentials", OPERATION_CREDENTIALS)
-        if own is not None and path is not None and (foreign := [p for p in own.path if p not in path.params]):
-            problem = (
-                f"{foreign[0]!r} is not a parameter of {path.template!r} (it has: {', '.join(path.params) or 'none'})"
-            )
-            ctx.report(ctx.error(op["credentials"][1], f"{f}.credentials.path", problem))
-        declared = declared.plus(own or Declared())
-    ctx.credential_headers = declared.header  # a credential header never enters the fingerprint or a read's headers
-    # Path parameters that carry a credential whatever the request (declared, or named like one):
-    # the receipt keeps a keyed hash of them, so a read cannot use them (Ctx.template).
-    ctx.credential_params = frozenset(
-        p for p in (path.params if path else ()) if p in declared.path or is_credential_param(p)
-    )
-    fp_before = len(ctx.problems)
-    fp = ctx.attempt(load_fingerprint, ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, path, declared)
-    if mcp is not None and fp is not None:
-        ctx.attempt(_mcp_fingerprint, ctx, f, op["fingerprint"][1] if "fingerprint" in op else None, fp)
-    fp_known = path is not None and len(ctx.problems) == fp_before  # what reconcile templates may name is known
+    matched = ctx.attempt(_match, ctx, f, op["match"][1]) if "match" in op else None
+    method, path, graphql, override, mcp = matched or (None, None, None, None, None)
+    declared = _credentials_in_force(ctx, f, op, credentials, path)
+    fp, fp_known = _fingerprint_of(ctx, f, op, path, declared, mcp is not None)
     external = ctx.attempt(_external_id, ctx, f, op)
     after_success = ctx.attempt(_after_success, ctx, f, op)
     classified = ctx.attempt(load_classify, ctx, op["classify"][1], f"{f}.classify") if "classify" in op else ((), ())
     idempotency = ctx.attempt(_idempotency_key, ctx, f, op, graphql)
     idempotent = bool(idempotency["idempotency_header"] or idempotency["idempotency_body"]) if idempotency else True
-    reconcile = (
-        ctx.attempt(
-            load_reconcile,
-            ctx,
-            f,
-            op["reconcile"][1],
-            fp if fp_known else None,
-            external[0] if external else None,
-            idempotent,
-        )
-        if "reconcile" in op
-        else None
-    )
+    reconcile = _reconcile_of(ctx, f, op, fp if fp_known else None, external, idempotent)
     if classified is not None and "reconcile" not in op:
-        classify, classify_rules = classified
-        if any(state == ALREADY_EXISTS for state in (*(r.state for r in classify_rules), *(v for _, v in classify))):
-            problem = "an already_exists answer needs a reconcile read to decide; add reconcile: to this operation"
-            ctx.report(ctx.error(op["classify"][1], f"{f}.classify", problem))
+        _already_exists_needs_a_read(ctx, f, op, classified)
     approve = ctx.attempt(ctx.boolean, op["approve"][1], f"{f}.approve") if "approve" in op else False
     record = ctx.attempt(ctx.boolean, op["record"][1], f"{f}.record") if "record" in op else True
     if len(ctx.problems) > before:
@@ -209,6 +172,68 @@ def _operation(
         method_override=override,
         **idempotency,
     )
+
+
+def _fingerprint_of(
+    ctx: Ctx, f: str, op: dict[str, Entry], path: PathTemplate | None, declared: Declared, mcp: bool
+) -> tuple[FingerprintSpec | None, bool]:
+    """
+    `fingerprint:` (an MCP tool call's: its arguments only), and whether what reconcile templates
+    may name is known: the path parsed and the fingerprint loaded without a problem.
+    """
+    fp_node = op["fingerprint"][1] if "fingerprint" in op else None
+    fp_before = len(ctx.problems)
+    fp = ctx.attempt(load_fingerprint, ctx, f, fp_node, path, declared)
+    if mcp and fp is not None:
+        ctx.attempt(_mcp_fingerprint, ctx, f, fp_node, fp)
+    return fp, path is not None and len(ctx.problems) == fp_before
+
+
+def _credentials_in_force(
+    ctx: Ctx, f: str, op: dict[str, Entry], credentials: tuple[str, ...] | Declared, path: PathTemplate | None
+) -> Declared:
+    """
+    The file's credentials plus the operation's own `credentials:` (their path parameters checked
+    against its path), put in force on `ctx` while the operation loads.
+    """
+    declared = credentials if isinstance(credentials, Declared) else Declared(header=credentials)
+    if "credentials" in op:
+        own = ctx.attempt(load_credentials, ctx, op["credentials"][1], f"{f}.credentials", OPERATION_CREDENTIALS)
+        if own is not None and path is not None and (foreign := [p for p in own.path if p not in path.params]):
+            problem = (
+                f"{foreign[0]!r} is not a parameter of {path.template!r} (it has: {', '.join(path.params) or 'none'})"
+            )
+            ctx.report(ctx.error(op["credentials"][1], f"{f}.credentials.path", problem))
+        declared = declared.plus(own or Declared())
+    ctx.credential_headers = declared.header  # a credential header never enters the fingerprint or a read's headers
+    # Path parameters that carry a credential whatever the request (declared, or named like one):
+    # the receipt keeps a keyed hash of them, so a read cannot use them (Ctx.template).
+    ctx.credential_params = frozenset(
+        p for p in (path.params if path else ()) if p in declared.path or is_credential_param(p)
+    )
+    return declared
+
+
+def _reconcile_of(
+    ctx: Ctx,
+    f: str,
+    op: dict[str, Entry],
+    fp: FingerprintSpec | None,
+    external: tuple[str | tuple[str, ...] | None, str | None] | None,
+    idempotent: bool,
+) -> ReconcileSpec | None:
+    """`reconcile:`, if the operation has one. `fp`: None when what its templates may name is not known."""
+    if "reconcile" not in op:
+        return None
+    return ctx.attempt(load_reconcile, ctx, f, op["reconcile"][1], fp, external[0] if external else None, idempotent)
+
+
+def _already_exists_needs_a_read(ctx: Ctx, f: str, op: dict[str, Entry], classified: tuple) -> None:
+    """An operation without `reconcile:` cannot classify an answer as already_exists: only a read decides it."""
+    classify, classify_rules = classified
+    if any(state == ALREADY_EXISTS for state in (*(r.state for r in classify_rules), *(v for _, v in classify))):
+        problem = "an already_exists answer needs a reconcile read to decide; add reconcile: to this operation"
+        ctx.report(ctx.error(op["classify"][1], f"{f}.classify", problem))
 
 
 def method_override(ctx: Ctx, node: yaml.Node, field_: str) -> str:
@@ -410,63 +435,94 @@ def load_fingerprint(
     if node is None:
         return FingerprintSpec(path=params, body=None)
     fp = ctx.mapping(node, f"{f}.fingerprint", KEYS["fingerprint"])
-
-    def items(key: str) -> list[tuple[yaml.Node, str]]:
-        return (ctx.attempt(ctx.strings, fp[key][1], f"{f}.fingerprint.{key}") or []) if key in fp else []
-
-    def bad(item: yaml.Node, key: str, message: str) -> None:
-        ctx.report(ctx.error(item, f"{f}.fingerprint.{key}", message))
-
-    path_params = list(params)
-    if "path" in fp:
-        path_params = []
-        for item, p in items("path"):
-            if path is not None and p not in path.params:
-                bad(
-                    item,
-                    "path",
-                    f"{p!r} is not a parameter of {path.template!r}"
-                    + (" in each of its paths" if path.alternatives else "")
-                    + f" (it has: {', '.join(params) or 'none'})",
-                )
-            else:
-                path_params.append(p)
-    body = None
-    if "body" in fp:
-        body = []
-        for item, b in items("body"):
-            if not DOTTED.match(b):
-                bad(item, "body", f"{b!r} is not a dotted field path like 'article.title'")
-            elif any(is_secret_name(part) for part in b.split(".")):
-                bad(item, "body", f"{b!r} looks like a credential; secrets never enter a fingerprint")
-            elif b in declared.body:
-                bad(
-                    item,
-                    "body",
-                    f"{b!r} is declared a credential (credentials.body); secrets never enter a fingerprint",
-                )
-            else:
-                body.append(b)
-    query = []
-    for item, q in items("query"):
-        if is_secret_name(q):
-            bad(item, "query", f"{q!r} looks like a credential; secrets never enter a fingerprint")
-        elif q in declared.query:
-            bad(item, "query", f"{q!r} is declared a credential (credentials.query); it never enters a fingerprint")
-        else:
-            query.append(q)
-    headers = []
-    for item, h in items("headers"):
-        low = h.lower()
-        if not HEADER.match(h):
-            bad(item, "headers", f"{h!r} is not a valid header name")
-        elif is_secret_header(low, ctx.credential_headers):
-            bad(item, "headers", f"{h!r} carries credentials; secrets never enter a fingerprint")
-        else:
-            headers.append(low)
+    path_params = _fingerprint_path(ctx, f, fp, path) if "path" in fp else list(params)
+    body = _fingerprint_body(ctx, f, fp, declared) if "body" in fp else None
     return FingerprintSpec(
         path=tuple(path_params),
         body=None if body is None else tuple(body),
-        query=tuple(query),
-        headers=tuple(headers),
+        query=tuple(_fingerprint_query(ctx, f, fp, declared)),
+        headers=tuple(_fingerprint_headers(ctx, f, fp)),
     )
+
+
+def _items(ctx: Ctx, f: str, fp: dict[str, Entry], key: str) -> list[tuple[yaml.Node, str]]:
+    """The names a `fingerprint:` list gives (none if it is absent or not a list of names: reported)."""
+    return (ctx.attempt(ctx.strings, fp[key][1], f"{f}.fingerprint.{key}") or []) if key in fp else []
+
+
+def _bad(ctx: Ctx, f: str, item: yaml.Node, key: str, message: str) -> None:
+    ctx.report(ctx.error(item, f"{f}.fingerprint.{key}", message))
+
+
+def _fingerprint_path(ctx: Ctx, f: str, fp: dict[str, Entry], path: PathTemplate | None) -> list[str]:
+    """`fingerprint.path`: parameters of the operation's path (unchecked when the path did not parse)."""
+    params = path.params if path is not None else ()
+    path_params = []
+    for item, p in _items(ctx, f, fp, "path"):
+        if path is not None and p not in path.params:
+            _bad(
+                ctx,
+                f,
+                item,
+                "path",
+                f"{p!r} is not a parameter of {path.template!r}"
+                + (" in each of its paths" if path.alternatives else "")
+                + f" (it has: {', '.join(params) or 'none'})",
+            )
+        else:
+            path_params.append(p)
+    return path_params
+
+
+def _fingerprint_body(ctx: Ctx, f: str, fp: dict[str, Entry], declared: Declared) -> list[str]:
+    """`fingerprint.body`: dotted field paths, none of them a credential."""
+    body = []
+    for item, b in _items(ctx, f, fp, "body"):
+        if not DOTTED.match(b):
+            _bad(ctx, f, item, "body", f"{b!r} is not a dotted field path like 'article.title'")
+        elif any(is_secret_name(part) for part in b.split(".")):
+            _bad(ctx, f, item, "body", f"{b!r} looks like a credential; secrets never enter a fingerprint")
+        elif b in declared.body:
+            _bad(
+                ctx,
+                f,
+                item,
+                "body",
+                f"{b!r} is declared a credential (credentials.body); secrets never enter a fingerprint",
+            )
+        else:
+            body.append(b)
+    return body
+
+
+def _fingerprint_query(ctx: Ctx, f: str, fp: dict[str, Entry], declared: Declared) -> list[str]:
+    """`fingerprint.query`: query parameter names, none of them a credential."""
+    query = []
+    for item, q in _items(ctx, f, fp, "query"):
+        if is_secret_name(q):
+            _bad(ctx, f, item, "query", f"{q!r} looks like a credential; secrets never enter a fingerprint")
+        elif q in declared.query:
+            _bad(
+                ctx,
+                f,
+                item,
+                "query",
+                f"{q!r} is declared a credential (credentials.query); it never enters a fingerprint",
+            )
+        else:
+            query.append(q)
+    return query
+
+
+def _fingerprint_headers(ctx: Ctx, f: str, fp: dict[str, Entry]) -> list[str]:
+    """`fingerprint.headers`: header names (lower-cased), none of them carrying credentials."""
+    headers = []
+    for item, h in _items(ctx, f, fp, "headers"):
+        low = h.lower()
+        if not HEADER.match(h):
+            _bad(ctx, f, item, "headers", f"{h!r} is not a valid header name")
+        elif is_secret_header(low, ctx.credential_headers):
+            _bad(ctx, f, item, "headers", f"{h!r} carries credentials; secrets never enter a fingerprint")
+        else:
+            headers.append(low)
+    return headers

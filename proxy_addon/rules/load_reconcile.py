@@ -52,23 +52,7 @@ def load_reconcile(
     allowed = template_variables(fp) if fp is not None else None
     if allowed is not None and not idempotent:
         allowed.discard("idempotency_key")
-    read = ctx.attempt(ctx.mapping, rec["read"][1], f"{f}.read", KEYS["read"])
-    tool: tuple[str, bool, Any] | None = None
-    if read is not None and "tool" in read:  # an MCP read: a read-only tool of the same endpoint
-        tool = ctx.attempt(_tool_read, ctx, read, f, allowed)
-        method, url, headers, body = ("MCP", "", [], tool[2]) if tool else (None, None, [], None)
-    else:
-        if read is not None and "url" not in read:
-            ctx.report(ctx.error(rec["read"][1], f"{f}.read.url", "is required (or tool: for an MCP read)"))
-            read = None
-        method = ctx.attempt(_read_method, ctx, read, f) if read is not None else None
-        url = ctx.attempt(_read_url, ctx, read, f, allowed) if read is not None else None
-        headers = _read_headers(ctx, read, f, allowed) if read is not None else []
-        body = (
-            ctx.attempt(_post_body, ctx, rec, read, f, method, url, allowed)
-            if read is not None and method is not None and url is not None
-            else None
-        )
+    tool, method, url, headers, body = _read_of(ctx, rec, f, allowed)
     find, bounds = _find(ctx, rec, f, method, allowed)
     items = ctx.attempt(ctx.string, rec["items"][1], f"{f}.items") if "items" in rec else None
     absent_when = (
@@ -82,22 +66,7 @@ def load_reconcile(
         if "external_id" in rec
         else external_id
     )
-    if tool is not None and "pages" in rec:
-        problem = "an MCP read is one tool call: it has no pages (absence_provable needs complete_in_one_page)"
-        ctx.report(ctx.error(rec["pages"][1], f"{f}.pages", problem))
-    pages = ctx.attempt(_pages, ctx, rec, f, method, "find" in rec) if tool is None else None
-    one_page = ctx.attempt(_complete_in_one_page, ctx, rec, f)
-    if ctx.strict and (find or bounds) and provable and "pages" not in rec and one_page is False:
-        # only `rules check` refuses it: files written before pages: existed still load
-        ctx.report(
-            ctx.error(
-                rec["absence_provable"][0],
-                f"{f}.absence_provable",
-                "absence_provable: true on a read that declares no pages: a list cut after its "
-                "first page proves nothing; declare pages (next: link, or next: {more, from, param}), "
-                "or complete_in_one_page: true with a comment giving the reason",
-            )
-        )
+    pages, one_page = _paging(ctx, rec, f, method, tool is not None, bool((find or bounds) and provable))
     if len(ctx.problems) > before:
         return None
     assert method is not None and url is not None and one_page is not None
@@ -119,6 +88,60 @@ def load_reconcile(
         tool=tool[0] if tool else None,
         tool_read_only=tool[1] if tool else False,
     )
+
+
+def _read_of(
+    ctx: Ctx, rec: dict[str, Entry], f: str, allowed: set[str] | None
+) -> tuple[tuple[str, bool, Any] | None, str | None, str | None, list[tuple[str, str]], Any]:
+    """
+    `read:`: an MCP tool (its name, read_only and arguments), or an HTTP read; then its method, URL,
+    headers and body (the tool's arguments for an MCP read). A part with a problem is None (reported).
+    """
+    read = ctx.attempt(ctx.mapping, rec["read"][1], f"{f}.read", KEYS["read"])
+    tool: tuple[str, bool, Any] | None = None
+    if read is not None and "tool" in read:  # an MCP read: a read-only tool of the same endpoint
+        tool = ctx.attempt(_tool_read, ctx, read, f, allowed)
+        method, url, headers, body = ("MCP", "", [], tool[2]) if tool else (None, None, [], None)
+    else:
+        if read is not None and "url" not in read:
+            ctx.report(ctx.error(rec["read"][1], f"{f}.read.url", "is required (or tool: for an MCP read)"))
+            read = None
+        method = ctx.attempt(_read_method, ctx, read, f) if read is not None else None
+        url = ctx.attempt(_read_url, ctx, read, f, allowed) if read is not None else None
+        headers = _read_headers(ctx, read, f, allowed) if read is not None else []
+        body = (
+            ctx.attempt(_post_body, ctx, rec, read, f, method, url, allowed)
+            if read is not None and method is not None and url is not None
+            else None
+        )
+    return tool, method, url, headers, body
+
+
+def _paging(
+    ctx: Ctx, rec: dict[str, Entry], f: str, method: str | None, tool: bool, proves_absence: bool
+) -> tuple[PagesSpec | None, bool | None]:
+    """
+    `pages:` (never on an MCP read: one tool call) and `complete_in_one_page:`. `proves_absence`: the
+    read finds items and says absence_provable, which `rules check` (ctx.strict) refuses on a read
+    that declares neither.
+    """
+    if tool and "pages" in rec:
+        problem = "an MCP read is one tool call: it has no pages (absence_provable needs complete_in_one_page)"
+        ctx.report(ctx.error(rec["pages"][1], f"{f}.pages", problem))
+    pages = ctx.attempt(_pages, ctx, rec, f, method, "find" in rec) if not tool else None
+    one_page = ctx.attempt(_complete_in_one_page, ctx, rec, f)
+    if ctx.strict and proves_absence and "pages" not in rec and one_page is False:
+        # only `rules check` refuses it: files written before pages: existed still load
+        ctx.report(
+            ctx.error(
+                rec["absence_provable"][0],
+                f"{f}.absence_provable",
+                "absence_provable: true on a read that declares no pages: a list cut after its "
+                "first page proves nothing; declare pages (next: link, or next: {more, from, param}), "
+                "or complete_in_one_page: true with a comment giving the reason",
+            )
+        )
+    return pages, one_page
 
 
 def _tool_read(ctx: Ctx, read: dict[str, Entry], f: str, allowed: set[str] | None) -> tuple[str, bool, Any]:

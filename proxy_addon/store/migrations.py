@@ -89,8 +89,24 @@ def apply_postgres(conn: Any, lock: int, lock_timeout: float) -> list[str]:
 @migration
 def m001_receipts(db: Schema) -> None:
     pg = db.postgres
+    db.execute(_receipts_table(pg))
+    unresolved = ", ".join(f"'{s}'" for s in sorted(UNRESOLVED))
     db.execute(
-        f"""
+        f"CREATE UNIQUE INDEX receipts_one_unresolved_per_fingerprint "
+        f"ON receipts(intent_fingerprint) WHERE state IN ({unresolved})"
+    )
+    db.execute("CREATE INDEX receipts_by_fingerprint ON receipts(intent_fingerprint)")
+    db.execute("CREATE INDEX receipts_by_state ON receipts(state)")
+    db.execute(_events_table(pg))
+    db.execute("CREATE INDEX receipt_events_by_receipt ON receipt_events(operation_id, id)")
+    _events_append_only(db)
+
+
+# m001's statements, as they were first written (SQLite keeps a table's CREATE text as given: kept byte for byte).
+
+
+def _receipts_table(pg: bool) -> str:
+    return f"""
         CREATE TABLE receipts (
             {"seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE," if pg else ""}
             operation_id TEXT PRIMARY KEY,
@@ -117,16 +133,10 @@ def m001_receipts(db: Schema) -> None:
             response_truncated INTEGER
         )
         """
-    )
-    unresolved = ", ".join(f"'{s}'" for s in sorted(UNRESOLVED))
-    db.execute(
-        f"CREATE UNIQUE INDEX receipts_one_unresolved_per_fingerprint "
-        f"ON receipts(intent_fingerprint) WHERE state IN ({unresolved})"
-    )
-    db.execute("CREATE INDEX receipts_by_fingerprint ON receipts(intent_fingerprint)")
-    db.execute("CREATE INDEX receipts_by_state ON receipts(state)")
-    db.execute(
-        f"""
+
+
+def _events_table(pg: bool) -> str:
+    return f"""
         CREATE TABLE receipt_events (
             id {"BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY" if pg else "INTEGER PRIMARY KEY AUTOINCREMENT"},
             operation_id TEXT NOT NULL REFERENCES receipts(operation_id){" DEFERRABLE" if pg else ""},
@@ -139,9 +149,11 @@ def m001_receipts(db: Schema) -> None:
             flow_id TEXT
         )
         """
-    )
-    db.execute("CREATE INDEX receipt_events_by_receipt ON receipt_events(operation_id, id)")
-    if pg:
+
+
+def _events_append_only(db: Schema) -> None:
+    """Triggers that refuse to change or delete an event (PostgreSQL: to truncate the table too)."""
+    if db.postgres:
         db.execute(
             "CREATE FUNCTION receipt_events_append_only() RETURNS trigger LANGUAGE plpgsql AS "
             "$$ BEGIN RAISE EXCEPTION 'receipt_events is append-only'; END $$"
