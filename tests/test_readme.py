@@ -44,7 +44,6 @@ import certifi
 import pytest
 import requests
 
-from proxy_addon.cli.command_table import COMMANDS
 from tests.conftest import ROOT, TEST_RULES, ScriptsRun, wait_for
 from tests.upstream import free_port
 
@@ -222,8 +221,6 @@ def checkout_state() -> set[str]:
     return {p.name for n in ("*.db", "*.db-*", "*.db.*", "secret.key") for p in ROOT.glob(n)}
 
 
-# The lead removes this skip when `receipts demo` is merged (issue 26): the README shows it already.
-@pytest.mark.skipif("demo" not in COMMANDS, reason="`receipts demo` is not built yet (issue 26)")
 def test_try_it_by_hand_demo_as_written(tmp_path):
     """README "Try it by hand": `receipts demo` as written tells the story, exits 0 and leaves no state here."""
     before = checkout_state()
