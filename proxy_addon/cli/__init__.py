@@ -94,7 +94,7 @@ examples:
   receipts rules check rules/
   receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json
   receipts --db /var/lib/receipt-proxy/receipts.db list
-  receipts demo
+  receipts demo | less
 
 Run `receipts COMMAND --help` for a command's options.
 

@@ -60,7 +60,7 @@ every receipt records it, with the digest of the rule it read (`Operation.rule_d
 `build_attempt` also fingerprints a request under the earlier schemes and rules that receipts
 still held can answer for (intent/earlier_fingerprints.py; scheme 1 is intent/fingerprint_v1.py). A change
 that gives any request another fingerprint is a new scheme: `fingerprint(..., scheme=N)` keeps
-computing each earlier one, and tests/test_fingerprint_schemes.py pins them.
+computing each earlier one, and tests/intent/test_earlier_fingerprints.py pins them.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ What it took, where today's scheme (intent/fingerprint.py) differs:
   Cookie, as sent (`Bearer` and `bearer` were two principals).
 
 It is a copy of that commit's rules of computation, not of its code paths: the test
-tests/test_fingerprint_schemes.py pins it against fingerprints that commit's addon made.
+tests/intent/test_earlier_fingerprints.py pins it against fingerprints that commit's addon made.
 """
 
 from __future__ import annotations

@@ -1,20 +1,19 @@
-"""`receipts` itself: which database it opens, what it says when there is none, and its help."""
+"""
+`receipts` itself (proxy_addon/cli/__init__.py): which database it opens, what it says when there is
+none, and its help. The installed script's help of every command: tests/e2e/cli/test_main.py.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import sqlite3
-import subprocess
 
 import pytest
 
 from proxy_addon.cli import COMMANDS, EPILOG, main, parser
-from tests.cli.conftest import RECEIPTS, ROOT, assert_one_line_error, cli
-
-# --- the database -------------------------------------------------------------------------
+from tests.cli.conftest import ROOT, assert_one_line_error, cli
 
 EVERY_COMMAND = [
     pytest.param(["list"], id="list"),
@@ -126,9 +125,6 @@ def test_default_db_in_the_home_state_dir(db, tmp_path, capsys, monkeypatch):
     assert {r["operation_id"] for r in json.loads(out)} == set(ids.values())
 
 
-# --- help ---------------------------------------------------------------------------------
-
-
 def test_no_command_prints_help(capsys):
     code, out, _ = cli(capsys)
     assert code == 0
@@ -164,30 +160,3 @@ def test_every_example_parses():
     for example in examples:
         args = parser().parse_args(example_argv(example))  # argparse exits on a bad one
         assert args.command in COMMANDS, example
-
-
-def test_installed_script_help_of_every_command(tmp_path):
-    assert RECEIPTS.exists(), f"{RECEIPTS} is not installed; run scripts/test to create the venv"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_PROXY_")}
-    env["HOME"] = str(tmp_path)
-    runs = {name: subprocess.Popen([str(RECEIPTS), *([name] if name else []), "--help"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, env=env)
-            for name in ["", *COMMANDS]}
-    missing = subprocess.Popen([str(RECEIPTS), "--db", str(tmp_path / "none.db"), "list"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
-    for name, proc in runs.items():
-        out, err = proc.communicate(timeout=30)
-        assert (proc.returncode, err) == (0, ""), name
-        assert out.startswith(f"usage: receipts {name}".rstrip()), name
-        assert "\nexamples:\n" in out, name
-        if name:
-            for example in COMMANDS[name].examples:
-                assert f"\n  {example}\n" in out
-                assert example.startswith(f"receipts {name}")
-        else:
-            for command in COMMANDS:
-                assert f"\n  receipts {command} " in out
-    out, err = missing.communicate(timeout=30)
-    assert (missing.returncode, out) == (1, "")
-    assert err == f"Error: no receipts database at {tmp_path / 'none.db'}\n"
-    assert not (tmp_path / "none.db").exists()
