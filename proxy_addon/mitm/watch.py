@@ -172,7 +172,7 @@ class Watch:
         self.receipts.metrics.reloaded(True)
         self.receipts.metrics.known(rules.operations)
         logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")
-        for warning in placeholders(path):
+        for warning in await asyncio.to_thread(placeholders, path):
             logger.warning(f"receipt-proxy: {warning}")
         self.sync_allow_hosts()
 

@@ -25,7 +25,10 @@ def placeholders(path: str | Path) -> list[str]:
     found = []
     for file in rules_files(path):
         try:
-            events = list(yaml.parse(file.read_text(encoding="utf-8")))
+            text = file.read_text(encoding="utf-8")
+            if not PLACEHOLDER.search(text):  # the common case, without parsing the file again
+                continue
+            events = list(yaml.parse(text))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue  # the loader reports the file itself
         for event in events:
