@@ -137,7 +137,7 @@ def table(out: str, headers: list[str]) -> list[dict[str, str]]:
     """Rows of a table whose cells have no spaces, except the last column's."""
     lines = out.splitlines()
     assert lines[0].split() == headers, out
-    return [dict(zip(headers, line.split(None, len(headers) - 1))) for line in lines[1:]]
+    return [dict(zip(headers, line.split(None, len(headers) - 1), strict=True)) for line in lines[1:]]
 
 
 def list_rows(out: str) -> dict[str, dict[str, str]]:

@@ -155,7 +155,11 @@ def test_a_denial_needs_a_note(held, capsys):
 
 
 def later(seconds: float, fn) -> threading.Thread:
-    t = threading.Thread(target=lambda: (time.sleep(seconds), fn()))
+    def run() -> None:
+        time.sleep(seconds)
+        fn()
+
+    t = threading.Thread(target=run)
     t.start()
     return t
 

@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import sqlite3
+from typing import cast
 
 import pytest
 
@@ -30,7 +31,7 @@ EVERY_COMMAND = [
 
 
 def test_every_command_has_a_test_of_a_missing_db():
-    assert {p.values[0][0] for p in EVERY_COMMAND} == {name for name, c in COMMANDS.items() if c.uses_store}
+    assert {cast(list[str], p.values[0])[0] for p in EVERY_COMMAND} == {name for name, c in COMMANDS.items() if c.uses_store}
 
 
 def test_rules_commands_need_no_db(tmp_path, capsys):

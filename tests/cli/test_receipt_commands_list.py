@@ -60,7 +60,7 @@ def test_list_state_filter(db, capsys, states, expected):
 
 
 def test_list_with_no_match(db, capsys):
-    path, ids = db
+    path, _ = db
     code, out, _ = cli(capsys, "--db", str(path), "list", "--state", "rejected")
     assert code == 0
     assert out == f"no receipts in {path} match these filters\n"

@@ -58,7 +58,7 @@ PRUNED = {"old_succeeded", "old_rejected", "old_safe_to_retry", "old_not_sent", 
 
 
 def test_prune_deletes_old_resolved_receipts_only(aged, capsys):
-    path, ids, clock, store = aged
+    path, ids, clock, _ = aged
     before = dump(path)
     code, out, err = cli(capsys, "--db", str(path), "prune", "--older-than", "30d", now=clock.now)
     assert (code, err) == (0, "")
@@ -83,7 +83,7 @@ def test_prune_deletes_old_resolved_receipts_only(aged, capsys):
 
 
 def test_prune_dry_run_deletes_nothing(aged, capsys):
-    path, ids, clock, _ = aged
+    path, _, clock, _ = aged
     before = dump(path)
     code, out, _ = cli(capsys, "--db", str(path), "prune", "--older-than", "30d", "--dry-run", now=clock.now)
     assert (code, out) == (0, "would delete 6 resolved receipts last changed more than 30d ago\n")

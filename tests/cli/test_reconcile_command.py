@@ -86,8 +86,8 @@ def test_reconcile(recon, capsys, start, kind, title, items, fault, argv, rule, 
     assert out == f"{rid}  {start} → {state}  {reason}\n"
     r = recon.store.get(rid)
     assert (r.state, r.external_id) == (state, external_id)
-    assert history(recon.store, rid) == before + [
-        (start, "reconciling", RECONCILING_REASON, "cli:alice"), ("reconciling", state, reason, "cli:alice")]
+    assert history(recon.store, rid) == [
+        *before, (start, "reconciling", RECONCILING_REASON, "cli:alice"), ("reconciling", state, reason, "cli:alice")]
     assert [(q["method"], q["path"]) for q in recon.gets()] == ([] if read is None else [("GET", read_path)])
     assert recon.up.seen(recon.api_path(kind)) == len(items)  # a read, never another write
     assert len(recon.requests()) == len(items) + (read is not None)
@@ -160,7 +160,7 @@ def test_reconcile_all(recon, capsys):
     assert code == 0
     order = [ids["unknown_unproven"], ids["review_absent"], ids["unknown_found"]]  # newest first
     ops = ["test-api/notes.create", "test-api/things.create", "test-api/things.create"]
-    assert err == "".join(f"[{n}/3] {rid} {op} ...\n" for n, (rid, op) in enumerate(zip(order, ops), 1))
+    assert err == "".join(f"[{n}/3] {rid} {op} ...\n" for n, (rid, op) in enumerate(zip(order, ops, strict=True), 1))
     things, notes = recon.read_of("things"), recon.read_of("notes")
     assert out.splitlines() == [
         f"{order[0]}  outcome_unknown → manual_review  {notes} → HTTP 200: not found among 0 items; "

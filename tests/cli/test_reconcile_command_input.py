@@ -108,6 +108,7 @@ def run_expecting_refusal(recon: Recon, capsys, *argv: str) -> tuple[int, str, s
         return recon.run(capsys, *argv)
     except SystemExit as e:
         out, err = capsys.readouterr()
+        assert isinstance(e.code, int), e.code
         return e.code, out, err
 
 
@@ -149,7 +150,7 @@ def test_reconcile_credential_with_a_line_break_never_reaches_the_db(recon, caps
     recon.add("things", "x")
     rid = recon.receipt("x")
     before = dump(recon.path)
-    code, out, err = recon.run(capsys, rid, *argv)
+    _, out, err = recon.run(capsys, rid, *argv)
     assert b"SECRET-" not in recon.db_bytes(), "the credential is in the database"
     assert "SECRET-" not in out + err
     assert dump(recon.path) == before  # no "read" that never left recorded as one

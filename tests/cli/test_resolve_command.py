@@ -45,7 +45,7 @@ def test_resolve_succeeded_with_an_external_id_shows_in_show_json(review, capsys
 
 
 def test_resolve_safe_to_retry_lets_the_next_identical_request_through(review, capsys, alice):
-    path, ids, clock, store = review
+    path, ids, _, store = review
     rid = ids["outcome_unknown"]
     assert store.begin_attempt(attempt(1)).kind == "blocked"
     code, _, _ = cli(capsys, "--db", str(path), "resolve", rid, "--as", "safe_to_retry", "--note", "not there")

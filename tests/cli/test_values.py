@@ -55,7 +55,7 @@ def test_since_without_a_zone_is_utc_not_local_time(timeline, capsys, new_york):
     assert dt.datetime(2026, 3, 1, 12).astimezone().utcoffset() == dt.timedelta(hours=-5)  # the fixture works
     assert cli_module.parse_since("2026-03-01T13:00:00", NOW) == "2026-03-01T13:00:00.000000Z"
     path, ids = timeline
-    code, out, _ = cli(capsys, "--db", str(path), "list", "--since", "2026-03-01", "--json")
+    _, out, _ = cli(capsys, "--db", str(path), "list", "--since", "2026-03-01", "--json")
     assert [r["operation_id"] for r in json.loads(out)] == [
         ids["medium.com/articles.create"], ids["dev.to/articles.update"], ids["dev.to/articles.create"]]
 
