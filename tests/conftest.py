@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import pytest
 
@@ -215,7 +215,16 @@ def backend_store(backend_db, clock):
 
 STARTED: list[Proxy] = []         # every Proxy this run started (Proxy.start)
 RECORDED_TOKEN: list[Proxy] = []  # proxies that answered a Clients.send (a URL with ?token=) with a receipt
-SWEEP: dict[str, object] = {}     # what the sweep checked, for the end-of-run summary line
+
+
+class Sweep(TypedDict, total=False):
+    dbs: int
+    logs: int
+    redacted: bool
+    problems: list[str]
+
+
+SWEEP: Sweep = {}  # what the sweep checked, for the end-of-run summary line
 
 
 def receipts_files(base: Path) -> tuple[set[Path], set[Path]]:
@@ -272,7 +281,7 @@ def no_marker_secret_anywhere(tmp_path_factory):
         if not any("token=REDACTED" in p.log() for p in RECORDED_TOKEN):
             problems.append("no token=REDACTED in the log of any proxy that recorded a URL with ?token=: "
                             + ", ".join(str(p.log_path) for p in RECORDED_TOKEN))
-    SWEEP.update(dbs=len(dbs), logs=len(logs), redacted=bool(RECORDED_TOKEN), problems=problems)
+    SWEEP.update(Sweep(dbs=len(dbs), logs=len(logs), redacted=bool(RECORDED_TOKEN), problems=problems))
     if problems:
         pytest.fail("MARKER SECRETS SWEEP FAILED:\n  " + "\n  ".join(problems), pytrace=False)
 

@@ -112,15 +112,15 @@ def test_terminal_states_are_exactly_succeeded_and_the_retryable_ones():
 
 
 def test_unresolved_is_exactly_the_five_open_states():
-    assert UNRESOLVED == frozenset(
+    assert frozenset(
         {State.AWAITING_APPROVAL, State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW}
-    )
+    ) == UNRESOLVED
     # ... which are exactly the states that still have exits
-    assert UNRESOLVED == frozenset(s for s in State if TRANSITIONS[s])
+    assert frozenset(s for s in State if TRANSITIONS[s]) == UNRESOLVED
 
 
 def test_retryable_is_exactly_rejected_not_sent_safe_to_retry():
-    assert RETRYABLE == frozenset({State.REJECTED, State.NOT_SENT, State.SAFE_TO_RETRY})
+    assert frozenset({State.REJECTED, State.NOT_SENT, State.SAFE_TO_RETRY}) == RETRYABLE
     assert not (RETRYABLE & UNRESOLVED)
 
 

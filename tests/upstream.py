@@ -51,8 +51,10 @@ address (its certificate names 127.0.0.2 too).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
+import io
 import ipaddress
 import json
 import socket
@@ -64,6 +66,10 @@ import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from werkzeug.serving import BaseWSGIServer
 
 # Secrets an upstream mints in its answer to a write (the "mint" fault): never stored in clear.
 MINTED_KEY = "sk_live_MINTED-KEY-9d4c1e"
@@ -163,7 +169,8 @@ class Upstream:
 
             def setup(self):
                 super().setup()
-                self.rfile = _Counted(self.rfile, up)  # every byte read from the connection counts in up.received
+                # every byte read from the connection counts in up.received; _Counted passes the rest to the stream
+                self.rfile = cast(io.BufferedIOBase, _Counted(self.rfile, up))
 
             def log_message(self, *args):  # keep test output quiet
                 pass
@@ -324,7 +331,7 @@ class Upstream:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def _answer(self, status: int, doc: dict, headers: dict | None = None) -> None:
+            def _answer(self, status: int, doc: dict | list, headers: dict | None = None) -> None:
                 data = json.dumps(doc).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -337,10 +344,8 @@ class Upstream:
 
             def _close(self) -> None:
                 self.close_connection = True
-                try:
+                with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 self.connection.close()
 
         self.server = ThreadingHTTPServer((self.host, self._port), Handler)
@@ -455,7 +460,7 @@ class FlaskUpstream:
         self.lock = threading.Lock()
         self.objects: dict[str, list[dict]] = defaultdict(list)
         self.targets: list[str] = []
-        self.server = None
+        self.server: BaseWSGIServer | None = None
 
     def created(self, bucket: str) -> int:
         with self.lock:
