@@ -12,6 +12,7 @@ Every process is stopped by its PID at the end, whatever happens.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -224,7 +225,7 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
             raise RuntimeError(f"the {name} addon is not recording:\n{proxies[name].log()[-2000:]}")
     paths = {"direct": BenchPath("direct", None)}
     paths.update({name: BenchPath(name, f"http://127.0.0.1:{p.port}") for name, p in proxies.items()})
-    pids = {name: p.proc.pid for name, p in proxies.items()}
+    pids = {name: p.pid for name, p in proxies.items()}
     hb = HttpBench(f"http://127.0.0.1:{up_port}", paths, run_id=f"{int(time.time())}", log=log)
     out: dict = {"sequential": {}, "cpu_ms_per_request": {}}
 
@@ -266,9 +267,9 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
             log(f"  {p:<9} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
     if pg_url and a.concurrency:
         out["fleet"] = run_fleet(a, work, running, log, rules, pg_url, hb, proxies)
-    stats = hb.upstream_stats()
-    hb.checks.append(f"the upstream saw {stats.get('expect', 0)} requests with an Expect header, "
-                     f"out of {sum(v for k, v in stats.items() if k.startswith('path:'))}")
+    seen = hb.upstream_stats()
+    hb.checks.append(f"the upstream saw {seen.get('expect', 0)} requests with an Expect header, "
+                     f"out of {sum(v for k, v in seen.items() if k.startswith('path:'))}")
     out["checks"] = hb.checks
     return out
 
@@ -279,10 +280,8 @@ def postgres_cpu_seconds() -> float:
 
     uids = set()
     for name in ("postgres", "receipts-pg"):
-        try:
+        with contextlib.suppress(KeyError):
             uids.add(pwd.getpwnam(name).pw_uid)
-        except KeyError:
-            pass
     total = 0.0
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -321,7 +320,7 @@ def run_fleet(a, work: Path, running: list, log, rules: Path, pg_url: str, hb: H
     paths = {"direct": hb.paths["direct"], "baseline": hb.paths["baseline"],
              "addon": BenchPath("addon", fronts["addon"]), "compare": BenchPath("compare", fronts["compare"])}
     fleet = HttpBench(hb.upstream, paths, run_id=f"{hb.run_id}-fleet", log=log)
-    pids = {"baseline": proxies["baseline"].proc.pid, "pg1": instances[0].proc.pid, "pg2": instances[1].proc.pid}
+    pids = {"baseline": proxies["baseline"].pid, "pg1": instances[0].pid, "pg2": instances[1].pid}
     log(f"fleet: {a.concurrency} concurrent httpx clients through HAProxy (TCP) to 1 and to 2 addon instances "
         "on one PostgreSQL")
     cpu0 = {k: report.cpu_seconds(v) for k, v in pids.items()}
@@ -334,8 +333,8 @@ def run_fleet(a, work: Path, running: list, log, rules: Path, pg_url: str, hb: H
     pg_ms = (postgres_cpu_seconds() - pg0) * 1000 / (2 * total)  # both HAProxy paths wrote receipts
     names = {"direct": "direct", "baseline": "bare mitmdump", "addon": "HAProxy → 1 instance",
              "compare": "HAProxy → 2 instances"}
-    for p, s in stats.items():
-        log(f"  {names[p]:<22} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
+    for path, s in stats.items():
+        log(f"  {names[path]:<22} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
     log(f"  CPU ms per request: bare mitmdump {cpu['baseline']:.2f}; the addon instances together "
         f"{(cpu['pg1'] + cpu['pg2']):.2f} (pg1 {cpu['pg1']:.2f}, pg2 {cpu['pg2']:.2f}); PostgreSQL {pg_ms:.2f}")
     return {"concurrent": stats, "cpu_ms_per_request": cpu, "postgres_cpu_ms_per_receipt": pg_ms}

@@ -32,7 +32,7 @@ def percentile(sorted_ms: list[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted list."""
     if not sorted_ms:
         return float("nan")
-    k = max(0, min(len(sorted_ms) - 1, int(round(q / 100 * len(sorted_ms) + 0.5)) - 1))
+    k = max(0, min(len(sorted_ms) - 1, round(q / 100 * len(sorted_ms) + 0.5) - 1))
     return sorted_ms[k]
 
 
@@ -175,7 +175,7 @@ class HttpBench:
             finally:
                 gc.enable()
         finally:
-            for send, close in clients.values():
+            for _send, close in clients.values():
                 close()
         if sc.setup:  # duplicates answered from the record must not reach the upstream
             after = self.upstream_stats()
@@ -230,7 +230,7 @@ class HttpBench:
                     if i >= warmup:
                         ms[combo].append(dt)
         finally:
-            for send, close in clients.values():
+            for _send, close in clients.values():
                 close()
         return {f"{c} via {p}": Stats.of(v) for (c, p), v in ms.items()}
 

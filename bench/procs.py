@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ class Process:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Process:
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while the process runs; stop() closes it
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_PROXY": "*", "no_proxy": "*"}
         for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
             env.pop(k, None)
@@ -75,6 +76,12 @@ class Process:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        """The PID of the process start() began (and stop() has not yet ended)."""
+        assert self.proc is not None, f"{self.name} is not running"
+        return self.proc.pid
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -127,7 +134,7 @@ def pin(pinned: bool) -> str:
     return f"pinned: every mitmdump on CPU {cpus[-1]}, the client, the upstream and the rest on {cpus[:-1]}"
 
 
-def mitmdump(name: str, workdir: Path, script: Path, ready: str, extra: list[str] = ()) -> Process:
+def mitmdump(name: str, workdir: Path, script: Path, ready: str, extra: Sequence[str] = ()) -> Process:
     """mitmdump on 127.0.0.1 with defaults, one script, and its own confdir (its own CA); its
     port (`.port`) is the kernel's pick, known once wait_ready() returns."""
     confdir = workdir / f"conf-{name}"

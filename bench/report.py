@@ -179,7 +179,7 @@ def summary(results: dict) -> str:
 
 
 def _plain(o):
-    if dataclasses.is_dataclass(o):
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):  # an instance (Stats, Target), not a class
         return dataclasses.asdict(o)
     if isinstance(o, dict):
         return {str(k): _plain(v) for k, v in o.items()}
