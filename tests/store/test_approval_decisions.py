@@ -95,10 +95,14 @@ def test_only_a_receipt_awaiting_approval_can_be_decided(store, to):
 def test_a_write_whose_proxy_stopped_cannot_be_decided(store):
     rid = held(store, instance="dead-1")
     asked: list = []
+
+    def is_alive(instance: str | None) -> bool:
+        asked.append(instance)
+        return False
+
     before = tables(store)
     with pytest.raises(IllegalTransition, match=r"the proxy that held it \(instance dead-1\) has stopped"):
-        store.decide_approval(rid, approve=True, note="", actor="cli:alice",
-                              is_alive=lambda i: asked.append(i) or False)
+        store.decide_approval(rid, approve=True, note="", actor="cli:alice", is_alive=is_alive)
     assert asked == ["dead-1"]
     assert tables(store) == before
 
@@ -188,7 +192,9 @@ def test_the_cli_and_mitmweb_racing_exactly_one_wins(tmp_path):
         rid = held(store, fp)
         won = race(path, rid, fp)
         assert len(won) == 1, won
-        r, used = store.get(rid), store.approval_decision(rid).consumed_at is not None
+        decision = store.approval_decision(rid)
+        assert decision is not None
+        r, used = store.get(rid), decision.consumed_at is not None
         assert (r.state, used) == ((State.REJECTED, True) if won == ["cli"] else (State.SUBMITTED, False))
         assert [e.to_state for e in store.events(rid)] == [State.AWAITING_APPROVAL, r.state]
     store.close()

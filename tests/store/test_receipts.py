@@ -17,12 +17,13 @@ import stat
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from proxy_addon.errors import IllegalTransition, StoreError, StoreUnavailable, UnknownReceipt
 from proxy_addon.states import UNRESOLVED, State
-from proxy_addon.store import Attempt, RecordedResponse, Store, iso, open_store
+from proxy_addon.store import Attempt, Decision, ReceiptStore, RecordedResponse, Store, iso, open_store
 from tests.conftest import T0, FakeClock
 
 JOIN_TIMEOUT = 15.0
@@ -61,7 +62,7 @@ def in_transaction(store) -> bool:
 
 def attempt(fp: str = "fp-1", *, flow_id: str | None = "flow-1", instance: str | None = "inst-1",
             **kw) -> Attempt:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         api="example", operation="articles.create", method="POST",
         target="https://api.example/articles", intent_fingerprint=fp,
         intent={"title": "hello", "tags": ["a", "b"]}, principal="agent-1",
@@ -86,13 +87,13 @@ def n_events(store) -> int:
     return sql(store, "SELECT count(*) AS n FROM receipt_events")[0]["n"]
 
 
-def forward(store: Store, fp: str = "fp-1", **kw) -> str:
+def forward(store: ReceiptStore, fp: str = "fp-1", **kw) -> str:
     d = store.begin_attempt(attempt(fp, **kw))
     assert d.kind == "forward"
     return d.receipt.operation_id
 
 
-def walk(store: Store, op: str, *states: State) -> None:
+def walk(store: ReceiptStore, op: str, *states: State) -> None:
     for s in states:
         store.transition(op, s, reason=f"to {s}", actor="setup")
 
@@ -207,14 +208,14 @@ def test_concurrent_first_open_of_a_new_database(tmp_path):
         path = tmp_path / f"fresh-{trial}.db"
         barrier = threading.Barrier(8, timeout=JOIN_TIMEOUT)
 
-        def worker():
+        def worker(barrier: threading.Barrier, path: Path) -> None:  # bound per trial, not the loop's latest
             barrier.wait()
             try:
                 Store.open(path).close()
             except StoreError as e:
                 failures.append(str(e))
 
-        threads = [threading.Thread(target=worker) for _ in range(8)]
+        threads = [threading.Thread(target=worker, args=(barrier, path)) for _ in range(8)]
         for t in threads:
             t.start()
         for t in threads:
@@ -273,7 +274,7 @@ def test_blocked_repeatedly_records_each_duplicate(store):
     assert n_receipts(store) == 1
 
 
-def succeed(store: Store, clock: FakeClock, response: RecordedResponse | None = RESPONSE) -> str:
+def succeed(store: ReceiptStore, clock: FakeClock, response: RecordedResponse | None = RESPONSE) -> str:
     op = forward(store)
     clock.advance(1)
     store.transition(op, State.SUCCEEDED, reason="HTTP 201", http_status=201, response=response)
@@ -479,11 +480,13 @@ def test_response_round_trips(db, clock, response):
     op = forward(s)
     r = s.transition(op, State.SUCCEEDED, reason="HTTP", http_status=response.status,
                      external_id="ext-42", response=response)
+    assert s.answer_seal is not None and r.response is not None
     assert s.answer_seal.open(op, r.response) == response
     s.close()
     s2 = open_store(db, clock=clock)  # from disk, through a fresh connection
     try:
         stored = s2.get(op).response
+        assert stored is not None and s2.answer_seal is not None
         assert (stored.status, stored.truncated, stored.encryption, stored.clear) == (
             response.status, response.truncated, "v1", None)
         got = s2.answer_seal.open(op, stored)
@@ -637,7 +640,7 @@ def test_threads_racing_on_one_fingerprint_forward_once(db):
             d = s.begin_attempt(attempt("fp-race", flow_id=f"t{i}"))
             with lock:
                 kinds.append(d.kind)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             with lock:
                 errors.append(e)
         finally:
@@ -806,7 +809,9 @@ def test_a_reused_idempotency_key_keeps_the_time_it_was_first_sent(db):
 
 def commits(s: Store) -> list[tuple[str, str]]:
     """Trace a SQLite store's connection: each COMMIT as (its synchronous level, what it wrote)."""
-    level, statements, out = "FULL", [], []
+    level = "FULL"
+    statements: list[str] = []
+    out: list[tuple[str, str]] = []
 
     def trace(statement: str) -> None:
         nonlocal level, statements
@@ -885,12 +890,14 @@ def test_each_event_is_written_as_durably_as_promised(store):
     durable, relaxed = ("FULL", "NORMAL") if isinstance(store, Store) else ("on", "off")
     seen = []
 
-    class Watched(type(store)):  # the same store, telling what the database says as each event is written
-        def _event(self, operation_id, event, *args, **kw):
-            seen.append((event, durability_setting(self)))
-            super()._event(operation_id, event, *args, **kw)
+    base = type(store)
 
-    store.__class__ = Watched
+    def _event(self, operation_id, event, *args, **kw):
+        seen.append((event, durability_setting(self)))
+        base._event(self, operation_id, event, *args, **kw)
+
+    # the same store, telling what the database says as each event is written (a subclass of the backend's class)
+    store.__class__ = type("Watched", (base,), {"_event": _event})
     op = forward(store)
     store.record_outcome(op, State.OUTCOME_UNKNOWN, reason="connection reset")
     assert store.begin_attempt(attempt(flow_id="dup")).kind == "blocked"
@@ -959,6 +966,7 @@ def test_answer_duplicate_answers_from_one_read_and_records_the_answer(db_path):
     try:
         decision = local.answer_duplicate(attempt(flow_id="flow-2"))
         assert decision != "busy" and decision != "new"
+        assert isinstance(decision, Decision)
         assert (decision.kind, decision.receipt.operation_id) == ("blocked", op_id)
         blocked = [e for e in store.events(op_id) if e.event == "blocked"]  # committed: another connection sees it
         assert [(e.flow_id, e.to_state) for e in blocked] == [("flow-2", State.OUTCOME_UNKNOWN)]
@@ -970,7 +978,8 @@ def test_answer_duplicate_answers_from_one_read_and_records_the_answer(db_path):
         assert len(store.events(op_id)) == before
         assert not local.conn.in_transaction
         again = local.answer_duplicate(attempt(flow_id="flow-3"), look_first=False)
-        assert again not in ("new", "busy") and (again.kind, again.receipt.operation_id) == ("blocked", op_id)
+        assert again not in ("new", "busy")
+        assert isinstance(again, Decision) and (again.kind, again.receipt.operation_id) == ("blocked", op_id)
         assert [e.flow_id for e in store.events(op_id) if e.event == "blocked"] == ["flow-2", "flow-3"]
     finally:
         local.close()

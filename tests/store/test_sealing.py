@@ -47,6 +47,7 @@ def test_a_sealed_answer_does_not_open_in_another_receipt_or_with_another_key(tm
         a, b = succeeded(store, "fp-a"), succeeded(store, "fp-b")
         stored_a = store.get(a).response
         assert isinstance(stored_a, StoredAnswer) and MINTED_KEY.encode() not in stored_a.sealed
+        assert store.answer_seal is not None
         assert store.answer_seal.open(a, stored_a) == ANSWER
         with pytest.raises(StoreError, match=f"receipt {b} does not open"):
             store.answer_seal.open(b, stored_a)  # a's answer moved into b
@@ -88,6 +89,7 @@ def test_a_plaintext_row_replays_as_recorded(tmp_path):
         d = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://a/x",
                                         intent_fingerprint="fp-a", intent={}, principal="p"))
         assert (d.kind, d.answer) == ("replay", clear)
+        assert d.receipt.response is not None
         assert d.receipt.response.clear == clear and d.receipt.response.encryption is None
     finally:
         store.close()
