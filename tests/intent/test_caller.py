@@ -211,6 +211,7 @@ def test_a_caller_that_cannot_be_told_apart_is_unidentified_and_never_replayed()
     assert one.unidentified == ("query:sig",) and one.counted == ()
     assert one.principal.startswith("hmac:") and one.principal != two.principal  # the same bytes only
     m = PIN.match("api.pin.test", 443, "POST", "/v1/things?sig=s1")
+    assert m is not None
     attempt = build_attempt(m, view("/v1/things?sig=s1", JSON, b'{"title": "t"}'), KEY)
     assert attempt.unreplayable == (attempt.intent_fingerprint,)
     assert pin("/v1/things", JSON, b'{"title": "t"}').principal == "anonymous"  # nothing credential-like: anonymous
@@ -226,6 +227,7 @@ def test_mcp_arguments_named_like_credentials_count():
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                            "params": {"name": "send", "arguments": {"text": "hi", "api_key": key}}}).encode()
         m = rules.match("mcp.test", 443, "POST", "/mcp", body=body, headers=[])
+        assert m is not None
         return fingerprint(m, view("/mcp", JSON, body, host="mcp.test"), KEY)
 
     assert call("K1").counted == ("body:params.arguments.api_key",)
@@ -252,6 +254,7 @@ operations:
 def declared(path: str, headers: dict[str, str], body: bytes, scheme: int = 3):
     rules = RuleSet.of([load_rules(DECLARED, "dec.yaml")])
     m = rules.match("api.dec.test", 443, "POST", path)
+    assert m is not None
     return fingerprint(m, view(path, headers, body, host="api.dec.test"), KEY, scheme=scheme)
 
 
@@ -334,13 +337,15 @@ def test_credentials_the_loader_refuses(extra, where, message):
 
 def test_an_old_rules_description_is_read_without_the_new_places():
     op = RuleSet.of([load_rules(DECLARED, "dec.yaml")]).operation("dec", "send")
+    assert op is not None
     old = {k: v for k, v in op.fingerprint_rule().items() if not k.startswith("credential_") or k.endswith("headers")}
     before = op.under_rule(old)
     assert (before.credential_query, before.credential_body, before.credential_path) == ((), (), ())
     again = op.under_rule(op.fingerprint_rule())
     assert again.rule_digest == op.rule_digest and again.credential_path == ("room",)
     edited = RuleSet.of([load_rules(DECLARED.replace("query: [k]", "query: [k, k2]"), "dec.yaml")])
-    assert edited.operation("dec", "send").rule_digest != op.rule_digest  # an edit of a place is an edited rule
+    edited_op = edited.operation("dec", "send")
+    assert edited_op is not None and edited_op.rule_digest != op.rule_digest  # an edit of a place is an edited rule
     with pytest.raises(ValueError):
         op.under_rule({**op.fingerprint_rule(), "credential_query": "k"})
 
@@ -355,6 +360,7 @@ def test_an_earlier_schemes_success_blind_to_a_credential_is_blocked_never_repla
     try:
         path, body = f"/bot{TG}/sendMessage", b'{"chat_id": 42, "text": "hi"}'
         m = PIN.match("api.pin.test", 443, "POST", path)
+        assert m is not None
         old = build_attempt(m, view(path, JSON, body), KEY)
         old = type(old)(**{**old.__dict__, "intent_fingerprint": pin(path, JSON, body, scheme=2).fingerprint,
                            "fingerprint_scheme": 2})
@@ -368,6 +374,7 @@ def test_an_earlier_schemes_success_blind_to_a_credential_is_blocked_never_repla
         # A request whose every credential scheme 2 saw (Authorization) is still replayed across the upgrade.
         auth = {**JSON, "authorization": "Bearer A"}
         m2 = PIN.match("api.pin.test", 443, "POST", "/v1/things")
+        assert m2 is not None
         seen = build_attempt(m2, view("/v1/things", auth, b'{"title": "t"}'), KEY, versions=[Version(2, None, False)])
         assert seen.unreplayable == ()
     finally:
@@ -376,6 +383,7 @@ def test_an_earlier_schemes_success_blind_to_a_credential_is_blocked_never_repla
 
 def test_the_principal_of_headers_alone_is_scheme_2s_when_only_credential_headers_are_sent():
     op = PIN.operation("pin", "things.create")
+    assert op is not None
     for headers in ({"api-key": "K"}, {"authorization": "Bearer A"}, {"cookie": "c=1"}):
         assert caller_of(op, headers, KEY, scheme=3).principal == caller_of(op, headers, KEY, scheme=2).principal
 
@@ -383,6 +391,7 @@ def test_the_principal_of_headers_alone_is_scheme_2s_when_only_credential_header
 def test_a_write_keeps_the_principal_of_its_credential_headers_when_more_made_its_own():
     """`receipts reconcile` checks a read's headers against it (tests/e2e/reconcile/test_principal.py)."""
     m = PIN.match("api.pin.test", 443, "POST", "/v1/things?api_key=Q")
+    assert m is not None
     both = build_attempt(m, view("/v1/things?api_key=Q", {**JSON, "api-key": "A"}, b"{}"), KEY)
     alone = build_attempt(m, view("/v1/things", {**JSON, "api-key": "A"}, b"{}"), KEY)
     assert both.principal != alone.principal and alone.read_principal is None

@@ -110,6 +110,7 @@ RULES_AFTER = RULES.replace("body: [title, sku]", "body: [title]").replace(
 def test_receipts_from_before_schemes_are_looked_for_under_schemes_1_and_2(state, age, expected):
     rules = RuleSet.of([load_rules(RULES, "t.yaml")])
     op = rules.operation("shop", "form.create")
+    assert op is not None
     got = versions_of(rules, held(op, state, age=age)).of_operation(op)
     assert tuple((v.scheme, v.rule, v.unresolved_only) for v in got) == tuple(
         (s, r, u) for s, r, u in sorted(expected, key=lambda e: -e[0])
@@ -119,13 +120,16 @@ def test_receipts_from_before_schemes_are_looked_for_under_schemes_1_and_2(state
 def test_after_success_block_looks_for_old_successes_forever():
     rules = RuleSet.of([load_rules(RULES_AFTER, "t.yaml")])
     op = rules.operation("shop", "raw.create")
+    assert op is not None
     assert [v.scheme for v in versions_of(rules, held(op, "succeeded", age=10**7)).of_operation(op)] == [2, 1]
 
 
 def test_an_edited_rule_is_looked_for_only_while_unresolved_and_named():
     before = RuleSet.of([load_rules(RULES, "t.yaml")]).operation("shop", "form.create")
+    assert before is not None
     rules = RuleSet.of([load_rules(RULES_AFTER, "t.yaml")])
     op = rules.operation("shop", "form.create")
+    assert op is not None
     assert op.rule_digest != before.rule_digest
     old = dict(scheme=SCHEME, digest=before.rule_digest, rule=before.fingerprint_rule())
     unknown = versions_of(rules, held(op, "outcome_unknown", **old))
@@ -152,7 +156,10 @@ def test_an_edited_rule_gives_the_request_its_old_fingerprint():
     args = ("POST", "api.shop.test", 443, "/v1/form", FORM, b"title=a&sku=b")
     old = fingerprint(match(before, *args), view(*args), KEY).fingerprint
     m = match(after, *args)
-    a = build_attempt(m, view(*args), KEY, versions=(Version(SCHEME, before.operation("shop", "form.create").fingerprint_rule(), True),))
+    assert m is not None
+    before_op = before.operation("shop", "form.create")
+    assert before_op is not None
+    a = build_attempt(m, view(*args), KEY, versions=(Version(SCHEME, before_op.fingerprint_rule(), True),))
     assert a.intent_fingerprint != old
     assert (a.earlier, a.earlier_unresolved) == ((), (old,))
 
@@ -212,7 +219,9 @@ def test_an_edited_rules_receipt_answers_only_while_unresolved(backend_store):
     after = RuleSet.of([load_rules(RULES_AFTER, "t.yaml")])
     args = ("POST", "api.shop.test", 443, "/v1/form", FORM, b"title=a&sku=b")
     old_fp = fingerprint(match(before, *args), view(*args), KEY).fingerprint
-    rule = before.operation("shop", "form.create").fingerprint_rule()
+    before_op = before.operation("shop", "form.create")
+    assert before_op is not None
+    rule = before_op.fingerprint_rule()
     a = attempt_for(after, *args, versions=(Version(SCHEME, rule, True),))
     old = earlier_receipt(backend_store, a, State.SUBMITTED, fingerprint=old_fp)
     assert backend_store.begin_attempt(a).kind == "blocked"
@@ -233,6 +242,7 @@ def test_the_agents_key_used_under_an_earlier_fingerprint_is_no_conflict(backend
 def test_fingerprint_versions_reads_what_the_store_holds(backend_store):
     rules = RuleSet.of([load_rules(RULES, "t.yaml")])
     op = rules.operation("shop", "orders.create")
+    assert op is not None
     backend_store.remember_rules({op.rule_digest: json.dumps(op.fingerprint_rule())})
     backend_store.remember_rules({op.rule_digest: json.dumps(op.fingerprint_rule())})  # once
     a = attempt_for(rules, *ARGS)

@@ -269,6 +269,7 @@ def test_a_lone_credential_header_hashes_as_before():
 )
 def test_principal_of_kind(headers, expected):
     m = ruleset().match("api.shop.test", 443, "POST", "/v1/raw")
+    assert m is not None
     assert principal_of(m, headers, KEY).split(":")[0] == expected
 
 
@@ -322,6 +323,7 @@ operations:
     except RulesError:
         return  # refusing the rule is an acceptable fix
     m = RuleSet.of([rf]).match("auth.shop.test", 443, "POST", "/v1/sessions")
+    assert m is not None
     body = json.dumps({"user": {"name": "ann", "password": MARKER}}).encode()
     view = RequestView("POST", "https", "auth.shop.test", 443, "/v1/sessions", {"content-type": "application/json"}, body)
     assert MARKER not in canonical_json(dataclasses.asdict(fingerprint(m, view, KEY)))
@@ -606,7 +608,12 @@ def test_a_body_is_parsed_once_for_the_fingerprint_and_its_key(monkeypatch, path
     assert identity.body_key(m.operation, raw) == (given, room)  # reading it apart says the same
     parses: list[str] = []
     decode = json.JSONDecoder.decode  # what json.loads and the proxy's own decoders (json_body.py) call
-    monkeypatch.setattr(json.JSONDecoder, "decode", lambda self, s, *a, **k: parses.append(s) or decode(self, s, *a, **k))
+
+    def counted(self, s, *a, **k):
+        parses.append(s)
+        return decode(self, s, *a, **k)
+
+    monkeypatch.setattr(json.JSONDecoder, "decode", counted)
     attempt = build_attempt(m, req, KEY)
     assert (attempt.given_key, attempt.idempotency) == (given, room)
     assert parses.count(raw.decode()) == 1  # before: parsed for the fingerprint, for the agent's key, and for the room

@@ -93,7 +93,7 @@ intents = st.builds(
     Intent,
     host=st.sampled_from(["api.test", "127.0.0.1"]),
     bucket=st.lists(atom, min_size=1, max_size=8).map(tuple).filter(lambda b: "".join(b) not in (".", "..")),
-    title=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12),
+    title=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12),
     n=st.integers(-(2**40), 2**40),
     q=st.text(string.ascii_letters + string.digits + "-_", max_size=6),
 )
@@ -258,7 +258,7 @@ def test_a_change_of_one_field_is_another_write(data, intent):
     """The nearest different intents: one field changed, everything else spelled at random."""
     field = data.draw(st.sampled_from(["bucket", "title", "n", "q", "host"]))
     if field == "bucket":
-        other = dataclasses.replace(intent, bucket=intent.bucket + ("%2F",))
+        other = dataclasses.replace(intent, bucket=(*intent.bucket, "%2F"))
     elif field == "title":
         other = dataclasses.replace(intent, title=intent.title + "x")
     elif field == "n":

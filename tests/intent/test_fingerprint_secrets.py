@@ -91,7 +91,7 @@ def j(doc) -> bytes:
         pytest.param("/v1/orders", lambda t: j({"title": "x", "meta": {t: t}}), JSON, id="inside-a-hashed-object"),
         pytest.param("/v1/forms", lambda t: f"title={t}&sku=1".encode(), FORM, id="form-value"),
         pytest.param("/v1/orders?page=" + "{t}", lambda t: j({"title": "x"}), JSON, id="query-value"),
-        pytest.param("/graphql", lambda t: j({"query": 'mutation { issueCreate(input: {title: "%s"}) { id } }' % t}),
+        pytest.param("/graphql", lambda t: j({"query": f'mutation {{ issueCreate(input: {{title: "{t}"}}) {{ id }} }}'}),
                      JSON, id="graphql-argument"),
     ],
 )
@@ -132,6 +132,7 @@ def test_a_named_object_is_stored_as_a_keyed_hash_and_still_tells_objects_apart(
 
 def fingerprint_with_key(key: bytes, like) -> str:
     m = RS.match("api.shop.test", 443, "POST", "/v1/orders")
+    assert m is not None
     body = j({"title": "t", "meta": {"access_token": "SECRET-in-an-unnamed-leaf", "n": 1}})
     return fingerprint(m, RequestView("POST", "https", "api.shop.test", 443, "/v1/orders", JSON, body), key
                        ).intent["body"]["meta"]
@@ -145,7 +146,9 @@ def test_a_list_of_objects_is_hashed_and_a_list_of_scalars_is_kept():
 
 
 def test_a_read_template_naming_a_hashed_field_fails_to_plan_instead_of_looking_for_the_hash(tmp_path):
-    op = RS.match("api.shop.test", 443, "POST", "/v1/orders").operation
+    m = RS.match("api.shop.test", 443, "POST", "/v1/orders")
+    assert m is not None
+    op = m.operation
     receipt = recorded(tmp_path, "/v1/orders", j({"title": "t", "meta": {"x": 1}}))
     with pytest.raises(ReconcileError, match=r"\{intent.meta\} has no value"):
         plan_read(op, receipt)
@@ -190,6 +193,7 @@ def test_missing_fields_count_as_null_and_are_noted():
 
 def test_build_attempt_logs_the_fallback_once_without_values(caplog):
     m = RS.match("api.shop.test", 443, "POST", "/v1/forms")
+    assert m is not None
     body = j({"title": "SECRET-TITLE-VALUE", "sku": "1"})
     view = RequestView("POST", "https", "api.shop.test", 443, "/v1/forms?jwt=SECRET-JWT", FORM, body)
     with caplog.at_level(logging.WARNING, logger="proxy_addon.intent.fingerprint"):
@@ -209,6 +213,7 @@ def test_the_stored_target_keeps_only_the_query_values_the_fingerprint_names():
 
 def recorded(tmp_path: Path, path: str, body: bytes):
     m = RS.match("api.shop.test", 443, "POST", path.split("?")[0])
+    assert m is not None
     store = Store.open(tmp_path / "r.db")
     attempt = build_attempt(m, RequestView("POST", "https", "api.shop.test", 443, path, JSON, body), KEY)
     return store.begin_attempt(attempt).receipt
@@ -216,7 +221,9 @@ def recorded(tmp_path: Path, path: str, body: bytes):
 
 def test_a_reads_shown_url_keeps_what_its_template_writes(tmp_path):
     rules = RuleSet.of([load_rules(RULES.replace("&meta={intent.meta}", ""), "t.yaml")])
-    op = rules.match("api.shop.test", 443, "POST", "/v1/orders").operation
+    m = rules.match("api.shop.test", 443, "POST", "/v1/orders")
+    assert m is not None
+    op = m.operation
     receipt = recorded(tmp_path, "/v1/orders?x_thing=SECRET-X", j({"title": "Mug"}))
     read = plan_read(op, receipt)
     assert read.shown == "https://api.shop.test/v1/orders?page=2&title=Mug"
