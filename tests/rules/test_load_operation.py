@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -184,6 +185,7 @@ def test_a_post_read_to_a_listed_path_loads_and_renders_its_body():
                 http_status=None, error=None, external_id=None, flow_id=None, retry_of=None, instance=None,
                 idempotency_key="6f1c8a4e-1111-4222-8333-444455556666")
     read = plan_read(op, r)
+    assert read is not None and read.body is not None
     assert (read.method, read.url) == ("POST", "https://api.demo.test/graphql")
     doc = json.loads(read.body)
     assert doc["query"].startswith("query Q")  # sent as written: its braces are GraphQL, not templates
@@ -230,7 +232,7 @@ operations:
 """
 
 
-def _unknown(completed_at: str) -> Receipt:
+def _unknown(completed_at: str | None) -> Receipt:
     return Receipt(operation_id="r2", api="demo", operation="x", method="POST", target="https://api.demo.test/messages",
                    state=State.RECONCILING, intent_fingerprint="sha256:y", intent={"body": {"to": "a@b.test"}},
                    principal="anonymous", submitted_at="2026-11-29T10:00:00.000000Z", updated_at="",
@@ -267,7 +269,7 @@ operations:
     match: {method: POST, path: /graphql, graphql: commentCreate}
 """
 
-WITH_VARIABLES = {
+WITH_VARIABLES: dict[str, Any] = {
     "query": "mutation createIssue($input: IssueCreateInput!) { issueCreate(input: $input) { success issue { id } } }",
     "operationName": "createIssue",
     "variables": {"input": {"title": "Crash on save", "teamId": "T1", "description": "ignored"}},
@@ -284,19 +286,24 @@ def test_graphql_mutations_match_by_root_field_not_operation_name():
     pending = rs.match("api.linear.test", 443, "POST", "/graphql")
     assert pending is not None and pending.pending
     m = rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(WITH_VARIABLES))
+    assert m is not None and m.graphql_args is not None
     assert m.operation.name == "issues.create" and m.graphql_args["input"]["title"] == "Crash on save"
-    assert rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(INLINE)).operation.name == "issues.create"
+    m = rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(INLINE))
+    assert m is not None and m.operation.name == "issues.create"
     comment = {"query": "mutation issueCreate { commentCreate(input: {body: \"x\"}) { success } }"}
-    assert rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(comment)).operation.name == "comments.create"
+    m = rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(comment))
+    assert m is not None and m.operation.name == "comments.create"
     query = {"query": "query issueCreate { issues { nodes { id } } }"}
     assert rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(query)) is None
     not_json = rs.match("api.linear.test", 443, "POST", "/graphql", body=b"not json")
+    assert not_json is not None and not_json.refused is not None
     assert not_json.refused_as == "bad_json" and "not JSON" in not_json.refused  # a server may read it otherwise: 400
     two = {"query": "mutation A { issueCreate(input: {title: \"a\"}) { success } } query B { viewer { id } }",
            "operationName": "B"}
     assert rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(two)) is None  # B runs, a query
     fragment = {"query": "mutation { ...F } fragment F on Mutation { issueCreate(input: {title: \"f\"}) { success } }"}
-    assert rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(fragment)).operation.name == "issues.create"
+    m = rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(fragment))
+    assert m is not None and m.operation.name == "issues.create"
 
 
 def test_graphql_variables_and_inline_arguments_fingerprint_alike():
@@ -305,6 +312,7 @@ def test_graphql_variables_and_inline_arguments_fingerprint_alike():
     for doc in (WITH_VARIABLES, INLINE):
         body = _gql(doc)
         m = rs.match("api.linear.test", 443, "POST", "/graphql", body=body)
+        assert m is not None
         view = RequestView("POST", "https", "api.linear.test", 443, "/graphql", {"content-type": "application/json"}, body)
         prints.append(fingerprint(m, view, KEY))
     assert prints[0].fingerprint == prints[1].fingerprint
@@ -315,15 +323,21 @@ def test_a_proxy_chosen_id_goes_into_the_variable_or_is_kept_from_the_agent():
     op = rules(LINEARISH).operations[0]
     body = _gql(WITH_VARIABLES)
     assert identity.body_key(op, body, WITH_VARIABLES["variables"]) == (None, True)
-    sent = json.loads(identity.with_body_key(op, body, "uuid-1"))
+    sent_body = identity.with_body_key(op, body, "uuid-1")
+    assert sent_body is not None
+    sent = json.loads(sent_body)
     assert sent["variables"]["input"]["id"] == "uuid-1" and sent["variables"]["input"]["title"] == "Crash on save"
     own = json.loads(json.dumps(WITH_VARIABLES))
     own["variables"]["input"]["id"] = "agent-uuid"
     assert identity.body_key(op, _gql(own), own["variables"]) == ("agent-uuid", True)
     # An inline argument: the id is written into the document itself.
     assert identity.body_key(op, _gql(INLINE), {"input": {"title": "Crash on save"}}) == (None, True)
-    sent = json.loads(identity.with_body_key(op, _gql(INLINE), "uuid-1"))
-    assert gql.mutation_fields(json.dumps(sent).encode())["issueCreate"]["input"] == {
+    sent_body = identity.with_body_key(op, _gql(INLINE), "uuid-1")
+    assert sent_body is not None
+    sent = json.loads(sent_body)
+    fields = gql.mutation_fields(json.dumps(sent).encode())
+    assert fields is not None
+    assert fields["issueCreate"]["input"] == {
         "title": "Crash on save", "teamId": "T1", "id": "uuid-1"}
     # No input at all, or one behind a fragment: no place for an id, the request goes as it is.
     bare = {"query": "mutation { issueCreate { success } }"}
@@ -334,8 +348,8 @@ def test_a_proxy_chosen_id_goes_into_the_variable_or_is_kept_from_the_agent():
 
 def test_gql_read_is_query():
     assert gql.read_is_query("query { viewer { id } }") is None
-    assert "mutation" in gql.read_is_query("mutation { a }")
-    assert "does not parse" in gql.read_is_query("query {")
+    assert "mutation" in (gql.read_is_query("mutation { a }") or "")
+    assert "does not parse" in (gql.read_is_query("query {") or "")
 
 
 # --- multipart -------------------------------------------------------------------------------------
@@ -350,6 +364,7 @@ def _multipart(purpose: str, content: bytes, filename: str = "batch.jsonl") -> t
 def test_multipart_parts_hash_files_and_keep_text():
     ctype, body = _multipart("batch", b'{"custom_id": "1"}\n')
     parts = multipart_parts(ctype, body)
+    assert parts is not None
     assert parts["purpose"] == "batch"
     assert parts["file"]["filename"] == "batch.jsonl" and parts["file"]["size"] == 19
     assert len(parts["file"]["sha256"]) == 64 and "custom_id" not in json.dumps(parts)

@@ -536,6 +536,7 @@ operations:
 """
     rules = RuleSet.of([load_rules(text, "order.yaml")])
     m = rules.match("order.test", 443, "POST", "/items/special")
+    assert m is not None
     assert (m.operation.name, m.params) == ("items.update", {"id": "special"})
     assert [op.name for op in rules.operations] == ["items.update", "items.special", "items.other"]
 
@@ -553,7 +554,8 @@ operations:
 """
     rules = RuleSet.of([load_rules(text, "mcp.yaml")])
     found = {p: rules.match("mcp.test", 443, "POST", p) for p in ("/mcp", "/mcp/", "/mcp/x/issues", "/v1/tools/all")}
-    assert {p: (m.operation.name, m.params) for p, m in found.items()} == {
+    assert None not in found.values()
+    assert {p: (m.operation.name, m.params) for p, m in found.items() if m is not None} == {
         "/mcp": ("issue.create", {}),
         "/mcp/": ("issue.create", {}),
         "/mcp/x/issues": ("issue.create", {"toolset": "issues"}),
@@ -563,7 +565,8 @@ operations:
     issue, note = rules.operations
     assert issue.path.params == () and issue.fingerprint.path == ()  # no parameter is in every path
     assert note.path.params == ("id",) and note.fingerprint.path == ("id",)
-    assert rules.match("mcp.test", 443, "POST", "/v2/notes/7").params == {"id": "7"}
+    m = rules.match("mcp.test", 443, "POST", "/v2/notes/7")
+    assert m is not None and m.params == {"id": "7"}
     assert issue.path.template == "/mcp/ | /mcp/x/{toolset} | /v{n}/tools/{toolset}"
 
 
@@ -593,10 +596,13 @@ def test_two_files_match_independently(tmp_path):
     rules = load_rules_path(tmp_path)
     assert [f.api for f in rules.files] == ["dev.to", "hosts"]
     assert [f.source for f in rules.files] == [str(tmp_path / "a.yaml"), str(tmp_path / "b.yml")]
-    assert rules.match("dev.to", 443, "POST", "/api/articles").operation.api == "dev.to"
-    assert rules.match("a.example.com", 443, "POST", "/things").operation.api == "hosts"
+    m = rules.match("dev.to", 443, "POST", "/api/articles")
+    assert m is not None and m.operation.api == "dev.to"
+    m = rules.match("a.example.com", 443, "POST", "/things")
+    assert m is not None and m.operation.api == "hosts"
     assert rules.match("dev.to", 443, "POST", "/things") is None
-    assert rules.operation("hosts", "things.create").path.template == "/things"
+    op = rules.operation("hosts", "things.create")
+    assert op is not None and op.path.template == "/things"
 
 
 def _op(fingerprint_yaml: str | None, path: str = "/orgs/{org}/items/{id}", extra: str = ""):

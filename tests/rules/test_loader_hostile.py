@@ -92,7 +92,7 @@ def _mutated_docs(draw) -> str:
     return _dump(doc)
 
 
-_YAML_NOISE = st.sampled_from(list(":{}[],-#&*!|>'\"%@`?\\\t\n ") + ["\r", "\x00", "\ufeff", "\u2028", "{{", "&a ", "*a", "!!str ", "!!map "])
+_YAML_NOISE = st.sampled_from([*":{}[],-#&*!|>'\"%@`?\\\t\n ", "\r", "\x00", "\ufeff", "\u2028", "{{", "&a ", "*a", "!!str ", "!!map "])
 
 
 @st.composite

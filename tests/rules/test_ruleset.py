@@ -99,7 +99,9 @@ def test_a_target_servers_read_differently_is_refused_only_when_a_reading_is_a_w
     for path in ("/api/b/things#x", "/api/b/things;s=1", "/api/b;s=1/things", "/api/b/x/..;/things#y"):
         m = rules.match("127.0.0.1", 80, "POST", path)
         assert m is not None and m.refused_as == "ambiguous_target", path
-    assert "a fragment (#…)" in rules.match("127.0.0.1", 80, "POST", "/api/b/things#x").refused
+    m = rules.match("127.0.0.1", 80, "POST", "/api/b/things#x")
+    assert m is not None and m.refused is not None
+    assert "a fragment (#…)" in m.refused
     for path in ("/api/b/notes#x", "/elsewhere;s=1", "/api/b/things%3Bs=1"):
         m = rules.match("127.0.0.1", 80, "POST", path)
         assert m is None or m.refused is None, path
@@ -109,7 +111,8 @@ def test_a_target_servers_read_differently_is_refused_only_when_a_reading_is_a_w
     listing = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'
     pending = rules.match("127.0.0.1", 80, "POST", "/mcp#x")
     assert pending is not None and pending.pending and pending.refused
-    assert rules.match("127.0.0.1", 80, "POST", "/mcp;s=1", body=call).refused_as == "ambiguous_target"
+    m = rules.match("127.0.0.1", 80, "POST", "/mcp;s=1", body=call)
+    assert m is not None and m.refused_as == "ambiguous_target"
     assert rules.match("127.0.0.1", 80, "POST", "/mcp#x", body=listing) is None
 
 
