@@ -327,7 +327,12 @@ def test_an_answer_body_is_parsed_once_for_its_classify_rules_and_its_id(monkeyp
     raw = json.dumps(doc).encode()
     parses: list[bytes] = []
     loads = json.loads
-    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parses.append(s) or loads(s, *a, **k))
+
+    def counted(s, *a, **k):
+        parses.append(s)
+        return loads(s, *a, **k)
+
+    monkeypatch.setattr(json, "loads", counted)
     outcome = answer_outcome(200, "OK", {}, raw, m.operation)
     assert (outcome.state, outcome.external_id) == (state, external_id)
     assert parses.count(raw) == 1  # before: once for the rules, again for the id

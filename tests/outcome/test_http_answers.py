@@ -255,6 +255,7 @@ def test_a_truncated_recording_is_never_replayed(store):
     """What `recorded` keeps goes through the store: a truncated body is blocked, not replayed as if whole."""
     rec = answers.recorded(201, UPSTREAM_HEADERS, b'{"id": 7, "long": "....."}', 8)
     r = receipt_in(store, State.SUCCEEDED, response=rec)
+    assert store.answer_seal is not None and r.response is not None
     assert store.answer_seal.open(r.operation_id, r.response) == rec
     assert r.response.truncated
     again = store.begin_attempt(attempt(title=f"t-{State.SUCCEEDED}"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,7 @@ def answer(result: dict, *, sse: bool = False, task_call: bool = False):
         body = b": ping\n\nevent: message\ndata: " + body + b"\n\n"
     ctype = "text/event-stream" if sse else "application/json"
     op = RuleSet.of([load_rules(RULES, "mcp.yaml")]).operation("tracker", "issues.create")
+    assert op is not None
     return tool_outcome(200, "OK", {"content-type": ctype}, body, op, None, 5, task_call=task_call)
 
 
@@ -92,10 +94,11 @@ def test_complete_or_no_result_type_is_an_outcome_as_before():
 
 
 def test_request_state_input_responses_and_task_never_enter_the_fingerprint(rules):
-    def fp(**params: object) -> tuple[str, ToolCall]:
+    def fp(**params: object) -> tuple[tuple[str, str], ToolCall]:
         body = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
                            "params": {"name": "create_issue", "arguments": {"title": "t"}, **params}}).encode()
         m = rules.match("mcp.example", 443, "POST", "/mcp", body=body)
+        assert m is not None and m.mcp_call is not None
         view = RequestView("POST", "https", "mcp.example", 443, "/mcp", {"content-type": "application/json"}, body)
         got = fingerprint(m, view, KEY)
         from proxy_addon.intent.body_view import NOTES  # notes (the revision a call names) never enter the fingerprint
@@ -163,14 +166,15 @@ def test_a_tasks_result_error_counts_only_for_a_task_seen_failed():
     assert result_report(error, "working") is None  # may be "no such task"
     assert result_report(error, "failed") == TaskReport("failed", {"error": error["error"]}, said="tasks/result")
     ok = {"jsonrpc": "2.0", "id": 3, "result": {"content": []}}
-    assert result_report(ok, None).message == {"result": {"content": []}}
+    report = result_report(ok, None)
+    assert report is not None and report.message == {"result": {"content": []}}
 
 
 # --- the store, on each backend ---------------------------------------------------------------------
 
 
 def attempt(fp: str = "fp-1", **kw) -> Attempt:
-    fields = dict(api="tracker", operation="issues.create", method="POST", target="https://mcp.example/mcp",
+    fields: dict[str, Any] = dict(api="tracker", operation="issues.create", method="POST", target="https://mcp.example/mcp",
                   intent_fingerprint=fp, intent={"tool": "create_issue"}, principal="agent-1", flow_id="flow-1",
                   instance="inst-1", upstream_timeout=300.0, mcp_rounds=2)
     fields.update(kw)

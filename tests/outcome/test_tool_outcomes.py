@@ -34,7 +34,9 @@ def test_an_operations_classify_rule_on_the_code_comes_first(framing, status):
     rules = RuleSet.of([load_rules(OWN_RULES, "mcp.yaml")])
     ctype, body = framed({"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": "no"}}, sse=framing == "sse")
     for op, state in (("issues.create", "rejected"), ("issues.sample", "outcome_unknown")):
-        got = tool_outcome(status, "", {"content-type": ctype}, body, rules.operation("tracker", op), None, 7)
+        operation = rules.operation("tracker", op)
+        assert operation is not None
+        got = tool_outcome(status, "", {"content-type": ctype}, body, operation, None, 7)
         assert got.state == state, (op, got.reason)
 
 
@@ -43,9 +45,10 @@ def test_invalid_request_proves_a_refusal_only_without_an_id():
     from proxy_addon.rules import RuleSet, load_rules
 
     op = RuleSet.of([load_rules(OWN_RULES, "mcp.yaml")]).operation("tracker", "issues.create")
+    assert op is not None
     for status in (200, 400):
         for rid, state in ((None, "rejected"), (7, "outcome_unknown")):
-            message = {"jsonrpc": "2.0", "error": {"code": -32600, "message": "bad"}}
+            message: dict[str, object] = {"jsonrpc": "2.0", "error": {"code": -32600, "message": "bad"}}
             if rid is not None:
                 message["id"] = rid
             body = json.dumps(message).encode()
