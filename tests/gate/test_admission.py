@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,8 +31,9 @@ from proxy_addon.outcome.classify import Outcome, answer_outcome, failure_outcom
 from proxy_addon.reconcile.http_reads import ReadSettings
 from proxy_addon.rules import Operation, RuleSet, load_rules
 from proxy_addon.states import State
-from proxy_addon.store import Attempt, Event, Receipt, Store
+from proxy_addon.store import Attempt, Event, Receipt, ReceiptStore, Store
 from tests.conftest import FakeClock
+from tests.upstream import Upstream
 
 RULES = """
 api: gate-test
@@ -64,9 +67,9 @@ CREDENTIALS = {"api-key": CREDENTIAL}
 class World:
     """The rules, the store file and the gates of one test, over the shared upstream and the test's bucket."""
 
-    upstream: object
+    upstream: Upstream
     bucket: str
-    tmp_path: object
+    tmp_path: Path
     rules: RuleSet = field(default_factory=lambda: RuleSet.of([load_rules(RULES, "gate-test.yaml")]))
     clock: FakeClock = field(default_factory=FakeClock)
     threads: list[StoreThread] = field(default_factory=list)
@@ -374,16 +377,21 @@ async def test_evidence_without_the_operation_is_left_unknown(world):
 
 # --- the store refusing --------------------------------------------------------------------------
 
+def sqlite_conn(store: ReceiptStore) -> sqlite3.Connection:
+    assert isinstance(store, Store), "these tests refuse writes on SQLite"
+    return store.conn
+
+
 def refuse(gate: Gate, how: str) -> None:
     """Make the store refuse every write: on its own thread, and on the event loop's connection if any."""
     if how == "closed":
-        gate.calls.wait(lambda s: s.conn.close())
+        gate.calls.wait(lambda s: sqlite_conn(s).close())
         if gate.local is not None:
-            gate.local.conn.close()
+            sqlite_conn(gate.local).close()
     else:
-        gate.calls.wait(lambda s: s.conn.execute("PRAGMA query_only = ON"))
+        gate.calls.wait(lambda s: sqlite_conn(s).execute("PRAGMA query_only = ON"))
         if gate.local is not None:
-            gate.local.conn.execute("PRAGMA query_only = ON")
+            sqlite_conn(gate.local).execute("PRAGMA query_only = ON")
 
 
 @pytest.mark.parametrize("how", ["closed", "read-only"])
@@ -437,8 +445,8 @@ def store_thread_held(gate: Gate) -> Iterator[None]:
         entered.set()
         release.wait(10)
 
-    done = gate.calls._submit(hold, lambda result, error: None)  # not awaited: it holds the thread
-    assert done is None and entered.wait(5)
+    gate.calls._submit(hold, lambda result, error: None)  # not awaited (it returns nothing): it holds the thread
+    assert entered.wait(5)
     try:
         yield
     finally:

@@ -8,6 +8,7 @@ with the local clock moved by hand. Recovery on a real PostgreSQL: tests/e2e/gat
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -47,11 +48,11 @@ def test_a_lease_renewed_on_time_lets_a_send_go_and_one_that_runs_low_stops_it(l
     local.now += 9.9  # 5.1 s left: enough
     assert held.refusal(epoch) is None
     local.now += 0.2  # 4.9 s left: less than the margin
-    assert "known to hold for 4.9s more, less than the 5s a send needs" in held.refusal(epoch)
+    assert "known to hold for 4.9s more, less than the 5s a send needs" in (held.refusal(epoch) or "")
     held.renewed(local.now - 1, continuous=True)  # a heartbeat sent a second ago got through
     assert held.epoch == epoch and held.refusal(epoch) is None
     local.now += 100  # a stopped process wakes: the clock counted the stop
-    assert "less than the 5s a send needs" in held.refusal(epoch)
+    assert "less than the 5s a send needs" in (held.refusal(epoch) or "")
 
 
 def test_a_renewal_counts_from_before_it_was_sent_and_never_shortens_what_is_known(local):
@@ -68,14 +69,14 @@ def test_a_lease_taken_again_after_it_expired_refuses_what_was_committed_before(
     local.now += 20
     held.renewed(local.now, continuous=False)  # the heartbeat found it expired, and took it again
     assert held.left() == 15  # held again...
-    assert "expired and was taken again" in held.refusal(before)  # ...but what was committed before may be lost
+    assert "expired and was taken again" in (held.refusal(before) or "")  # ...but what was committed before may be lost
     assert held.refusal(held.epoch) is None  # a receipt committed under the new taking goes
     held.dropped()  # a clean stop drops the lease row
     assert held.refusal(held.epoch) is not None and held.refusal(before) is not None
 
 
 def receipt(**kw) -> Receipt:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         operation_id="20261129T000000Z-abc", api="a", operation="o", method="POST", target="https://a.test/x",
         state=State.SUBMITTED, intent_fingerprint="sha256:x", intent={}, principal="anonymous",
         submitted_at="2026-11-29T10:00:00.000000Z", updated_at="2026-11-29T10:00:00.000000Z", completed_at=None,
@@ -96,7 +97,7 @@ def test_a_send_never_outlives_the_receipts_time_in_flight(local):
     local.now += 28.5
     assert guard() is None and guard.deadline(30) == 0.5
     local.now += 0.5
-    assert "its time in flight has passed (receipts_upstream_timeout, 30s" in guard()
+    assert "its time in flight has passed (receipts_upstream_timeout, 30s" in (guard() or "")
     assert guard.deadline(30) == 0.001
     legacy = SendGuard.of(receipt(in_flight_until=None, upstream_timeout=None), None, None, now=NOW)
     local.now += 1000
@@ -109,4 +110,4 @@ def test_a_send_needs_the_lease_it_was_committed_under(local):
     guard = SendGuard.of(receipt(), held, held.epoch, now=NOW)
     assert guard() is None
     local.now += 2.5  # the lease's heartbeats stopped (a partition), or the whole process was stopped
-    assert "less than the 1s a send needs" in guard()
+    assert "less than the 1s a send needs" in (guard() or "")
