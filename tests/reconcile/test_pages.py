@@ -58,7 +58,7 @@ def test_pages_load():
 def test_bad_pages_name_line_and_field(tail, field, message):
     with pytest.raises(RulesError) as e:
         load_rules(BASE + tail, "blog.yaml")
-    assert e.value.field.endswith(field)
+    assert e.value.field is not None and e.value.field.endswith(field)
     assert message in e.value.message
     assert e.value.line is not None and e.value.line >= 15
 
@@ -106,6 +106,7 @@ def run(text: str, body: bytes, headers: dict | None = None, *, page_no: int = 1
     op = load_rules(text, "blog.yaml").operations[0]
     r = receipt(INTENT)
     read = plan_read(op, r)
+    assert read is not None and op.reconcile is not None
     return read, judge(op.reconcile, read, r, 200, body, headers=headers or {}, page=page_no)
 
 
@@ -136,7 +137,7 @@ def test_judging_a_declared_cursor_page(body, state, failed, reason):
 
 
 def test_a_link_next_names_the_next_page_on_the_same_origin_only():
-    read, v = run(LINKED, page(OTHER), {"link": '<https://blog.test/v1/red/posts?page=2>; rel="next", <x>; rel="last"'})
+    _, v = run(LINKED, page(OTHER), {"link": '<https://blog.test/v1/red/posts?page=2>; rel="next", <x>; rel="last"'})
     assert v.next_read is not None and v.next_read.url == "https://blog.test/v1/red/posts?page=2"
     _, v = run(LINKED, page(OTHER), {"link": '</v1/red/posts?page=3>; rel="next"'})
     assert v.next_read.url == "https://blog.test/v1/red/posts?page=3"
@@ -196,9 +197,10 @@ def test_a_graphql_cursor_goes_in_the_body():
     op = load_rules(GRAPHQL, "tracker.yaml").operations[0]
     r = receipt({"body": {"variables.input.title": "Bug"}})
     read = plan_read(op, r)
+    assert read is not None and read.body is not None and op.reconcile is not None
     body = json.dumps({"data": {"issues": {"nodes": [{"id": "1", "title": "Other"}],
                                            "pageInfo": {"hasNextPage": True, "endCursor": "cur-2"}}}}).encode()
     v = judge(op.reconcile, read, r, 200, body)
-    assert v.next_read is not None and v.next_read.url == read.url
+    assert v.next_read is not None and v.next_read.url == read.url and v.next_read.body is not None
     sent = json.loads(v.next_read.body)
     assert sent["variables"] == {"first": 50, "after": "cur-2"} and sent["query"] == json.loads(read.body)["query"]
