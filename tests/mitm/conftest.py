@@ -34,6 +34,7 @@ async def running(tmp_path, rules_text: str = RULES):
     rules.write_text(rules_text)
     addons = make_addons()
     addon = addons[0]
+    assert isinstance(addon, Receipts)
     with taddons.context() as tctx:
         tctx.options.add_option("connection_strategy", str, "eager", "as the proxyserver addon declares it")
         tctx.master.addons.add(*addons)  # load() switches it to lazy
@@ -54,8 +55,8 @@ async def setup(tmp_path):
 
 def order(sku: str = "A-1", path: str = "/v1/orders") -> http.HTTPFlow:
     f = tflow.tflow()
-    f.request = http.Request.make("POST", f"https://api.shop.test{path}", f'{{"sku": "{sku}"}}',
-                                  {"content-type": "application/json", "authorization": "Bearer t0k3n"})
+    headers: dict[str | bytes, str | bytes] = {"content-type": "application/json", "authorization": "Bearer t0k3n"}
+    f.request = http.Request.make("POST", f"https://api.shop.test{path}", f'{{"sku": "{sku}"}}', headers)
     f.response = None
     return f
 

@@ -37,7 +37,7 @@ def by(samples: dict, name: str, *labels: str, zeros: bool = False) -> dict[tupl
 
 async def test_a_change_at_run_time_moves_the_endpoint_and_a_refused_one_keeps_it(setup):  # noqa: F811
     """As mitmweb's Options tab changes it: a bad value or a busy port is refused, the old endpoint keeps serving."""
-    addon, tctx, _ = setup
+    _, tctx, _ = setup
     server = next(a for a in tctx.master.addons.chain if isinstance(a, MetricsServer))
     first, second = free_port(), free_port()
     get = lambda port: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False)  # noqa: E731
