@@ -56,11 +56,11 @@ def mcp(tool: str, args: dict) -> str:
 
 def gql_vars(amount_text: str) -> str:
     return ('{"query": "mutation($i: IssueInput!) { issueCreate(input: $i) { id } }", '
-            '"variables": {"i": {"title": "t", "amount": %s}}}' % amount_text)
+            f'"variables": {{"i": {{"title": "t", "amount": {amount_text}}}}}}}')
 
 
 def gql_inline(amount_text: str) -> str:
-    return json.dumps({"query": 'mutation { issueCreate(input: {title: "t", amount: %s}) { id } }' % amount_text})
+    return json.dumps({"query": f'mutation {{ issueCreate(input: {{title: "t", amount: {amount_text}}}) {{ id }} }}'})
 
 
 # name: (path, content type, body)
@@ -100,9 +100,9 @@ CORPUS = {
     "json cafe utf-16": ("/v1/things", J + "; charset=utf-16", '{"title": "café"}'.encode("utf-16")),
     "json cafe unknown charset": ("/v1/things", J + "; charset=x-nothing", '{"title": "café"}'.encode()),
     "json cafe bad utf-8": ("/v1/things", J + "; charset=utf-8", '{"title": "café"}'.encode("latin-1")),
-    "form cafe utf-8": ("/v1/form", F, "title=caf%C3%A9&amount=1".encode()),
+    "form cafe utf-8": ("/v1/form", F, b"title=caf%C3%A9&amount=1"),
     "form cafe utf-8 raw": ("/v1/form", F, "title=café&amount=1".encode()),
-    "form cafe latin-1": ("/v1/form", F + "; charset=latin-1", "title=caf%E9&amount=1".encode()),
+    "form cafe latin-1": ("/v1/form", F + "; charset=latin-1", b"title=caf%E9&amount=1"),
     "form cafe latin-1 raw": ("/v1/form", F + "; charset=latin-1", "title=café&amount=1".encode("latin-1")),
     "form ff": ("/v1/form", F, b"title=%FF&amount=1"),
     "form fe": ("/v1/form", F, b"title=%FE&amount=1"),
@@ -456,7 +456,7 @@ def test_a_named_argument_spelled_in_another_case_is_refused():
     body = mcp("create_issue", {"Title": "x", "amount": 1}).encode()
     m = RS.match("api.spell.test", 443, "POST", "/mcp", body=body)
     view = RequestView("POST", "https", "api.spell.test", 443, "/mcp", {"content-type": J}, body)
-    with pytest.raises(BadJson, match="the key 'Title' at params.arguments, .* reads as the argument 'title'"):
+    with pytest.raises(BadJson, match=r"the key 'Title' at params.arguments, .* reads as the argument 'title'"):
         fingerprint(m, view, KEY)
     nested = mcp("create_issue", {"title": "x", "meta": {"Id": 1}}).encode()  # `meta` named whole: not read inside
     m = RS.match("api.spell.test", 443, "POST", "/mcp", body=nested)
@@ -493,7 +493,7 @@ def test_a_number_stored_as_a_keyed_hash_is_no_value_a_read_can_look_for():
                 completed_at=None, http_status=None, error=None, external_id=None, flow_id=None, retry_of=None,
                 instance=None)
     assert value_of("intent.title", r) == "t"
-    with pytest.raises(ReconcileError, match="intent.amount"):
+    with pytest.raises(ReconcileError, match=r"intent.amount"):
         value_of("intent.amount", r)
     listed = json.dumps({"title": "t", "tags": [1, 2]}).encode().replace(b"2]", b"1e400]")
     m = RS.match("api.spell.test", 443, "POST", "/v1/things")
