@@ -74,7 +74,7 @@ class Proxy:
     def start(self, wait: bool = True) -> Proxy:
         """Start mitmdump; with `wait`, return once it listens and the addon is ready (else call ready())."""
         self.port = 0
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while mitmdump runs; stop() closes it
         self._log_from = self._log.tell()
         self.proc = subprocess.Popen(self.args(), stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -273,7 +273,7 @@ class Clients:
         if data is not None:
             cmd += ["--data-binary", "@-"]
         env = {**os.environ, "http_proxy": self.proxy.url, "HTTPS_PROXY": self.proxy.url, "NO_PROXY": "", "no_proxy": ""}
-        p = subprocess.run(cmd + [url], input=data or b"", capture_output=True, env=env, timeout=timeout + 10)
+        p = subprocess.run([*cmd, url], input=data or b"", capture_output=True, env=env, timeout=timeout + 10)
         if p.returncode != 0:
             return Answer(None, {}, b"", f"curl exit {p.returncode}: {p.stderr.decode(errors='replace').strip()}")
         head, _, body = p.stdout.partition(b"\r\n\r\n")

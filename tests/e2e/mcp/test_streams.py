@@ -201,14 +201,13 @@ def test_a_stream_that_breaks_after_its_result_leaves_it_succeeded(upstream, pro
 def test_a_notification_reaches_the_client_before_a_slow_result(upstream, proxy):
     args = {"title": f"held {uuid.uuid4().hex[:8]}", "shape": "held"}
     try:
-        with client(proxy) as c:
-            with c.stream("POST", upstream.url, json=tool_call(3, args), headers={"Accept": ACCEPT}) as r:
-                stream = events(r)
-                first = next(stream)
-                assert first.get("method") == "notifications/message", first
-                assert the_receipt(proxy, args["title"]).state == "submitted"  # no result yet
-                upstream.release(args["title"])  # the result is sent only now that the client has the notification
-                result = next(stream)
+        with client(proxy) as c, c.stream("POST", upstream.url, json=tool_call(3, args), headers={"Accept": ACCEPT}) as r:
+            stream = events(r)
+            first = next(stream)
+            assert first.get("method") == "notifications/message", first
+            assert the_receipt(proxy, args["title"]).state == "submitted"  # no result yet
+            upstream.release(args["title"])  # the result is sent only now that the client has the notification
+            result = next(stream)
         assert result["id"] == 3 and result["result"]["structuredContent"]["released"] is True
         assert wait_for(lambda: the_receipt(proxy, args["title"]).state == "succeeded", timeout=20,
                         what="the receipt to be succeeded")

@@ -258,4 +258,4 @@ def pack_run(pack: str, workdir: Path, confdir: Path, *, headers: dict[str, str]
             proxy.stop()
 
 
-__all__ = ["FakeAPI", "PackRun", "Seen", "State", "pack_run", "pointed_at", "PACKS"]
+__all__ = ["PACKS", "FakeAPI", "PackRun", "Seen", "State", "pack_run", "pointed_at"]

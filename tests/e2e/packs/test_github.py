@@ -410,7 +410,7 @@ def test_release_other_validation_failures_are_rejected(gh):
 def test_release_lost_answer_found_is_succeeded(gh):
     repo = "releases-found"
     path = f"/repos/octo/{repo}/releases"
-    first = lose_answer(gh, path, {"tag_name": "v4.0.0", "draft": True})
+    lose_answer(gh, path, {"tag_name": "v4.0.0", "draft": True})
     gh.api.on("GET", path, 200, [release(77, "v4.0.0", draft=True)])
     retry = gh.send("POST", path, json={"tag_name": "v4.0.0", "draft": True})
     assert (retry.status_code, retry.json()["external_id"]) == (409, "77")

@@ -122,8 +122,8 @@ def sdk_body(title: str, description: str = "Steps to reproduce: click it.") -> 
 
 
 def inline_body(title: str, description: str = "Steps to reproduce: click it.") -> dict:
-    return {"query": "mutation { issueCreate(input: {title: %s, teamId: %s, description: %s}) "
-                     "{ success issue { id identifier } } }" % (json.dumps(title), json.dumps(TEAM), json.dumps(description))}
+    return {"query": f"mutation {{ issueCreate(input: {{title: {json.dumps(title)}, teamId: {json.dumps(TEAM)}, "
+                     f"description: {json.dumps(description)}}}) {{ success issue {{ id identifier }} }} }}"}
 
 
 def mutations(run: PackRun, title: str) -> list[Seen]:

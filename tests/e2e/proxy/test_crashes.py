@@ -111,11 +111,10 @@ def test_full_disk_and_read_only_filesystem(small_fs, tmp_path, confdir, upstrea
             while True:
                 f.write(b"\0" * 65536)
                 f.flush()
-        with contextlib.suppress(OSError):
-            with open(filler, "ab") as f:
-                while True:
-                    f.write(b"\0")
-                    f.flush()
+        with contextlib.suppress(OSError), open(filler, "ab") as f:
+            while True:
+                f.write(b"\0")
+                f.flush()
         seen = upstream.seen(path)
         full = clients.send("requests", "POST", upstream.url + path, {"title": "disk full"})
         assert_not_forwarded(full, upstream, path, seen, proxy)

@@ -54,7 +54,7 @@ def test_two_proxies_behind_haproxy_make_one_upstream_write(pg_url, tmp_path, co
     port = free_port()
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(recipe_with_ports(port, [p.port for p in proxies]))
-    log = open(tmp_path / "haproxy.out", "wb")
+    log = open(tmp_path / "haproxy.out", "wb")  # noqa: SIM115 - HAProxy writes to it until the finally closes it
     ha = subprocess.Popen([haproxy, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: listening(port) or ha.poll() is not None, what="haproxy to listen")

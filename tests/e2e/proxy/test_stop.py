@@ -244,7 +244,7 @@ def test_a_write_held_for_approval_is_not_sent_at_stop(tmp_path, confdir, upstre
         assert (answer["error"], answer["sent"], answer["state"]) == ("not_sent", False, "not_sent")
     finally:
         proxy.stop()
-    [(receipt, reasons)] = receipts(proxy.db, bucket)
+    [(receipt, _)] = receipts(proxy.db, bucket)
     assert receipt.state == "not_sent"
     assert receipt.error == "not sent: the proxy stopped before an operator decided"
     assert answer["operation_id"] == receipt.operation_id

@@ -156,7 +156,7 @@ def test_a_new_write_after_the_upgrade_is_recorded_under_todays_scheme(tmp_path,
     db = tmp_path / "receipts.db"
     proxy = Proxy(tmp_path, confdir, db=db, rules=rules).start()
     try:
-        status, h, _ = send(proxy, f"{upstream.url}/api/{bucket}/things", BEARER, {"title": "new"})
+        status, _, _ = send(proxy, f"{upstream.url}/api/{bucket}/things", BEARER, {"title": "new"})
         assert status == 201
     finally:
         proxy.stop()

@@ -154,7 +154,7 @@ def test_expired_leases_are_recovered_with_an_event_naming_the_instance(pg_url):
         assert "proxy instance dead-1 on host-b (pid 2) stopped: its lease expired" in ev.reason
         assert store.get(mine).state is State.SUBMITTED
         # the expired instance itself may not record new attempts until its heartbeat takes the lease again
-        with pytest.raises(StoreUnavailable, match="lease .* has expired"):
+        with pytest.raises(StoreUnavailable, match=r"lease .* has expired"):
             other.begin_attempt(attempt("fp-new", instance="dead-1"))
         assert other.renew_lease("dead-1", "host-b", 2, 30) is False
         assert other.begin_attempt(attempt("fp-new", instance="dead-1")).kind == "forward"
