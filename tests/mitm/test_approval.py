@@ -58,6 +58,7 @@ async def test_a_denial_from_the_cli_answers_403_with_the_note(setup):
     operation_id = f.metadata["receipts"]["operation_id"]
     decide(tmp, operation_id, approve=False, note="amount too high", actor="cli:bob")
     await asyncio.wait_for(task, 2)
+    assert f.response is not None
     assert f.response.status_code == 403
     body = f.response.json()
     assert (body["error"], body["reason"], body["sent"]) == (
@@ -77,6 +78,7 @@ async def test_a_held_write_edited_in_mitmweb_is_denied_though_the_cli_approved_
     f.request.text = '{"sku": "C-3", "amount": 1000000}'  # mitmweb's request editor
     decide(tmp, operation_id, approve=True)
     await asyncio.wait_for(task, 2)
+    assert f.response is not None
     assert f.response.status_code == 403 and "modified while held" in f.response.json()["reason"]
     r, d, events = receipt_and_decision(tmp, operation_id)
     assert (r.state, d.consumed_at) == ("rejected", None)  # the approval was not used
@@ -122,6 +124,7 @@ async def test_mitmweb_and_the_cli_deciding_at_once_exactly_one_wins(setup, firs
         assert (r.state, d.consumed_at, events[-1].actor, f.response) == ("submitted", None, "mitmweb operator", None)
     else:
         assert (r.state, d.consumed_at is not None, events[-1].actor) == ("rejected", True, "cli:alice")
+        assert f.response is not None
         assert f.response.status_code == 403
 
 
@@ -141,7 +144,8 @@ async def test_a_look_that_fails_is_said_once_and_the_next_ones_still_apply_the_
     from proxy_addon.errors import StoreError
 
     addon, _, tmp = setup
-    real, failures = addon.calls, []
+    real = addon.calls
+    failures: list[int] = []
 
     async def calls(fn):
         if len(failures) < 3 and "approval_decisions" in fn.__code__.co_names:  # the looks, not the rest

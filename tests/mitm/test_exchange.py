@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from mitmproxy import http
@@ -38,7 +38,9 @@ def path() -> str:
 
 
 def request(url: str, headers: dict[str, str] | None = None, content: bytes = BODY) -> http.Request:
-    return http.Request.make("POST", url, content, {"Content-Type": "application/json", **(headers or {})})
+    fields: dict[str | bytes, str | bytes] = {"Content-Type": "application/json"}
+    fields.update((headers or {}).items())  # pairs: a dict[str, str] is not a dict of str | bytes
+    return http.Request.make("POST", url, content, fields)
 
 
 def received(up, p: str) -> dict:
@@ -69,6 +71,7 @@ async def test_an_answer_comes_back_as_a_response(upstream, fault, status):
         result = await send(client, request(f"{upstream.url}{p}"), deadline=5)
     assert isinstance(result, http.Response), result
     assert result.status_code == status
+    assert result.raw_content is not None
     assert result.headers.get_all("content-length") == [str(len(result.raw_content))]
     if status == 201:
         assert result.json() == {"id": 1, "path": p, "received": len(BODY)}
@@ -238,13 +241,14 @@ async def test_a_tls_upstream_with_its_ca_answers(tls_upstream):
     assert isinstance(result, http.Response), result
     assert result.status_code == 201
     assert result.json()["path"] == p
+    assert result.raw_content is not None
     assert result.headers["content-length"] == str(len(result.raw_content))
     assert tls_upstream.seen(p) == 1
 
 
 # --- the send guard (send_guard.py): asked on the connection, just before the first byte ----------
 
-def refusing_guard(asked: list) -> object:
+def refusing_guard(asked: list) -> Callable[[], str | None]:
     def guard() -> str:
         asked.append(time.monotonic())
         return "this proxy's lease is known to hold for 0.0s more"

@@ -41,7 +41,8 @@ async def test_reading_the_rest_of_an_answer_ends_at_each_bound(case, up):
     up.plan(path, "large" if case == "complete" else "endless")
     up.endless_rate = {"timeout": 4 * MiB, "broken": 4 * MiB}.get(case)
     up.endless_seconds = 1 if case == "broken" else 30  # then it stops mid-body, without the last chunk
-    req = http.Request.make("POST", f"{up.url}{path}", b'{"title": "rest"}', {"Content-Type": "application/json"})
+    headers: dict[str | bytes, str | bytes] = {"Content-Type": "application/json"}
+    req = http.Request.make("POST", f"{up.url}{path}", b'{"title": "rest"}', headers)
     try:
         async with make_client(UpstreamConfig()) as client:
             reply = await exchange.send(client, req, deadline=2 if case == "timeout" else 10, cap=MiB)

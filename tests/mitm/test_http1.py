@@ -110,7 +110,8 @@ def scripted() -> Iterator[Callable[..., Scripted]]:
 
 
 def request(url: str) -> http.Request:
-    return http.Request.make("POST", url, b"{}", {"Content-Type": "application/json"})
+    headers: dict[str | bytes, str | bytes] = {"Content-Type": "application/json"}
+    return http.Request.make("POST", url, b"{}", headers)
 
 
 async def once(client, url: str) -> http.Response | Outcome:
@@ -248,6 +249,7 @@ async def test_the_idle_pool_is_bounded_and_keeps_the_newest_connections(scripte
 
     a, b, c = (scripted(answer_each, answer_each) for _ in range(3))
     async with make_client(Upstream()) as client:
+        assert client.http1 is not None
         client.http1 = Http1Pool(client.http1._ssl, max_keepalive=2)
         for server in (a, b, c, c):
             answer = await once(client, server.url("/api/bounded"))

@@ -31,7 +31,12 @@ async def test_our_lines_skip_add_log_unless_an_addon_listens(tmp_path, caplog):
         master = tctx.master
         events: list[str] = []
         real_trigger = master.addons.trigger
-        master.addons.trigger = lambda event: (events.append(event.name), real_trigger(event))[1]
+
+        def trigger(event):
+            events.append(event.name)
+            return real_trigger(event)
+
+        master.addons.trigger = trigger
         ours, theirs = logging.getLogger("proxy_addon.mitm.receipts_addon"), logging.getLogger("mitmproxy.proxy.server")
 
         ours.warning("receipt r-1: ours, nobody listens")

@@ -40,6 +40,7 @@ async def test_duplicate_of_unknown_is_blocked_with_marker(setup):
 
     dup = order("B-2")
     await send(addon, dup)
+    assert dup.response is not None
     assert dup.response.status_code == 409
     body = dup.response.json()
     assert (body["error"], body["state"]) == ("duplicate_unresolved", "outcome_unknown")
@@ -110,6 +111,7 @@ async def test_unconfigured_addon_refuses_everything():
     with taddons.context(addon):
         f = order()
         await send(addon, f)
+        assert f.response is not None
         assert f.response.status_code == 503
         assert f.response.json()["sent"] is False
 
@@ -123,6 +125,7 @@ async def test_internal_error_after_commit_fails_closed(setup, monkeypatch):
     monkeypatch.setattr(addon._deadlines, "arm", broken)
     f = order("D-4")
     await send(addon, f)
+    assert f.response is not None
     assert f.response.status_code == 503
     assert "boom" in f.response.json()["detail"]
     r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
@@ -139,6 +142,7 @@ async def test_store_failure_answers_503(setup, monkeypatch):
     monkeypatch.setattr(addon.installation.store, "begin_attempt", locked)
     f = order("E-5")
     await send(addon, f)
+    assert f.response is not None
     assert f.response.status_code == 503
     assert f.response.json()["error"] == "receipt_store_unavailable"
     assert f.marked == MARKERS["store_unavailable"]
@@ -172,6 +176,7 @@ async def test_approval_gate_approve(setup):
     assert Store.open(tmp / "r.db", create=False).get(operation_id).state == "awaiting_approval"
     dup = order("R-1", path="/v1/refunds")  # a duplicate while it waits is blocked
     await send(addon, dup)
+    assert dup.response is not None
     assert (dup.response.status_code, dup.response.json()["state"]) == (409, "awaiting_approval")
     f.resume()
     await asyncio.wait_for(task, 5)
@@ -190,6 +195,7 @@ async def test_approval_gate_deny_by_kill(setup):
     f.kill()
     await asyncio.wait_for(task, 5)
     assert f.error is None and f.live  # un-killed, so the agent gets an answer
+    assert f.response is not None
     assert f.response.status_code == 403
     assert (f.response.json()["error"], f.response.json()["reason"]) == ("denied_by_operator", "denied by operator")
     r = Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"])
@@ -205,6 +211,7 @@ async def test_approval_gate_times_out(setup):
     tctx.configure(addon, receipts_approval_timeout=1)
     f = order("R-3", path="/v1/refunds")
     await send(addon, f)
+    assert f.response is not None
     assert f.response.status_code == 403
     assert "no decision within receipts_approval_timeout (1s)" in f.response.json()["reason"]
     assert Store.open(tmp / "r.db", create=False).get(f.metadata["receipts"]["operation_id"]).state == "rejected"
@@ -243,7 +250,7 @@ async def test_a_held_write_edited_then_resumed_is_denied_and_never_sent(setup, 
     assert (body["error"], body["sent"], body["state"]) == ("denied_by_operator", False, "rejected")
     assert "modified while held" in body["reason"]
     r = Store.open(tmp / "r.db", create=False).get(operation_id)
-    assert r.state == "rejected" and "modified while held" in r.error
+    assert r.state == "rejected" and "modified while held" in (r.error or "")
     assert _events(tmp, operation_id)[-1][:3] == ("awaiting_approval", "rejected", "proxy")
     assert "modified while held" in _events(tmp, operation_id)[-1][3]
     assert f.marked == MARKERS["rejected"] and "modified while held" in f.comment
@@ -414,6 +421,7 @@ async def test_refusals_are_counted_by_reason(setup):
     bad = order("R-1")
     bad.request.headers["X-Note"] = "one\r\ntwo"  # no HTTP client can send this field: 400, never sent
     await send(addon, bad)
+    assert bad.response is not None
     assert bad.response.status_code == 400 and bad.response.json()["error"] == "bad_header"
     assert refused("bad_header") == 1
     ok = order("R-2")
@@ -422,6 +430,7 @@ async def test_refusals_are_counted_by_reason(setup):
     tctx.configure(addon, receipts_body_cap=8)
     big = order("R-3")
     await send(addon, big)
+    assert big.response is not None
     assert big.response.status_code == 413
     assert refused("body_too_large") == 1 and refused("bad_header") == 1
 

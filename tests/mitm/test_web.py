@@ -19,6 +19,7 @@ async def test_receipt_content_view(setup):
     dup = order("V-1")
     await send(addon, dup)
     original = first.metadata["receipts"]["operation_id"]
+    assert dup.response is not None
     shown = contentviews.prettify_message(dup.response, dup)  # chosen by itself for the proxy's answer
     assert shown.view_name == "Receipt"
     assert f"BLOCKED: a duplicate of receipt {original} (now outcome_unknown)" in shown.text
@@ -71,9 +72,10 @@ def tool_call(title: str, call_id: int) -> http.HTTPFlow:
     f = tflow.tflow()
     body = {"jsonrpc": "2.0", "id": call_id, "method": "tools/call",
             "params": {"name": "create_issue", "arguments": {"title": title}}}
-    f.request = http.Request.make("POST", "https://mcp.tracker.test/mcp", json.dumps(body),
-                                  {"content-type": "application/json", "accept": "application/json, text/event-stream",
-                                   "mcp-session-id": "sess-SECRET-1", "authorization": "Bearer t0k3n"})
+    headers: dict[str | bytes, str | bytes] = {"content-type": "application/json",
+                                               "accept": "application/json, text/event-stream",
+                                               "mcp-session-id": "sess-SECRET-1", "authorization": "Bearer t0k3n"}
+    f.request = http.Request.make("POST", "https://mcp.tracker.test/mcp", json.dumps(body), headers)
     f.response = None
     return f
 
@@ -101,6 +103,7 @@ async def test_mcp_receipts_show_in_mitmweb_like_any_other(tmp_path):
         await send(addon, dup)
         assert dup.marked == MARKERS["blocked"]
         assert dup.comment.startswith("BLOCKED duplicate · tracker issues.create (tool create_issue)")
+        assert dup.response is not None and dup.response.content is not None
         assert dup.response.status_code == 200
         answer = json.loads(dup.response.content)
         assert answer["id"] == 2 and answer["result"]["isError"] is True
