@@ -336,9 +336,11 @@ def test_the_fingerprint_names_the_canonical_host():
 
 def test_build_attempt_carries_the_raw_target():
     m = RULESET.match("127.1", 8080, "POST", "/api/b/./things")
+    assert m is not None
     a = build_attempt(m, RequestView("POST", "http", "127.1", 8080, "/api/b/./things", {}, b""), KEY)
     assert (a.target, a.raw_target) == ("http://127.0.0.1:8080/api/b/things", "http://127.1:8080/api/b/./things")
     m = RULESET.match("127.0.0.1", 8080, "POST", "/api/b/things")
+    assert m is not None
     a = build_attempt(m, RequestView("POST", "http", "127.0.0.1", 8080, "/api/b/things", {}, b""), KEY)
     assert a.raw_target is None
 
@@ -355,6 +357,7 @@ def test_explain_matches_the_canonical_target_and_shows_it():
 
 def test_explain_fingerprint_equals_the_proxys():
     m = RULESET.match("127.1", 8080, "POST", "//api/b/things")
+    assert m is not None
     view = RequestView("POST", "http", "127.1", 8080, "//api/b/things", {"content-type": "application/json"}, b"{}")
     proxy_fp = fingerprint(m, view, KEY).fingerprint
     report = explain(RULESET, "POST", "http://127.1:8080//api/b/things", b"{}", {"content-type": "application/json"},
@@ -493,21 +496,24 @@ def test_match_takes_the_method_an_override_names(host, method, path, headers, o
     m = OVERRIDES.match(host, 443, method, path, headers=headers)
     assert (m.operation.name if m else None) == operation
     if m:
-        assert (m.refused is None) if refused is None else (refused in m.refused), m.refused
+        assert (m.refused is None) if refused is None else (refused in (m.refused or "")), m.refused
 
 
 def test_a_refusal_says_what_to_do_and_never_echoes_a_value():
     m = OVERRIDES.match("strict.test", 443, "GET", "/api/b/things", headers=[(XO, "POST")])
+    assert m is not None
     assert m.refused == (
         "GET with X-HTTP-Method-Override: POST: strict things.create does not take method override headers "
         "(method_override: refuse, strict.yaml:5); send the request with the method you mean and without them")
     m = OVERRIDES.match("api.test", 443, "GET", "/api/b/things", headers=[(XO, "POST"), (XM, "SECRET TOKEN")])
+    assert m is not None and m.refused is not None
     assert "SECRET" not in m.refused and "X-HTTP-Method: ?" in m.refused
 
 
 def test_without_headers_match_is_as_before():
     assert OVERRIDES.match("api.test", 443, "GET", "/api/b/things") is None
-    assert OVERRIDES.match("api.test", 443, "POST", "/api/b/things").operation.name == "things.create"
+    m = OVERRIDES.match("api.test", 443, "POST", "/api/b/things")
+    assert m is not None and m.operation.name == "things.create"
 
 
 @pytest.mark.parametrize("text, error", [
@@ -542,9 +548,11 @@ def _view(method, path, headers, body=b'{"title": "one"}'):
     ("POST", {"x-http-method-override": "post"}),  # names the method sent: a plain POST, nothing to note
 ])
 def test_an_overridden_method_is_one_intent_with_the_method_it_names(method, headers):
-    plain = fingerprint(OVERRIDES.match("api.test", 443, "POST", "/api/b/things"), _view("POST", "/api/b/things", {}),
-                        KEY)
+    post = OVERRIDES.match("api.test", 443, "POST", "/api/b/things")
+    assert post is not None
+    plain = fingerprint(post, _view("POST", "/api/b/things", {}), KEY)
     m = OVERRIDES.match("api.test", 443, method, "/api/b/things", headers=list(headers.items()))
+    assert m is not None
     got = fingerprint(m, _view(method, "/api/b/things", headers), KEY)
     assert got.fingerprint == plain.fingerprint
     attempt = build_attempt(m, _view(method, "/api/b/things", headers), KEY)
@@ -563,8 +571,10 @@ def test_an_overridden_method_is_one_intent_with_the_method_it_names(method, hea
 def test_a_post_overridden_to_put_is_the_put():
     assert OVERRIDES.match("api.test", 443, "POST", "/api/b/things/7") is None  # no rule for a plain POST there
     put = OVERRIDES.match("api.test", 443, "PUT", "/api/b/things/7")
+    assert put is not None
     as_put = fingerprint(put, _view("PUT", "/api/b/things/7", {}), KEY)
     over = OVERRIDES.match("api.test", 443, "POST", "/api/b/things/7", headers=[(XO, "PUT")])
+    assert over is not None
     got = fingerprint(over, _view("POST", "/api/b/things/7", {"x-http-method-override": "PUT"}), KEY)
     assert got.fingerprint == as_put.fingerprint
     other = fingerprint(put, _view("PUT", "/api/b/things/7", {}, body=b'{"title": "two"}'), KEY)
@@ -573,6 +583,7 @@ def test_a_post_overridden_to_put_is_the_put():
 
 def test_an_override_to_a_method_no_rule_has_is_refused_with_both_readings():
     m = OVERRIDES.match("api.test", 443, "POST", "/api/b/things", headers=[(XO, "GET")])
+    assert m is not None
     assert m.operation.name == "things.create"
     assert m.refused == (
         "POST with X-HTTP-Method-Override: GET: over takes it as GET, which no operation matches, if it honours the "
@@ -586,6 +597,7 @@ def test_explain_matches_the_method_an_override_names():
     assert report["match"]["operation"] == "things.create"
     assert report["canonical"] == "POST https://api.test/api/b/things"
     m = OVERRIDES.match("api.test", 443, "GET", "/api/b/things", headers=list(headers.items()))
+    assert m is not None
     assert report["fingerprint"]["value"] == fingerprint(m, _view("GET", "/api/b/things", headers), KEY).fingerprint
     text = render(report)
     assert "matched as POST https://api.test/api/b/things" in text
@@ -621,10 +633,12 @@ MUTATION = b'{"query": "mutation { issueCreate(input: {title: \\"x\\"}) { id } }
 def test_a_graphql_mutation_sent_as_get_with_an_override_is_matched_by_its_body():
     headers = [(XO, "POST")]
     pending = GRAPHQL_RULES.match("gql.test", 443, "GET", "/graphql", headers=headers)
+    assert pending is not None
     assert pending.pending and pending.refused is None  # requestheaders: the body decides
     m = GRAPHQL_RULES.match("gql.test", 443, "GET", "/graphql", body=MUTATION, headers=headers)
+    assert m is not None
     assert m.operation.name == "issue.create" and m.graphql_args == {"input": {"title": "x"}}
     query = b'{"query": "{ viewer { id } }"}'
     assert GRAPHQL_RULES.match("gql.test", 443, "GET", "/graphql", body=query, headers=headers) is None
     conflict = GRAPHQL_RULES.match("gql.test", 443, "GET", "/graphql", body=MUTATION, headers=[*headers, (XM, "PUT")])
-    assert "name different methods" in conflict.refused
+    assert conflict is not None and "name different methods" in (conflict.refused or "")

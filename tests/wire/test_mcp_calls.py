@@ -42,7 +42,7 @@ operations:
 """
 
 
-def call_body(name: str, arguments: dict | None = None, id_: object = 1, **extra: object) -> bytes:
+def call_body(name: str, arguments: object = None, id_: object = 1, **extra: object) -> bytes:
     params: dict = {"name": name, **extra}
     if arguments is not None:
         params["arguments"] = arguments
@@ -186,7 +186,8 @@ SSE = (
 
 
 def test_the_response_with_the_calls_id_is_found_in_json_and_event_streams():
-    assert response_for(SSE, "text/event-stream", 9)["result"]["content"][0]["text"] == "ok"
+    found = response_for(SSE, "text/event-stream", 9)
+    assert found is not None and found["result"]["content"][0]["text"] == "ok"
     assert response_for(SSE, "text/event-stream", "9") is None  # "9" is not 9
     assert len(messages_of(SSE.replace(b"\n", b"\r\n"), "text/event-stream; charset=utf-8")) == 2
     assert response_for(b'{"jsonrpc":"2.0","id":"a","result":{}}', "application/json", "a") == {
