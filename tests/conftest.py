@@ -114,7 +114,7 @@ def stores_seal_answers():
         yield
 
 
-def recorded_answer(db: Path, receipt):
+def recorded_answer(db: Path | str, receipt):
     """The answer recorded on a receipt of the proxy on `db`, opened with the secret.key beside it (store/sealing.py)."""
     from proxy_addon.store.sealing import AnswerSeal
 

@@ -49,7 +49,9 @@ def stop_process(proc: subprocess.Popen | None) -> None:
 class Proxy:
     """A mitmdump process with the receipts addon, on a port the kernel picks; stopped by PID."""
 
-    def __init__(self, workdir: Path, confdir: Path, *, db: Path | None = None, rules: Path = TEST_RULES,
+    metrics_url = ""  # set by a test that serves metrics (receipts_metrics): the addon's log line (METRICS_URL)
+
+    def __init__(self, workdir: Path, confdir: Path, *, db: Path | str | None = None, rules: Path = TEST_RULES,
                  upstream_ca: Path | None = None, extra: tuple[str, ...] = ()):
         self.workdir = workdir
         self.confdir = confdir
@@ -121,6 +123,12 @@ class Proxy:
     @property
     def ca(self) -> Path:
         return self.confdir / "mitmproxy-ca-cert.pem"
+
+    @property
+    def process(self) -> subprocess.Popen:
+        """The mitmdump process start() began (after stop(), the one that ended, with its returncode)."""
+        assert self.proc is not None, "the proxy was never started (Proxy.start)"
+        return self.proc
 
 
 # scripts/run's banner line with mitmweb's URL and the token it chose (mitmweb's own line then has none).

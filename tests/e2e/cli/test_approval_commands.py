@@ -100,7 +100,8 @@ def test_an_approval_from_another_process_sends_one_write(proxy_holding, upstrea
     ev = [e for e in s.events(rid) if e.from_state == "awaiting_approval"]
     assert [(e.to_state, e.actor, e.reason) for e in ev] == [
         ("submitted", "cli:carol", "approved by operator: refund agreed")]
-    assert s.get(rid).state == "succeeded" and s.approval_decision(rid).consumed_at is not None
+    decision = s.approval_decision(rid)
+    assert s.get(rid).state == "succeeded" and decision is not None and decision.consumed_at is not None
     s.close()
     assert upstream.seen(path) == 1
 
@@ -131,6 +132,7 @@ def test_a_write_whose_proxy_is_gone_is_not_held_by_anyone(tmp_path, confdir, up
     """The proxy is killed while it holds a write: nothing can approve it; its next start records not_sent."""
     path = f"/api/{bucket}/refunds"
     proxy = Proxy(tmp_path, confdir).start()
+    assert isinstance(proxy.db, Path)  # a SQLite file
     try:
         agent, got = send_held(proxy, upstream.url + path, 30)
         rid = held_id(proxy.db, bucket)

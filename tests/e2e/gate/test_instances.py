@@ -37,6 +37,7 @@ time.sleep(120)
 def test_a_process_killed_with_sigkill_is_not_alive(db):
     """A real second process claims, is killed with SIGKILL (no cleanup of its own), and is then dead."""
     proc = subprocess.Popen([sys.executable, "-c", CLAIMER, str(db)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None  # stdout=PIPE
     try:
         assert select.select([proc.stdout], [], [], 30)[0], "the claiming process printed nothing in 30 s"
         instance = proc.stdout.readline().strip()

@@ -43,6 +43,7 @@ class McpServer:
                  extra_tools: bool = False):
         assert mode in MODES, mode
         self.mode, self.hang, self.tls = mode, hang, tls
+        self.speaks = speaks  # the one revision it speaks (--speaks), or None: each
         self.options = [*(["--speaks", speaks] if speaks else []), *(["--extra-tools"] if extra_tools else [])]
         self.cert_path = workdir / "upstream-cert.pem" if tls else None  # the CA a proxy trusts upstream
         self.log_path = workdir / f"mcp-server-{mode}-{uuid.uuid4().hex[:6]}.log"

@@ -203,7 +203,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import threading
 from typing import Annotated, Any
 
@@ -548,7 +547,9 @@ class FaultsAndEffects:
             return await self.refuse(refusal, entry, send)
         fault = ""
         if isinstance(msg, dict):
-            params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+            params = msg.get("params")
+            if not isinstance(params, dict):
+                params = {}
             entry.update(jsonrpc_method=msg.get("method"), id=msg.get("id"))
             if msg.get("method") == "tools/call":
                 entry.update(tool=params.get("name"), arguments=params.get("arguments"))
@@ -611,7 +612,9 @@ class FaultsAndEffects:
         """--speaks: the JSON-RPC error that refuses a POST in a revision this server does not speak, or None."""
         rid = msg.get("id") if isinstance(msg, dict) else None
         if self.speaks == MODERN and (version is None or version in HANDSHAKE_REVISIONS):
-            params = msg.get("params") if isinstance(msg, dict) and isinstance(msg.get("params"), dict) else {}
+            params = msg.get("params") if isinstance(msg, dict) else None
+            if not isinstance(params, dict):
+                params = {}
             requested = version or params.get("protocolVersion") or "none"
             return {"jsonrpc": "2.0", "id": rid, "error": {
                 "code": -32022, "message": "Unsupported protocol version",
@@ -717,4 +720,4 @@ def main(argv: list[str] | None = None) -> None:
           tls=tls)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -207,11 +208,12 @@ def test_https_through_a_bare_proxy_and_through_the_addon(mcp_tls_server, tmp_pa
 
 # --- what the SDK client accepts as an answer: what the addon's own answers must look like -----
 
-LISTED = {"issues": []}
+LISTED: dict[str, list] = {"issues": []}
 TEXT = [{"type": "text", "text": json.dumps(LISTED)}]
 DONE = {"content": TEXT, "structuredContent": LISTED, "isError": False, "resultType": "complete"}
 # (name, canned answer, what the client reports: "ok", "is_error", or an error's (type, code, words))
-ANSWERS = [
+Reported = str | tuple[str, int | None, str]
+ANSWERS: list[tuple[str, dict[str, Any], Reported | dict[str, Reported]]] = [
     ("complete", {"message": {"result": DONE}}, "ok"),
     ("no resultType", {"message": {"result": {k: v for k, v in DONE.items() if k != "resultType"}}},
      {"legacy": "ok", "2026-07-28": ("ValidationError", None, "resultType")}),
@@ -243,7 +245,7 @@ def test_what_the_sdk_client_accepts_as_a_tool_result(mcp_json_server, revision)
     mcp_json_server.reset()
     for _, canned, _ in ANSWERS:
         mcp_json_server.can(**canned)
-    ops = [("call", "list_issues", {})] * len(ANSWERS)
+    ops: list[tuple] = [("call", "list_issues", {})] * len(ANSWERS)
     report = run_client(mcp_json_server.url, ops, revision=revision, timeout=1.0)
     for (name, _, expected), got in zip(ANSWERS, ok_calls(report), strict=True):
         expected = expected[revision] if isinstance(expected, dict) else expected
@@ -252,6 +254,7 @@ def test_what_the_sdk_client_accepts_as_a_tool_result(mcp_json_server, revision)
         elif expected == "is_error":
             assert got["ok"] and got["is_error"] and text_of(got) == "a duplicate", (name, got)
         else:
+            assert isinstance(expected, tuple), expected
             kind, code, words = expected
             assert not got["ok"], (name, got)
             assert (got["error"]["type"], got["error"]["code"]) == (kind, code), (name, got)

@@ -363,6 +363,7 @@ def test_each_round_is_sent_within_a_lifetime_of_its_own(tmp_path, confdir, mcp_
         assert done["results"][0]["ok"] and not done["results"][0]["is_error"], done["results"]
         assert mcp_json_server.effects()["created"] == 1
         (r,) = receipts(p, args["title"])
+        assert r.in_flight_until is not None and first.in_flight_until is not None
         assert r.state == "succeeded" and r.in_flight_until > first.in_flight_until
     finally:
         p.stop()

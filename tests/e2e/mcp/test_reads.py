@@ -77,7 +77,6 @@ def proxy(tmp_path_factory, confdir) -> Iterator[Proxy]:
 def server(request, tmp_path_factory) -> Iterator[McpServer]:
     speaks, mode = request.param
     with McpServer(mode, tmp_path_factory.mktemp(f"mcp-{speaks}"), speaks=speaks, extra_tools=True) as s:
-        s.speaks = speaks
         yield s
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -142,7 +143,7 @@ def test_a_sampling_request_and_a_roots_request_reach_the_client_during_the_call
 
 @pytest.mark.parametrize("revision", ["legacy", "2026-07-28"])
 def test_progress_and_log_notifications_reach_the_client_while_the_call_runs(server, proxy, revision):
-    args = {"title": title(), "steps": 3}
+    args: dict[str, Any] = {"title": title(), "steps": 3}
     report = run(server, proxy, ("call", "reported_issue", args), ("call", "reported_issue", args),
                  revision=revision, log_level="info", release=server.base + "/_release")
     first, retry = report["results"]
@@ -181,7 +182,7 @@ def test_the_clients_cancellation_passes_to_the_server(server, proxy):
     answer (the SDK's server does either): outcome_unknown both ways, since a cancelled tool may have run
     (here it had not: no issue).
     """
-    args = {"title": title(), "steps": 1, "hold": 30.0}  # never released: the client's timeout passes first
+    args: dict[str, Any] = {"title": title(), "steps": 1, "hold": 30.0}  # never released: the client's timeout passes first
     before = len(receipts(proxy))
     # Then a call the session waits for: closed at once, the session could end before the cancellation lands.
     report = run_client(server.url, [("call", "reported_issue", args), ("call", "get_issue", {"number": 1})],
@@ -205,7 +206,7 @@ def test_in_json_mode_a_tool_that_wrote_then_asks_fails_and_is_not_taken_as_refu
     is no proof the call was refused before it ran: outcome_unknown, and the retry is blocked.
     """
     mcp_json_server.reset()
-    args = {"title": title(), "body": "draft", "draft": True}
+    args: dict[str, Any] = {"title": title(), "body": "draft", "draft": True}
     yes = {"action": "accept", "content": {"confirm": True}}
     first, retry = run(mcp_json_server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args),
                        answers={"elicit": yes})["results"]

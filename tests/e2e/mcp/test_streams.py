@@ -39,6 +39,7 @@ import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -125,8 +126,9 @@ def test_a_result_after_100000_notifications_is_succeeded_and_memory_stays_bound
         with c.stream("POST", upstream.url, json=tool_call(1, warm), headers={"Accept": ACCEPT}) as r:
             assert [m.get("id") for m in events(r)] == [1]
         before = vm(proxy.proc.pid)["VmRSS"]
-        args = {"title": f"flood {uuid.uuid4().hex[:8]}", "shape": "flood", "n": n, "size": 300}
-        notifications, results, size = 0, [], 0
+        args: dict[str, Any] = {"title": f"flood {uuid.uuid4().hex[:8]}", "shape": "flood", "n": n, "size": 300}
+        notifications, size = 0, 0
+        results: list[dict] = []
         with c.stream("POST", upstream.url, json=tool_call(2, args), headers={"Accept": ACCEPT}) as r:
             assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
             for message in events(r):
@@ -239,9 +241,9 @@ def test_a_stream_cut_by_the_drain_before_its_result_is_unknown_and_says_so(upst
                                           headers={"Accept": ACCEPT}) as r:
             stream = events(r)
             assert next(stream).get("method") == "notifications/message"
-            proxy.proc.send_signal(signal.SIGTERM)  # the result is held: the drain's timeout passes first
+            proxy.process.send_signal(signal.SIGTERM)  # the result is held: the drain's timeout passes first
             last = list(stream)
-        assert proxy.proc.wait(timeout=30) == 0
+        assert proxy.process.wait(timeout=30) == 0
         assert [m["id"] for m in last] == [4]
         said = last[0]["result"]
         assert said["isError"] is True and "answer was lost" in said["content"][0]["text"]

@@ -47,7 +47,6 @@ import argparse
 import hashlib
 import json
 import re
-import sys
 import threading
 from typing import Any
 
@@ -375,4 +374,4 @@ def main(argv: list[str] | None = None) -> None:
     serve(app, port=args.port, ready=f"github_mcp_server: ready http://127.0.0.1:{{port}}{PATH}")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

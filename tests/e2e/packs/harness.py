@@ -51,6 +51,12 @@ class Seen:
     def json(self) -> Any:
         return json.loads(self.body)
 
+    def path_match(self, pattern: re.Pattern[str]) -> re.Match[str]:
+        """`pattern`'s match of the path without its query: of the route that sent the request here."""
+        m = pattern.fullmatch(self.path.split("?")[0])
+        assert m is not None, f"{self.path} is not a path of {pattern.pattern}"
+        return m
+
 
 @dataclass
 class _Route:
@@ -105,7 +111,7 @@ class FakeAPI:
     def origin(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _answer(self, seen: Seen) -> Answer | None:
+    def _answer(self, seen: Seen) -> Answer:
         with self.lock:
             self.seen.append(seen)
             for route in reversed(self.routes):

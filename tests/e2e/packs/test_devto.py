@@ -71,7 +71,7 @@ class FakeForem:
             return 200, {}, list(reversed(self.articles))
 
     def show(self, seen: Seen):
-        article_id = int(ONE.fullmatch(seen.path.split("?")[0]).group(1))
+        article_id = int(seen.path_match(ONE).group(1))
         with self.lock:
             found = [a for a in self.articles if a["id"] == article_id and a["published"]]
         return (200, {}, found[0]) if found else (404, {}, {"error": "not found", "status": 404})

@@ -148,6 +148,7 @@ class Run:
         """The tools/call requests that reached the fake: of the write (of a scenario), or of `tool`."""
         if tool is not None:
             return [c for c in self.effects["calls"] if c["tool"] == tool and self.tag in json.dumps(c["arguments"])]
+        assert scenario is not None, "the write's calls are those of a scenario"
         return [c for c in self.effects["calls"]
                 if c["tool"] == self.op.tool and c["arguments"].get(self.op.key) == self.value(scenario)]
 
@@ -337,7 +338,7 @@ def reactions(fake, proxy):
     in each order the server's versions use (the comment first, @009bb7b5; the reaction first, @03d3cfd1),
     each followed by the identical call."""
     tag = uuid.uuid4().hex[:8]
-    base = {"owner": "octo", "repo": f"reactions-{tag}", "issue_number": 7}
+    base: dict[str, Any] = {"owner": "octo", "repo": f"reactions-{tag}", "issue_number": 7}
     on_comments = [{**base, "comment_id": 501, "reaction": "+1"}, {**base, "comment_id": 502, "reaction": "+1"}]
     comment_first = {**base, "body": f"Thanks {tag} (comment first)", "reaction": "heart"}
     reaction_first = {**base, "body": f"Thanks {tag} (reaction first)", "reaction": "heart"}

@@ -91,7 +91,7 @@ class FakeNotion:
     def query(self, seen: Seen):
         if "notion-version" not in seen.headers:
             return error(400, "missing_version", "Notion-Version header failed validation")
-        ds = QUERY_PATH.fullmatch(seen.path.split("?")[0]).group(1)
+        ds = seen.path_match(QUERY_PATH).group(1)
         flt = seen.json().get("filter") or {}
         wanted = flt.get("title", {}).get("equals")
         with self.lock:
@@ -323,7 +323,8 @@ def test_a_post_read_to_a_path_not_in_post_reads_is_refused_when_the_rules_load(
 def test_the_shipped_pack_loads(tmp_path):
     rules = load_rules_path(PACKS / "notion.yaml")
     assert [t.template for t in rules.files[0].post_reads] == ["/v1/data_sources/{data_source_id}/query", "/v1/search"]
-    assert rules.operations[0].reconcile.absence_provable is False
+    reconcile = rules.operations[0].reconcile
+    assert reconcile is not None and reconcile.absence_provable is False
 
 
 def test_the_query_follows_next_cursor_and_finds_the_page_on_page_2(notion):

@@ -9,6 +9,7 @@ attached file_id or the first item's text. Every test uses its own names and ids
 
 from __future__ import annotations
 
+import email.message
 import email.parser
 import hashlib
 import re
@@ -39,9 +40,11 @@ def multipart(seen: Seen) -> dict[str, Any]:
     msg = email.parser.BytesParser().parsebytes(raw)
     out: dict[str, Any] = {}
     for part in msg.get_payload():
+        assert isinstance(part, email.message.Message), part  # multipart: its payload is its parts
         name = part.get_param("name", header="content-disposition")
         filename = part.get_filename()
         data = part.get_payload(decode=True)
+        assert isinstance(name, str) and isinstance(data, bytes), (name, data)
         out[name] = (filename, data) if filename else data.decode()
     return out
 
@@ -120,7 +123,7 @@ class FakeOpenAI:
 
     # vector store files
     def attach(self, seen: Seen):
-        vs = VS_FILES.fullmatch(seen.path.split("?")[0]).group(1)
+        vs = seen.path_match(VS_FILES).group(1)
         file_id = seen.json()["file_id"]
 
         def create():
@@ -134,7 +137,7 @@ class FakeOpenAI:
         return self._outcome(self._step(file_id), create, f"No file found with id '{file_id}'.")
 
     def retrieve_vs_file(self, seen: Seen):
-        vs, file_id = VS_FILE.fullmatch(seen.path.split("?")[0]).groups()
+        vs, file_id = seen.path_match(VS_FILE).groups()
         with self.lock:
             vf = self.vs_files.get((vs, file_id))
         if vf is None:
@@ -143,7 +146,7 @@ class FakeOpenAI:
 
     # conversation items
     def add_items(self, seen: Seen):
-        conv = ITEMS.fullmatch(seen.path.split("?")[0]).group(1)
+        conv = seen.path_match(ITEMS).group(1)
         items = seen.json()["items"]
 
         def create():
@@ -156,7 +159,7 @@ class FakeOpenAI:
         return self._outcome(self._step(items[0]["content"][0]["text"]), create, "Invalid 'items[0].role'")
 
     def list_items(self, seen: Seen):
-        conv = ITEMS.fullmatch(seen.path.split("?")[0]).group(1)
+        conv = seen.path_match(ITEMS).group(1)
         q = parse_qs(urlsplit(seen.path).query)
         limit = int(q.get("limit", ["20"])[0])
         with self.lock:
@@ -331,7 +334,7 @@ def test_an_unknown_upload_on_the_second_page_of_the_files_list_succeeds_without
 # --- batches: a receipt key in metadata -----------------------------------------------------------
 
 def batch(input_file_id: str, **metadata: str) -> dict:
-    body = {"input_file_id": input_file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    body: dict[str, Any] = {"input_file_id": input_file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     if metadata:
         body["metadata"] = metadata
     return body

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 import pytest
@@ -77,7 +78,7 @@ class FakeStripe:
         return 200, {}, {"object": "list", "url": urlsplit(seen.path).path, "has_more": False, "data": data}
 
 
-def _get(obj: dict, dotted: str):
+def _get(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = obj.get(part) if isinstance(obj, dict) else None
     return obj

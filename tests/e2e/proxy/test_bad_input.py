@@ -16,6 +16,7 @@ import hashlib
 import os
 import socket
 import time
+from typing import Any
 
 import pytest
 import requests
@@ -76,7 +77,7 @@ def send_chunked(proxy: Proxy, url: str, pieces: list[bytes], content_type: str)
 
 # (body, content type, the intent's body view besides "path"), sent by one client, retried by another.
 # "sha:<fallback>": hashed whole, and the intent says which fallback was used (intent_body.FALLBACKS).
-BODIES = {
+BODIES: dict[str, tuple[bytes, str, str | dict[str, Any]]] = {
     "non-utf8-as-json": (b"\xff\xfe\x00garbage", "application/json", "sha:not_json"),
     "non-utf8-as-form": (b"\xff\xfe\x00garbage=1", FORM, "sha:bad_form"),
     "non-utf8-no-type": (b"\x80\x81\x82\xc3\x28 binary", "application/octet-stream", "sha:not_json"),

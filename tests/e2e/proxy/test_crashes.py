@@ -25,7 +25,7 @@ from tests.conftest import wait_for
 from tests.e2e.processes import Answer, Clients, Proxy
 
 
-def receipts(db: Path, bucket: str):
+def receipts(db: Path | str, bucket: str):
     store = Store.open(db, create=False)
     try:
         return [r for r in store.list(limit=None) if bucket in r.target], store.counts()

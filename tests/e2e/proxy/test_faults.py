@@ -710,6 +710,7 @@ def cell(fault: Fault, client: str, proxy, clients: Clients, fault_upstream, unt
         base, up = fault_upstream.url, fault_upstream
     path = f"/api/{bucket}/plain"
     if fault.upstream:
+        assert up is not None  # a fault the upstream plays needs an upstream
         up.plan(path, fault.upstream)
     timeout = 1.0 if fault.id == "commit-then-hang" else 10.0
 

@@ -14,7 +14,6 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -59,8 +58,10 @@ def test_two_proxies_behind_haproxy_make_one_upstream_write(pg_url, tmp_path, co
     try:
         wait_for(lambda: listening(port) or ha.poll() is not None, what="haproxy to listen")
         assert ha.poll() is None, (tmp_path / "haproxy.out").read_text()
-        front = SimpleNamespace(url=f"http://127.0.0.1:{port}", ca=proxies[0].ca, log=proxies[0].log,
-                                log_path=proxies[0].log_path)
+        # What Clients sends through: HAProxy's port, the proxies' CA (one confdir) and the first proxy's log
+        # (for the end-of-run sweep); a Proxy never started.
+        front = Proxy(tmp_path, confdir, db=pg_url)
+        front.port, front.log_path = port, proxies[0].log_path
         path = f"/api/{bucket}/plain"
         upstream.plan(path, "held")
         answers: list = [None] * 10

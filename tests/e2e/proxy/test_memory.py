@@ -126,11 +126,11 @@ def warm(proxy: Proxy, up: Upstream) -> int:
     """One ordinary write through the proxy (imports done, connections made); then its VmRSS in MiB."""
     r = post(proxy, f"{up.url}/api/{bucket()}/things", json.dumps({"title": "warm-up"}))
     assert r.status_code == 201, r.text
-    return vm(proxy.proc.pid)["VmRSS"]
+    return vm(proxy.process.pid)["VmRSS"]
 
 
 def report(what: str, proxy: Proxy, base: int, watch: RssWatch | None = None) -> dict[str, int]:
-    now = vm(proxy.proc.pid)
+    now = vm(proxy.process.pid)
     sampled = f", highest sampled VmRSS {watch.peak} MiB" if watch else ""
     print(f"\n[memory] {what}: VmRSS {base} MiB before, {now['VmRSS']} MiB after; VmHWM {now['VmHWM']} MiB{sampled}")
     return now
@@ -211,6 +211,7 @@ def test_an_answer_past_the_record_cap_reaches_the_agent_whole_and_is_never_repl
     assert r.status_code == 201 and len(r.content) == up.large_bytes, (r.status_code, len(r.content))
     assert r.json()["id"] == 1 and r.headers["x-receipt-state"] == "succeeded"
     (receipt,) = receipts_for(proxy, path)
+    assert receipt.response is not None
     assert (receipt.state, receipt.http_status, receipt.response.truncated) == ("succeeded", 201, True)
     assert any("classified from the status" in e for e in events(proxy, receipt.operation_id))
     again = post(proxy, f"{up.url}{path}", json.dumps({"title": "large"}))

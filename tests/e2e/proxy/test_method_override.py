@@ -150,7 +150,7 @@ def test_a_second_write_while_the_first_is_unresolved_is_blocked(first_overridde
     path = f"/api/{bucket}/things"
     over.plan(path, "drop")  # commits, then drops the connection: outcome_unknown
     as_get = ("GET", {XO: "POST"})
-    as_post = ("POST", {})
+    as_post: tuple[str, dict[str, str]] = ("POST", {})
     (m1, h1), (m2, h2) = (as_get, as_post) if first_overridden else (as_post, as_get)
     first = over_clients.send("requests", m1, over.url + path, {"title": "unresolved"}, headers=h1)
     assert first.status == 502 and first.json()["error"] == "outcome_unknown", first

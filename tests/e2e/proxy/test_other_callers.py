@@ -161,6 +161,7 @@ class FakeApi:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                doc: dict[str, object]  # the JSON answer
                 with api.lock:
                     if self.path.endswith("/oauth/token"):
                         form = parse_qs(body.decode())
@@ -272,7 +273,7 @@ def shown_everywhere(proxy: Proxy, bucket: str, urls: list[str]) -> str:
     for url in urls:
         shown.append(receipts(proxy, "rules", "explain", "POST", url, "--rules", str(proxy.rules), "--json"))
         shown.append(receipts(proxy, "rules", "explain", "POST", url, "--rules", str(proxy.rules)))
-    files = [proxy.db, Path(f"{proxy.db}-wal"), Path(f"{proxy.db}-shm"), proxy.log_path]
+    files = [Path(proxy.db), Path(f"{proxy.db}-wal"), Path(f"{proxy.db}-shm"), proxy.log_path]
     markers = (MARKER_TG, MARKER_TG.split(":")[1], MARKER_ROOM)
     assert [m for m in markers for f in files if m.encode() in read(f)] == []
     text = "\n".join(shown)

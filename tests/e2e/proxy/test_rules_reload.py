@@ -62,7 +62,7 @@ def test_an_alias_bomb_on_reload_is_refused_and_traffic_flows(tmp_path, confdir,
         slowest = slowest_get(proxy, upstream, lambda: "rules NOT reloaded" in proxy.log())
         assert "YAML aliases (*a) are not allowed in rules files" in proxy.log()
         assert slowest < 1.0, f"an unrelated GET took {slowest:.2f}s during the reload"
-        rss = int(next(line for line in Path(f"/proc/{proxy.proc.pid}/status").read_text().splitlines()
+        rss = int(next(line for line in Path(f"/proc/{proxy.process.pid}/status").read_text().splitlines()
                        if line.startswith("VmHWM:")).split()[1])
         assert rss < 200_000, f"peak RSS {rss} kB"  # the bomb was never expanded (it reached 231 MB)
     finally:

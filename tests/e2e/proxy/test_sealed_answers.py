@@ -55,6 +55,7 @@ def test_a_minted_secret_is_never_stored_in_clear_and_the_duplicate_gets_the_exa
     tmp_path, confdir, upstream, bucket
 ):
     proxy = Proxy(tmp_path, confdir).start()
+    assert isinstance(proxy.db, Path)  # a SQLite file
     path = f"/api/{bucket}/plain"
     clients = Clients(proxy)
     try:
@@ -89,6 +90,7 @@ def test_record_false_keeps_no_answer_and_blocks_the_duplicate(tmp_path, confdir
     shutil.copy(TEST_RULES / "test-api.yaml", rules / "test-api.yaml")
     (rules / "keys.yaml").write_text(KEYS_RULES)
     proxy = Proxy(tmp_path, confdir, rules=rules).start()
+    assert isinstance(proxy.db, Path)  # a SQLite file
     path = f"/keys/{bucket}"
     clients = Clients(proxy)
     try:

@@ -47,12 +47,12 @@ def test_a_lost_secret_key_stops_the_proxy_and_the_retry_is_never_sent(tmp_path,
     again = Proxy(tmp_path, confdir).start(wait=False)  # the same state directory, a log of its own
     try:
         wait_for(lambda: started_or_exited(again), timeout=30, what="the proxy to start or exit")
-        if again.proc.poll() is None:  # it started (as it did before the key check): the retry goes through it
+        if again.process.poll() is None:  # it started (as it did before the key check): the retry goes through it
             again.ready()
             Clients(again).send("requests", "POST", f"{upstream.url}{path}", {"title": "once"})
         assert upstream.seen(path) == 1, "the retry of an unresolved write was sent again"
-        again.proc.wait(timeout=30)
-        assert again.proc.returncode != 0
+        again.process.wait(timeout=30)
+        assert again.process.returncode != 0
     finally:
         again.stop()
     what = "is missing" if loss == "deleted" else "is not the one the receipts database"

@@ -26,7 +26,7 @@ from tests.e2e.processes import Answer, Clients, Proxy, ScriptsRun
 STOPPING = "stopping; waiting up to"  # the proxy's log line once it drains
 
 
-def receipts(db: Path, bucket: str):
+def receipts(db: Path | str, bucket: str):
     store = Store.open(db, create=False)
     try:
         found = [r for r in store.list(limit=None) if bucket in r.target]
@@ -58,9 +58,9 @@ def exit_code(proxy: Proxy, timeout: float) -> int:
 
 
 def draining(proxy: Proxy) -> None:
-    wait_for(lambda: STOPPING in proxy.log() or proxy.proc.poll() is not None, timeout=10,
+    wait_for(lambda: STOPPING in proxy.log() or proxy.process.poll() is not None, timeout=10,
              what="the proxy to say it drains")
-    assert proxy.proc.poll() is None, f"the proxy exited instead of draining:\n{proxy.log()}"
+    assert proxy.process.poll() is None, f"the proxy exited instead of draining:\n{proxy.log()}"
 
 
 @pytest.mark.parametrize("sig, forward", [(signal.SIGTERM, "addon"), (signal.SIGINT, "addon"),
@@ -78,7 +78,7 @@ def test_a_signal_lets_the_write_in_flight_end_then_exits_0(sig, forward, tmp_pa
         sent = signal_proxy(proxy, sig)
         draining(proxy)
         time.sleep(0.5)
-        assert proxy.proc.poll() is None  # still there: it waits for the write in flight
+        assert proxy.process.poll() is None  # still there: it waits for the write in flight
         upstream.let_go(path)
         t.join(timeout=15)
         assert got and got[0].status == 201, got
@@ -214,7 +214,7 @@ def test_a_reconcile_read_in_progress_ends_before_the_exit(tmp_path, confdir, up
         signal_proxy(proxy, signal.SIGTERM)
         draining(proxy)
         time.sleep(0.5)
-        assert proxy.proc.poll() is None  # it waits for the read
+        assert proxy.process.poll() is None  # it waits for the read
         upstream.let_go(path)
         t.join(timeout=15)
         assert got and got[0].status == 409, got

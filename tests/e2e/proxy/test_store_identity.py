@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 from proxy_addon.store import Store
 from tests.conftest import wait_for
@@ -21,6 +22,7 @@ def unavailable(answer) -> bool:
 
 def test_a_removed_database_fails_closed(tmp_path, confdir, upstream, bucket):
     proxy = Proxy(tmp_path, confdir).start()
+    assert isinstance(proxy.db, Path)  # a SQLite file
     clients = Clients(proxy)
     try:
         unknown_write(clients, proxy, upstream, bucket, "plain", {"title": "a"}, "drop")
@@ -36,8 +38,8 @@ def test_a_removed_database_fails_closed(tmp_path, confdir, upstream, bucket):
         proxy.stop()
     # A restart does not make an empty database beside the key: that would let both writes through.
     again = Proxy(tmp_path, confdir, db=proxy.db).start(wait=False)
-    wait_for(lambda: again.proc.poll() is not None, timeout=20, what="the proxy to refuse to start")
-    assert again.proc.returncode != 0
+    wait_for(lambda: again.process.poll() is not None, timeout=20, what="the proxy to refuse to start")
+    assert again.process.returncode != 0
     assert f"{proxy.db} does not exist, but" in again.log() and "receipts_new_db=true" in again.log()
     assert not proxy.db.exists()
     fresh = Proxy(tmp_path, confdir, db=proxy.db, extra=("--set", "receipts_new_db=true")).start()

@@ -21,6 +21,7 @@ import json
 import tarfile
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,7 +51,7 @@ BEARER = {"Authorization": "Bearer upgrade-caller-1"}
 NFD = unicodedata.normalize("NFD", "café crème")
 
 # (case, path under /api/{bucket}, headers, body): each is fingerprinted differently by scheme 1 and today.
-CASES = [
+CASES: list[tuple[str, str, dict[str, str], dict[str, Any]]] = [
     ("bearer", "/things", {**BEARER, "Content-Type": "application/json"}, {"title": "bearer"}),
     ("curl -d", "/things", {**BEARER, "Content-Type": "application/x-www-form-urlencoded"}, {"title": "form"}),
     ("nfd", "/things", {**BEARER, "Content-Type": "application/json"}, {"title": NFD}),

@@ -17,7 +17,7 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -155,8 +155,8 @@ class Got:
     """What one caller's attempt gave: the proxy's answer to a duplicate, or the CLI's exit status and output."""
 
     status: int | None = None
-    headers: dict | None = None
-    body: dict | None = None
+    headers: dict = field(default_factory=dict)  # the proxy's answer (the CLI's: none)
+    body: dict = field(default_factory=dict)
     code: int | None = None
     out: str = ""
     err: str = ""
@@ -215,6 +215,7 @@ def test_a_failed_read_leaves_the_outcome_unknown_until_the_last_attempt(
     failure = transitions(events)[-1]
     assert (failure.from_state, failure.to_state) == ("reconciling", "outcome_unknown")
     assert reason in failure.reason, failure.reason
+    assert receipt.next_read_at is not None
     next_read = when(receipt.next_read_at)
     assert f"failed read 1 of {ATTEMPTS}: next read not before {receipt.next_read_at}" in failure.reason
     assert ("(as Retry-After says)" if fault == "429" else "(backoff)") in failure.reason
@@ -265,6 +266,7 @@ def test_a_failed_read_leaves_the_outcome_unknown_until_the_last_attempt(
 def unknown(fr_proxy, upstream, bucket, title: str):
     path = f"/api/{bucket}/things"
     r = unknown_write(Clients(fr_proxy), fr_proxy, upstream, bucket, "things", {"title": title}, "drop")
+    assert r.completed_at is not None
     return r, path, FakeClock(when(r.completed_at))
 
 

@@ -90,16 +90,16 @@ def test_forty_hanging_reads_run_at_most_reads_max_at_once_and_harm_nothing_else
         assert "x-receipt-id" not in other_read.headers and other_write.headers["x-receipt-id"]
 
         if stop:  # the graceful stop waits for the reads running and those waiting for a slot
-            os.kill(proxy.proc.pid, signal.SIGTERM)
+            os.kill(proxy.process.pid, signal.SIGTERM)
             wait_for(lambda: "stopping; waiting up to" in proxy.log(), what="the drain to start")
             time.sleep(0.5)
-            assert proxy.proc.poll() is None
+            assert proxy.process.poll() is None
         up.let_go(path)
         for t in threads:
             t.join(timeout=60)
         assert not any(t.is_alive() for t in threads)
         if stop:
-            assert proxy.proc.wait(timeout=30) == 0
+            assert proxy.process.wait(timeout=30) == 0
             assert "every matched request in flight has its outcome; exiting" in proxy.log()
 
         assert [(a.status, a.json()["error"]) for a in answers] == [(409, "duplicate_succeeded")] * UNKNOWN

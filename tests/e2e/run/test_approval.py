@@ -142,7 +142,7 @@ def test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent(tmp_path, confd
     store = Store.open(tmp_path / "state" / "receipts.db", create=False)
     (r,) = [r for r in store.list(limit=None) if bucket in r.target]
     assert (r.intent["body"]["amount"], r.state) == (10, "rejected")
-    assert "modified while held" in r.error
+    assert "modified while held" in (r.error or "")
     last = store.events(r.operation_id)[-1]
     assert (last.from_state, last.to_state, last.actor) == ("awaiting_approval", "rejected", "proxy")
     assert "modified while held" in last.reason

@@ -66,7 +66,9 @@ def events(pg_url: str, operation_id: str):
 
 
 def instance_id(proxy: Proxy) -> str:
-    return re.search(r"\(instance (\S+)\)", proxy.log()).group(1)
+    m = re.search(r"\(instance (\S+)\)", proxy.log())
+    assert m is not None, "the proxy logged no instance"
+    return m.group(1)
 
 
 def start_all(proxies: list[Proxy]) -> list[Proxy]:
@@ -261,8 +263,8 @@ def test_a_proxy_with_another_key_refuses_to_join_the_fleet(pg_url, tmp_path, co
         another.write_text("a" * 64 + "\n")  # a key, not the fleet's (a missing one: tests/e2e/proxy/test_secret_key.py)
         other = instance(pg_url, tmp_path, confdir, another)
         other.start(wait=False)
-        other.proc.wait(timeout=30)
-        assert other.proc.returncode != 0
+        other.process.wait(timeout=30)
+        assert other.process.returncode != 0
         assert "is not the one the other proxies on" in other.log()
         assert "postgresql://postgres@127.0.0.1" in other.log()
     finally:
@@ -328,7 +330,7 @@ def send_in_background(proxy: Proxy, url: str, body: dict) -> tuple[threading.Th
 def stopped_after_commit(proxy: Proxy) -> None:
     """Wait until `proxy` holds its write after the commit (receipts_debug_pause), then stop it whole: SIGSTOP."""
     wait_for(lambda: "pausing at after_commit" in proxy.log(), timeout=20, what="the commit (after_commit pause)")
-    os.kill(proxy.proc.pid, signal.SIGSTOP)
+    os.kill(proxy.process.pid, signal.SIGSTOP)
 
 
 def woken(proxy: Proxy) -> None:

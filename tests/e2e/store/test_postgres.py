@@ -105,7 +105,9 @@ def test_open_without_create_refuses_a_database_without_receipts(pg_cluster):
 def test_a_lost_connection_fails_closed_then_reconnects(pg_cluster, pg_url):
     store = open_store(pg_url, clock=FakeClock())
     try:
+        assert isinstance(store, PostgresStore)
         op = store.begin_attempt(attempt("fp-a")).receipt.operation_id
+        assert store.conn is not None
         pid = store.conn.info.backend_pid
         pg_cluster.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(StoreUnavailable, match="cannot write the receipts database postgresql://"):
@@ -113,7 +115,7 @@ def test_a_lost_connection_fails_closed_then_reconnects(pg_cluster, pg_url):
         # the next call opens a new connection: no restart
         d = store.begin_attempt(attempt("fp-b"))
         assert d.kind == "forward"
-        assert store.conn.info.backend_pid != pid
+        assert store.conn is not None and store.conn.info.backend_pid != pid
         assert store.begin_attempt(attempt("fp-a")).kind == "blocked"
         assert {r.intent_fingerprint for r in store.list()} == {"fp-a", "fp-b"}
         assert store.get(op).state is State.SUBMITTED

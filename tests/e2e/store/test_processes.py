@@ -72,6 +72,7 @@ def test_processes_racing_on_one_fingerprint_forward_once(db, tmp_path):
     ]
     try:
         for p in procs:
+            assert p.stdout is not None  # stdout=PIPE
             assert p.stdout.readline().strip() == "ready"
         go.touch()
         outputs = []
