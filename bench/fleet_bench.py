@@ -44,20 +44,30 @@ DESIGNS = ("as-is", "index", "serializable", "intent-only")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench --fleet", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="scripts/bench --fleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--writers", default="1,2,4,8,16,32", help="the numbers of writer processes (default 1,2,4,8,16,32)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
     p.add_argument("--backends", default="pg,sqlite", help="comma-separated, of pg, sqlite (default both)")
     p.add_argument("--duration", type=float, default=5.0, help="timed seconds per point (default 5)")
     p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each point (default 1)")
     p.add_argument("--before", metavar="TREE", help="also measure TREE's proxy_addon (an older checkout), interleaved")
-    p.add_argument("--design", action="append", default=[], choices=DESIGNS,
-                   help="PostgreSQL's locking: this tree's own (as-is, the default) or a candidate measured against "
-                        "it (repeatable): index (no lock, the unique index decides), serializable (no lock, "
-                        "SERIALIZABLE and retries), intent-only (the per-intent locks without the shared fleet lock)")
-    p.add_argument("--fsync", choices=("on", "off"), default="on",
-                   help="the PostgreSQL cluster's fsync (off: a diagnostic of what the WAL flush costs)")
+    p.add_argument(
+        "--design",
+        action="append",
+        default=[],
+        choices=DESIGNS,
+        help="PostgreSQL's locking: this tree's own (as-is, the default) or a candidate measured against "
+        "it (repeatable): index (no lock, the unique index decides), serializable (no lock, "
+        "SERIALIZABLE and retries), intent-only (the per-intent locks without the shared fleet lock)",
+    )
+    p.add_argument(
+        "--fsync",
+        choices=("on", "off"),
+        default="on",
+        help="the PostgreSQL cluster's fsync (off: a diagnostic of what the WAL flush costs)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write every point as JSON to PATH")
     a = p.parse_args(argv)
     a.writers = [int(x) for x in a.writers.split(",") if x]
@@ -85,8 +95,16 @@ class Writers:
         self.procs: list[subprocess.Popen] = []
         try:
             for i in range(n):
-                self.procs.append(subprocess.Popen([sys.executable, str(WRITER), str(i), design], env=env, cwd=tree,
-                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WRITER), str(i), design],
+                        env=env,
+                        cwd=tree,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                )
             for p in self.procs:
                 self._read(p)  # {"loaded": true}
         except BaseException:
@@ -154,12 +172,13 @@ class Sampler:
         self.waits, self.samples = Counter(), 0
         while time.time() < t0:
             time.sleep(0.005)
-        b0, pg0 = _busy(), self._pg_cpu() if self.conn else 0.0
+        b0, pg0 = _busy(), self._pg_cpu()
         while time.time() < t1:
             if self.conn is not None:
                 rows = self.conn.execute(
                     "SELECT state, wait_event_type, wait_event FROM pg_stat_activity "
-                    "WHERE application_name = 'receipt-proxy'").fetchall()
+                    "WHERE application_name = 'receipt-proxy'"
+                ).fetchall()
                 for state, kind, event in rows:
                     if state == "active":
                         self.waits["CPU" if kind is None else f"{kind}:{event}"] += 1
@@ -171,28 +190,29 @@ class Sampler:
             time.sleep(0.02)
         b1 = _busy()
         self.busy = (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
-        self.pg_cpu = (self._pg_cpu() - pg0) if self.conn else 0.0
+        pg1 = self._pg_cpu()  # the processes alive over the whole window (the writers' backends are)
+        self.pg_cpu = sum(pg1[pid] - pg0[pid] for pid in pg1.keys() & pg0.keys())
 
-    def _pg_cpu(self) -> float:
-        """CPU seconds of our cluster's postmaster and its children (other clusters on the machine left out)."""
+    def _pg_cpu(self) -> dict[int, float]:
+        """CPU seconds of our cluster's postmaster and each of its children (other clusters left out), by PID."""
         if self.datadir is None:
-            return 0.0
+            return {}
         from bench.report import cpu_seconds
 
         try:
             postmaster = int((self.datadir / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
-            return 0.0
-        total = 0.0
+            return {}
+        out: dict[int, float] = {}
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
                 try:
                     ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
                     if int(d.name) == postmaster or ppid == postmaster:
-                        total += cpu_seconds(int(d.name))
+                        out[int(d.name)] = cpu_seconds(int(d.name))
                 except (OSError, ValueError, IndexError):
                     continue
-        return total
+        return out
 
     def top(self, n: int = 4) -> str:
         if not self.samples:
@@ -214,19 +234,33 @@ def _percentile(xs: list[float], q: float) -> float:
 def point(writers: Writers, backend: str, scenario: str, target: str, a: argparse.Namespace, sampler: Sampler) -> dict:
     n = len(writers.procs)
     stamp = f"{os.getpid()}-{time.time_ns()}"
-    command = {"scenario": scenario, "target": target, "storm": f"sha256:storm-{stamp}",
-               "hot": [f"sha256:hot-{stamp}-{i}" for i in range(4)]}
+    command = {
+        "scenario": scenario,
+        "target": target,
+        "storm": f"sha256:storm-{stamp}",
+        "hot": [f"sha256:hot-{stamp}-{i}" for i in range(4)],
+    }
     results = writers.run(command, a.warmup, a.duration, sampler)
     ms = [x for r in results for x in r["ms"]]
     kinds: Counter[str] = Counter()
     for r in results:
         kinds.update(r["kinds"])
     return {
-        "backend": backend, "scenario": scenario, "writers": n, "decisions": len(ms),
-        "per_second": len(ms) / a.duration, "p50": _percentile(ms, 0.5), "p99": _percentile(ms, 0.99),
-        "kinds": dict(kinds), "forwarded": sum(r["forwarded"] for r in results), "failures": sum(r["failures"] for r in results),
-        "writers_cpu": sum(r["cpu"] for r in results), "pg_cpu": sampler.pg_cpu, "busy": sampler.busy,
-        "waits": sampler.top(), "loadavg": os.getloadavg()[0],
+        "backend": backend,
+        "scenario": scenario,
+        "writers": n,
+        "decisions": len(ms),
+        "per_second": len(ms) / a.duration,
+        "p50": _percentile(ms, 0.5),
+        "p99": _percentile(ms, 0.99),
+        "kinds": dict(kinds),
+        "forwarded": sum(r["forwarded"] for r in results),
+        "failures": sum(r["failures"] for r in results),
+        "writers_cpu": sum(r["cpu"] for r in results),
+        "pg_cpu": sampler.pg_cpu,
+        "busy": sampler.busy,
+        "waits": sampler.top(),
+        "loadavg": os.getloadavg()[0],
     }
 
 
@@ -234,8 +268,9 @@ def main(argv: list[str]) -> int:
     a = parse(argv)
     command = "scripts/bench --fleet" + "".join(" " + shlex.quote(x) for x in argv)
     log(f"{command} · {os.cpu_count()} CPUs · load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    trees: list[tuple[str, Path, str]] = [(f"this tree ({d})" if d != "as-is" else "this tree", ROOT, d)
-                                          for d in a.design]
+    trees: list[tuple[str, Path, str]] = [
+        (f"this tree ({d})" if d != "as-is" else "this tree", ROOT, d) for d in a.design
+    ]
     if a.before:
         trees.append(("before", Path(a.before).resolve(), "as-is"))
     work = Path(tempfile.mkdtemp(prefix="receipt-fleet-bench-"))
@@ -254,7 +289,7 @@ def main(argv: list[str]) -> int:
             sampler = Sampler(*((cluster.url, cluster.datadir) if backend == "pg" and cluster else (None, None)))
             try:
                 for k, n in enumerate(a.writers):
-                    order = trees[k % len(trees):] + trees[:k % len(trees)]  # alternate which tree goes first
+                    order = trees[k % len(trees) :] + trees[: k % len(trees)]  # alternate which tree goes first
                     for name, tree, design in order:
                         writers = Writers(n, tree, design)
                         try:
@@ -277,7 +312,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _target(backend: str, cluster, work: Path) -> str:  # noqa: ANN001 - tests.pg.Cluster, imported late
+def _target(backend: str, cluster, work: Path) -> str:
     from proxy_addon.store import Store
     from proxy_addon.store.postgres import PostgresStore
 
@@ -291,19 +326,25 @@ def _target(backend: str, cluster, work: Path) -> str:  # noqa: ANN001 - tests.p
 
 
 def _line(r: dict) -> str:
-    return (f"{r['backend']:<6} {r['scenario']:<8} {r['tree']:<28} N={r['writers']:<3} {r['per_second']:7.0f}/s "
-            f"p50 {r['p50']:6.1f} ms p99 {r['p99']:6.1f} ms  forwarded {r['forwarded']:<6} "
-            f"failed {r['failures']:<3} CPU writers {r['writers_cpu']:5.1f}s pg {r['pg_cpu']:5.1f}s "
-            f"busy {r['busy'] * 100:3.0f}%  load {r['loadavg']:.1f}  {r['waits']}")
+    return (
+        f"{r['backend']:<6} {r['scenario']:<8} {r['tree']:<28} N={r['writers']:<3} {r['per_second']:7.0f}/s "
+        f"p50 {r['p50']:6.1f} ms p99 {r['p99']:6.1f} ms  forwarded {r['forwarded']:<6} "
+        f"failed {r['failures']:<3} CPU writers {r['writers_cpu']:5.1f}s pg {r['pg_cpu']:5.1f}s "
+        f"busy {r['busy'] * 100:3.0f}%  load {r['loadavg']:.1f}  {r['waits']}"
+    )
 
 
 def table(points: list[dict]) -> str:
-    lines = ["| backend | scenario | tree | writers | decisions/s | p50 ms | p99 ms | forwarded | "
-             "CPU ms/decision (writers + pg) | machine busy | PostgreSQL waits |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| backend | scenario | tree | writers | decisions/s | p50 ms | p99 ms | forwarded | "
+        "CPU ms/decision (writers + pg) | machine busy | PostgreSQL waits |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in sorted(points, key=lambda r: (r["backend"], SCENARIOS.index(r["scenario"]), r["tree"], r["writers"])):
-        lines.append(f"| {r['backend']} | {r['scenario']} | {r['tree']} | {r['writers']} | {r['per_second']:.0f} | "
-                     f"{r['p50']:.1f} | {r['p99']:.1f} | {r['forwarded']} | "
-                     f"{(r['writers_cpu'] + r['pg_cpu']) * 1000 / max(1, r['decisions']):.2f} | {r['busy'] * 100:.0f}% | "
-                     f"{r['waits']} |")
+        lines.append(
+            f"| {r['backend']} | {r['scenario']} | {r['tree']} | {r['writers']} | {r['per_second']:.0f} | "
+            f"{r['p50']:.1f} | {r['p99']:.1f} | {r['forwarded']} | "
+            f"{(r['writers_cpu'] + r['pg_cpu']) * 1000 / max(1, r['decisions']):.2f} | {r['busy'] * 100:.0f}% | "
+            f"{r['waits']} |"
+        )
     return "\n".join(lines)

@@ -9,8 +9,9 @@ It reads one JSON command a line on stdin, and answers each with one JSON line o
 (the mix's shared fingerprints)}. It opens its store (and, on PostgreSQL, its instance lease, as a
 proxy of a fleet does) and answers {"ready": true}; the next line says when to begin ({"start":
 time.time(), "warmup", "duration"}), the same instant for every writer; it decides attempts
-untimed for `warmup` seconds, then timed for `duration`: `begin_attempt` timed, and a forwarded attempt's outcome recorded (`record_outcome`, with a
-response: its duplicates are then replayed). `DESIGN` swaps the PostgreSQL store's locking for a
+untimed for `warmup` seconds, then timed for `duration`: `begin_attempt` timed, and a forwarded
+attempt's outcome recorded (`record_outcome`, with a response: its duplicates are then replayed).
+`DESIGN` swaps the PostgreSQL store's locking for a
 candidate measured against it (fleet_bench.py: DESIGNS); "as-is" keeps the tree's own.
 """
 
@@ -24,7 +25,7 @@ import time
 import uuid
 
 
-def _store_class(design: str):  # noqa: ANN202 - the class depends on the tree under test
+def _store_class(design: str):
     from proxy_addon.store.postgres import PostgresStore
 
     if design == "as-is":
@@ -67,9 +68,15 @@ def main() -> int:
 
     def attempt(fingerprint: str) -> Attempt:
         return Attempt(
-            api="bench", operation="things.create", method="POST", target="http://127.0.0.1/bench/things",
-            intent_fingerprint=fingerprint, intent={"body": {"title": fingerprint}, "path": {}},
-            principal="anonymous", flow_id="bench", instance=instance,
+            api="bench",
+            operation="things.create",
+            method="POST",
+            target="http://127.0.0.1/bench/things",
+            intent_fingerprint=fingerprint,
+            intent={"body": {"title": fingerprint}, "path": {}},
+            principal="anonymous",
+            flow_id="bench",
+            instance=instance,
         )
 
     rng = random.Random(index)
@@ -112,11 +119,22 @@ def main() -> int:
             kinds[d.kind] = kinds.get(d.kind, 0) + 1
             if d.kind == "forward":
                 forwarded += 1
-                store.record_outcome(d.receipt.operation_id, State.SUCCEEDED, reason="bench", http_status=201,
-                                     external_id="1", response=response)
+                try:
+                    store.record_outcome(
+                        d.receipt.operation_id,
+                        State.SUCCEEDED,
+                        reason="bench",
+                        http_status=201,
+                        external_id="1",
+                        response=response,
+                    )
+                except StoreUnavailable:
+                    failures += 1  # a candidate design's serialization failure: the receipt stays submitted
         cpu = time.process_time() - cpu0
         store.close()
-        print(json.dumps({"kinds": kinds, "ms": ms, "failures": failures, "cpu": cpu, "forwarded": forwarded}), flush=True)
+        print(
+            json.dumps({"kinds": kinds, "ms": ms, "failures": failures, "cpu": cpu, "forwarded": forwarded}), flush=True
+        )
     return 0
 
 

@@ -36,9 +36,18 @@ pytestmark = pytest.mark.e2e
 
 
 def attempt(fp: str, *, instance: str | None = None, earlier: tuple[str, ...] = ()) -> Attempt:
-    return Attempt(api="example", operation="articles.create", method="POST", target="https://api.example/a",
-                   intent_fingerprint=fp, intent={"t": fp}, principal="agent-1", flow_id="f", instance=instance,
-                   earlier=earlier)
+    return Attempt(
+        api="example",
+        operation="articles.create",
+        method="POST",
+        target="https://api.example/a",
+        intent_fingerprint=fp,
+        intent={"t": fp},
+        principal="agent-1",
+        flow_id="f",
+        instance=instance,
+        earlier=earlier,
+    )
 
 
 class HeldClock:
@@ -122,8 +131,11 @@ def test_distinct_intents_decide_and_commit_while_another_holds_its_decision_ope
         # The same intent: waits on its intent's lock until the held decision commits, then is a duplicate.
         assert c.conn is not None
         same, same_out = in_thread(lambda: c.begin_attempt(attempt("fp-held")))
-        wait_for(lambda: waits_on_a_lock(pg_url, c.conn.info.backend_pid), timeout=60,
-                 what="the same intent's writer to wait on its lock")
+        wait_for(
+            lambda: waits_on_a_lock(pg_url, c.conn.info.backend_pid),
+            timeout=60,
+            what="the same intent's writer to wait on its lock",
+        )
         assert same.is_alive()
         assert held.finish().kind == "forward"
         same.join(timeout=60)
@@ -188,8 +200,11 @@ def test_a_takeover_held_open_keeps_a_new_attempt_of_its_intent_waiting_and_leav
         assert free_out["result"].kind == "forward"
         assert again.conn is not None
         retry, retry_out = in_thread(lambda: again.begin_attempt(attempt("fp-taken", instance="live-2")))
-        wait_for(lambda: waits_on_a_lock(pg_url, again.conn.info.backend_pid), timeout=60,
-                 what="the new attempt of the taken-over intent to wait on its lock")
+        wait_for(
+            lambda: waits_on_a_lock(pg_url, again.conn.info.backend_pid),
+            timeout=60,
+            what="the new attempt of the taken-over intent to wait on its lock",
+        )
         assert takeover.finish() == [(theirs, "outcome_unknown")]
         retry.join(timeout=60)
         assert retry_out["result"].kind == "blocked"  # outcome_unknown is unresolved: one winner, still
