@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WRITER = Path(__file__).resolve().parent / "fleet_writer.py"
 SCENARIOS = ("distinct", "storm", "mix")
-DESIGNS = ("as-is", "index", "serializable", "intent-only")
+DESIGNS = ("as-is", "index", "serializable", "intent-only", "notify-in-tx")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -54,13 +55,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each point (default 1)")
     p.add_argument("--before", metavar="TREE", help="also measure TREE's proxy_addon (an older checkout), interleaved")
     p.add_argument(
+        "--tree",
+        metavar="TREE",
+        default=str(ROOT),
+        help="the proxy_addon measured as 'this tree' (default this checkout; a snapshot keeps a long run "
+        "from measuring edits made meanwhile)",
+    )
+    p.add_argument(
         "--design",
         action="append",
         default=[],
         choices=DESIGNS,
         help="PostgreSQL's locking: this tree's own (as-is, the default) or a candidate measured against "
         "it (repeatable): index (no lock, the unique index decides), serializable (no lock, "
-        "SERIALIZABLE and retries), intent-only (the per-intent locks without the shared fleet lock)",
+        "SERIALIZABLE and retries), intent-only (the per-intent locks without the shared fleet lock), "
+        "notify-in-tx (NOTIFY inside the write transaction, as before)",
     )
     p.add_argument(
         "--fsync",
@@ -266,10 +275,11 @@ def point(writers: Writers, backend: str, scenario: str, target: str, a: argpars
 
 def main(argv: list[str]) -> int:
     a = parse(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: writers stopped, the cluster destroyed
     command = "scripts/bench --fleet" + "".join(" " + shlex.quote(x) for x in argv)
     log(f"{command} · {os.cpu_count()} CPUs · load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     trees: list[tuple[str, Path, str]] = [
-        (f"this tree ({d})" if d != "as-is" else "this tree", ROOT, d) for d in a.design
+        (f"this tree ({d})" if d != "as-is" else "this tree", Path(a.tree).resolve(), d) for d in a.design
     ]
     if a.before:
         trees.append(("before", Path(a.before).resolve(), "as-is"))

@@ -42,10 +42,21 @@ def _store_class(design: str):
                 return f"BEGIN; {relax}SELECT 1".encode()
             if design == "serializable":  # no lock: SERIALIZABLE, a serialization failure decides again
                 return f"BEGIN ISOLATION LEVEL SERIALIZABLE; {relax}SELECT 1".encode()
+            if design == "notify-in-tx":
+                return super()._begin_sql(durable, intents, receipt)
             if design == "intent-only":  # the per-intent locks without the shared fleet lock
                 sql = super()._begin_sql(durable, intents, receipt).decode()
                 return sql.replace(f"SELECT pg_advisory_xact_lock_shared({postgres.WRITE_LOCK}); ", "").encode()
             raise SystemExit(f"unknown design {design!r}")
+
+        def _event(self, operation_id, *args, **kw):  # type: ignore[no-untyped-def]
+            super()._event(operation_id, *args, **kw)
+            if design == "notify-in-tx":  # NOTIFY inside the write transaction, as before issue 27
+                self._execute("SELECT pg_notify(?, ?)", (postgres.CHANNEL, operation_id))
+
+        def _notify(self):  # type: ignore[no-untyped-def]
+            if design != "notify-in-tx":
+                super()._notify()
 
         def _failure(self, e):  # type: ignore[no-untyped-def]
             failure = super()._failure(e)

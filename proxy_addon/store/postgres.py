@@ -14,8 +14,13 @@ outcome's and a duplicate's, which `SET LOCAL synchronous_commit = off` (base.py
 migrations.py gives the same named migrations as SQLite, in PostgreSQL's dialect (BYTEA,
 identity columns, PL/pgSQL triggers for the append-only events, deferrable foreign keys for
 `prune`), recorded in `receipt_proxy_migrations`; concurrent openers migrate once under an
-advisory lock. Every event appended sends `NOTIFY receipt_proxy, '<receipt id>'` at commit,
-which other proxies LISTEN to (their waiting duplicates, their mitmweb).
+advisory lock. Every event appended sends `NOTIFY receipt_proxy, '<receipt id>'` once its
+transaction has committed, which other proxies LISTEN to (their waiting duplicates, their
+mitmweb): in a transaction of its own, that does not wait for the disk. A NOTIFY takes a lock
+that is one for the whole PostgreSQL cluster, from its transaction's commit until that commit
+returns (async.c, PreCommit_Notify: queue entries in commit order), so sent inside a durable
+write it would queue every proxy's commits, WAL flush included, one behind the other. Sent
+after, it is lost only if the connection is lost between the two (the waiters also poll).
 
 Connections: one per store (one store per thread, as for SQLite), opened lazily and opened
 again after it was lost, so a restarted PostgreSQL serves the next call without restarting
@@ -134,6 +139,7 @@ class PostgresStore(PostgresFleet):
         self.conn: psycopg.Connection[dict[str, Any]] | None = None
         self._writing = False
         self._created: list[str] = []  # receipts created in the open write transaction
+        self._notifies: list[str] = []  # receipts the open write transaction appended events to
         self.lease: tuple[str, float] | None = None  # (instance, seconds): new receipts need it to hold
         self._location = describe(dsn)
 
@@ -240,6 +246,7 @@ class PostgresStore(PostgresFleet):
                 conn.execute("COMMIT")
                 committed = True
             except psycopg.Error as e:
+                self._notifies = []
                 failure = self._failure(e)
                 self._rollback(e)
                 created, self._created = self._created, []
@@ -247,10 +254,29 @@ class PostgresStore(PostgresFleet):
                 self._settled(False)  # what this transaction changed is not known to be committed
                 self._settle_lost_commit(created)
                 raise failure from e
+            self._notify()
         finally:
             self._writing = False
             self._created = []
+            self._notifies = []
             self._settled(committed)  # tell the observer (metrics) what committed; forget it otherwise
+
+    def _notify(self) -> None:
+        """
+        After a commit: NOTIFY each receipt it appended events to, in a transaction of its own that
+        does not wait for the disk (module docstring). Best effort: the waiters poll as well.
+        """
+        ids, self._notifies = list(dict.fromkeys(self._notifies)), []
+        if not ids or self.conn is None:
+            return
+        payloads = ", ".join(psycopg.sql.Literal(i).as_string(self.conn) for i in ids)
+        try:
+            self.conn.execute(
+                "BEGIN; SET LOCAL synchronous_commit TO off; "
+                f"SELECT pg_notify('{CHANNEL}', x) FROM unnest(ARRAY[{payloads}]::text[]) AS x; COMMIT".encode()
+            )
+        except psycopg.Error as e:
+            self._rollback(e)
 
     def _begin_sql(self, durable: bool, intents: Sequence[str] | None, receipt: str | None) -> bytes:
         """BEGIN and the transaction's locks, in their order (module docstring), as one simple query."""
@@ -305,7 +331,7 @@ class PostgresStore(PostgresFleet):
         super()._event(operation_id, event, from_state, *args, **kw)
         if from_state is None:
             self._created.append(operation_id)
-        self._execute("SELECT pg_notify(?, ?)", (CHANNEL, operation_id))  # sent at commit, never on rollback
+        self._notifies.append(operation_id)  # sent once the transaction committed (`_notify`), never on rollback
 
     def _settle_lost_commit(self, created: list[str]) -> None:
         """

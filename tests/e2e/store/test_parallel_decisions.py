@@ -11,7 +11,8 @@ connection, in its own thread.
 - the takeover of an expired instance's receipt, held open, keeps a new attempt of its intent
   waiting (then blocked: one winner), while another intent's attempt goes on;
 - the lock key the server computes from a receipt's row is the one a proxy computes from its
-  fingerprint.
+  fingerprint;
+- a committed event is notified (after its commit, store/postgres.py), a rolled-back one never.
 
 A writer is held inside its transaction by its store's clock (`clock=`, called once the transaction
 holds its locks), which waits at a threading.Event: no mocks, no timings asserted.
@@ -247,4 +248,24 @@ def test_a_held_intent_lock_is_unavailable_within_the_lock_timeout(pg_url):
         assert store.begin_attempt(attempt("fp-locked")).kind == "forward"
     finally:
         blocker.close()
+        store.close()
+
+
+def test_each_committed_event_is_notified_after_its_commit_and_a_rolled_back_one_never(pg_url):
+    from proxy_addon.store.postgres import CHANNEL
+
+    store = PostgresStore.open(pg_url)
+    listener = psycopg.connect(pg_url, autocommit=True)
+    try:
+        listener.execute(f"LISTEN {CHANNEL}")
+        forwarded = store.begin_attempt(attempt("fp-notified")).receipt.operation_id
+        with pytest.raises(RuntimeError), store._write(intents=("fp-rolled-back",)):
+            store._event(forwarded, "blocked", State.SUBMITTED, State.SUBMITTED, "r", "proxy", None, "2026-01-01")
+            raise RuntimeError("rolled back")
+        store.record_outcome(forwarded, State.SUCCEEDED, reason="answered", http_status=201)
+        heard = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
+        assert heard == [forwarded, forwarded]  # the insert's and the outcome's; nothing of the rollback
+        assert [n.payload for n in listener.notifies(timeout=0.5)] == []
+    finally:
+        listener.close()
         store.close()
