@@ -39,7 +39,9 @@ One winner per intent. The locks a write transaction takes, all at its start, in
      recorded under (`Attempt.fingerprints`: today's and the earlier schemes' and rules') and its
      client key ("key:<client_key>"); a receipt-scoped write (every transition, an interim answer,
      an approval, a resolution, a reconcile claim, a takeover by `recover_in_flight`) locks its
-     receipt's `intent_fingerprint`, computed by the server from the row (`KEY_SQL`).
+     receipt's `intent_fingerprint`, computed by the server from the row (`KEY_SQL`); if its
+     snapshot has no such row (an unknown id, or an insert committing meanwhile), the transaction
+     begins again as a whole-store one.
   3. Then row locks, by the statements themselves.
 
 Claim: for every intent, the write transactions that read or change its receipts are serialized,
@@ -51,13 +53,13 @@ receipt under fingerprint f therefore both hold lock(f) (or one holds WRITE_LOCK
 excludes the other's shared hold): one waits until the other has committed or rolled back.
 PostgreSQL makes a commit visible (ProcArrayEndTransaction) before it releases the transaction's
 locks, and the waiter's next statement (READ COMMITTED: a snapshot per statement) is taken after
-its lock was granted, so it reads what the first committed. Hence two `begin_attempt`s of one intent
-never both read "no unresolved receipt": the second reads the first's receipt and is answered as a
-duplicate; and two that name different fingerprints of one intent (a proxy that knows an earlier
-scheme's fingerprint, one that does not) share at least today's fingerprint of the proxy that
-wrote the receipt, so they are serialized too. The partial unique index on unresolved receipts stays
-as the second line: a second unresolved receipt under one fingerprint is refused even so. Which
-proxy decides is one question (the winner); a `key_conflict` answer on a receipt of another intent
+its lock was granted, so it reads what the first committed. Hence two `begin_attempt`s D1, D2 of
+one intent never both read "no unresolved receipt": D2 can see the receipt D1 inserts only if that
+receipt's fingerprint (D1's today's) is among D2's `Attempt.fingerprints`, and then both hold its
+lock, so D2 reads it and is answered as a duplicate, whatever other fingerprints either names (a
+proxy that knows an earlier scheme's fingerprint, one that does not). The partial unique index on
+unresolved receipts stays as the second line: a second unresolved receipt under one fingerprint is
+refused even so. A `key_conflict` answer on a receipt of another intent
 (the same Idempotency-Key) first adds that intent's lock and decides again (attempts.py), so that
 its `blocked` event is appended under the receipt's own lock; the client key's lock serializes two
 attempts that share a key, so one of them sees the other's receipt.
@@ -231,7 +233,14 @@ class PostgresStore(PostgresFleet):
         committed = False
         try:
             try:  # one round trip (lock_timeout is the session's, set on connecting)
-                conn.execute(self._begin_sql(durable, intents, receipt))
+                cur = conn.execute(self._begin_sql(durable, intents, receipt))
+                while receipt is not None and cur.nextset():
+                    pass  # to the last statement's result: the receipt's lock
+                if receipt is not None and cur.rowcount != 1:
+                    # No such receipt when the lock was taken (an unknown id, or one whose insert was
+                    # committing): the whole store's lock instead, so that no read of it goes unlocked.
+                    conn.execute("ROLLBACK")
+                    conn.execute(self._begin_sql(durable, None, None))
             except psycopg.Error as e:
                 self._rollback(e)
                 raise self._failure(e) from e

@@ -12,7 +12,8 @@ connection, in its own thread.
   waiting (then blocked: one winner), while another intent's attempt goes on;
 - the lock key the server computes from a receipt's row is the one a proxy computes from its
   fingerprint;
-- a committed event is notified (after its commit, store/postgres.py), a rolled-back one never.
+- a committed event is notified (after its commit, store/postgres.py), a rolled-back one never;
+- a write of a receipt not (yet) in its snapshot takes the whole store's lock instead.
 
 A writer is held inside its transaction by its store's clock (`clock=`, called once the transaction
 holds its locks), which waits at a threading.Event: no mocks, no timings asserted.
@@ -26,7 +27,7 @@ from collections import Counter
 import psycopg
 import pytest
 
-from proxy_addon.errors import StoreUnavailable
+from proxy_addon.errors import StoreUnavailable, UnknownReceipt
 from proxy_addon.gate.leases import recover_expired
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, PostgresStore
@@ -268,4 +269,21 @@ def test_each_committed_event_is_notified_after_its_commit_and_a_rolled_back_one
         assert [n.payload for n in listener.notifies(timeout=0.5)] == []
     finally:
         listener.close()
+        store.close()
+
+
+def test_a_write_of_an_unknown_receipt_takes_the_whole_stores_lock(pg_url):
+    # Its intent's lock cannot be known (no row): it waits for, and excludes, every writer instead.
+    store = PostgresStore.open(pg_url, lock_timeout=0.3)
+    blocker = psycopg.connect(pg_url, autocommit=True)
+    try:
+        blocker.execute("BEGIN")
+        blocker.execute("SELECT pg_advisory_xact_lock_shared(%s)", (0x5EC1E7,))  # a writer of some intent
+        with pytest.raises(StoreUnavailable, match="lock timeout"):
+            store.transition("20260101T000000Z-nosuchreceipt", State.NOT_SENT, reason="r")
+        blocker.execute("ROLLBACK")
+        with pytest.raises(UnknownReceipt):
+            store.transition("20260101T000000Z-nosuchreceipt", State.NOT_SENT, reason="r")
+    finally:
+        blocker.close()
         store.close()
