@@ -16,11 +16,13 @@ identity columns, PL/pgSQL triggers for the append-only events, deferrable forei
 `prune`), recorded in `receipt_proxy_migrations`; concurrent openers migrate once under an
 advisory lock. Every event appended sends `NOTIFY receipt_proxy, '<receipt id>'` once its
 transaction has committed, which other proxies LISTEN to (their waiting duplicates, their
-mitmweb): in a transaction of its own, that does not wait for the disk. A NOTIFY takes a lock
-that is one for the whole PostgreSQL cluster, from its transaction's commit until that commit
-returns (async.c, PreCommit_Notify: queue entries in commit order), so sent inside a durable
-write it would queue every proxy's commits, WAL flush included, one behind the other. Sent
-after, it is lost only if the connection is lost between the two (the waiters also poll).
+mitmweb). A NOTIFY takes a lock that is one for the whole PostgreSQL cluster, from its
+transaction's commit until that commit returns (async.c, PreCommit_Notify: queue entries in
+commit order), so sent inside a durable write it would queue every proxy's commits, WAL flush
+included, one behind the other. A durable write's NOTIFYs are sent after its commit, in a
+transaction of their own that does not wait for the disk (lost only if the connection is lost
+between the two: the waiters also poll); a write that does not wait for the disk (an outcome,
+a duplicate's answer) sends them inside, with its COMMIT, in the same round trip.
 
 Connections: one per store (one store per thread, as for SQLite), opened lazily and opened
 again after it was lost, so a restarted PostgreSQL serves the next call without restarting
@@ -142,6 +144,7 @@ class PostgresStore(PostgresFleet):
         self._writing = False
         self._created: list[str] = []  # receipts created in the open write transaction
         self._notifies: list[str] = []  # receipts the open write transaction appended events to
+        self._durable = True  # whether the open write transaction's commit waits for the disk
         self.lease: tuple[str, float] | None = None  # (instance, seconds): new receipts need it to hold
         self._location = describe(dsn)
 
@@ -231,6 +234,7 @@ class PostgresStore(PostgresFleet):
         conn = self._connection(writing=True)
         self._writing = True
         committed = False
+        self._durable = durable
         try:
             try:  # one round trip (lock_timeout is the session's, set on connecting)
                 cur = conn.execute(self._begin_sql(durable, intents, receipt))
@@ -252,7 +256,7 @@ class PostgresStore(PostgresFleet):
                     raise self._failure(e) from e
                 raise
             try:
-                conn.execute("COMMIT")
+                conn.execute(self._commit_sql())
                 committed = True
             except psycopg.Error as e:
                 self._notifies = []
@@ -270,20 +274,32 @@ class PostgresStore(PostgresFleet):
             self._notifies = []
             self._settled(committed)  # tell the observer (metrics) what committed; forget it otherwise
 
+    def _commit_sql(self) -> bytes:
+        """
+        COMMIT; a transaction whose commit does not wait for the disk sends its NOTIFYs in it (the
+        cluster's notify lock is then held for no WAL flush), a durable one after it (`_notify`).
+        """
+        if self._durable or not self._notifies:
+            return b"COMMIT"
+        sql = self._notify_sql(self._notifies) + "; COMMIT"
+        self._notifies = []
+        return sql.encode()
+
+    def _notify_sql(self, ids: list[str]) -> str:
+        assert self.conn is not None
+        payloads = ", ".join(psycopg.sql.Literal(i).as_string(self.conn) for i in dict.fromkeys(ids))
+        return f"SELECT pg_notify('{CHANNEL}', x) FROM unnest(ARRAY[{payloads}]::text[]) AS x"
+
     def _notify(self) -> None:
         """
-        After a commit: NOTIFY each receipt it appended events to, in a transaction of its own that
-        does not wait for the disk (module docstring). Best effort: the waiters poll as well.
+        After a durable commit: NOTIFY each receipt it appended events to, in a transaction of its
+        own that does not wait for the disk (module docstring). Best effort: the waiters poll as well.
         """
-        ids, self._notifies = list(dict.fromkeys(self._notifies)), []
+        ids, self._notifies = self._notifies, []
         if not ids or self.conn is None:
             return
-        payloads = ", ".join(psycopg.sql.Literal(i).as_string(self.conn) for i in ids)
         try:
-            self.conn.execute(
-                "BEGIN; SET LOCAL synchronous_commit TO off; "
-                f"SELECT pg_notify('{CHANNEL}', x) FROM unnest(ARRAY[{payloads}]::text[]) AS x; COMMIT".encode()
-            )
+            self.conn.execute(f"BEGIN; SET LOCAL synchronous_commit TO off; {self._notify_sql(ids)}; COMMIT".encode())
         except psycopg.Error as e:
             self._rollback(e)
 
@@ -309,6 +325,7 @@ class PostgresStore(PostgresFleet):
 
     def _relax(self) -> None:
         self._execute("SET LOCAL synchronous_commit TO off")  # this transaction only
+        self._durable = False
 
     def _rollback(self, cause: BaseException) -> None:
         conn = self.conn
