@@ -130,6 +130,10 @@ def _loadavg() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--fleet" in argv:  # the store alone, N writer processes: bench/fleet_bench.py
+        from bench import fleet_bench
+
+        return fleet_bench.main([x for x in argv if x != "--fleet"])
     a = parse(argv)
     # A TERM (e.g. a CI timeout) unwinds like Ctrl-C, so every child is still stopped by its PID.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -36,7 +36,7 @@ class ReceiptApprovals(ReceiptTransitions):
         """
         if not approve and not note.strip():
             raise ValueError("a denial needs a note saying why")
-        with self._write():
+        with self._write(receipt=operation_id):
             r = self.get(operation_id)
             if r.state is not State.AWAITING_APPROVAL:
                 raise IllegalTransition(
@@ -87,7 +87,7 @@ class ReceiptApprovals(ReceiptTransitions):
         """
         operation_id = decision.operation_id
         to, fields = (State.SUBMITTED, {}) if decision.approved else (State.REJECTED, {"error": reason})
-        with self._write():
+        with self._write(receipt=operation_id):
             r = self.get(operation_id)
             if not fingerprint == r.intent_fingerprint == decision.intent_fingerprint:
                 raise IllegalTransition(

@@ -109,6 +109,23 @@ class _NeedsDurable(Exception):
     """A transaction begun as not durable was about to insert a receipt: rolled back, begun again durably."""
 
 
+class _NeedsLock(Exception):
+    """The decision answers on a receipt of an intent it has not locked: rolled back, decided again with its lock."""
+
+    def __init__(self, fingerprint: str):
+        super().__init__(fingerprint)
+        self.fingerprint = fingerprint
+
+
+def _intents(a: Attempt, extra: tuple[str, ...]) -> tuple[str, ...]:
+    """
+    The intents an attempt's decision locks (postgres.py, "One winner per intent"): every
+    fingerprint it may be recorded under, its Idempotency-Key (two requests that share it are
+    told apart: a `key_conflict`), and `extra`, an intent it answers on (that key's receipt).
+    """
+    return (*a.fingerprints, *((f"key:{a.client_key}",) if a.client_key else ()), *extra)
+
+
 class ReceiptAttempts(ReceiptInterim):
     """Deciding an attempt: answer a duplicate, or insert a new receipt to forward."""
 
@@ -145,15 +162,22 @@ class ReceiptAttempts(ReceiptInterim):
         if not durable:
             durable = self.relaxes_late or not self._likely_duplicate(attempt, after_success)
         tries = 0
+        extra: tuple[str, ...] = ()
         while tries < 3:
+            intents = _intents(attempt, extra)
             try:
-                with self._write(durable=durable):
-                    decision = self._decide(attempt, after_success, replay_window, actor, durable=durable)
+                with self._write(durable=durable, intents=intents):
+                    decision = self._decide(
+                        attempt, after_success, replay_window, actor, durable=durable, locked=intents
+                    )
                     if decision.kind != "forward":
                         self._record_duplicate(decision, attempt, actor, record_duplicate)
                     return decision
             except _NeedsDurable:
                 durable = True  # guessed a duplicate, and it is a new receipt: decide again, durably
+            except _NeedsLock as more:
+                tries += 1  # its answer is on another intent's receipt: decide again holding that intent's lock too
+                extra = (*extra, more.fingerprint)
             except UniqueViolation:
                 tries += 1  # lost a race on the unique index to another connection: decide again
         raise StoreUnavailable(f"could not record the attempt in {self.location}: the unique index kept refusing it")
@@ -233,9 +257,19 @@ class ReceiptAttempts(ReceiptInterim):
         return state in UNRESOLVED or (state == State.SUCCEEDED and after_success != "allow")
 
     def _decide(
-        self, a: Attempt, after_success: str, replay_window: float, actor: str, *, durable: bool = True
+        self,
+        a: Attempt,
+        after_success: str,
+        replay_window: float,
+        actor: str,
+        *,
+        durable: bool = True,
+        locked: tuple[str, ...] = (),
     ) -> Decision:
-        """In the write transaction: answer a duplicate from its receipt, or insert a new one (if `durable`)."""
+        """
+        In the write transaction: answer a duplicate from its receipt, or insert a new one (if
+        `durable`). `locked`: the intents the transaction holds, where the store `locks_per_intent`.
+        """
         now = self.clock()
         order = self.dialect.insertion_order
         # One read: the latest receipt of this intent (under any of its fingerprints: an earlier
@@ -255,6 +289,8 @@ class ReceiptAttempts(ReceiptInterim):
                 (a.client_key, *mine),
             )
             if other is not None:  # draft-ietf-httpapi-idempotency-key-header: a reused key, another request
+                if self.locks_per_intent and other.intent_fingerprint not in locked:
+                    raise _NeedsLock(other.intent_fingerprint)  # its blocked event goes under its intent's lock
                 return Decision(
                     "key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request"
                 )

@@ -7,13 +7,18 @@ transitions), attempts.py (deciding an attempt), store/approval_decisions.py (op
 resolutions.py (resolve, reconcile claims), retention.py (prune), recovery.py. A backend
 subclasses ReceiptStore (sqlite.py: `SQLiteStore`; postgres.py: `PostgresStore`) and provides:
 
-    _write(durable=True)     a context manager: one serialized write transaction. It
+    _write(durable=True, intents=None, receipt=None)
+                             a context manager: one serialized write transaction. It
                              commits when the block ends and rolls back on any exception,
                              and raises StoreUnavailable when it cannot begin or commit.
                              As it ends, it calls `self._settled(committed)` (transitions.py),
                              which tells the store's `observer` the state changes committed.
                              `durable=False`: its commit need not reach the disk before it
-                             returns (see "Durability" below).
+                             returns (see "Durability" below). `intents` (names: the
+                             attempt's fingerprints) or `receipt` (an id): it is
+                             serialized only with writes of those intents (or of that
+                             receipt's) and with whole-store ones (neither given), where
+                             `locks_per_intent` (PostgreSQL); else with every writer.
     _relax()                 inside a durable `_write`: its commit need not reach the disk
                              after all; only where `relaxes_late` (PostgreSQL), else a no-op.
     _snapshot_write()        optional (`snapshot_writes`: SQLite in WAL): a transaction that
@@ -60,11 +65,13 @@ What a backend must guarantee, because the proxy's promise rests on it:
   transaction, FULL for every other (WAL: the log is fsynced only at a FULL commit or a
   checkpoint); PostgreSQL: `SET LOCAL synchronous_commit = off` (the WAL is flushed within
   about three times wal_writer_delay, or by the next synchronous commit).
-- One serialized decision per attempt: `_write` serializes the read-then-insert of
-  `begin_attempt` with every other writer, even in other processes (SQLite: `BEGIN
-  IMMEDIATE`; PostgreSQL: a lock taken first in the transaction, such as `LOCK TABLE
-  receipts IN SHARE ROW EXCLUSIVE MODE` or a transaction-level advisory lock; only a
+- One serialized decision per intent: `_write` serializes the read-then-insert of
+  `begin_attempt` with every other writer of the same intent, even in other processes
+  (SQLite: `BEGIN IMMEDIATE`, every writer; PostgreSQL: transaction-level advisory locks
+  per intent taken first in the transaction, postgres.py "One winner per intent"; only a
   unique violation is retried, so a serialization failure would surface as StoreUnavailable).
+  Every write that reads or changes a receipt names its intent (`intents`) or the receipt
+  (`receipt`), or is a whole-store write.
 - A partial unique index on `receipts(intent_fingerprint)` over the states in
   `UNRESOLVED`, so two identical attempts, even from two processes, yield one forwarded
   request. A write that loses the race raises UniqueViolation; `begin_attempt` decides again.
@@ -119,6 +126,7 @@ class Backend(abc.ABC):
     dialect: ClassVar[Dialect]
     clock: Clock
     path: str | None = None  # the SQLite file (None for a server's database)
+    locks_per_intent: ClassVar[bool] = False  # whether `_write(intents=...)` leaves other intents' writers free
     reconnects: ClassVar[bool] = False  # whether a write that failed for a lost connection may be tried again
     relaxes_late: ClassVar[bool] = False  # whether `_relax` works inside a transaction (SQLite: no)
     snapshot_writes: ClassVar[bool] = False  # whether `_snapshot_write` is there (SQLite in WAL: yes)
@@ -132,7 +140,9 @@ class Backend(abc.ABC):
         """The database, as error messages name it."""
 
     @abc.abstractmethod
-    def _write(self, *, durable: bool = True) -> contextlib.AbstractContextManager[Any]:
+    def _write(
+        self, *, durable: bool = True, intents: Sequence[str] | None = None, receipt: str | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
         """One serialized write transaction (see the module docstring)."""
 
     def _snapshot_write(self) -> contextlib.AbstractContextManager[Any]:

@@ -25,7 +25,7 @@ class PostgresFleet(ReceiptStore):
 
     def claim_lease(self, instance: str, host: str, pid: int, seconds: float) -> None:
         """Hold (or take again) a lease for `instance` until `seconds` from now, in the server's time."""
-        with self._write():
+        with self._write(intents=()):  # its lease row alone
             self._execute(
                 "INSERT INTO receipt_instances (instance, host, pid, expires_at) "
                 "VALUES (?, ?, ?, now() + make_interval(secs => ?)) ON CONFLICT (instance) DO UPDATE "
@@ -36,7 +36,7 @@ class PostgresFleet(ReceiptStore):
 
     def renew_lease(self, instance: str, host: str, pid: int, seconds: float) -> bool:
         """The heartbeat: extend the lease; False when it had expired (it is taken again all the same)."""
-        with self._write():
+        with self._write(intents=()):  # its lease row alone
             live = self._execute(
                 "UPDATE receipt_instances SET heartbeat_at = now(), expires_at = now() + make_interval(secs => ?) "
                 "WHERE instance = ? AND expires_at > now()",
@@ -48,7 +48,7 @@ class PostgresFleet(ReceiptStore):
 
     def drop_lease(self, instance: str) -> None:
         """A clean stop: the lease row goes (its receipts, if any were left in flight, are recovered)."""
-        with self._write():
+        with self._write(intents=()):  # its lease row alone
             self._execute("DELETE FROM receipt_instances WHERE instance = ?", (instance,))
 
     def live_instances(self) -> set[str]:
@@ -65,7 +65,7 @@ class PostgresFleet(ReceiptStore):
 
     def forget_leases(self, older_than: float) -> int:
         """Delete lease rows expired more than `older_than` seconds ago (their receipts were recovered long since)."""
-        with self._write():
+        with self._write(intents=()):  # its lease row alone
             return self._execute(
                 "DELETE FROM receipt_instances WHERE expires_at < now() - make_interval(secs => ?)", (older_than,)
             )

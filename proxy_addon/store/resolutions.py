@@ -29,7 +29,7 @@ class ReceiptResolutions(ReceiptTransitions):
         if not note.strip():
             raise ValueError("a resolution needs a note saying why")
         fields: dict[str, Any] = {"external_id": external_id} if external_id else {}
-        with self._write():
+        with self._write(receipt=operation_id):
             current = self.get(operation_id).state
             if current is State.OUTCOME_UNKNOWN:
                 self._step(
@@ -57,7 +57,7 @@ class ReceiptResolutions(ReceiptTransitions):
         `outcome_unknown`/`manual_review` → `reconciling`. Only one claimant wins;
         the others get IllegalTransition.
         """
-        with self._write():
+        with self._write(receipt=operation_id):
             self._step(
                 operation_id,
                 State.RECONCILING,

@@ -55,7 +55,7 @@ class ReceiptInterim(ReceiptTransitions):
         Committed without waiting for the disk, as an outcome is: lost to an OS crash, the receipt
         is `submitted` again, and recovery makes it outcome_unknown.
         """
-        with self._write(durable=False):
+        with self._write(durable=False, receipt=operation_id):
             rows = self._rows("SELECT * FROM receipts WHERE operation_id = ?", (operation_id,))
             if not rows:
                 raise IllegalTransition(f"no receipt {operation_id}")
@@ -106,7 +106,7 @@ class ReceiptInterim(ReceiptTransitions):
 
     def note_task(self, operation_id: str, status: str, reason: str, *, flow_id: str | None = None) -> bool:
         """A waiting receipt's task seen in another status (one event per change); False when nothing changed."""
-        with self._write(durable=False):
+        with self._write(durable=False, receipt=operation_id):
             at = iso(self.clock())
             changed = self._execute(
                 "UPDATE receipts SET task_status = ?, updated_at = ? WHERE operation_id = ? AND state = ? "

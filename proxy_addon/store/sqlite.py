@@ -156,12 +156,15 @@ class SQLiteStore(ReceiptStore):
                 )
 
     @contextlib.contextmanager
-    def _write(self, *, durable: bool = True) -> Iterator[None]:
+    def _write(
+        self, *, durable: bool = True, intents: Sequence[str] | None = None, receipt: str | None = None
+    ) -> Iterator[None]:
         """
         One `BEGIN IMMEDIATE` transaction: serialized with every other writer, even in other
-        processes. Durable: committed with synchronous=FULL (the WAL is fsynced before COMMIT
-        returns). `durable=False`: with synchronous=NORMAL (no fsync; the next FULL commit, or a
-        checkpoint, makes it durable: base.py, "Durability").
+        processes, whatever its `intents` or `receipt` (one file, one writer). Durable: committed
+        with synchronous=FULL (the WAL is fsynced before COMMIT returns). `durable=False`: with
+        synchronous=NORMAL (no fsync; the next FULL commit, or a checkpoint, makes it durable:
+        base.py, "Durability").
         """
         self._check_same_file()
         self._writers.acquire()  # this process's other connection (the event loop's) never makes us sleep

@@ -149,7 +149,7 @@ class ReceiptTransitions(ReceiptReads):
         sets: dict[str, Any] = {k: v for k, v in fields.items() if k != "response"}
         if fields.get("response") is not None:  # its status is http_status, bound to it (sealing.py)
             sets.update(self._sealed(operation_id, fields["response"]))
-        with self._snapshot_write() if snapshot else self._write(durable=durable):
+        with self._snapshot_write() if snapshot else self._write(durable=durable, receipt=operation_id):
             return self._step(
                 operation_id, to, sources, sets, reason, actor, flow_id, set_completed="completed_at" not in fields
             )

@@ -72,10 +72,16 @@ def instance_id(proxy: Proxy) -> str:
 
 
 def start_all(proxies: list[Proxy]) -> list[Proxy]:
-    for p in proxies:
-        p.start(wait=False)
-    for p in proxies:
-        p.ready()
+    """Start them together; if one never gets ready, every one is stopped (by its PID) before the error."""
+    try:
+        for p in proxies:
+            p.start(wait=False)
+        for p in proxies:
+            p.ready()
+    except BaseException:
+        for p in proxies:
+            p.stop()
+        raise
     return proxies
 
 
