@@ -36,7 +36,7 @@ def _store_class(design: str):
     from proxy_addon.store.base import UniqueViolation
 
     class Candidate(PostgresStore):
-        def _begin_sql(self, durable, intents, receipt):  # type: ignore[no-untyped-def]
+        def _begin_sql(self, durable, intents, receipt):
             relax = "" if durable else "SET LOCAL synchronous_commit TO off; "
             if design == "index":  # no lock: the partial unique index alone, UniqueViolation decides again
                 return f"BEGIN; {relax}SELECT 1".encode()
@@ -49,16 +49,16 @@ def _store_class(design: str):
                 return sql.replace(f"SELECT pg_advisory_xact_lock_shared({postgres.WRITE_LOCK}); ", "").encode()
             raise SystemExit(f"unknown design {design!r}")
 
-        def _event(self, operation_id, *args, **kw):  # type: ignore[no-untyped-def]
+        def _event(self, operation_id, *args, **kw):
             super()._event(operation_id, *args, **kw)
             if design == "notify-in-tx":  # NOTIFY inside the write transaction, as before issue 27
                 self._execute("SELECT pg_notify(?, ?)", (postgres.CHANNEL, operation_id))
 
-        def _notify(self):  # type: ignore[no-untyped-def]
+        def _notify(self):
             if design != "notify-in-tx":
                 super()._notify()
 
-        def _failure(self, e):  # type: ignore[no-untyped-def]
+        def _failure(self, e):
             failure = super()._failure(e)
             if design == "serializable" and isinstance(e, pgerrors.SerializationFailure) and self._writing:
                 return UniqueViolation(str(failure))  # begin_attempt decides again (3 tries)
