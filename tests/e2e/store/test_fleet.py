@@ -121,7 +121,7 @@ def test_fan_out_60_identical_writes_over_3_instances_make_one_upstream_write(
 
 def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
         pg_url, tmp_path, confdir, upstream, bucket, key):
-    lease = ("--set", "receipts_lease=3", "--set", "receipts_heartbeat=1")
+    lease = ("--set", "receipts_lease=10", "--set", "receipts_heartbeat=1")
     a, b = start_all([instance(pg_url, tmp_path, confdir, key, *lease),
                       instance(pg_url, tmp_path, confdir, key, *lease, "--set", "receipts_wait_submitted=0")])
     path = f"/api/{bucket}/plain"
@@ -137,17 +137,17 @@ def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
         a.stop(signal.SIGKILL)
         killed = time.monotonic()
 
-        started = time.monotonic()
         dup = Clients(b).send("curl", "POST", upstream.url + path, {"title": "kill"})
         assert dup.status == 409 and dup.json()["operation_id"] == before.operation_id
-        assert time.monotonic() - started < 3.0  # at once: not after the lease
+        # At once, not after the lease (10 s, 0.2 s on a quiet machine): answered while still submitted.
+        assert dup.json()["state"] == "submitted", dup.json()
         assert upstream.seen(path) == 1
 
         def recovered():
             [r] = receipts(pg_url, bucket)
             return r if r.state == "outcome_unknown" else None
 
-        r = wait_for(recovered, timeout=3 + 5, interval=0.2, what="the live instance to recover the receipt")
+        r = wait_for(recovered, timeout=10 + 5, interval=0.2, what="the live instance to recover the receipt")
         took = time.monotonic() - killed
         last = events(pg_url, r.operation_id)[-1]
         assert (last.from_state, last.to_state) == ("submitted", "outcome_unknown")
@@ -159,7 +159,7 @@ def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
         assert again.status == 409  # outcome_unknown: never retried blindly
         assert upstream.seen(path) == 1
         print(f"kill -9: duplicate blocked at once (409), receipt outcome_unknown {took:.1f}s after the kill "
-              f"(lease 3s), upstream saw {upstream.seen(path)}")
+              f"(lease 10s), upstream saw {upstream.seen(path)}")
     finally:
         upstream.let_go(path)
         for p in (a, b):
