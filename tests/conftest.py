@@ -296,6 +296,9 @@ def no_marker_secret_anywhere(tmp_path_factory):
     after all of them: every proxy has stopped when it looks.
     """
     yield
+    for proxy in STARTED:  # a last net: a proxy a failed test left running does not outlive the run
+        with contextlib.suppress(Exception):
+            proxy.stop()
     dbs, logs = receipts_files(tmp_path_factory.getbasetemp())
     for proxy in STARTED:  # the run's proxies, even one with its DB outside the base temp directory
         dbs |= {f for f in (Path(proxy.db), *(Path(f"{proxy.db}{x}") for x in ("-wal", "-shm", "-journal")))

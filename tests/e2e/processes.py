@@ -149,6 +149,20 @@ class Proxy:
         return self.confdir / "mitmproxy-ca-cert.pem"
 
 
+def start_all(proxies: list[Proxy]) -> list[Proxy]:
+    """Start them all, then wait for each to be ready; if one never is, every one is stopped by PID."""
+    try:
+        for p in proxies:
+            p.start(wait=False)
+        for p in proxies:
+            p.ready()
+    except BaseException:
+        for p in proxies:
+            p.stop(signal.SIGKILL)
+        raise
+    return proxies
+
+
 # scripts/run's banner line with mitmweb's URL and the token it chose (mitmweb's own line then has none).
 WEB_URL = re.compile(r"^Web UI: (http://127\.0\.0\.1:\d+/\?token=[0-9a-f]+) ", re.M)
 

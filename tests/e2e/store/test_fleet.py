@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 
 from proxy_addon.store import open_store
-from tests.conftest import ROOT, wait_for
-from tests.e2e.processes import Clients, Proxy
+from tests.conftest import ROOT, deadline, wait_for
+from tests.e2e.processes import Clients, Proxy, start_all
 
 
 @pytest.fixture
@@ -67,14 +67,6 @@ def events(pg_url: str, operation_id: str):
 
 def instance_id(proxy: Proxy) -> str:
     return re.search(r"\(instance (\S+)\)", proxy.log()).group(1)
-
-
-def start_all(proxies: list[Proxy]) -> list[Proxy]:
-    for p in proxies:
-        p.start(wait=False)
-    for p in proxies:
-        p.ready()
-    return proxies
 
 
 def test_fan_out_60_identical_writes_over_3_instances_make_one_upstream_write(
@@ -256,17 +248,20 @@ def test_listen_notify_wakes_a_duplicate_waiting_on_another_instance(
 
 def test_a_proxy_with_another_key_refuses_to_join_the_fleet(pg_url, tmp_path, confdir, key):
     first = start_all([instance(pg_url, tmp_path, confdir, key)])[0]
+    other = None
     try:
         another = tmp_path / "another.key"
         another.write_text("a" * 64 + "\n")  # a key, not the fleet's (a missing one: tests/e2e/proxy/test_secret_key.py)
         other = instance(pg_url, tmp_path, confdir, another)
         other.start(wait=False)
-        other.proc.wait(timeout=30)
+        other.proc.wait(timeout=deadline(30))
         assert other.proc.returncode != 0
         assert "is not the one the other proxies on" in other.log()
         assert "postgresql://postgres@127.0.0.1" in other.log()
     finally:
         first.stop()
+        if other is not None:
+            other.stop()
 
 
 def test_mitmweb_on_postgresql_follows_a_resolution_from_the_cli(pg_url, tmp_path, confdir, upstream, bucket):
