@@ -1,6 +1,18 @@
 """
 Fixtures for integration tests: a real mitmdump process with the addon, in front of a
 real upstream (tests/upstream.py) on 127.0.0.1, driven by real clients.
+
+Deadlines
+---------
+Every wait of the suite is a deadline that scales with the machine's load, in one place:
+`deadline(seconds)` is `seconds` times `timeout_scale()`, which is the load average of the
+last minute per CPU (os.getloadavg()[0] / os.cpu_count()), at least 1 and at most 10, read
+afresh at each call; RECEIPTS_TEST_TIMEOUT_SCALE=<factor> sets it instead (e.g. 5 under a
+debugger or on a slow CI runner). `wait_for` scales its timeout by itself, and the process
+helpers (tests/e2e/processes.py) wait for a process's own "ready" line with a scaled deadline,
+fail at once (with the log's tail) if it died, and stop it by PID if it never got ready.
+A deadline bounds a wait, never a speed: a wall-clock assert keeps a margin of 10x or more
+over what it measures on a quiet machine, or compares with something it measures alongside.
 """
 
 from __future__ import annotations
@@ -8,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterable
@@ -46,15 +59,39 @@ SECRETS = {
 }
 
 
+MAX_TIMEOUT_SCALE = 10.0
+
+
+def timeout_scale() -> float:
+    """How much slower than a quiet machine this one is now ("Deadlines" above): 1 to 10, or the override."""
+    override = os.environ.get("RECEIPTS_TEST_TIMEOUT_SCALE")
+    if override:
+        try:
+            return max(float(override), 1.0)
+        except ValueError:
+            raise ValueError(f"RECEIPTS_TEST_TIMEOUT_SCALE={override!r} is not a number") from None
+    try:
+        per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this system
+        return 1.0
+    return min(max(per_cpu, 1.0), MAX_TIMEOUT_SCALE)
+
+
+def deadline(seconds: float) -> float:
+    """A wait of `seconds` on a quiet machine, scaled to this one's load ("Deadlines" above)."""
+    return seconds * timeout_scale()
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
-    """Poll `predicate` until it returns something truthy, at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    """Poll `predicate` until it returns something truthy, at most `timeout` seconds on a quiet machine (scaled)."""
+    timeout = deadline(timeout)
+    until = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if time.monotonic() > until:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
 
 
@@ -268,6 +305,9 @@ def no_marker_secret_anywhere(tmp_path_factory):
     after all of them: every proxy has stopped when it looks.
     """
     yield
+    for proxy in STARTED:  # a last net: a proxy a failed test left running does not outlive the run
+        with contextlib.suppress(Exception):
+            proxy.stop()
     dbs, logs = receipts_files(tmp_path_factory.getbasetemp())
     for proxy in STARTED:  # the run's proxies, even one with its DB outside the base temp directory
         dbs |= {f for f in (Path(proxy.db), *(Path(f"{proxy.db}{x}") for x in ("-wal", "-shm", "-journal")))

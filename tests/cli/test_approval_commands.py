@@ -203,7 +203,7 @@ def test_the_command_says_when_the_proxy_did_not_act_in_time(held, capsys):
     path, ids, clock, store, _ = held
     started = time.monotonic()
     code, out, err = cli(capsys, "--db", str(path), "approve", ids["held"], "--wait", "0.3", now=clock.now)
-    assert 0.3 <= time.monotonic() - started < 2
+    assert 0.3 <= time.monotonic() - started < 4.5  # 0.35 s on a quiet machine; --wait ignored: its default, 5 s
     assert_one_line_error(code, out, err, "approved by cli:alice is recorded, but the proxy that holds it has not "
                                           "applied it within 0.3s")
     assert store.approval_decision(ids["held"]).consumed_at is None  # recorded: the proxy may still apply it

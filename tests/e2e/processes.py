@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import RECORDED_TOKEN, ROOT, SECRETS, STARTED, TEST_RULES, wait_for
+from tests.conftest import RECORDED_TOKEN, ROOT, SECRETS, STARTED, TEST_RULES, deadline, wait_for
 from tests.upstream import free_port
 
 BIN = Path(sys.executable).parent
@@ -35,15 +35,44 @@ ADDON = ROOT / "proxy_addon" / "addon.py"
 LISTENING = re.compile(r"(?:HTTP\(S\) proxy|SOCKS v5 proxy|reverse proxy)[^\n]* listening at 127\.0\.0\.1:(\d+)\.")
 
 
-def stop_process(proc: subprocess.Popen | None) -> None:
-    """Stop a process this test started, by its PID: SIGTERM, then SIGKILL after 10 s."""
+# How long a process may take to get ready on a quiet machine (22 s were seen for a pack's proxy on a
+# loaded one): wait_for scales it to the machine's load (tests/conftest.py, "Deadlines"). A wait for a
+# "ready" line ends at that line, and at once if the process died, so a generous bound costs nothing.
+READY = 60.0
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a process's log, for a failure's message."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def until_ready(proc: subprocess.Popen | None, log: Path, check, what: str, timeout: float = READY):
+    """
+    Poll `check` (it raises if the process died) until it returns something truthy, as wait_for does
+    (scaled); if it never does, stop the process by PID and fail with the log's last lines.
+    """
+    try:
+        return wait_for(check, timeout=timeout, what=f"{what} (log: {log})")
+    except BaseException as e:
+        stop_process(proc, signal.SIGKILL)
+        if isinstance(e, AssertionError) and str(e).startswith("timed out"):
+            raise AssertionError(f"{e}; its last lines:\n{tail(log)}") from None
+        raise
+
+
+def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
+    """Stop a process this test started, by its PID: `sig` (SIGTERM), then SIGKILL after 10 s (scaled)."""
     if proc and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, sig)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=deadline(10))
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            proc.wait(timeout=deadline(10))
 
 
 class Proxy:
@@ -86,12 +115,15 @@ class Proxy:
         return self
 
     def ready(self) -> Proxy:
-        wait_for(self._ready, timeout=20, what=f"mitmdump to listen and the addon to be ready (log: {self.log_path})")
+        """Wait for mitmproxy's "listening at" line and the addon's "receipt-proxy: ready" line; if they never
+        come (or the process dies), stop it by PID and fail with the log's tail: nothing outlives a failed start."""
+        until_ready(self.proc, self.log_path, self._ready, "mitmdump to listen and the addon to be ready")
         return self
 
     def _ready(self) -> bool:
         if self.proc and self.proc.poll() is not None:
-            raise AssertionError(f"mitmdump exited with {self.proc.returncode}:\n{self.log()}")
+            raise AssertionError(f"mitmdump exited with {self.proc.returncode} (log: {self.log_path}):\n"
+                                 f"{tail(self.log_path)}")
         text = self.log_path.read_bytes()[self._log_from:].decode(errors="replace")
         listening = LISTENING.search(text)
         # mitmproxy may bind its port before the addon is configured: wait for the addon's word too.
@@ -101,13 +133,7 @@ class Proxy:
         return True
 
     def stop(self, sig: int = signal.SIGTERM) -> int | None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_process(self.proc, sig)
         if self.proc:
             self._log.close()
         return self.proc.returncode if self.proc else None
@@ -129,6 +155,20 @@ class Proxy:
         """The mitmdump process start() began (after stop(), the one that ended, with its returncode)."""
         assert self.proc is not None, "the proxy was never started (Proxy.start)"
         return self.proc
+
+
+def start_all(proxies: list[Proxy]) -> list[Proxy]:
+    """Start them all, then wait for each to be ready; if one never is, every one is stopped by PID."""
+    try:
+        for p in proxies:
+            p.start(wait=False)
+        for p in proxies:
+            p.ready()
+    except BaseException:
+        for p in proxies:
+            p.stop(signal.SIGKILL)
+        raise
+    return proxies
 
 
 # scripts/run's banner line with mitmweb's URL and the token it chose (mitmweb's own line then has none).
@@ -175,12 +215,8 @@ class ScriptsRun:
                 self.proc = subprocess.Popen([str(ROOT / "scripts" / "run"), *self.args, "--",
                                               "--set", f"confdir={self.confdir}"],
                                              stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
-            try:
-                outcome = wait_for(lambda start=start: self._ready(start), timeout=120,
-                                   what=f"scripts/run to be ready (log: {self.log_path})")
-            except BaseException:
-                self.stop()
-                raise
+            outcome = until_ready(self.proc, self.log_path, lambda start=start: self._ready(start),
+                                  "scripts/run to be ready", timeout=2 * READY)
             if outcome is not True:
                 return self
             # mitmweb could not bind its web port after all (taken since free_port()): try another.
@@ -195,7 +231,8 @@ class ScriptsRun:
                 return True
             if "error: RECEIPT_PROXY_WEB_PORT=" in text and "is taken" in text:  # scripts/run's own check
                 return True
-            raise AssertionError(f"scripts/run exited with {self.proc.returncode}:\n{text}")
+            raise AssertionError(f"scripts/run exited with {self.proc.returncode} (log: {self.log_path}):\n"
+                                 f"{tail(self.log_path)}")
         listening, web = LISTENING.search(text), WEB_LISTENING in text and WEB_URL.search(text)
         if "receipt-proxy: ready" not in text or not listening or not (self.headless or web):
             return None
@@ -312,9 +349,13 @@ def next_hop(log: Path, confdir: Path, trusted_ca: Path | None = None) -> Iterat
         cmd += ["--set", f"ssl_verify_upstream_trusted_ca={trusted_ca}"]
     with open(log, "wb") as out:
         hop = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    def listening() -> bool:
+        if hop.poll() is not None:
+            raise AssertionError(f"the next proxy exited with {hop.returncode}:\n{tail(log)}")
+        return "proxy listening" in log.read_text()
+
     try:
-        wait_for(lambda: "proxy listening" in log.read_text(), what="the next proxy")
+        until_ready(hop, log, listening, "the next proxy")
         yield port
     finally:
-        hop.terminate()
-        hop.wait(timeout=10)
+        stop_process(hop)

@@ -32,7 +32,7 @@ from proxy_addon.reconcile.http_reads import ReadSettings
 from proxy_addon.rules import Operation, RuleSet, load_rules
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Event, Receipt, ReceiptStore, Store
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, deadline
 from tests.upstream import Upstream
 
 RULES = """
@@ -232,8 +232,8 @@ async def test_record_only_moves_a_submitted_receipt(world, caplog):
 
 @pytest.mark.parametrize("where", ["this process", "another process"])
 async def test_a_duplicate_waits_for_the_original_and_gets_the_replay(world, where):
-    gate = world.gate(wait_submitted=5)
-    other = gate if where == "this process" else world.gate(wait_submitted=5)  # polls the store
+    gate = world.gate(wait_submitted=60)
+    other = gate if where == "this process" else world.gate(wait_submitted=60)  # polls the store
     attempt, op = world.attempt()
     admitted = await gate.admit(attempt, op, CREDENTIALS)
     original = admitted.decision.receipt
@@ -246,14 +246,15 @@ async def test_a_duplicate_waits_for_the_original_and_gets_the_replay(world, whe
     receipt = await gate.record(original.operation_id, await world.send(op))
     recorded_at = time.monotonic()
     assert receipt is not None and receipt.state is State.SUCCEEDED
-    dup = await asyncio.wait_for(duplicate, 5)
+    dup = await asyncio.wait_for(duplicate, 90)
     finished = time.monotonic()
 
     assert dup.decision.kind == "replay"
     assert dup.decision.receipt.operation_id == original.operation_id
     assert answers.replay(dup.decision.receipt, dup.decision.answer).status == 201
     assert finished - started >= 0.5
-    assert finished - recorded_at < 1.5, "the duplicate was not woken by the outcome"
+    # Woken by the outcome (at once, or at the next look of the store): not at the end of its 60 s wait.
+    assert finished - recorded_at < 15, "the duplicate was not woken by the outcome"
     assert world.upstream.seen(world.path()) == 1
     events = world.events(original.operation_id)
     assert duplicates(events) == [("replayed", "succeeded")]  # the final answer only: no "blocked" first
@@ -269,7 +270,7 @@ async def test_a_duplicate_still_in_flight_after_the_wait_is_blocked(world):
     waited = time.monotonic() - started
     assert dup.decision.kind == "blocked"
     assert (dup.decision.receipt.operation_id, dup.decision.receipt.state) == (original.operation_id, State.SUBMITTED)
-    assert 0.5 <= waited < 3
+    assert 0.5 <= waited < deadline(5)  # 0.5 s on a quiet machine
     assert world.upstream.seen(world.path()) == 0
     assert duplicates(world.events(original.operation_id)) == [("blocked", "submitted")]
     assert len(world.receipts()) == 1
@@ -506,7 +507,8 @@ async def test_the_event_loop_never_waits_for_another_writer(local_world):
         while time.monotonic() - started < 0.5:
             await asyncio.sleep(0.01)
             ticks += 1
-        assert ticks >= 20, "the event loop was held while another process held the write lock"
+        # About 45 on a quiet machine; a loop held by the lock ticks once, when the wait is over.
+        assert ticks >= 5, "the event loop was held while another process held the write lock"
         assert not dup.done()  # the store's thread waits for the lock (lock_timeout)
     finally:
         other.conn.execute("ROLLBACK")
@@ -528,7 +530,10 @@ async def test_the_event_loops_commits_keep_the_wal_bounded(local_world):
     for i in range(6 * LOCAL_CHECKPOINT):
         assert (await gate.admit(attempt, op, CREDENTIALS)).decision.kind == "blocked"
         if i % LOCAL_CHECKPOINT == LOCAL_CHECKPOINT - 1:
-            await asyncio.sleep(0.05)  # the checkpoint, on the store's thread, is not waited for
+            # The gate does not wait for the checkpoint it gave the store's thread; the test does, however
+            # busy the machine (a call queued after it runs after it), so the sizes do not depend on timing.
+            await asyncio.sleep(0)  # the checkpoint's task hands it to the store's thread
+            await gate.calls(lambda s: None)
             sizes.append(wal.stat().st_size)
     assert len([e for e in w.events(receipt.operation_id) if e.event == "blocked"]) == 6 * LOCAL_CHECKPOINT
     assert max(sizes) < 1.5 * sizes[0], f"the WAL kept growing: {sizes}"  # without the checkpoints: 6× the first

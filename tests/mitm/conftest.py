@@ -70,9 +70,11 @@ async def held(addon: Receipts, f: http.HTTPFlow):
     """Send `f` and return the request hook's task once the approval gate holds the flow."""
     import asyncio
 
+    from tests.conftest import deadline
+
     addon.requestheaders(f)
     task = asyncio.create_task(addon.request(f))
-    for _ in range(100):
+    for _ in range(int(deadline(1) / 0.01)):
         await asyncio.sleep(0.01)
         if f.intercepted:
             break

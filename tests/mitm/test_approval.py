@@ -14,6 +14,7 @@ import pytest
 from proxy_addon.mitm import approval
 from proxy_addon.mitm.flows import MARKERS
 from proxy_addon.store import Store
+from tests.conftest import deadline
 from tests.mitm.conftest import held, order
 
 
@@ -41,8 +42,9 @@ async def test_an_approval_from_the_cli_sends_the_held_write_within_a_second(set
     operation_id = f.metadata["receipts"]["operation_id"]
     decided_at = time.monotonic()
     decide(tmp, operation_id, approve=True, note="refund agreed")
-    await asyncio.wait_for(task, 2)
-    assert time.monotonic() - decided_at < approval.POLL + 0.5  # the next look applies it
+    await asyncio.wait_for(task, deadline(2))
+    # The next look applies it: POLL (0.5 s) on a quiet machine; never receipts_approval_timeout (300 s).
+    assert time.monotonic() - decided_at < deadline(10 * approval.POLL)
     assert f.response is None and not f.intercepted  # approved: forwarded, out of the intercept
     assert f.marked == MARKERS["submitted"]
     r, d, events = receipt_and_decision(tmp, operation_id)
@@ -57,7 +59,7 @@ async def test_a_denial_from_the_cli_answers_403_with_the_note(setup):
     task = await held(addon, f)
     operation_id = f.metadata["receipts"]["operation_id"]
     decide(tmp, operation_id, approve=False, note="amount too high", actor="cli:bob")
-    await asyncio.wait_for(task, 2)
+    await asyncio.wait_for(task, deadline(2))
     assert f.response is not None
     assert f.response.status_code == 403
     body = f.response.json()
@@ -77,7 +79,7 @@ async def test_a_held_write_edited_in_mitmweb_is_denied_though_the_cli_approved_
     f.backup()
     f.request.text = '{"sku": "C-3", "amount": 1000000}'  # mitmweb's request editor
     decide(tmp, operation_id, approve=True)
-    await asyncio.wait_for(task, 2)
+    await asyncio.wait_for(task, deadline(2))
     assert f.response is not None
     assert f.response.status_code == 403 and "modified while held" in f.response.json()["reason"]
     r, d, events = receipt_and_decision(tmp, operation_id)
@@ -101,7 +103,7 @@ async def test_a_decision_for_another_intent_is_not_applied_and_the_write_stays_
     said = [m for m in caplog.messages if "is for the intent sha256:0000" in m]
     assert len(said) == 1 and said[0].endswith("not applied")  # said once, not at every look
     f.kill()  # mitmweb's Abort still decides it
-    await asyncio.wait_for(task, 2)
+    await asyncio.wait_for(task, deadline(2))
     r, d, _ = receipt_and_decision(tmp, operation_id)
     assert (r.state, r.error, d.consumed_at) == ("rejected", "denied by operator", None)
 
@@ -117,7 +119,7 @@ async def test_mitmweb_and_the_cli_deciding_at_once_exactly_one_wins(setup, firs
     if first == "cli":
         await addon.approvals.look()  # the proxy's look finds it before the Resume
     f.resume()
-    await asyncio.wait_for(task, 2)
+    await asyncio.wait_for(task, deadline(2))
     r, d, events = receipt_and_decision(tmp, operation_id)
     assert [e.to_state for e in events] == ["awaiting_approval", r.state]  # one decision applied
     if first == "mitmweb":
@@ -135,8 +137,8 @@ async def test_nothing_is_looked_up_while_no_write_is_held(setup):
     looking = addon.approvals._task
     assert looking is not None and not looking.done()
     f.resume()
-    await asyncio.wait_for(task, 2)
-    await asyncio.wait_for(looking, approval.POLL * 2 + 1)  # the looks stop with the last held write
+    await asyncio.wait_for(task, deadline(2))
+    await asyncio.wait_for(looking, deadline(approval.POLL * 2 + 1))  # the looks stop with the last held write
 
 
 async def test_a_look_that_fails_is_said_once_and_the_next_ones_still_apply_the_decision(setup, caplog):
@@ -160,7 +162,7 @@ async def test_a_look_that_fails_is_said_once_and_the_next_ones_still_apply_the_
         operation_id = f.metadata["receipts"]["operation_id"]
         decide(tmp, operation_id, approve=True)
         with caplog.at_level(logging.WARNING):
-            await asyncio.wait_for(task, approval.POLL * 6)
+            await asyncio.wait_for(task, deadline(approval.POLL * 6))
     finally:
         addon.calls = real
     assert len(failures) == 3

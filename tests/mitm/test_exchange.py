@@ -217,7 +217,7 @@ async def test_a_hang_past_the_deadline_is_outcome_unknown_and_timed_out(upstrea
     assert isinstance(result, Outcome), result
     assert (result.state, result.timed_out) == (State.OUTCOME_UNKNOWN, True)
     assert "0.5s" in result.reason
-    assert 0.5 <= elapsed < 3
+    assert 0.5 <= elapsed < 5  # 0.6 s on a quiet machine; the deadline not kept: the 8 s hang (and timed_out False)
     assert upstream.seen(p) == 1
     assert upstream.commits(p) == 1  # it did take effect: exactly why the state is outcome_unknown
 

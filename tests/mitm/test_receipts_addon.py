@@ -10,6 +10,7 @@ from mitmproxy.test import taddons
 from proxy_addon.mitm.flows import MARKERS
 from proxy_addon.mitm.receipts_addon import Receipts
 from proxy_addon.store import Store
+from tests.conftest import deadline
 from tests.mitm.conftest import held, order, running, send, unknown
 
 
@@ -289,7 +290,7 @@ async def test_a_held_write_whose_agent_hung_up_is_denied_at_once(setup, then):
     f.client_conn.state = ConnectionState.CAN_WRITE  # what mitmproxy records when the agent's side closes
     if then == "resume":
         f.resume()
-    await asyncio.wait_for(task, 2)  # at once: well within receipts_approval_timeout (300 s)
+    await asyncio.wait_for(task, deadline(2))  # at once: well within receipts_approval_timeout (300 s)
     assert f.response is not None and f.response.status_code == 403  # never forwarded
     assert f.response.json()["reason"] == "denied: the agent hung up while the write was held"
     r = Store.open(tmp / "r.db", create=False).get(operation_id)

@@ -215,7 +215,7 @@ async def test_a_reconcile_that_needs_no_read_takes_no_slot(world):
 
     started = time.monotonic()
     dup = await asyncio.wait_for(gate.admit(world.attempt("keyed")[0], keyed, CREDENTIALS), 10)
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 2.5  # at once (0.05 s quiet), not behind the held read (5 s read timeout)
     assert (dup.decision.kind, dup.decision.receipt.retry_of) == ("forward", first.operation_id)
     assert {r.operation_id: r.state for r in world.receipts()}[first.operation_id] is State.SAFE_TO_RETRY
     assert not ta.done()  # the read still holds the slot

@@ -51,7 +51,7 @@ class McpServer:
         self.url = self.base = ""
 
     def start(self) -> McpServer:
-        from tests.conftest import wait_for
+        from tests.e2e.processes import until_ready
 
         tls = ["--tls", str(self.log_path.parent)] if self.tls else []
         with open(self.log_path, "wb") as out:
@@ -59,7 +59,7 @@ class McpServer:
                                           "--hang", str(self.hang), *tls, *self.options], stdout=out,
                                          stderr=subprocess.STDOUT,
                                          cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        match = wait_for(self._ready, timeout=20, what=f"the MCP server to listen (log: {self.log_path})")
+        match = until_ready(self.proc, self.log_path, self._ready, "the MCP server to listen")
         self.url = match.group(1)
         self.base = self.url.removesuffix("/mcp")
         return self
@@ -128,8 +128,7 @@ class BareMitmdump:
         self.port = 0
 
     def start(self) -> BareMitmdump:
-        from tests.conftest import wait_for
-        from tests.e2e.processes import BIN, LISTENING
+        from tests.e2e.processes import BIN, LISTENING, until_ready
 
         args = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", "0",
                 "--set", f"confdir={self.confdir}", "--set", "flow_detail=0"]
@@ -144,7 +143,7 @@ class BareMitmdump:
                 raise AssertionError(f"mitmdump exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
             return LISTENING.search(self.log_path.read_text(errors="replace"))
 
-        self.port = int(wait_for(listening, timeout=20, what="the bare mitmdump to listen").group(1))
+        self.port = int(until_ready(self.proc, self.log_path, listening, "the bare mitmdump to listen").group(1))
         return self
 
     def stop(self) -> None:

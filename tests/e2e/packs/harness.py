@@ -257,8 +257,8 @@ def pack_run(pack: str, workdir: Path, confdir: Path, *, headers: dict[str, str]
         (rules / pack).write_text(pointed_at(PACKS / pack, api.port))
         proxy = Proxy(workdir, confdir, rules=rules,
                       extra=("--set", "receipts_wait_submitted=0", "--set", "receipts_read_timeout=5", *extra))
-        proxy.start()
         try:
+            proxy.start()  # inside: a start that fails stops its process too (Proxy.ready), and so does this
             yield PackRun(api, proxy, dict(headers or {}))
         finally:
             proxy.stop()

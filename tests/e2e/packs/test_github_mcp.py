@@ -35,10 +35,10 @@ from typing import Any
 import pytest
 
 from proxy_addon.store import Receipt, Store
-from tests.conftest import ROOT, SECRETS, wait_for
+from tests.conftest import ROOT, SECRETS
 from tests.e2e.mcp.client import REVISIONS, run_client
 from tests.e2e.packs.github_mcp_tools import ERRORS
-from tests.e2e.processes import Proxy, stop_process
+from tests.e2e.processes import Proxy, stop_process, until_ready
 
 TOKEN = SECRETS["authorization"]  # a marker secret: the session-wide sweep checks it never reaches a DB or a log
 READY = re.compile(r"github_mcp_server: ready (http://127\.0\.0\.1:(\d+)/mcp/)")
@@ -65,7 +65,7 @@ class FakeGitHubMCP:
                 raise AssertionError(f"the fake exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
             return READY.search(self.log_path.read_text(errors="replace"))
 
-        self.url = wait_for(ready, timeout=20, what="the fake GitHub MCP server to listen").group(1)
+        self.url = until_ready(self.proc, self.log_path, ready, "the fake GitHub MCP server to listen").group(1)
         self.base = self.url.removesuffix("/mcp/")
         return self
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, wait_for
-from tests.e2e.processes import Clients, Proxy
+from tests.e2e.processes import Clients, Proxy, start_all
 from tests.upstream import free_port
 
 RECIPE = ROOT / "docs" / "fleet" / "haproxy.cfg"
@@ -46,10 +46,7 @@ def test_two_proxies_behind_haproxy_make_one_upstream_write(pg_url, tmp_path, co
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         proxies.append(Proxy(tmp_path / name, confdir, db=pg_url, extra=("--set", f"receipts_secret={key}")))
-    for p in proxies:
-        p.start(wait=False)
-    for p in proxies:
-        p.ready()
+    start_all(proxies)
     port = free_port()
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(recipe_with_ports(port, [p.port for p in proxies]))

@@ -34,7 +34,7 @@ import pytest
 import requests
 
 from proxy_addon.store import Receipt, Store
-from tests.conftest import wait_for
+from tests.conftest import deadline, wait_for
 from tests.e2e.processes import SECRETS_HEADERS, Proxy
 from tests.mitm.test_exchange_read_rest import MiB, bucket
 from tests.upstream import Upstream
@@ -196,7 +196,7 @@ def test_once_the_agent_has_gone_the_proxy_stops_reading(start, up):
     print(f"[memory] the upstream connection was closed {closed_after:.2f} s after the agent left")
     # The proxy closed the upstream connection at once: it did not go on reading for nobody.
     assert up.endless[path]["peer_closed"], up.endless[path]
-    assert closed_after < 3, closed_after
+    assert closed_after < deadline(3), closed_after  # a wait's bound: peer_closed above is what proves it
     assert up.endless[path]["sent"] - streaming < 300 * MiB, (streaming, up.endless[path])
     assert mem["VmHWM"] < 300 and watch.peak < 300, (mem, watch.peak)
     assert "the agent left; stopped reading the answer" in proxy.log()

@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from proxy_addon.store import Store
-from tests.conftest import wait_for
+from tests.conftest import deadline, wait_for
 from tests.e2e.processes import Answer, Clients, Proxy, ScriptsRun
 
 STOPPING = "stopping; waiting up to"  # the proxy's log line once it drains
@@ -52,9 +52,9 @@ def signal_proxy(proxy: Proxy, sig: int) -> float:
 def exit_code(proxy: Proxy, timeout: float) -> int:
     assert proxy.proc is not None
     try:
-        return proxy.proc.wait(timeout=timeout)
+        return proxy.proc.wait(timeout=deadline(timeout))
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"the proxy did not exit within {timeout}s:\n{proxy.log()}") from None
+        raise AssertionError(f"the proxy did not exit within {deadline(timeout):.0f}s:\n{proxy.log()}") from None
 
 
 def draining(proxy: Proxy) -> None:
@@ -140,7 +140,7 @@ def test_a_second_signal_exits_at_once_and_recovery_blocks_the_duplicate(tmp_pat
         draining(proxy)
         again = signal_proxy(proxy, signal.SIGTERM)
         exit_code(proxy, timeout=5)
-        assert time.monotonic() - again < 3
+        assert time.monotonic() - again < 15  # at once (0.2 s on a quiet machine): not after the 30 s drain
         t.join(timeout=15)
         assert got and got[0].status != 201  # the agent never got a success it could count on
     finally:
@@ -174,7 +174,8 @@ def test_a_write_that_outlasts_the_drain_timeout_is_recorded_outcome_unknown(for
         sent = signal_proxy(proxy, signal.SIGTERM)
         assert exit_code(proxy, timeout=8) == 0
         took = time.monotonic() - sent
-        assert 1 <= took < 5, took
+        # It drained first; that it did not wait for the held write (8 s): the agent's 502 and the receipt below.
+        assert took >= 1, took
         t.join(timeout=15)
         # The agent is told the truth: maybe sent, do not resend blindly (mitmproxy's own 502 when it forwards).
         assert got and got[0].status == 502, got
@@ -238,7 +239,7 @@ def test_a_write_held_for_approval_is_not_sent_at_stop(tmp_path, confdir, upstre
         sent = signal_proxy(proxy, signal.SIGTERM)
         t.join(timeout=15)
         assert exit_code(proxy, timeout=10) == 0
-        assert time.monotonic() - sent < 5
+        assert time.monotonic() - sent < 15  # not waited for (0.5 s on a quiet machine): not after the 30 s drain
         assert got and got[0].status == 503, got
         answer = got[0].json()
         assert (answer["error"], answer["sent"], answer["state"]) == ("not_sent", False, "not_sent")

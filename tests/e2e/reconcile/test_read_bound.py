@@ -83,7 +83,8 @@ def test_forty_hanging_reads_run_at_most_reads_max_at_once_and_harm_nothing_else
         other_write = clients.send("requests", "POST", f"{up.url}/api/{bucket}/plain", {"title": "unrelated"})
         write_took = time.monotonic() - started
         assert (other_read.status, other_write.status) == (200, 201)
-        assert read_took < 1.0 and write_took < 1.0, (read_took, write_took)
+        # Not behind the held reads (the upstream holds them 8 s): 0.1 s each on a quiet machine.
+        assert read_took < 4.0 and write_took < 4.0, (read_took, write_took)
         print(f"\n{UNKNOWN} duplicates, their reads held: {up.reads_at_once(path)[1]} reads at once "
               f"(receipts_reads_max={READS_MAX}); an unrelated GET took {read_took * 1000:.0f} ms, "
               f"an unrelated write {write_took * 1000:.0f} ms")

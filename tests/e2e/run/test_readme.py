@@ -44,7 +44,7 @@ import certifi
 import pytest
 import requests
 
-from tests.conftest import ROOT, TEST_RULES, wait_for
+from tests.conftest import ROOT, TEST_RULES, deadline, wait_for
 from tests.e2e.processes import ScriptsRun
 from tests.upstream import free_port
 
@@ -286,9 +286,10 @@ def run_block(
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         try:
-            proc.wait(timeout=90)
+            proc.wait(timeout=deadline(90))
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"the block did not finish in 90 s:\n{log.read_text(errors='replace')}") from None
+            raise AssertionError(f"the block did not finish in {deadline(90):.0f} s:\n"
+                                 f"{log.read_text(errors='replace')}") from None
         if check_exit:
             assert proc.returncode == 0, f"the block exited {proc.returncode}:\n{log.read_text(errors='replace')}"
         yield log.read_text(errors="replace")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ROOT, TEST_RULES, wait_for
+from tests.conftest import ROOT, TEST_RULES, deadline, wait_for
 from tests.e2e.processes import ScriptsRun
 from tests.upstream import free_port
 
@@ -94,7 +94,7 @@ def test_a_web_password_of_your_own_is_left_alone(tmp_path, confdir):
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
+        proc.wait(timeout=deadline(20))
 
 
 @pytest.mark.parametrize("variable", ["RECEIPT_PROXY_PORT", "RECEIPT_PROXY_WEB_PORT"])
@@ -117,7 +117,7 @@ def test_a_busy_port_is_named_by_its_variable(tmp_path, confdir, variable):
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=deadline(60),
         )
     out = p.stdout + p.stderr
     assert p.returncode == 1, out
@@ -128,7 +128,7 @@ def test_a_busy_port_is_named_by_its_variable(tmp_path, confdir, variable):
 
 
 def test_help_prints_the_header_comment_only():
-    p = subprocess.run([str(RUN), "--help"], capture_output=True, text=True, timeout=30)
+    p = subprocess.run([str(RUN), "--help"], capture_output=True, text=True, timeout=deadline(30))
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("Start receipt-proxy:"), p.stdout
     assert '"Web UI:" line' in p.stdout and "RECEIPT_PROXY_WEB_PORT (8081)" in p.stdout and "RECEIPT_PROXY_METRICS" in p.stdout, p.stdout

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 
 from proxy_addon.store import open_store
-from tests.conftest import ROOT, wait_for
-from tests.e2e.processes import Clients, Proxy
+from tests.conftest import ROOT, deadline, wait_for
+from tests.e2e.processes import Clients, Proxy, start_all
 
 
 @pytest.fixture
@@ -69,20 +69,6 @@ def instance_id(proxy: Proxy) -> str:
     m = re.search(r"\(instance (\S+)\)", proxy.log())
     assert m is not None, "the proxy logged no instance"
     return m.group(1)
-
-
-def start_all(proxies: list[Proxy]) -> list[Proxy]:
-    """Start them together; if one never gets ready, every one is stopped (by its PID) before the error."""
-    try:
-        for p in proxies:
-            p.start(wait=False)
-        for p in proxies:
-            p.ready()
-    except BaseException:
-        for p in proxies:
-            p.stop()
-        raise
-    return proxies
 
 
 def test_fan_out_60_identical_writes_over_3_instances_make_one_upstream_write(
@@ -129,7 +115,7 @@ def test_fan_out_60_identical_writes_over_3_instances_make_one_upstream_write(
 
 def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
         pg_url, tmp_path, confdir, upstream, bucket, key):
-    lease = ("--set", "receipts_lease=3", "--set", "receipts_heartbeat=1")
+    lease = ("--set", "receipts_lease=10", "--set", "receipts_heartbeat=1")
     a, b = start_all([instance(pg_url, tmp_path, confdir, key, *lease),
                       instance(pg_url, tmp_path, confdir, key, *lease, "--set", "receipts_wait_submitted=0")])
     path = f"/api/{bucket}/plain"
@@ -145,17 +131,17 @@ def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
         a.stop(signal.SIGKILL)
         killed = time.monotonic()
 
-        started = time.monotonic()
         dup = Clients(b).send("curl", "POST", upstream.url + path, {"title": "kill"})
         assert dup.status == 409 and dup.json()["operation_id"] == before.operation_id
-        assert time.monotonic() - started < 3.0  # at once: not after the lease
+        # At once, not after the lease (10 s, 0.2 s on a quiet machine): answered while still submitted.
+        assert dup.json()["state"] == "submitted", dup.json()
         assert upstream.seen(path) == 1
 
         def recovered():
             [r] = receipts(pg_url, bucket)
             return r if r.state == "outcome_unknown" else None
 
-        r = wait_for(recovered, timeout=3 + 5, interval=0.2, what="the live instance to recover the receipt")
+        r = wait_for(recovered, timeout=10 + 5, interval=0.2, what="the live instance to recover the receipt")
         took = time.monotonic() - killed
         last = events(pg_url, r.operation_id)[-1]
         assert (last.from_state, last.to_state) == ("submitted", "outcome_unknown")
@@ -167,7 +153,7 @@ def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
         assert again.status == 409  # outcome_unknown: never retried blindly
         assert upstream.seen(path) == 1
         print(f"kill -9: duplicate blocked at once (409), receipt outcome_unknown {took:.1f}s after the kill "
-              f"(lease 3s), upstream saw {upstream.seen(path)}")
+              f"(lease 10s), upstream saw {upstream.seen(path)}")
     finally:
         upstream.let_go(path)
         for p in (a, b):
@@ -264,17 +250,20 @@ def test_listen_notify_wakes_a_duplicate_waiting_on_another_instance(
 
 def test_a_proxy_with_another_key_refuses_to_join_the_fleet(pg_url, tmp_path, confdir, key):
     first = start_all([instance(pg_url, tmp_path, confdir, key)])[0]
+    other = None
     try:
         another = tmp_path / "another.key"
         another.write_text("a" * 64 + "\n")  # a key, not the fleet's (a missing one: tests/e2e/proxy/test_secret_key.py)
         other = instance(pg_url, tmp_path, confdir, another)
         other.start(wait=False)
-        other.process.wait(timeout=30)
+        other.process.wait(timeout=deadline(30))
         assert other.process.returncode != 0
         assert "is not the one the other proxies on" in other.log()
         assert "postgresql://postgres@127.0.0.1" in other.log()
     finally:
         first.stop()
+        if other is not None:
+            other.stop()
 
 
 def test_mitmweb_on_postgresql_follows_a_resolution_from_the_cli(pg_url, tmp_path, confdir, upstream, bucket):
