@@ -42,46 +42,89 @@ operations:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="fewer samples, and the store without its 1M-receipt database (about 2 minutes)")
-    p.add_argument("--samples", type=int, default=None,
-                   help="timed requests per path for each client and scenario (default 300; 120 with --quick); "
-                        "plain requests, which stalls ~40 ms a POST, gets half")
+    p = argparse.ArgumentParser(
+        prog="scripts/bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer samples, and the store without its 1M-receipt database (about 2 minutes)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="timed requests per path for each client and scenario (default 300; 120 with --quick); "
+        "plain requests, which stalls ~40 ms a POST, gets half",
+    )
     p.add_argument("--warmup", type=int, default=20, help="untimed rounds before each timed series (default 20)")
     p.add_argument("--clients", default=",".join(CLIENTS), help=f"comma-separated, of {', '.join(CLIENTS)}")
-    p.add_argument("--scenarios", default=",".join(s.key for s in SCENARIOS),
-                   help=f"comma-separated, of {', '.join(s.key for s in SCENARIOS)}")
-    p.add_argument("--concurrency", type=int, default=64, help="concurrent clients doing matched POSTs (default 64; 0: skip)")
+    p.add_argument(
+        "--scenarios",
+        default=",".join(s.key for s in SCENARIOS),
+        help=f"comma-separated, of {', '.join(s.key for s in SCENARIOS)}",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=64, help="concurrent clients doing matched POSTs (default 64; 0: skip)"
+    )
     p.add_argument("--per-client", type=int, default=4, help="requests per concurrent client per round (default 4)")
     p.add_argument("--rounds", type=int, default=None, help="rounds of the concurrent test (default 6; 3 with --quick)")
-    p.add_argument("--store-samples", type=int, default=None, help="timed store calls per size (default 300; 150 with --quick)")
-    p.add_argument("--store-sizes", default=None, help="receipts already in the DB (default 0,100000,1000000; "
-                                                       "0,100000 with --quick)")
+    p.add_argument(
+        "--store-samples", type=int, default=None, help="timed store calls per size (default 300; 150 with --quick)"
+    )
+    p.add_argument(
+        "--store-sizes",
+        default=None,
+        help="receipts already in the DB (default 0,100000,1000000; 0,100000 with --quick)",
+    )
     p.add_argument("--no-http", action="store_true", help="skip the proxy workloads")
     p.add_argument("--no-store", action="store_true", help="skip the store workload")
-    p.add_argument("--addon", default=str(procs.ROOT / "proxy_addon" / "addon.py"),
-                   help="the addon script to measure (default proxy_addon/addon.py; e.g. a patched copy)")
-    p.add_argument("--compare-addon", metavar="PATH",
-                   help="also measure a second build of the addon (e.g. a patched copy's proxy_addon/addon.py), "
-                        "interleaved with the first, with its own database")
-    p.add_argument("--compare-set", action="append", default=[], metavar="NAME=VALUE",
-                   help="an extra --set for the compared addon only (repeatable); with --compare-addon, or alone "
-                        "to compare the addon with itself under an option, e.g. --compare-set receipts_forward=mitmproxy")
-    p.add_argument("--addon-set", action="append", default=[], metavar="NAME=VALUE",
-                   help="an extra --set for the addon's mitmdump (repeatable), e.g. receipts_forward=mitmproxy")
-    p.add_argument("--postgres", action="store_true",
-                   help="also measure the addon on PostgreSQL (a throwaway PostgreSQL 15 started from Debian's binaries "
-                        "with fsync on, or RECEIPTS_TEST_PG) as the 'compare' path, and the 64-client throughput of 1 "
-                        "and 2 PostgreSQL instances behind HAProxy (TCP mode, docs/fleet/haproxy.cfg)")
-    p.add_argument("--pin", action="store_true",
-                   help="every mitmdump on the last CPU, the client and the upstream on the others: a proxy's CPU per "
-                        "request then moves least between runs (to compare builds; not how a proxy runs)")
+    p.add_argument(
+        "--addon",
+        default=str(procs.ROOT / "proxy_addon" / "addon.py"),
+        help="the addon script to measure (default proxy_addon/addon.py; e.g. a patched copy)",
+    )
+    p.add_argument(
+        "--compare-addon",
+        metavar="PATH",
+        help="also measure a second build of the addon (e.g. a patched copy's proxy_addon/addon.py), "
+        "interleaved with the first, with its own database",
+    )
+    p.add_argument(
+        "--compare-set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an extra --set for the compared addon only (repeatable); with --compare-addon, or alone "
+        "to compare the addon with itself under an option, e.g. --compare-set receipts_forward=mitmproxy",
+    )
+    p.add_argument(
+        "--addon-set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an extra --set for the addon's mitmdump (repeatable), e.g. receipts_forward=mitmproxy",
+    )
+    p.add_argument(
+        "--postgres",
+        action="store_true",
+        help="also measure the addon on PostgreSQL (a throwaway PostgreSQL 15 started from Debian's binaries "
+        "with fsync on, or RECEIPTS_TEST_PG) as the 'compare' path, and the 64-client throughput of 1 "
+        "and 2 PostgreSQL instances behind HAProxy (TCP mode, docs/fleet/haproxy.cfg)",
+    )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="every mitmdump on the last CPU, the client and the upstream on the others: a proxy's CPU per "
+        "request then moves least between runs (to compare builds; not how a proxy runs)",
+    )
     p.add_argument("--workdir", default=None, help="where the temporary folder goes (default: the system's temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, databases)")
-    p.add_argument("--write-docs", action="store_true",
-                   help="rewrite the generated part of docs/benchmarks.md with this run's figures")
+    p.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="rewrite the generated part of docs/benchmarks.md with this run's figures",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the raw figures as JSON to PATH")
     a = p.parse_args(argv)
     a.samples = a.samples or (120 if a.quick else 300)
@@ -103,19 +146,41 @@ def machine() -> dict:
     from importlib.metadata import version
 
     try:
-        commit = subprocess.run(["git", "-C", str(procs.ROOT), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(procs.ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(procs.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(procs.ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "?", ""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor()
+    )
     return {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(), "system": platform.system(),
-        "python": platform.python_version(), "mitmproxy": version("mitmproxy"), "httpx": version("httpx"),
-        "requests": version("requests"), "urllib3": version("urllib3"), "sqlite": __import__("sqlite3").sqlite_version,
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "system": platform.system(),
+        "python": platform.python_version(),
+        "mitmproxy": version("mitmproxy"),
+        "httpx": version("httpx"),
+        "requests": version("requests"),
+        "urllib3": version("urllib3"),
+        "sqlite": __import__("sqlite3").sqlite_version,
         "commit": commit + ("+local changes" if dirty else ""),
         "loadavg_start": _loadavg(),
     }
@@ -142,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     log = report.Log()
     log(f"receipt-proxy bench: {command}")
-    log(f"  {info['date']} · {info['nproc']} CPUs ({info['cpu']}) · Linux {info['kernel']} · Python {info['python']} · "
-        f"mitmproxy {info['mitmproxy']} · commit {info['commit']}")
+    log(
+        f"  {info['date']} · {info['nproc']} CPUs ({info['cpu']}) · Linux {info['kernel']} · Python {info['python']} · "
+        f"mitmproxy {info['mitmproxy']} · commit {info['commit']}"
+    )
     log(f"  {procs.pin(a.pin)}")
     work = Path(tempfile.mkdtemp(prefix="receipt-bench-", dir=a.workdir))
     results: dict = {"command": command, "machine": info, "args": {k: v for k, v in vars(a).items()}}
@@ -197,9 +264,21 @@ def start_postgres(work: Path, running: list, log):
 
 
 def pg_addon(name: str, work: Path, a: argparse.Namespace, rules: Path, url: str) -> procs.Process:
-    return procs.mitmdump(name, work, Path(a.addon).resolve(), "receipt-proxy: ready", [
-        "--set", f"receipts_db={url}", "--set", f"receipts_rules={rules}",
-        "--set", f"receipts_secret={work / 'pg-secret.key'}", *[x for kv in a.addon_set for x in ("--set", kv)]])
+    return procs.mitmdump(
+        name,
+        work,
+        Path(a.addon).resolve(),
+        "receipt-proxy: ready",
+        [
+            "--set",
+            f"receipts_db={url}",
+            "--set",
+            f"receipts_rules={rules}",
+            "--set",
+            f"receipts_secret={work / 'pg-secret.key'}",
+            *[x for kv in a.addon_set for x in ("--set", kv)],
+        ],
+    )
 
 
 def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
@@ -210,13 +289,39 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
     here = Path(__file__).resolve().parent
     proxies = {
         "baseline": procs.mitmdump("baseline", work, here / "noop_addon.py", "bench-noop: ready"),
-        "addon": procs.mitmdump("addon", work, Path(a.addon).resolve(), "receipt-proxy: ready", [
-            "--set", f"receipts_db={work / 'receipts.db'}", "--set", f"receipts_rules={rules}",
-            *[x for kv in a.addon_set for x in ("--set", kv)]]),
+        "addon": procs.mitmdump(
+            "addon",
+            work,
+            Path(a.addon).resolve(),
+            "receipt-proxy: ready",
+            [
+                "--set",
+                f"receipts_db={work / 'receipts.db'}",
+                "--set",
+                f"receipts_rules={rules}",
+                *[x for kv in a.addon_set for x in ("--set", kv)],
+            ],
+        ),
         **({"compare": pg_addon("compare", work, a, rules, pg_url)} if pg_url else {}),
-        **({"compare": procs.mitmdump("compare", work, Path(a.compare_addon or a.addon).resolve(), "receipt-proxy: ready", [
-            "--set", f"receipts_db={work / 'compare' / 'receipts.db'}", "--set", f"receipts_rules={rules}",
-            *[x for kv in a.addon_set + a.compare_set for x in ("--set", kv)]])} if a.compare_addon or a.compare_set else {}),
+        **(
+            {
+                "compare": procs.mitmdump(
+                    "compare",
+                    work,
+                    Path(a.compare_addon or a.addon).resolve(),
+                    "receipt-proxy: ready",
+                    [
+                        "--set",
+                        f"receipts_db={work / 'compare' / 'receipts.db'}",
+                        "--set",
+                        f"receipts_rules={rules}",
+                        *[x for kv in a.addon_set + a.compare_set for x in ("--set", kv)],
+                    ],
+                )
+            }
+            if a.compare_addon or a.compare_set
+            else {}
+        ),
         "floor": procs.mitmdump("floor", work, here / "constant_addon.py", "bench-constant: ready"),
         "quickack": procs.mitmdump("quickack", work, here / "quickack_addon.py", "bench-quickack: ready"),
     }
@@ -266,14 +371,17 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
         out["concurrent"] = hb.concurrent(a.concurrency, a.per_client, a.rounds)
         total = a.concurrency * a.per_client * (a.rounds + 1)
         out["concurrent_cpu_ms_per_request"] = {
-            name: (report.cpu_seconds(pids[name]) - cpu0[name]) * 1000 / total for name in cpu0}
+            name: (report.cpu_seconds(pids[name]) - cpu0[name]) * 1000 / total for name in cpu0
+        }
         for p, s in out["concurrent"].items():
             log(f"  {p:<9} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
     if pg_url and a.concurrency:
         out["fleet"] = run_fleet(a, work, running, log, rules, pg_url, hb, proxies)
     seen = hb.upstream_stats()
-    hb.checks.append(f"the upstream saw {seen.get('expect', 0)} requests with an Expect header, "
-                     f"out of {sum(v for k, v in seen.items() if k.startswith('path:'))}")
+    hb.checks.append(
+        f"the upstream saw {seen.get('expect', 0)} requests with an Expect header, "
+        f"out of {sum(v for k, v in seen.items() if k.startswith('path:'))}"
+    )
     out["checks"] = hb.checks
     return out
 
@@ -314,33 +422,48 @@ def run_fleet(a, work: Path, running: list, log, rules: Path, pg_url: str, hb: H
         port = procs.free_port()
         servers = "".join(f"    server pg{i} 127.0.0.1:{p.port}\n" for i, p in enumerate(instances[:n], 1))
         cfg = work / f"haproxy-{n}.cfg"
-        cfg.write_text("defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 330s\n"
-                       f"    timeout server 330s\nfrontend f\n    bind 127.0.0.1:{port}\n    default_backend b\n"
-                       f"backend b\n    balance leastconn\n{servers}")
+        cfg.write_text(
+            "defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 330s\n"
+            f"    timeout server 330s\nfrontend f\n    bind 127.0.0.1:{port}\n    default_backend b\n"
+            f"backend b\n    balance leastconn\n{servers}"
+        )
         ha = procs.Process(f"haproxy-{n}", [haproxy, "-db", "-f", str(cfg)], work / f"haproxy-{n}.log", "", port)
         running.append(ha.start())
         ha.wait_ready()
         fronts[name] = f"http://127.0.0.1:{port}"
-    paths = {"direct": hb.paths["direct"], "baseline": hb.paths["baseline"],
-             "addon": BenchPath("addon", fronts["addon"]), "compare": BenchPath("compare", fronts["compare"])}
+    paths = {
+        "direct": hb.paths["direct"],
+        "baseline": hb.paths["baseline"],
+        "addon": BenchPath("addon", fronts["addon"]),
+        "compare": BenchPath("compare", fronts["compare"]),
+    }
     fleet = HttpBench(hb.upstream, paths, run_id=f"{hb.run_id}-fleet", log=log)
     pids = {"baseline": proxies["baseline"].pid, "pg1": instances[0].pid, "pg2": instances[1].pid}
-    log(f"fleet: {a.concurrency} concurrent httpx clients through HAProxy (TCP) to 1 and to 2 addon instances "
-        "on one PostgreSQL")
+    log(
+        f"fleet: {a.concurrency} concurrent httpx clients through HAProxy (TCP) to 1 and to 2 addon instances "
+        "on one PostgreSQL"
+    )
     cpu0 = {k: report.cpu_seconds(v) for k, v in pids.items()}
     pg0 = postgres_cpu_seconds()
     stats = fleet.concurrent(a.concurrency, a.per_client, a.rounds)
     total = a.concurrency * a.per_client * (a.rounds + 1)
     # bare mitmdump served one path; the two instances served both HAProxy paths (2 × total requests)
-    cpu = {k: (report.cpu_seconds(v) - cpu0[k]) * 1000 / (total if k == "baseline" else 2 * total)
-           for k, v in pids.items()}
+    cpu = {
+        k: (report.cpu_seconds(v) - cpu0[k]) * 1000 / (total if k == "baseline" else 2 * total) for k, v in pids.items()
+    }
     pg_ms = (postgres_cpu_seconds() - pg0) * 1000 / (2 * total)  # both HAProxy paths wrote receipts
-    names = {"direct": "direct", "baseline": "bare mitmdump", "addon": "HAProxy → 1 instance",
-             "compare": "HAProxy → 2 instances"}
+    names = {
+        "direct": "direct",
+        "baseline": "bare mitmdump",
+        "addon": "HAProxy → 1 instance",
+        "compare": "HAProxy → 2 instances",
+    }
     for path, s in stats.items():
         log(f"  {names[path]:<22} p50 {s.p50:7.2f} ms  p99 {s.p99:7.2f} ms  {s.rps:7.0f} req/s")
-    log(f"  CPU ms per request: bare mitmdump {cpu['baseline']:.2f}; the addon instances together "
-        f"{(cpu['pg1'] + cpu['pg2']):.2f} (pg1 {cpu['pg1']:.2f}, pg2 {cpu['pg2']:.2f}); PostgreSQL {pg_ms:.2f}")
+    log(
+        f"  CPU ms per request: bare mitmdump {cpu['baseline']:.2f}; the addon instances together "
+        f"{(cpu['pg1'] + cpu['pg2']):.2f} (pg1 {cpu['pg1']:.2f}, pg2 {cpu['pg2']:.2f}); PostgreSQL {pg_ms:.2f}"
+    )
     return {"concurrent": stats, "cpu_ms_per_request": cpu, "postgres_cpu_ms_per_receipt": pg_ms}
 
 

@@ -114,10 +114,27 @@ SCENARIOS = [
     Scenario("write", "matched POST, new receipt each", "POST", UPSTREAM_PATH, True, 201, "succeeded"),
     Scenario("read", "unmatched GET (same host)", "GET", UPSTREAM_PATH, False, 200),
     Scenario("pass", "unmatched POST (path with no rule)", "POST", OTHER_PATH, True, 201),
-    Scenario("blocked", "duplicate of an outcome_unknown write: 409", "POST", UPSTREAM_PATH, False, 409,
-             floor=True, setup="drop"),
-    Scenario("replayed", "duplicate of a succeeded write: replay", "POST", UPSTREAM_PATH, False, 201, "replayed",
-             floor=True, setup="once"),
+    Scenario(
+        "blocked",
+        "duplicate of an outcome_unknown write: 409",
+        "POST",
+        UPSTREAM_PATH,
+        False,
+        409,
+        floor=True,
+        setup="drop",
+    ),
+    Scenario(
+        "replayed",
+        "duplicate of a succeeded write: replay",
+        "POST",
+        UPSTREAM_PATH,
+        False,
+        201,
+        "replayed",
+        floor=True,
+        setup="once",
+    ),
 ]
 
 
@@ -200,7 +217,9 @@ class HttpBench:
         if ok and addon and sc.addon_check == "replayed":
             ok = h.get("x-receipt-replayed") == "true"
         if not ok:
-            raise AssertionError(f"{client} {sc.key} via {path}: got {status} {dict(h)}, wanted {want} {sc.addon_check}")
+            raise AssertionError(
+                f"{client} {sc.key} via {path}: got {status} {dict(h)}, wanted {want} {sc.addon_check}"
+            )
         return dt
 
     def _setup_duplicate(self, sc: Scenario, body: bytes | None, addon: str) -> None:
@@ -216,8 +235,12 @@ class HttpBench:
 
     def stall(self, n: int, warmup: int) -> dict[str, Stats]:
         """Unmatched POSTs through the baseline and through the quickack script, by requests and httpx."""
-        combos = [(c, p) for p in ("baseline", "quickack") if p in self.paths
-                  for c in ("requests", "requests+nodelay", "httpx")]
+        combos = [
+            (c, p)
+            for p in ("baseline", "quickack")
+            if p in self.paths
+            for c in ("requests", "requests+nodelay", "httpx")
+        ]
         sc = SCENARIOS[2]
         clients = {(c, p): make_client(c, self.paths[p].proxy) for c, p in combos}
         ms: dict[tuple[str, str], list[float]] = {k: [] for k in combos}
@@ -241,9 +264,15 @@ class HttpBench:
 
     async def _concurrent(self, nclients: int, per_client: int, rounds: int) -> dict[str, Stats]:
         names = ["direct", "baseline", *self.addons]
-        pools = {p: [httpx.AsyncClient(proxy=self.paths[p].proxy, trust_env=False, timeout=60.0,
-                                       limits=httpx.Limits(max_connections=1))
-                     for _ in range(nclients)] for p in names}
+        pools = {
+            p: [
+                httpx.AsyncClient(
+                    proxy=self.paths[p].proxy, trust_env=False, timeout=60.0, limits=httpx.Limits(max_connections=1)
+                )
+                for _ in range(nclients)
+            ]
+            for p in names
+        }
         ms: dict[str, list[float]] = {p: [] for p in names}
         wall = dict.fromkeys(names, 0.0)
 

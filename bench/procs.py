@@ -56,8 +56,17 @@ class Process:
     from mitmproxy's "listening at" line instead (a mitmdump started with `-p 0`).
     """
 
-    def __init__(self, name: str, args: list[str], log: Path, ready: str, port: int | None = None,
-                 cwd: Path = ROOT, listening: bool = False, cpus: set[int] | None = None):
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        log: Path,
+        ready: str,
+        port: int | None = None,
+        cwd: Path = ROOT,
+        listening: bool = False,
+        cpus: set[int] | None = None,
+    ):
         self.name, self.args, self.log_path, self.ready, self.port, self.cwd = name, args, log, ready, port, cwd
         self.listening = listening
         self.cpus = cpus  # the CPUs it runs on (`scripts/bench --pin`), set before it starts; None: the bench's
@@ -69,9 +78,15 @@ class Process:
         for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
             env.pop(k, None)
         cpus = self.cpus
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=self.cwd, env=env,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.cwd,
+            env=env,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
         return self
 
     def log(self) -> str:
@@ -113,8 +128,13 @@ class Process:
 
 def upstream(workdir: Path) -> tuple[Process, int]:
     port = free_port()
-    p = Process("upstream", [sys.executable, "-m", "bench.upstream", str(port)], workdir / "upstream.log",
-                "bench-upstream: listening", port)
+    p = Process(
+        "upstream",
+        [sys.executable, "-m", "bench.upstream", str(port)],
+        workdir / "upstream.log",
+        "bench-upstream: listening",
+        port,
+    )
     return p, port
 
 
@@ -139,6 +159,16 @@ def mitmdump(name: str, workdir: Path, script: Path, ready: str, extra: Sequence
     port (`.port`) is the kernel's pick, known once wait_ready() returns."""
     confdir = workdir / f"conf-{name}"
     confdir.mkdir(exist_ok=True)
-    args = [str(BIN / "mitmdump"), "--listen-host", HOST, "-p", "0", "--set", f"confdir={confdir}",
-            "-s", str(script), *extra]
+    args = [
+        str(BIN / "mitmdump"),
+        "--listen-host",
+        HOST,
+        "-p",
+        "0",
+        "--set",
+        f"confdir={confdir}",
+        "-s",
+        str(script),
+        *extra,
+    ]
     return Process(name, args, workdir / f"{name}.log", ready, listening=True, cpus=PROXY_CPUS)

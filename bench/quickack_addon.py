@@ -18,7 +18,9 @@ QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
 
 def running() -> None:
-    logging.getLogger("bench").info(f"bench-quickack: ready (TCP_QUICKACK {'available' if QUICKACK else 'unavailable'})")
+    logging.getLogger("bench").info(
+        f"bench-quickack: ready (TCP_QUICKACK {'available' if QUICKACK else 'unavailable'})"
+    )
 
 
 def requestheaders(flow: http.HTTPFlow) -> None:

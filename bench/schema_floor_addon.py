@@ -113,7 +113,15 @@ class SchemaFloor:
             return
         now = utcnow()
         at, operation_id = iso(now), new_operation_id(now)  # as the store makes them
-        row: tuple[object, ...] = (operation_id, "bench", "things.create", "POST", req.pretty_url, "submitted", fingerprint)
+        row: tuple[object, ...] = (
+            operation_id,
+            "bench",
+            "things.create",
+            "POST",
+            req.pretty_url,
+            "submitted",
+            fingerprint,
+        )
         row += (json.dumps({"body": {}, "path": {}}), "anonymous", at, at, flow.id) + (None,) * 6
         first = (operation_id, at, "transition", None, "submitted", "new attempt", "proxy", flow.id)
         await asyncio.to_thread(

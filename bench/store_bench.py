@@ -70,12 +70,14 @@ def fill(path: Path, n: int) -> float:
             conn.execute(
                 "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor, flow_id) "
                 "SELECT operation_id, submitted_at, 'transition', NULL, 'submitted', 'new attempt', 'proxy', NULL "
-                "FROM receipts ORDER BY rowid")
+                "FROM receipts ORDER BY rowid"
+            )
             conn.execute(
                 "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor, flow_id) "
                 "SELECT operation_id, updated_at, 'transition', 'submitted', state, "
                 "CASE state WHEN 'succeeded' THEN 'upstream answered HTTP 201' ELSE 'outcome unknown' END, 'proxy', NULL "
-                "FROM receipts ORDER BY rowid")
+                "FROM receipts ORDER BY rowid"
+            )
             conn.execute("COMMIT")
         finally:
             conn.close()
@@ -84,9 +86,15 @@ def fill(path: Path, n: int) -> float:
 
 def attempt(tag: str) -> Attempt:
     return Attempt(
-        api="bench", operation="things.create", method="POST", target="http://127.0.0.1/bench/things",
+        api="bench",
+        operation="things.create",
+        method="POST",
+        target="http://127.0.0.1/bench/things",
         intent_fingerprint="sha256:" + hashlib.sha256(tag.encode()).hexdigest(),
-        intent={"body": {"title": tag}, "path": {}}, principal="anonymous", flow_id="bench", instance="bench",
+        intent={"body": {"title": tag}, "path": {}},
+        principal="anonymous",
+        flow_id="bench",
+        instance="bench",
     )
 
 
@@ -122,8 +130,14 @@ def run(workdir: Path, sizes: tuple[int, ...], n: int, warmup: int, log: Callabl
                     t.append(time.perf_counter())
                     d = s.begin_attempt(attempt(f"new-{size}-{i}"))
                     t.append(time.perf_counter())
-                    s.record_outcome(d.receipt.operation_id, State.SUCCEEDED, reason="bench",
-                                     http_status=201, external_id=str(i), response=RESPONSE)
+                    s.record_outcome(
+                        d.receipt.operation_id,
+                        State.SUCCEEDED,
+                        reason="bench",
+                        http_status=201,
+                        external_id=str(i),
+                        response=RESPONSE,
+                    )
                     t.append(time.perf_counter())
                     blocked = s.begin_attempt(attempt(f"unknown-{size}"), record_duplicate=False)
                     t.append(time.perf_counter())
@@ -141,5 +155,7 @@ def run(workdir: Path, sizes: tuple[int, ...], n: int, warmup: int, log: Callabl
     finally:
         for s in stores.values():
             s.close()
-    return {"fill_seconds": fills,
-            "ops": {size: {op: Stats.of(v) for op, v in per.items()} for size, per in ms.items()}}
+    return {
+        "fill_seconds": fills,
+        "ops": {size: {op: Stats.of(v) for op, v in per.items()} for size, per in ms.items()},
+    }

@@ -27,8 +27,7 @@ WRITES = 0
 
 def _response(status: int, reason: str, body: bytes) -> bytes:
     return (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 
 
@@ -68,7 +67,7 @@ class Http(asyncio.Protocol):
                     return
             if len(self.buf) < end + 4 + length:
                 return
-            self.buf = self.buf[end + 4 + length:]
+            self.buf = self.buf[end + 4 + length :]
             STATS[f"path:{tag}"] += 1
             STATS["expect"] += expect
             if "fault=drop" in target:

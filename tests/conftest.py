@@ -250,7 +250,7 @@ def backend_store(backend_db, clock):
 
 # --- no marker secret in any receipts DB, WAL or proxy log: checked once, after the last test ---
 
-STARTED: list[Proxy] = []         # every Proxy this run started (Proxy.start)
+STARTED: list[Proxy] = []  # every Proxy this run started (Proxy.start)
 RECORDED_TOKEN: list[Proxy] = []  # proxies that answered a Clients.send (a URL with ?token=) with a receipt
 
 
@@ -283,8 +283,9 @@ def marker_secrets_in(paths: Iterable[Path]) -> list[str]:
     found = []
     for path in sorted(set(paths)):
         data = read(path)
-        found += [f"the {name} secret ({secret}) is in {path}"
-                  for name, secret in SECRETS.items() if secret.encode() in data]
+        found += [
+            f"the {name} secret ({secret}) is in {path}" for name, secret in SECRETS.items() if secret.encode() in data
+        ]
     return found
 
 
@@ -310,17 +311,21 @@ def no_marker_secret_anywhere(tmp_path_factory):
             proxy.stop()
     dbs, logs = receipts_files(tmp_path_factory.getbasetemp())
     for proxy in STARTED:  # the run's proxies, even one with its DB outside the base temp directory
-        dbs |= {f for f in (Path(proxy.db), *(Path(f"{proxy.db}{x}") for x in ("-wal", "-shm", "-journal")))
-                if f.is_file()}
+        dbs |= {
+            f for f in (Path(proxy.db), *(Path(f"{proxy.db}{x}") for x in ("-wal", "-shm", "-journal"))) if f.is_file()
+        }
         logs.add(proxy.log_path)
     problems = marker_secrets_in(dbs | logs)
     if RECORDED_TOKEN:
         if b"token=REDACTED" not in b"".join(read(p) for p in dbs):
-            problems.append(f"no token=REDACTED in any of {len(dbs)} DB files, though receipts were recorded "
-                            f"for URLs with ?token=")
+            problems.append(
+                f"no token=REDACTED in any of {len(dbs)} DB files, though receipts were recorded for URLs with ?token="
+            )
         if not any("token=REDACTED" in p.log() for p in RECORDED_TOKEN):
-            problems.append("no token=REDACTED in the log of any proxy that recorded a URL with ?token=: "
-                            + ", ".join(str(p.log_path) for p in RECORDED_TOKEN))
+            problems.append(
+                "no token=REDACTED in the log of any proxy that recorded a URL with ?token=: "
+                + ", ".join(str(p.log_path) for p in RECORDED_TOKEN)
+            )
     SWEEP.update(Sweep(dbs=len(dbs), logs=len(logs), redacted=bool(RECORDED_TOKEN), problems=problems))
     if problems:
         pytest.fail("MARKER SECRETS SWEEP FAILED:\n  " + "\n  ".join(problems), pytrace=False)
@@ -364,9 +369,13 @@ def pytest_terminal_summary(terminalreporter):
     if not SWEEP:
         return
     if SWEEP["problems"]:
-        terminalreporter.write_line(f"marker secrets sweep: FAILED ({len(SWEEP['problems'])} problems, see the "
-                                    "error at teardown)", red=True, bold=True)
+        terminalreporter.write_line(
+            f"marker secrets sweep: FAILED ({len(SWEEP['problems'])} problems, see the error at teardown)",
+            red=True,
+            bold=True,
+        )
     else:
         terminalreporter.write_line(
             f"marker secrets sweep: no marker secret in {SWEEP['dbs']} DB/WAL files or {SWEEP['logs']} logs"
-            + (", token=REDACTED found" if SWEEP["redacted"] else ""))
+            + (", token=REDACTED found" if SWEEP["redacted"] else "")
+        )

@@ -124,17 +124,30 @@ class LenientServer:
             return 200, {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}}
         call_id, method, params = (self.field(message, k) for k in ("id", "method", "params"))
         if method == "initialize":
-            return 200, {"jsonrpc": "2.0", "id": call_id, "result": {
-                "protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": self.flavour}}}
+            return 200, {
+                "jsonrpc": "2.0",
+                "id": call_id,
+                "result": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": self.flavour},
+                },
+            }
         if method == "tools/list":
-            return 200, {"jsonrpc": "2.0", "id": call_id, "result": {"tools": [
-                {"name": "create_issue", "inputSchema": {"type": "object"}}]}}
+            return 200, {
+                "jsonrpc": "2.0",
+                "id": call_id,
+                "result": {"tools": [{"name": "create_issue", "inputSchema": {"type": "object"}}]},
+            }
         if method == "tools/call" and self.field(params, "name") == "create_issue":
             arguments = self.field(params, "arguments") or {}
             title = self.field(arguments, "title")
             n = self._ran("create_issue", {"title": title})
-            return 200, {"jsonrpc": "2.0", "id": call_id, "result": {
-                "content": [{"type": "text", "text": f"created issue #{n}"}], "isError": False}}
+            return 200, {
+                "jsonrpc": "2.0",
+                "id": call_id,
+                "result": {"content": [{"type": "text", "text": f"created issue #{n}"}], "isError": False},
+            }
         return 200, {"jsonrpc": "2.0", "id": call_id, "error": {"code": -32601, "message": "Method not found"}}
 
     def graphql(self, body: bytes) -> tuple[int, dict]:
@@ -147,7 +160,11 @@ class LenientServer:
         except (ValueError, TypeError, GraphQLError):
             return 400, {"errors": [{"message": "bad request"}]}
         ops = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
-        op = next((o for o in ops if o.name and o.name.value == name), None) if name else (ops[0] if len(ops) == 1 else None)
+        op = (
+            next((o for o in ops if o.name and o.name.value == name), None)
+            if name
+            else (ops[0] if len(ops) == 1 else None)
+        )
         if op is None:
             return 400, {"errors": [{"message": "no operation to run"}]}
         data: dict[str, Any] = {}

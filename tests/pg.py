@@ -76,8 +76,15 @@ def _user() -> str | None:
 class Cluster:
     """A PostgreSQL server for tests: one we started (stoppable), or RECEIPTS_TEST_PG's."""
 
-    def __init__(self, *, url: str, datadir: Path | None = None, bindir: Path | None = None,
-                 user: str | None = None, port: int = 0):
+    def __init__(
+        self,
+        *,
+        url: str,
+        datadir: Path | None = None,
+        bindir: Path | None = None,
+        user: str | None = None,
+        port: int = 0,
+    ):
         self.url = url  # the admin URL: the `postgres` database as a superuser
         self.datadir = datadir
         self.bindir = bindir
@@ -101,14 +108,27 @@ class Cluster:
             shutil.chown(root, user)
         os.chmod(root, 0o700)
         port = free_port()
-        cluster = cls(url=f"postgresql://postgres@127.0.0.1:{port}/postgres", datadir=datadir, bindir=bindir,
-                      user=user, port=port)
-        cluster._run("initdb", "-D", str(datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                     "--no-instructions", "--no-sync")
+        cluster = cls(
+            url=f"postgresql://postgres@127.0.0.1:{port}/postgres", datadir=datadir, bindir=bindir, user=user, port=port
+        )
+        cluster._run(
+            "initdb",
+            "-D",
+            str(datadir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+            "--no-sync",
+        )
         with open(datadir / "postgresql.conf", "a") as conf:
-            conf.write(f"listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{root}'\n"
-                       f"fsync = {'on' if fsync else 'off'}\nfull_page_writes = {'on' if fsync else 'off'}\n"
-                       "max_connections = 200\nshared_buffers = 64MB\n")
+            conf.write(
+                f"listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{root}'\n"
+                f"fsync = {'on' if fsync else 'off'}\nfull_page_writes = {'on' if fsync else 'off'}\n"
+                "max_connections = 200\nshared_buffers = 64MB\n"
+            )
         cluster.start_again()
         return cluster
 
@@ -116,8 +136,11 @@ class Cluster:
         assert self.bindir is not None
         cmd = [str(self.bindir / tool), *args]
         if self.user:
-            cmd = ["runuser", "-u", self.user, "--", *cmd] if shutil.which("runuser") else [
-                "setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", *cmd]
+            cmd = (
+                ["runuser", "-u", self.user, "--", *cmd]
+                if shutil.which("runuser")
+                else ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", *cmd]
+            )
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/")
         if p.returncode != 0:
             raise RuntimeError(f"{tool} failed ({p.returncode}): {p.stdout}\n{p.stderr}")
@@ -130,8 +153,9 @@ class Cluster:
     def start_again(self) -> None:
         """Start (or restart after `stop`) our server and wait until it answers."""
         assert self.datadir is not None, f"{ENV} names a server the tests do not start or stop"
-        self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.datadir.parent / "server.log"), "-w",
-                  "-t", "60", "start")
+        self._run(
+            "pg_ctl", "-D", str(self.datadir), "-l", str(self.datadir.parent / "server.log"), "-w", "-t", "60", "start"
+        )
         import psycopg
 
         deadline = time.monotonic() + 30
@@ -176,8 +200,10 @@ class Cluster:
 
         out = []
         with psycopg.connect(self.url, autocommit=True) as conn:
-            tables = conn.execute("SELECT table_schema, table_name FROM information_schema.tables "
-                                  "WHERE table_schema LIKE 't\\_%' AND table_type = 'BASE TABLE'").fetchall()
+            tables = conn.execute(
+                "SELECT table_schema, table_name FROM information_schema.tables "
+                "WHERE table_schema LIKE 't\\_%' AND table_type = 'BASE TABLE'"
+            ).fetchall()
             for schema, table in tables:
                 for row in conn.execute(f'SELECT * FROM "{schema}"."{table}"'):
                     out += [bytes(v) if isinstance(v, bytes | memoryview) else str(v).encode() for v in row]

@@ -131,22 +131,78 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
 # The lists, written out: a name added to or dropped from a package's surface fails here.
 ALL = {
     "proxy_addon": [
-        "TRANSITIONS", "UNRESOLVED", "Attempt", "Decision", "Event", "IllegalTransition", "Receipt", "ReceiptsError",
-        "RuleSet", "RulesError", "State", "Store", "StoreError", "StoreUnavailable", "UnknownReceipt",
-        "load_rules", "load_rules_path",
+        "TRANSITIONS",
+        "UNRESOLVED",
+        "Attempt",
+        "Decision",
+        "Event",
+        "IllegalTransition",
+        "Receipt",
+        "ReceiptsError",
+        "RuleSet",
+        "RulesError",
+        "State",
+        "Store",
+        "StoreError",
+        "StoreUnavailable",
+        "UnknownReceipt",
+        "load_rules",
+        "load_rules_path",
     ],
     "proxy_addon.store": [
-        "ApprovalDecision", "Attempt", "Backend", "Clock", "Decision", "DecisionKind", "Dialect", "Event", "Held", "Interim",
-        "PostgresStore", "Receipt", "ReceiptStore", "RecordedResponse", "SQLiteStore", "Store", "StoredAnswer",
+        "ApprovalDecision",
+        "Attempt",
+        "Backend",
+        "Clock",
+        "Decision",
+        "DecisionKind",
+        "Dialect",
+        "Event",
+        "Held",
+        "Interim",
+        "PostgresStore",
+        "Receipt",
+        "ReceiptStore",
+        "RecordedResponse",
+        "SQLiteStore",
+        "Store",
+        "StoredAnswer",
         "UniqueViolation",
-        "is_postgres", "iso", "new_operation_id", "open_store", "utcnow",
+        "is_postgres",
+        "iso",
+        "new_operation_id",
+        "open_store",
+        "utcnow",
     ],
     "proxy_addon.rules": [
-        "AFTER_SUCCESS", "ALREADY_EXISTS", "ANY_TOOL", "CLASSIFIABLE", "FROM_SERVER", "KEYS", "METHODS", "TEMPLATE_VAR",
-        "AfterSuccess", "Check",
-        "ClassifyRule", "FingerprintSpec", "Match", "Operation", "PathTemplate", "ReconcileSpec", "RuleFile",
-        "RuleSet", "check_rules", "check_rules_path", "host_pattern", "load_rules", "load_rules_path",
-        "parse_path_template", "read_variables", "rules_files", "rules_signature", "template_variables",
+        "AFTER_SUCCESS",
+        "ALREADY_EXISTS",
+        "ANY_TOOL",
+        "CLASSIFIABLE",
+        "FROM_SERVER",
+        "KEYS",
+        "METHODS",
+        "TEMPLATE_VAR",
+        "AfterSuccess",
+        "Check",
+        "ClassifyRule",
+        "FingerprintSpec",
+        "Match",
+        "Operation",
+        "PathTemplate",
+        "ReconcileSpec",
+        "RuleFile",
+        "RuleSet",
+        "check_rules",
+        "check_rules_path",
+        "host_pattern",
+        "load_rules",
+        "load_rules_path",
+        "parse_path_template",
+        "read_variables",
+        "rules_files",
+        "rules_signature",
+        "template_variables",
     ],
     "proxy_addon.explain": ["BODY_LIMIT", "SHOWN", "explain", "render"],
     "proxy_addon.mitm": ["MetricsServer", "ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"],
@@ -190,12 +246,16 @@ def test_each_name_is_what_its_home_module_defines(package, name):
 def test_nothing_else_public_leaks(package):
     """Every public, non-module name of the package is in `__all__` (as httpx checks its own)."""
     module = importlib.import_module(package)
-    public = {k for k, v in vars(module).items()
-              if not k.startswith("_") and not isinstance(v, types.ModuleType | FUTURE_FEATURE)}
+    public = {
+        k
+        for k, v in vars(module).items()
+        if not k.startswith("_") and not isinstance(v, types.ModuleType | FUTURE_FEATURE)
+    }
     assert sorted(public, key=isort_style) == ALL[package]
 
 
 # --- the layers ----------------------------------------------------------------------------------
+
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -230,19 +290,22 @@ def sources(exclude: tuple[str, ...] = ()) -> list[Path]:
 MITM_ALLOWED = ("mitm", "addon.py")  # the layer itself, and the script mitmproxy loads
 
 
-@pytest.mark.parametrize(("source", "module", "flagged"), [
-    ("import mitmproxy", "proxy_addon.states", True),
-    ("import mitmproxy.http as h", "proxy_addon.states", True),
-    ("from mitmproxy import http", "proxy_addon.states", True),
-    ("from proxy_addon import mitm", "proxy_addon.states", True),
-    ("from proxy_addon.mitm.exchange import send", "proxy_addon.states", True),
-    ("from .mitm import exchange", "proxy_addon.states", True),
-    ("from ..mitm import exchange", "proxy_addon.cli.command_table", True),
-    ("def f():\n    import mitmproxy.ctx\n", "proxy_addon.states", True),  # a lazy import counts too
-    ("import mitmproxy_like", "proxy_addon.states", False),
-    ("from proxy_addon import store", "proxy_addon.states", False),
-    ("from . import mitm_notes", "proxy_addon.states", False),
-])
+@pytest.mark.parametrize(
+    ("source", "module", "flagged"),
+    [
+        ("import mitmproxy", "proxy_addon.states", True),
+        ("import mitmproxy.http as h", "proxy_addon.states", True),
+        ("from mitmproxy import http", "proxy_addon.states", True),
+        ("from proxy_addon import mitm", "proxy_addon.states", True),
+        ("from proxy_addon.mitm.exchange import send", "proxy_addon.states", True),
+        ("from .mitm import exchange", "proxy_addon.states", True),
+        ("from ..mitm import exchange", "proxy_addon.cli.command_table", True),
+        ("def f():\n    import mitmproxy.ctx\n", "proxy_addon.states", True),  # a lazy import counts too
+        ("import mitmproxy_like", "proxy_addon.states", False),
+        ("from proxy_addon import store", "proxy_addon.states", False),
+        ("from . import mitm_notes", "proxy_addon.states", False),
+    ],
+)
 def test_the_import_check_sees_what_it_must(source, module, flagged):
     names = [n for _, n in imports_of(source, module)]
     assert any(under(n, "mitmproxy", "proxy_addon.mitm") for n in names) is flagged
@@ -265,9 +328,11 @@ def test_importing_every_core_module_loads_no_mitmproxy():
     """Transitively too: every module outside the layer imports without mitmproxy being loaded."""
     modules = [module_name(p) for p in sources(exclude=MITM_ALLOWED) if p.name != "__main__.py"]
     assert "proxy_addon.gate.admission" in modules and "proxy_addon.cli" in modules
-    code = ("import importlib, sys\n"
-            f"for m in {modules!r}: importlib.import_module(m)\n"
-            "print(sorted(m for m in sys.modules if m == 'mitmproxy' or m.startswith('mitmproxy.')))")
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m == 'mitmproxy' or m.startswith('mitmproxy.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -278,13 +343,19 @@ SQL_DRIVERS = ("sqlite3", "sqlite_utils")
 
 
 def sql_calls(source: str) -> list[int]:
-    return [node.lineno for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SQL_CALLS]
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SQL_CALLS
+    ]
 
 
 def test_only_the_store_executes_sql():
-    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in sources(exclude=("store",))
-                 for line in sql_calls(path.read_text())]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sources(exclude=("store",))
+        for line in sql_calls(path.read_text())
+    ]
     assert offenders == []
     assert sql_calls((PACKAGE / "store" / "sqlite.py").read_text())  # the check finds the store's own
 
@@ -356,8 +427,11 @@ def unit_imports(path: Path, source: str | None = None) -> list[tuple[int, str]]
 
 def upward(path: Path, source: str | None = None) -> list[str]:
     own = LEVEL[unit_of_path(path)]
-    return [f"{path.relative_to(ROOT)}:{line} imports {unit}/ (level {LEVEL[unit]} >= {own})"
-            for line, unit in unit_imports(path, source) if LEVEL[unit] >= own]
+    return [
+        f"{path.relative_to(ROOT)}:{line} imports {unit}/ (level {LEVEL[unit]} >= {own})"
+        for line, unit in unit_imports(path, source)
+        if LEVEL[unit] >= own
+    ]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -381,19 +455,22 @@ def test_the_layers_name_every_folder_and_top_module():
     assert sorted(units) == sorted(LEVEL)
 
 
-@pytest.mark.parametrize(("where", "source", "flagged"), [
-    ("rules/loader.py", "from proxy_addon.gate.paths import default_rules", True),
-    ("rules/loader.py", "def f():\n    from proxy_addon.gate import paths\n", True),  # a lazy import counts too
-    ("rules/loader.py", "from ..intent import fingerprint", True),  # relative, resolved
-    ("rules/loader.py", "from proxy_addon import Receipt", True),  # the package's public names are the top
-    ("mitm/flows.py", "from proxy_addon.cli import main", True),  # one beside it on its level
-    ("states.py", "from proxy_addon.wire import bodies", True),
-    ("rules/loader.py", "from proxy_addon import errors", False),
-    ("rules/loader.py", "from proxy_addon.wire.jsonpath import parse", False),
-    ("rules/loader.py", "from . import model", False),  # its own folder
-    ("cli/values.py", "from proxy_addon.gate.paths import default_db", False),
-    ("addon.py", "from proxy_addon.mitm import make_addons", False),
-])
+@pytest.mark.parametrize(
+    ("where", "source", "flagged"),
+    [
+        ("rules/loader.py", "from proxy_addon.gate.paths import default_rules", True),
+        ("rules/loader.py", "def f():\n    from proxy_addon.gate import paths\n", True),  # a lazy import counts too
+        ("rules/loader.py", "from ..intent import fingerprint", True),  # relative, resolved
+        ("rules/loader.py", "from proxy_addon import Receipt", True),  # the package's public names are the top
+        ("mitm/flows.py", "from proxy_addon.cli import main", True),  # one beside it on its level
+        ("states.py", "from proxy_addon.wire import bodies", True),
+        ("rules/loader.py", "from proxy_addon import errors", False),
+        ("rules/loader.py", "from proxy_addon.wire.jsonpath import parse", False),
+        ("rules/loader.py", "from . import model", False),  # its own folder
+        ("cli/values.py", "from proxy_addon.gate.paths import default_db", False),
+        ("addon.py", "from proxy_addon.mitm import make_addons", False),
+    ],
+)
 def test_the_layer_check_sees_what_it_must(where, source, flagged):
     assert bool(upward(PACKAGE / where, source)) is flagged
 

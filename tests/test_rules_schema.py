@@ -39,20 +39,23 @@ def _props(*path: str) -> set[str]:
     return set(node["properties"])
 
 
-@pytest.mark.parametrize("where, schema_path", [
-    ("file", ()),
-    ("credentials", ("properties", "credentials")),
-    ("operation", ("definitions", "operation")),
-    ("operation_credentials", ("definitions", "operation", "properties", "credentials")),
-    ("match", ("definitions", "operation", "properties", "match")),
-    ("fingerprint", ("definitions", "operation", "properties", "fingerprint")),
-    ("classify_rule", ("definitions", "operation", "properties", "classify", "oneOf", 1, "items")),
-    ("reconcile", ("definitions", "operation", "properties", "reconcile")),
-    ("read", ("definitions", "operation", "properties", "reconcile", "properties", "read")),
-    ("absent_when", ("definitions", "operation", "properties", "reconcile", "properties", "absent_when")),
-    ("idempotency_key", ("definitions", "operation", "properties", "idempotency_key")),
-    ("check", ("definitions", "check", "oneOf", 2)),
-])
+@pytest.mark.parametrize(
+    "where, schema_path",
+    [
+        ("file", ()),
+        ("credentials", ("properties", "credentials")),
+        ("operation", ("definitions", "operation")),
+        ("operation_credentials", ("definitions", "operation", "properties", "credentials")),
+        ("match", ("definitions", "operation", "properties", "match")),
+        ("fingerprint", ("definitions", "operation", "properties", "fingerprint")),
+        ("classify_rule", ("definitions", "operation", "properties", "classify", "oneOf", 1, "items")),
+        ("reconcile", ("definitions", "operation", "properties", "reconcile")),
+        ("read", ("definitions", "operation", "properties", "reconcile", "properties", "read")),
+        ("absent_when", ("definitions", "operation", "properties", "reconcile", "properties", "absent_when")),
+        ("idempotency_key", ("definitions", "operation", "properties", "idempotency_key")),
+        ("check", ("definitions", "check", "oneOf", 2)),
+    ],
+)
 def test_the_schema_names_the_keys_the_loader_accepts(where, schema_path):
     node = SCHEMA
     for step in schema_path:
@@ -97,8 +100,9 @@ def _sample(rf, op, template=None) -> tuple[str, str, bytes, dict[str, str]]:
     path = re.sub(r"\{([^{}]*)\}", r"sample-\1", (template or op.path).template)
     body, headers = b"", {}
     if op.graphql:
-        body = json.dumps({"query": f"mutation M {{ {op.graphql}(input: {{}}) {{ __typename }} }}",
-                           "operationName": "M"}).encode()
+        body = json.dumps(
+            {"query": f"mutation M {{ {op.graphql}(input: {{}}) {{ __typename }} }}", "operationName": "M"}
+        ).encode()
         headers = {"content-type": "application/json"}
     if op.mcp_tool:
         arguments = dict(op.mcp_arguments)
@@ -134,9 +138,20 @@ def test_rules_explain_matches_a_sample_of_each_operation(path, name):
 def test_rules_explain_through_the_cli_names_the_operation_and_redacts_credentials(tmp_path, capsys):
     body = tmp_path / "issue.json"
     body.write_text(json.dumps({"title": "Login fails", "body": "Steps to reproduce", "labels": ["bug"]}))
-    rc = cli.main(["rules", "explain", "POST", "https://api.github.com/repos/o/r/issues?access_token=tok-SECRET-1",
-                   "--body", str(body), "--header", "Authorization: Bearer ghp_SECRET-2",
-                   "--rules", str(ROOT / "rules" / "github.yaml")])
+    rc = cli.main(
+        [
+            "rules",
+            "explain",
+            "POST",
+            "https://api.github.com/repos/o/r/issues?access_token=tok-SECRET-1",
+            "--body",
+            str(body),
+            "--header",
+            "Authorization: Bearer ghp_SECRET-2",
+            "--rules",
+            str(ROOT / "rules" / "github.yaml"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "operation: github issues.create" in out
@@ -148,8 +163,16 @@ def test_rules_explain_through_the_cli_names_the_operation_and_redacts_credentia
 
 
 def test_rules_explain_says_why_nothing_matches(capsys):
-    rc = cli.main(["rules", "explain", "POST", "https://api.github.com/repos/o/r/labels",
-                   "--rules", str(ROOT / "rules" / "github.yaml")])
+    rc = cli.main(
+        [
+            "rules",
+            "explain",
+            "POST",
+            "https://api.github.com/repos/o/r/labels",
+            "--rules",
+            str(ROOT / "rules" / "github.yaml"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "no operation of github" in out and "issues.create: POST /repos/{owner}/{repo}/issues: path differs" in out
@@ -162,7 +185,8 @@ def test_rules_check_prints_every_problem_with_file_and_line(tmp_path, capsys):
         "api: demo\nhosts: [api.demo.test]\noperations:\n"
         "  a.create:\n    match: {method: POST, path: /a}\n    external_id: [id, {x: 1}]\n"
         "  b.create:\n    match: {method: POST, path: /b}\n    classify: [{status: 200, state: maybe}]\n"
-        "  c.create:\n    match: {method: POST, path: /c}\n")
+        "  c.create:\n    match: {method: POST, path: /c}\n"
+    )
     good = tmp_path / "good.yaml"
     good.write_text("api: other\nhosts: [api.other.test]\noperations:\n  x:\n    match: {method: POST, path: /x}\n")
     rc = cli.main(["rules", "check", str(tmp_path)])
@@ -182,16 +206,33 @@ def _read_lines(report) -> list[str]:
     return [d for d in report["duplicates"] if d.startswith("the read's list: ")]
 
 
-@pytest.mark.parametrize("pack, name, expected", [
-    ("stripe.yaml", "payment_intents.create",
-     "while has_more is true, the next page asks with data.-1.id as the query parameter starting_after, "
-     "at most 5 pages (pages.max)"),
-    ("github.yaml", "pulls.create", 'follows the answer\'s Link rel="next" (on the read\'s own origin), at most 5 pages'),
-    ("notion.yaml", "pages.create",
-     "while has_more is true, the next page asks with next_cursor as the body field start_cursor, at most 5 pages"),
-    ("dev.to.yaml", "articles.create", "one page; the rule vouches that it holds every match (complete_in_one_page)"),
-    ("github.yaml", "issues.create", "one page (no pages declared); an answer that says there is more"),
-])
+@pytest.mark.parametrize(
+    "pack, name, expected",
+    [
+        (
+            "stripe.yaml",
+            "payment_intents.create",
+            "while has_more is true, the next page asks with data.-1.id as the query parameter starting_after, "
+            "at most 5 pages (pages.max)",
+        ),
+        (
+            "github.yaml",
+            "pulls.create",
+            "follows the answer's Link rel=\"next\" (on the read's own origin), at most 5 pages",
+        ),
+        (
+            "notion.yaml",
+            "pages.create",
+            "while has_more is true, the next page asks with next_cursor as the body field start_cursor, at most 5 pages",
+        ),
+        (
+            "dev.to.yaml",
+            "articles.create",
+            "one page; the rule vouches that it holds every match (complete_in_one_page)",
+        ),
+        ("github.yaml", "issues.create", "one page (no pages declared); an answer that says there is more"),
+    ],
+)
 def test_rules_explain_shows_how_the_reads_list_continues(pack, name, expected):
     path = ROOT / "rules" / pack
     rules = load_rules_path(ROOT / "rules")
@@ -225,8 +266,10 @@ operations:
       absence_provable: true
 """)
     (line,) = _read_lines(explain(rules, "POST", "https://api.t.test/things", b"{}", {}, b"k" * 32))
-    assert line.startswith("the read's list: while next_page_token has a value, the next page asks with it as "
-                           "the query parameter page_token, at most 3 pages (pages.max)"), line
+    assert line.startswith(
+        "the read's list: while next_page_token has a value, the next page asks with it as "
+        "the query parameter page_token, at most 3 pages (pages.max)"
+    ), line
     assert _read_lines(explain(rules, "PUT", "https://api.t.test/things/7", b"{}", {}, b"k" * 32)) == []
 
 
@@ -241,20 +284,39 @@ FULL = {"article": {"title": "Hello SECRET-T", "body_markdown": "Text SECRET-B"}
 
 # (case, explain's body arguments, pieces every WARNING line together holds)
 UNAPPLIED = [
-    ("a-form", ["--form", "title=Hello+SECRET-T"],
-     ["named fields (article.title, article.body_markdown) cannot be read from this body "
-      "(Content-Type application/x-www-form-urlencoded): it has none of them (read as a form, its fields are: title)",
-      "The intent is the SHA-256 of the whole body instead", "a form field is read by its whole name",
-      "send JSON with Content-Type: application/json"]),
-    ("a-form-declared-json", ["--body", "title=Hello+SECRET-T&tags=x"],
-     ["cannot be read from this body (Content-Type application/json): it is not JSON.",
-      "the body is form-encoded: send it with Content-Type: application/x-www-form-urlencoded"]),
-    ("json-of-another-shape", ["--body", json.dumps({"title": "Hello SECRET-T", "body_markdown": "SECRET-B"})],
-     ["it has none of them (read as a JSON object, its fields are: title, body_markdown)",
-      'a name in fingerprint.body is a dotted path into the JSON: article.title reads {"article": {"title": …}}']),
+    (
+        "a-form",
+        ["--form", "title=Hello+SECRET-T"],
+        [
+            "named fields (article.title, article.body_markdown) cannot be read from this body "
+            "(Content-Type application/x-www-form-urlencoded): it has none of them (read as a form, its fields are: title)",
+            "The intent is the SHA-256 of the whole body instead",
+            "a form field is read by its whole name",
+            "send JSON with Content-Type: application/json",
+        ],
+    ),
+    (
+        "a-form-declared-json",
+        ["--body", "title=Hello+SECRET-T&tags=x"],
+        [
+            "cannot be read from this body (Content-Type application/json): it is not JSON.",
+            "the body is form-encoded: send it with Content-Type: application/x-www-form-urlencoded",
+        ],
+    ),
+    (
+        "json-of-another-shape",
+        ["--body", json.dumps({"title": "Hello SECRET-T", "body_markdown": "SECRET-B"})],
+        [
+            "it has none of them (read as a JSON object, its fields are: title, body_markdown)",
+            'a name in fingerprint.body is a dotted path into the JSON: article.title reads {"article": {"title": …}}',
+        ],
+    ),
     ("a-json-list", ["--body", json.dumps([FULL])], ["it is JSON but not an object, so it has no fields"]),
-    ("a-field-missing", ["--body", json.dumps({"article": {"title": "Hello SECRET-T"}})],
-     ["named fields not in this body: article.body_markdown; each counts as null"]),
+    (
+        "a-field-missing",
+        ["--body", json.dumps({"article": {"title": "Hello SECRET-T"}})],
+        ["named fields not in this body: article.body_markdown; each counts as null"],
+    ),
 ]
 
 
@@ -264,14 +326,17 @@ def _explain(tmp_path, monkeypatch, capsys, body_args: list[str], *more: str) ->
         f = tmp_path / "body"
         f.write_text(body_args[1])
         body_args = ["--body", str(f)]
-    rc = cli.main(["rules", "explain", "POST", "https://dev.to/api/articles", *body_args, "--rules", str(DEV_TO), *more])
+    rc = cli.main(
+        ["rules", "explain", "POST", "https://dev.to/api/articles", *body_args, "--rules", str(DEV_TO), *more]
+    )
     assert rc == 0
     return capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case, body_args, says", UNAPPLIED, ids=[c[0] for c in UNAPPLIED])
-def test_rules_explain_warns_when_the_named_fields_cannot_be_applied(tmp_path, monkeypatch, capsys, case, body_args,
-                                                                    says):
+def test_rules_explain_warns_when_the_named_fields_cannot_be_applied(
+    tmp_path, monkeypatch, capsys, case, body_args, says
+):
     out = _explain(tmp_path, monkeypatch, capsys, body_args)
     warnings = [line for line in out.splitlines() if line.startswith("  WARNING: ")]
     assert warnings, out

@@ -58,9 +58,16 @@ def receipt_in(store: Store, clock: FakeClock, state: State) -> str:
     An awaiting_approval receipt is created as one (its operation needs approval)."""
     n = next(_fingerprints)
     attempt = Attempt(
-        api="example", operation="things.create", method="POST", target="https://api.example/things",
-        intent_fingerprint=f"fp-{n}", intent={"n": n}, principal="agent-1",
-        flow_id=f"flow-{n}", instance="inst-1", approval=state is State.AWAITING_APPROVAL,
+        api="example",
+        operation="things.create",
+        method="POST",
+        target="https://api.example/things",
+        intent_fingerprint=f"fp-{n}",
+        intent={"n": n},
+        principal="agent-1",
+        flow_id=f"flow-{n}",
+        instance="inst-1",
+        approval=state is State.AWAITING_APPROVAL,
     )
     decision = store.begin_attempt(attempt)
     assert decision.kind == "forward"
@@ -112,9 +119,12 @@ def test_terminal_states_are_exactly_succeeded_and_the_retryable_ones():
 
 
 def test_unresolved_is_exactly_the_five_open_states():
-    assert frozenset(
-        {State.AWAITING_APPROVAL, State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW}
-    ) == UNRESOLVED
+    assert (
+        frozenset(
+            {State.AWAITING_APPROVAL, State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW}
+        )
+        == UNRESOLVED
+    )
     # ... which are exactly the states that still have exits
     assert frozenset(s for s in State if TRANSITIONS[s]) == UNRESOLVED
 
@@ -145,8 +155,7 @@ def test_legal_transition_succeeds_and_appends_one_event(store, clock, source, t
     clock.advance(5)
     kwargs = {"expect": [source]} if with_expect else {}
 
-    after = store.transition(op, target, reason=f"test {source}->{target}", actor="tester",
-                             flow_id="flow-x", **kwargs)
+    after = store.transition(op, target, reason=f"test {source}->{target}", actor="tester", flow_id="flow-x", **kwargs)
 
     assert after.state is target
     assert store.get(op).state is target

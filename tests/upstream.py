@@ -77,9 +77,18 @@ MINTED_TOKEN = "tok_MINTED-TOKEN-7a2b3f"
 
 
 class Upstream:
-    def __init__(self, *, tls: bool = False, certdir: Path | None = None, hang_seconds: float = 8.0, port: int = 0,
-                 endless_seconds: float = 30.0, keep_bodies: bool = True, large_bytes: int = 3 * 1024 * 1024,
-                 host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        *,
+        tls: bool = False,
+        certdir: Path | None = None,
+        hang_seconds: float = 8.0,
+        port: int = 0,
+        endless_seconds: float = 30.0,
+        keep_bodies: bool = True,
+        large_bytes: int = 3 * 1024 * 1024,
+        host: str = "127.0.0.1",
+    ):
         self.tls = tls
         self.host = host
         self.large_bytes = large_bytes
@@ -184,8 +193,9 @@ class Upstream:
             def do_GET(self):
                 path = up.route(self.path)
                 with up.lock:
-                    up.requests.append({"path": self.path, "method": "GET", "headers": dict(self.headers),
-                                        "body": b"", "fault": None})
+                    up.requests.append(
+                        {"path": self.path, "method": "GET", "headers": dict(self.headers), "body": b"", "fault": None}
+                    )
                     fault = up._read_plans[path].pop(0) if up._read_plans[path] else "ok"
                     items = list(up.items.get(path, []))
                     parent, _, last = path.rpartition("/")
@@ -239,10 +249,18 @@ class Upstream:
 
                 with up.lock:
                     fault = up._plans[path].pop(0) if up._plans[path] else _query_fault(self.path)
-                    up.requests.append({"path": self.path, "target": self.requestline.split(" ")[1],  # as sent ('//' too)
-                                        "method": self.command, "headers": dict(self.headers),
-                                        "body": body if up.keep_bodies else b"", "fault": fault,
-                                        "size": len(body), "sha256": hashlib.sha256(body).hexdigest()})
+                    up.requests.append(
+                        {
+                            "path": self.path,
+                            "target": self.requestline.split(" ")[1],  # as sent ('//' too)
+                            "method": self.command,
+                            "headers": dict(self.headers),
+                            "body": body if up.keep_bodies else b"",
+                            "fault": fault,
+                            "size": len(body),
+                            "sha256": hashlib.sha256(body).hexdigest(),
+                        }
+                    )
                     if fault not in ("lost", "commit_late") and (not fault.isdigit() or int(fault) >= 500):
                         n = commit()
                     late = up._held[path] if fault == "commit_late" else None
@@ -270,12 +288,17 @@ class Upstream:
                     up.release.wait(up.hang_seconds)
                     self._close()
                 elif fault == "half":
-                    self.wfile.write(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\": ")
+                    self.wfile.write(
+                        b'HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"id": '
+                    )
                     self.wfile.flush()
                     self._close()
                 elif fault == "mint":  # an API key created, a session token issued
-                    self._answer(201, {"id": n, "api_key": MINTED_KEY},
-                                 {"X-Api-Token": MINTED_TOKEN, "Set-Cookie": f"session={MINTED_TOKEN}"})
+                    self._answer(
+                        201,
+                        {"id": n, "api_key": MINTED_KEY},
+                        {"X-Api-Token": MINTED_TOKEN, "Set-Cookie": f"session={MINTED_TOKEN}"},
+                    )
                 elif fault == "large":
                     head = json.dumps({"id": n, "pad": ""}).encode()[:-2]
                     self._raw(201, head + b"x" * (up.large_bytes - len(head) - 2) + b'"}')
@@ -421,8 +444,11 @@ class NginxUpstream(Upstream):
 
         unreserved = string.ascii_letters + string.digits + "-._~"
         path = target.split("?")[0]
-        path = re.sub(r"%([0-9A-Fa-f]{2})",
-                      lambda m: chr(int(m[1], 16)) if chr(int(m[1], 16)) in unreserved else m[0].upper(), path)
+        path = re.sub(
+            r"%([0-9A-Fa-f]{2})",
+            lambda m: chr(int(m[1], 16)) if chr(int(m[1], 16)) in unreserved else m[0].upper(),
+            path,
+        )
         path = posixpath.normpath(re.sub(r"/+", "/", path) or "/")
         return path.lower() if self.fold_case else path
 
@@ -565,7 +591,7 @@ def _paged(target: str, items: list[dict], base: str) -> tuple[dict | list, dict
         after = q.get("starting_after")
         if after is not None:
             at = next((i for i, x in enumerate(newest) if str(x["id"]) == after), None)
-            newest = newest[at + 1:] if at is not None else []
+            newest = newest[at + 1 :] if at is not None else []
         n = int(q["limit"])
         return {"object": "list", "data": newest[:n], "has_more": len(newest) > n}, {}
     if "per_page" in q:
@@ -573,7 +599,7 @@ def _paged(target: str, items: list[dict], base: str) -> tuple[dict | list, dict
         headers = {}
         if len(items) > n * k:
             headers["Link"] = f'<{base}{split.path}?{urlencode({**q, "page": k + 1})}>; rel="next"'
-        return list(reversed(items))[n * (k - 1):n * k], headers
+        return list(reversed(items))[n * (k - 1) : n * k], headers
     return None
 
 
@@ -600,18 +626,29 @@ def make_self_signed_cert(directory: Path) -> tuple[Path, Path]:
     now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=30))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("127.0.0.2")),
-             x509.DNSName("localhost")]), critical=False)
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.2")),
+                    x509.DNSName("localhost"),
+                ]
+            ),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -672,8 +709,11 @@ if __name__ == "__main__":  # a test API to try the proxy by hand: python tests/
 
     up = Upstream(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     with up:
-        print(f"test upstream at {up.url}: every write commits; add ?fault=drop (or hang, half, 400, 500) "
-              "to misbehave after the commit", flush=True)
+        print(
+            f"test upstream at {up.url}: every write commits; add ?fault=drop (or hang, half, 400, 500) "
+            "to misbehave after the commit",
+            flush=True,
+        )
         try:
             while True:
                 time.sleep(3600)

@@ -161,18 +161,36 @@ class H2Upstream:
         self.items.setdefault(path, []).append({**(doc if isinstance(doc, dict) else {}), "id": n})
         return n
 
-    def handle(self, method: str, target: str, body: bytes, protocol: str, connection: int,
-               stream: int | None) -> tuple[str, int, bytes]:
+    def handle(
+        self, method: str, target: str, body: bytes, protocol: str, connection: int, stream: int | None
+    ) -> tuple[str, int, bytes]:
         """The fault for a request, and the answer's status and body when it has one."""
         path = target.split("?")[0]
         with self.lock:
             if method in ("GET", "HEAD"):
-                self.requests.append({"path": path, "method": method, "protocol": protocol,
-                                      "connection": connection, "stream": stream, "fault": None})
+                self.requests.append(
+                    {
+                        "path": path,
+                        "method": method,
+                        "protocol": protocol,
+                        "connection": connection,
+                        "stream": stream,
+                        "fault": None,
+                    }
+                )
                 return "ok", 200, json.dumps(self.items.get(path, [])).encode()
             fault = self._plans[path].pop(0) if self._plans[path] else "ok"
-            self.requests.append({"path": path, "method": method, "protocol": protocol, "connection": connection,
-                                  "stream": stream, "fault": fault, "size": len(body)})
+            self.requests.append(
+                {
+                    "path": path,
+                    "method": method,
+                    "protocol": protocol,
+                    "connection": connection,
+                    "stream": stream,
+                    "fault": fault,
+                    "size": len(body),
+                }
+            )
             if fault in ("refused", "goaway"):
                 return fault, 0, b""
             n = self._commit(path, body)
@@ -201,10 +219,17 @@ class H2Upstream:
                 planned = self._plans.get(request.target.decode().split("?")[0]) or []
                 if planned and planned[0] != "ok" and request.method not in (b"GET", b"HEAD"):
                     raise AssertionError(f"fault {planned[0]!r} needs HTTP/2; this client spoke HTTP/1.1")
-                _, status, payload = self.handle(request.method.decode(), request.target.decode(), body,
-                                                 "HTTP/1.1", number, None)
-                sock.sendall(conn.send(h11.Response(status_code=status, headers=[
-                    ("content-type", "application/json"), ("content-length", str(len(payload)))])))
+                _, status, payload = self.handle(
+                    request.method.decode(), request.target.decode(), body, "HTTP/1.1", number, None
+                )
+                sock.sendall(
+                    conn.send(
+                        h11.Response(
+                            status_code=status,
+                            headers=[("content-type", "application/json"), ("content-length", str(len(payload)))],
+                        )
+                    )
+                )
                 sock.sendall(conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage()))
                 conn.start_next_cycle()
                 request = None
@@ -259,10 +284,13 @@ class _H2Connection:
     def respond(self, stream_id: int) -> str | None:
         """Answer a request whose stream ended: "closed" when the fault closed the connection."""
         request = self.streams.pop(stream_id)
-        headers = {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
-                   for k, v in request["headers"].items()}
-        fault, status, payload = self.up.handle(headers[":method"], headers[":path"], request["body"], "HTTP/2",
-                                                self.number, stream_id)
+        headers = {
+            k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+            for k, v in request["headers"].items()
+        }
+        fault, status, payload = self.up.handle(
+            headers[":method"], headers[":path"], request["body"], "HTTP/2", self.number, stream_id
+        )
         if fault == "refused":
             self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return None
@@ -279,8 +307,10 @@ class _H2Connection:
         if fault == "drop":
             self.sock.shutdown(socket.SHUT_RDWR)
             return "closed"
-        self.conn.send_headers(stream_id, [(":status", str(status)), ("content-type", "application/json"),
-                                           ("content-length", str(len(payload)))])
+        self.conn.send_headers(
+            stream_id,
+            [(":status", str(status)), ("content-type", "application/json"), ("content-length", str(len(payload)))],
+        )
         self.conn.send_data(stream_id, payload, end_stream=True)
         return None
 

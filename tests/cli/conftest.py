@@ -35,9 +35,14 @@ UNKNOWN_ID = "20260101T000000Z-0000000000"
 
 def attempt(n: int, *, api: str = "dev.to", operation: str = "articles.create", flow_id: str | None = None) -> Attempt:
     return Attempt(
-        api=api, operation=operation, method="POST",
-        target=f"https://{api}/api/articles?page={n}", intent_fingerprint=f"sha256:{n:064x}",
-        intent={"body": {"article.title": f"Post {n}"}}, principal="anonymous", flow_id=flow_id or f"flow-{n}",
+        api=api,
+        operation=operation,
+        method="POST",
+        target=f"https://{api}/api/articles?page={n}",
+        intent_fingerprint=f"sha256:{n:064x}",
+        intent={"body": {"article.title": f"Post {n}"}},
+        principal="anonymous",
+        flow_id=flow_id or f"flow-{n}",
     )
 
 
@@ -73,9 +78,16 @@ def db(tmp_path_factory):
     store = Store.open(path, clock=clock)
     ids = {}
     ok = store.begin_attempt(attempt(1)).receipt.operation_id
-    store.transition(ok, State.SUCCEEDED, reason="HTTP 201", http_status=201, external_id="art_1",
-                     response=RecordedResponse(201, [("content-type", "application/json")],
-                                               json.dumps({"id": BODY_MARKER}).encode()))
+    store.transition(
+        ok,
+        State.SUCCEEDED,
+        reason="HTTP 201",
+        http_status=201,
+        external_id="art_1",
+        response=RecordedResponse(
+            201, [("content-type", "application/json")], json.dumps({"id": BODY_MARKER}).encode()
+        ),
+    )
     ids["succeeded"] = ok
     clock.now = T0 + dt.timedelta(hours=1)
     assert store.begin_attempt(attempt(1)).kind == "replay"
@@ -119,8 +131,10 @@ def dump(path: Path) -> tuple[list, list]:
     """Both tables, every column: to show a command wrote nothing."""
     conn = sqlite3.connect(path)
     try:
-        return (conn.execute("SELECT * FROM receipts ORDER BY operation_id").fetchall(),
-                conn.execute("SELECT * FROM receipt_events ORDER BY id").fetchall())
+        return (
+            conn.execute("SELECT * FROM receipts ORDER BY operation_id").fetchall(),
+            conn.execute("SELECT * FROM receipt_events ORDER BY id").fetchall(),
+        )
     finally:
         conn.close()
 
@@ -152,8 +166,9 @@ SINCE_CASES = [
     pytest.param("90m", ["medium.com/articles.create"], id="90m"),
     pytest.param("30m", [], id="30m"),
     pytest.param("1d", ["medium.com/articles.create", "dev.to/articles.update", "dev.to/articles.create"], id="1d"),
-    pytest.param("2026-03-01", ["medium.com/articles.create", "dev.to/articles.update", "dev.to/articles.create"],
-                 id="date"),
+    pytest.param(
+        "2026-03-01", ["medium.com/articles.create", "dev.to/articles.update", "dev.to/articles.create"], id="date"
+    ),
     pytest.param("2026-03-02", [], id="date-after"),
     pytest.param("2026-03-01T13:00:00Z", ["medium.com/articles.create", "dev.to/articles.update"], id="Z"),
     pytest.param("2026-03-01T13:00:01Z", ["medium.com/articles.create"], id="a-second-later"),
@@ -276,24 +291,42 @@ class Recon:
     def api_path(self, kind: str) -> str:
         return f"/api/{self.bucket}/{kind}"
 
-    def attempt(self, title: str, *, kind: str = "things", api: str = "test-api",
-                operation: str | None = None) -> Attempt:
+    def attempt(
+        self, title: str, *, kind: str = "things", api: str = "test-api", operation: str | None = None
+    ) -> Attempt:
         """A POST to <upstream>/api/<bucket>/<kind> with the body {"title": title}."""
-        return Attempt(api=api, operation=operation or f"{kind}.create", method="POST",
-                       target=f"{self.up.url}{self.api_path(kind)}", intent_fingerprint=f"sha256:{api}/{kind}/{title}",
-                       intent={"path": {"bucket": self.bucket}, "body": {"title": title}}, principal="anonymous",
-                       flow_id=f"flow-{title}")
+        return Attempt(
+            api=api,
+            operation=operation or f"{kind}.create",
+            method="POST",
+            target=f"{self.up.url}{self.api_path(kind)}",
+            intent_fingerprint=f"sha256:{api}/{kind}/{title}",
+            intent={"path": {"bucket": self.bucket}, "body": {"title": title}},
+            principal="anonymous",
+            flow_id=f"flow-{title}",
+        )
 
-    def receipt(self, title: str, *, kind: str = "things", state: State = State.OUTCOME_UNKNOWN,
-                api: str = "test-api", operation: str | None = None) -> str:
+    def receipt(
+        self,
+        title: str,
+        *,
+        kind: str = "things",
+        state: State = State.OUTCOME_UNKNOWN,
+        api: str = "test-api",
+        operation: str | None = None,
+    ) -> str:
         """The receipt of `attempt(...)`, moved to `state`."""
         attempt = self.attempt(title, kind=kind, api=api, operation=operation)
         if state is State.AWAITING_APPROVAL:  # created as one: its operation needs approval
             attempt = dataclasses.replace(attempt, approval=True)
         rid = self.store.begin_attempt(attempt).receipt.operation_id
         steps = {
-            State.AWAITING_APPROVAL: [], State.SUBMITTED: [], State.SUCCEEDED: [State.SUCCEEDED], State.REJECTED: [State.REJECTED],
-            State.NOT_SENT: [State.NOT_SENT], State.OUTCOME_UNKNOWN: [State.OUTCOME_UNKNOWN],
+            State.AWAITING_APPROVAL: [],
+            State.SUBMITTED: [],
+            State.SUCCEEDED: [State.SUCCEEDED],
+            State.REJECTED: [State.REJECTED],
+            State.NOT_SENT: [State.NOT_SENT],
+            State.OUTCOME_UNKNOWN: [State.OUTCOME_UNKNOWN],
             State.MANUAL_REVIEW: [State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW],
             State.SAFE_TO_RETRY: [State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW, State.SAFE_TO_RETRY],
             State.RECONCILING: [State.OUTCOME_UNKNOWN, State.RECONCILING],
@@ -311,8 +344,9 @@ class Recon:
         for title in titles:  # a connection each: keep-alive would wait on delayed ACKs
             conn = http.client.HTTPConnection("127.0.0.1", self.up.port, timeout=5)
             try:
-                conn.request("POST", self.api_path(kind), json.dumps({"title": title}),
-                             {"Content-Type": "application/json"})
+                conn.request(
+                    "POST", self.api_path(kind), json.dumps({"title": title}), {"Content-Type": "application/json"}
+                )
                 r = conn.getresponse()
                 assert (r.status, json.loads(r.read())["id"]) == (201, self.up.commits(self.api_path(kind)))
             finally:

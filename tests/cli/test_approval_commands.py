@@ -33,9 +33,17 @@ FP = "sha256:" + "3f2a9c1b0d4e" + "5" * 52
 
 
 def attempt(n: int, instance: str | None, *, approval: bool = True, fp: str | None = None) -> Attempt:
-    return Attempt(api="test-api", operation="refunds.create", method="POST",
-                   target=f"http://127.0.0.1:9/api/b/refunds?n={n}", intent_fingerprint=fp or f"sha256:{n:064x}",
-                   intent={"body": {"amount": n}}, principal="hmac:5ca1ab1e", instance=instance, approval=approval)
+    return Attempt(
+        api="test-api",
+        operation="refunds.create",
+        method="POST",
+        target=f"http://127.0.0.1:9/api/b/refunds?n={n}",
+        intent_fingerprint=fp or f"sha256:{n:064x}",
+        intent={"body": {"amount": n}},
+        principal="hmac:5ca1ab1e",
+        instance=instance,
+        approval=approval,
+    )
 
 
 @pytest.fixture
@@ -63,8 +71,10 @@ def everything(path: Path) -> tuple[list, ...]:
     """Every table the commands could write: to show that a refusal wrote nothing."""
     conn = sqlite3.connect(path)
     try:
-        return tuple(conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
-                     for t in ("receipts", "receipt_events", "approval_decisions"))
+        return tuple(
+            conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
+            for t in ("receipts", "receipt_events", "approval_decisions")
+        )
     finally:
         conn.close()
 
@@ -75,9 +85,16 @@ def test_pending_lists_the_held_writes_with_their_intent(held, capsys):
     assert (code, err) == (0, "")
     rows = table(out, PENDING_HEADERS)
     assert [r["ID"] for r in rows] == [ids["orphan"], ids["held_2"], ids["held"]]  # newest first; not the submitted
-    assert rows[2] == {"ID": ids["held"], "AGE": "1m", "OPERATION": "test-api/refunds.create",
-                       "PROXY": f"pid:{live.split('-')[0]}", "DECISION": "-", "PRINCIPAL": "hmac:5ca1ab1e",
-                       "FINGERPRINT": "sha256:3f2a9c1b0d4e", "INTENT": '{"body":{"amount":1}}'}
+    assert rows[2] == {
+        "ID": ids["held"],
+        "AGE": "1m",
+        "OPERATION": "test-api/refunds.create",
+        "PROXY": f"pid:{live.split('-')[0]}",
+        "DECISION": "-",
+        "PRINCIPAL": "hmac:5ca1ab1e",
+        "FINGERPRINT": "sha256:3f2a9c1b0d4e",
+        "INTENT": '{"body":{"amount":1}}',
+    }
     assert rows[0]["PROXY"] == "stopped"
 
 
@@ -88,8 +105,12 @@ def test_pending_json_and_a_decision_not_applied_yet(held, capsys):
     assert code == 0
     data = {d["operation_id"]: d for d in json.loads(out)}
     assert set(data) == {ids["held"], ids["held_2"], ids["orphan"]}
-    assert data[ids["held"]]["decision"] == {"decision": "approved", "note": "ok", "actor": "cli:alice",
-                                             "decided_at": "2026-03-01T12:01:30.000000Z"}
+    assert data[ids["held"]]["decision"] == {
+        "decision": "approved",
+        "note": "ok",
+        "actor": "cli:alice",
+        "decided_at": "2026-03-01T12:01:30.000000Z",
+    }
     assert (data[ids["held"]]["held_by"], data[ids["orphan"]]["held_by"]) == (f"pid:{live.split('-')[0]}", None)
     assert (data[ids["held"]]["intent_fingerprint"], data[ids["held"]]["state"]) == (FP, "awaiting_approval")
     _, out, _ = cli(capsys, "--db", str(path), "pending", now=clock.now)
@@ -99,20 +120,25 @@ def test_pending_json_and_a_decision_not_applied_yet(held, capsys):
 def test_pending_with_nothing_held(tmp_path, capsys):
     Store.open(tmp_path / "r.db").close()
     assert cli(capsys, "--db", str(tmp_path / "r.db"), "pending") == (
-        0, f"no writes awaiting approval in {tmp_path / 'r.db'}\n", "")
+        0,
+        f"no writes awaiting approval in {tmp_path / 'r.db'}\n",
+        "",
+    )
 
 
-@pytest.mark.parametrize(("which", "needles"), [
-    ("submitted", ["is submitted, not awaiting_approval", "only a write held for approval"]),
-    ("orphan", ["is not held: the proxy that held it (instance 99999-0badcafe) has stopped", "not_sent"]),
-    ("unknown", [f"no receipt {UNKNOWN_ID}"]),
-])
+@pytest.mark.parametrize(
+    ("which", "needles"),
+    [
+        ("submitted", ["is submitted, not awaiting_approval", "only a write held for approval"]),
+        ("orphan", ["is not held: the proxy that held it (instance 99999-0badcafe) has stopped", "not_sent"]),
+        ("unknown", [f"no receipt {UNKNOWN_ID}"]),
+    ],
+)
 @pytest.mark.parametrize("command", ["approve", "deny"])
 def test_deciding_a_write_that_is_not_held_is_refused(held, capsys, which, needles, command):
     path, ids, clock, _, _ = held
     before = everything(path)
-    code, out, err = cli(capsys, "--db", str(path), command, ids.get(which, UNKNOWN_ID), "--note", "n",
-                         now=clock.now)
+    code, out, err = cli(capsys, "--db", str(path), command, ids.get(which, UNKNOWN_ID), "--note", "n", now=clock.now)
     assert_one_line_error(code, out, err, *needles)
     assert everything(path) == before
 
@@ -124,16 +150,22 @@ def test_a_held_write_is_decided_once(held, capsys):
     before = everything(path)
     for command in ("approve", "deny"):
         code, out, err = cli(capsys, "--db", str(path), command, ids["held"], "--note", "again", now=clock.now)
-        assert_one_line_error(code, out, err, f"receipt {ids['held']} was already approved by cli:alice at "
-                                              "2026-03-01T12:01:30.000000Z: a held write is decided once")
+        assert_one_line_error(
+            code,
+            out,
+            err,
+            f"receipt {ids['held']} was already approved by cli:alice at "
+            "2026-03-01T12:01:30.000000Z: a held write is decided once",
+        )
     assert everything(path) == before
 
 
 def test_a_decision_binds_to_the_fingerprint_the_operator_saw(held, capsys):
     path, ids, clock, store, _ = held
     before = everything(path)
-    code, out, err = cli(capsys, "--db", str(path), "approve", ids["held"], "--fingerprint", "sha256:00000000",
-                         now=clock.now)
+    code, out, err = cli(
+        capsys, "--db", str(path), "approve", ids["held"], "--fingerprint", "sha256:00000000", now=clock.now
+    )
     assert_one_line_error(code, out, err, f"has the intent fingerprint {FP}, not sha256:00000000...")
     for bad in ("3f2a9c", "sha256:xyzxyzxyz", "md5:3f2a9c1b0d4e"):
         code, out, err = cli(capsys, "--db", str(path), "approve", ids["held"], "--fingerprint", bad)
@@ -187,16 +219,26 @@ def test_the_command_says_when_someone_else_decided_first(held, capsys):
 
     def mitmweb():
         s = Store.open(path)
-        s.transition(ids["held"], State.SUBMITTED, reason="approved by operator", actor="mitmweb operator",
-                     expect=[State.AWAITING_APPROVAL])
+        s.transition(
+            ids["held"],
+            State.SUBMITTED,
+            reason="approved by operator",
+            actor="mitmweb operator",
+            expect=[State.AWAITING_APPROVAL],
+        )
         s.close()
 
     t = later(0.3, mitmweb)
     code, out, err = cli(capsys, "--db", str(path), "deny", ids["held"], "--note", "no", now=clock.now)
     t.join()
-    assert_one_line_error(code, out, err, f"receipt {ids['held']} was decided otherwise before the proxy applied "
-                                          "yours: submitted by mitmweb operator (approved by operator); your "
-                                          "decision (denied) was not used")
+    assert_one_line_error(
+        code,
+        out,
+        err,
+        f"receipt {ids['held']} was decided otherwise before the proxy applied "
+        "yours: submitted by mitmweb operator (approved by operator); your "
+        "decision (denied) was not used",
+    )
 
 
 def test_the_command_says_when_the_proxy_did_not_act_in_time(held, capsys):
@@ -204,8 +246,7 @@ def test_the_command_says_when_the_proxy_did_not_act_in_time(held, capsys):
     started = time.monotonic()
     code, out, err = cli(capsys, "--db", str(path), "approve", ids["held"], "--wait", "0.3", now=clock.now)
     assert 0.3 <= time.monotonic() - started < 4.5  # 0.35 s on a quiet machine; --wait ignored: its default, 5 s
-    assert_one_line_error(code, out, err, "approved by cli:alice is recorded, but the proxy that holds it has not "
-                                          "applied it within 0.3s")
+    assert_one_line_error(
+        code, out, err, "approved by cli:alice is recorded, but the proxy that holds it has not applied it within 0.3s"
+    )
     assert store.approval_decision(ids["held"]).consumed_at is None  # recorded: the proxy may still apply it
-
-

@@ -31,7 +31,9 @@ EVERY_COMMAND = [
 
 
 def test_every_command_has_a_test_of_a_missing_db():
-    assert {cast(list[str], p.values[0])[0] for p in EVERY_COMMAND} == {name for name, c in COMMANDS.items() if c.uses_store}
+    assert {cast(list[str], p.values[0])[0] for p in EVERY_COMMAND} == {
+        name for name, c in COMMANDS.items() if c.uses_store
+    }
 
 
 def test_rules_commands_need_no_db(tmp_path, capsys):
@@ -40,8 +42,17 @@ def test_rules_commands_need_no_db(tmp_path, capsys):
     code, out, err = cli(capsys, "--db", str(missing), "rules", "check", str(ROOT / "rules" / "dev.to.yaml"))
     assert (code, err) == (0, "")
     assert "dev.to.yaml: 2 operations" in out
-    code, out, _ = cli(capsys, "--db", str(missing), "rules", "explain", "POST", "https://dev.to/api/articles",
-                       "--rules", str(ROOT / "rules" / "dev.to.yaml"))
+    code, out, _ = cli(
+        capsys,
+        "--db",
+        str(missing),
+        "rules",
+        "explain",
+        "POST",
+        "https://dev.to/api/articles",
+        "--rules",
+        str(ROOT / "rules" / "dev.to.yaml"),
+    )
     assert code == 0 and "operation: dev.to articles.create" in out
     assert not missing.exists()
 
@@ -95,8 +106,9 @@ def test_a_corrupt_file_is_a_one_line_error(tmp_path, capsys):
     [
         pytest.param(lambda p: {"RECEIPT_PROXY_DB": str(p)}, id="RECEIPT_PROXY_DB"),
         pytest.param(lambda p: {"RECEIPT_PROXY_STATE_DIR": str(p.parent)}, id="RECEIPT_PROXY_STATE_DIR"),
-        pytest.param(lambda p: {"RECEIPT_PROXY_DB": str(p), "RECEIPT_PROXY_STATE_DIR": "/nonexistent"},
-                     id="DB-beats-STATE_DIR"),
+        pytest.param(
+            lambda p: {"RECEIPT_PROXY_DB": str(p), "RECEIPT_PROXY_STATE_DIR": "/nonexistent"}, id="DB-beats-STATE_DIR"
+        ),
     ],
 )
 def test_db_from_the_environment(db, capsys, monkeypatch, env):

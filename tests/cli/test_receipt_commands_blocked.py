@@ -15,15 +15,30 @@ def test_blocked_lists_duplicates_newest_first(db, capsys):
     code, out, err = cli(capsys, "--db", str(path), "blocked")
     assert (code, err) == (0, "")
     assert table(out, BLOCKED_HEADERS) == [
-        {"TIME": "2026-03-02T12:00:00Z", "KIND": "blocked", "RECEIPT": ids["outcome_unknown"],
-         "OPERATION": "dev.to/articles.create", "STATE": "outcome_unknown",
-         "REASON": "duplicate blocked: the first attempt is unresolved"},
-        {"TIME": "2026-03-02T11:00:00Z", "KIND": "blocked", "RECEIPT": ids["outcome_unknown"],
-         "OPERATION": "dev.to/articles.create", "STATE": "outcome_unknown",
-         "REASON": "duplicate blocked: the first attempt is unresolved"},
-        {"TIME": "2026-03-01T13:00:00Z", "KIND": "replayed", "RECEIPT": ids["succeeded"],
-         "OPERATION": "dev.to/articles.create", "STATE": "succeeded",
-         "REASON": "duplicate answered with the recorded response"},
+        {
+            "TIME": "2026-03-02T12:00:00Z",
+            "KIND": "blocked",
+            "RECEIPT": ids["outcome_unknown"],
+            "OPERATION": "dev.to/articles.create",
+            "STATE": "outcome_unknown",
+            "REASON": "duplicate blocked: the first attempt is unresolved",
+        },
+        {
+            "TIME": "2026-03-02T11:00:00Z",
+            "KIND": "blocked",
+            "RECEIPT": ids["outcome_unknown"],
+            "OPERATION": "dev.to/articles.create",
+            "STATE": "outcome_unknown",
+            "REASON": "duplicate blocked: the first attempt is unresolved",
+        },
+        {
+            "TIME": "2026-03-01T13:00:00Z",
+            "KIND": "replayed",
+            "RECEIPT": ids["succeeded"],
+            "OPERATION": "dev.to/articles.create",
+            "STATE": "succeeded",
+            "REASON": "duplicate answered with the recorded response",
+        },
     ]
 
 
@@ -38,11 +53,20 @@ def test_blocked_json(db, capsys):
         ("replayed", at(hours=1), ids["succeeded"]),
     ]
     assert data[0] == {
-        "at": at(hours=24), "event": "blocked", "operation_id": ids["outcome_unknown"], "api": "dev.to",
-        "operation": "articles.create", "receipt_state": "outcome_unknown",
-        "reason": "duplicate blocked: the first attempt is unresolved", "actor": "proxy", "flow_id": "flow-dup",
+        "at": at(hours=24),
+        "event": "blocked",
+        "operation_id": ids["outcome_unknown"],
+        "api": "dev.to",
+        "operation": "articles.create",
+        "receipt_state": "outcome_unknown",
+        "reason": "duplicate blocked: the first attempt is unresolved",
+        "actor": "proxy",
+        "flow_id": "flow-dup",
     }
-    assert (data[2]["receipt_state"], data[2]["reason"]) == ("succeeded", "duplicate answered with the recorded response")
+    assert (data[2]["receipt_state"], data[2]["reason"]) == (
+        "succeeded",
+        "duplicate answered with the recorded response",
+    )
 
 
 @pytest.mark.parametrize(

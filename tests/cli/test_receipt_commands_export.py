@@ -22,7 +22,12 @@ def test_export_is_json_lines_oldest_first_without_bodies(db, capsys):
     assert [r["operation_id"] for r in records] == [ids["succeeded"], ids["outcome_unknown"], ids["submitted"]]
     ok, unk, sub = records
     assert "response" not in ok and "response_body" not in ok and "response_headers" not in ok
-    assert (ok["state"], ok["http_status"], ok["response_status"], ok["external_id"]) == ("succeeded", 201, 201, "art_1")
+    assert (ok["state"], ok["http_status"], ok["response_status"], ok["external_id"]) == (
+        "succeeded",
+        201,
+        201,
+        "art_1",
+    )
     assert ok["intent"] == {"body": {"article.title": "Post 1"}} and ok["submitted_at"] == at()
     assert [(e["event"], e["from_state"], e["to_state"], e["at"]) for e in ok["events"]] == [
         ("transition", None, "submitted", at()),
@@ -30,16 +35,19 @@ def test_export_is_json_lines_oldest_first_without_bodies(db, capsys):
         ("replayed", "succeeded", "succeeded", at(hours=1)),
     ]
     assert [(e["event"], e["to_state"], e["flow_id"]) for e in unk["events"]] == [
-        ("transition", "submitted", "flow-22"), ("transition", "outcome_unknown", None),
-        ("blocked", "outcome_unknown", "flow-22"), ("blocked", "outcome_unknown", "flow-dup"),
+        ("transition", "submitted", "flow-22"),
+        ("transition", "outcome_unknown", None),
+        ("blocked", "outcome_unknown", "flow-22"),
+        ("blocked", "outcome_unknown", "flow-dup"),
     ]
     assert (unk["error"], unk["response_status"]) == ("server closed connection", None)
     assert (sub["state"], len(sub["events"]), sub["events"][0]["reason"]) == ("submitted", 1, "new attempt")
     # the same fields as `show --json`, events and duplicates together
     code, shown, _ = cli(capsys, "--db", str(path), "show", ids["outcome_unknown"], "--json")
     shown = json.loads(shown)
-    assert {k: v for k, v in unk.items() if k != "events"} == {k: v for k, v in shown.items()
-                                                              if k not in ("events", "duplicates")}
+    assert {k: v for k, v in unk.items() if k != "events"} == {
+        k: v for k, v in shown.items() if k not in ("events", "duplicates")
+    }
     assert unk["events"] == shown["events"] + shown["duplicates"]
 
 

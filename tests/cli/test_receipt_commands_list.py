@@ -24,18 +24,36 @@ def test_list_shows_every_receipt_with_its_state(db, capsys):
     rows = list_rows(out)
     assert list(rows) == [ids["submitted"], ids["outcome_unknown"], ids["succeeded"]]  # newest first
     assert rows[ids["succeeded"]] == {
-        "ID": ids["succeeded"], "AGE": "5d", "OPERATION": "dev.to/articles.create", "STATE": "succeeded",
-        "HTTP": "201", "EXTERNAL-ID": "art_1", "BLOCKED": "-", "REPLAYED": "1",
+        "ID": ids["succeeded"],
+        "AGE": "5d",
+        "OPERATION": "dev.to/articles.create",
+        "STATE": "succeeded",
+        "HTTP": "201",
+        "EXTERNAL-ID": "art_1",
+        "BLOCKED": "-",
+        "REPLAYED": "1",
         "TARGET": "https://dev.to/api/articles?page=1",
     }
     assert rows[ids["outcome_unknown"]] == {
-        "ID": ids["outcome_unknown"], "AGE": "4d", "OPERATION": "dev.to/articles.create", "STATE": "outcome_unknown",
-        "HTTP": "-", "EXTERNAL-ID": "-", "BLOCKED": "2", "REPLAYED": "-",
+        "ID": ids["outcome_unknown"],
+        "AGE": "4d",
+        "OPERATION": "dev.to/articles.create",
+        "STATE": "outcome_unknown",
+        "HTTP": "-",
+        "EXTERNAL-ID": "-",
+        "BLOCKED": "2",
+        "REPLAYED": "-",
         "TARGET": "https://dev.to/api/articles?page=22",
     }
     assert rows[ids["submitted"]] == {
-        "ID": ids["submitted"], "AGE": "2h", "OPERATION": "dev.to/articles.create", "STATE": "submitted",
-        "HTTP": "-", "EXTERNAL-ID": "-", "BLOCKED": "-", "REPLAYED": "-",
+        "ID": ids["submitted"],
+        "AGE": "2h",
+        "OPERATION": "dev.to/articles.create",
+        "STATE": "submitted",
+        "HTTP": "-",
+        "EXTERNAL-ID": "-",
+        "BLOCKED": "-",
+        "REPLAYED": "-",
         "TARGET": "https://dev.to/api/articles?page=3",
     }
 
@@ -93,24 +111,55 @@ def test_list_json(db, capsys):
     assert [r["operation_id"] for r in data] == [ids["submitted"], ids["outcome_unknown"], ids["succeeded"]]
     by_id = {r["operation_id"]: r for r in data}
     assert by_id[ids["succeeded"]] == {
-        "operation_id": ids["succeeded"], "api": "dev.to", "operation": "articles.create", "method": "POST",
-        "target": "https://dev.to/api/articles?page=1", "state": "succeeded",
-        "intent_fingerprint": f"sha256:{1:064x}", "intent": {"body": {"article.title": "Post 1"}},
-        "principal": "anonymous", "submitted_at": at(), "updated_at": at(), "completed_at": at(),
-        "http_status": 201, "error": None, "external_id": "art_1", "flow_id": "flow-1", "retry_of": None,
-        "instance": None, "idempotency_key": None, "client_key": None, "idempotency_key_at": None, "raw_target": None,
-        "failed_reads": 0, "next_read_at": None, "fingerprint_scheme": None, "fingerprint_rule": None,
-        "read_principal": None, "upstream_timeout": None, "in_flight_until": None, "waiting_for": None,
-        "mcp_rounds": 0, "waiting_until": None, "task_hint": None, "task_status": None, "task_revision": None,
+        "operation_id": ids["succeeded"],
+        "api": "dev.to",
+        "operation": "articles.create",
+        "method": "POST",
+        "target": "https://dev.to/api/articles?page=1",
+        "state": "succeeded",
+        "intent_fingerprint": f"sha256:{1:064x}",
+        "intent": {"body": {"article.title": "Post 1"}},
+        "principal": "anonymous",
+        "submitted_at": at(),
+        "updated_at": at(),
+        "completed_at": at(),
+        "http_status": 201,
+        "error": None,
+        "external_id": "art_1",
+        "flow_id": "flow-1",
+        "retry_of": None,
+        "instance": None,
+        "idempotency_key": None,
+        "client_key": None,
+        "idempotency_key_at": None,
+        "raw_target": None,
+        "failed_reads": 0,
+        "next_read_at": None,
+        "fingerprint_scheme": None,
+        "fingerprint_rule": None,
+        "read_principal": None,
+        "upstream_timeout": None,
+        "in_flight_until": None,
+        "waiting_for": None,
+        "mcp_rounds": 0,
+        "waiting_until": None,
+        "task_hint": None,
+        "task_status": None,
+        "task_revision": None,
         "response_status": 201,
         # sealed: a 12-byte nonce, the headers as JSON, a newline, the body, a 16-byte tag (store/sealing.py)
         "response_size": 12 + len('[["content-type", "application/json"]]\n{"id": "RESPONSE-BODY-MARKER-5e1f"}') + 16,
         "response_encrypted": True,
-        "blocked": 0, "replayed": 1,
+        "blocked": 0,
+        "replayed": 1,
     }
     unk = by_id[ids["outcome_unknown"]]
     assert (unk["state"], unk["error"], unk["http_status"], unk["response_status"]) == (
-        "outcome_unknown", "server closed connection", None, None)
+        "outcome_unknown",
+        "server closed connection",
+        None,
+        None,
+    )
     assert (unk["blocked"], unk["replayed"], unk["submitted_at"]) == (2, 0, at(hours=22))
     sub = by_id[ids["submitted"]]
     assert (sub["state"], sub["completed_at"], sub["blocked"], sub["replayed"]) == ("submitted", None, 0, 0)
@@ -167,8 +216,18 @@ def test_list_since(timeline, capsys, since, expected):
 
 def test_list_operation_and_since_together(timeline, capsys):
     path, ids = timeline
-    code, out, _ = cli(capsys, "--db", str(path), "list", "--operation", "articles.create", "--since", "2h", "--json",
-                       now=T0 + dt.timedelta(hours=4))
+    code, out, _ = cli(
+        capsys,
+        "--db",
+        str(path),
+        "list",
+        "--operation",
+        "articles.create",
+        "--since",
+        "2h",
+        "--json",
+        now=T0 + dt.timedelta(hours=4),
+    )
     assert code == 0
     assert [r["operation_id"] for r in json.loads(out)] == [ids["medium.com/articles.create"]]
 
@@ -183,12 +242,28 @@ def many(tmp_path_factory):
     Store.open(path).close()
     intent = json.dumps({"body": {"text": "x" * 1500}})
     stamp = at()
-    rows = [(f"20260301T120000Z-{i:010x}", "api", "op", "POST", f"https://h/{i}", "succeeded", f"fp-{i}", intent,
-             "anonymous", stamp, stamp) for i in range(MANY)]
+    rows = [
+        (
+            f"20260301T120000Z-{i:010x}",
+            "api",
+            "op",
+            "POST",
+            f"https://h/{i}",
+            "succeeded",
+            f"fp-{i}",
+            intent,
+            "anonymous",
+            stamp,
+            stamp,
+        )
+        for i in range(MANY)
+    ]
     with sqlite3.connect(path) as conn:
         conn.executemany(
             "INSERT INTO receipts (operation_id, api, operation, method, target, state, intent_fingerprint, intent, "
-            "principal, submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            "principal, submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
     return path
 
 

@@ -39,11 +39,11 @@ def aged(tmp_path):
     ids["old_outcome_unknown"] = new(6, State.OUTCOME_UNKNOWN)
     ids["old_manual_review"] = new(7, State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW)
     ids["old_reconciling"] = new(8, State.OUTCOME_UNKNOWN, State.RECONCILING)
-    ids["old_parent_of_unresolved"] = new(9, State.NOT_SENT)   # its retry below is unresolved
-    ids["old_parent_of_resolved"] = new(10, State.NOT_SENT)    # its retry below is resolved too
+    ids["old_parent_of_unresolved"] = new(9, State.NOT_SENT)  # its retry below is unresolved
+    ids["old_parent_of_resolved"] = new(10, State.NOT_SENT)  # its retry below is resolved too
     ids["old_resolved_retry"] = new(10, State.SUCCEEDED)
     clock.advance(86400)
-    ids["unresolved_retry"] = new(9, State.OUTCOME_UNKNOWN)    # T0+1d, retry_of old_parent_of_unresolved
+    ids["unresolved_retry"] = new(9, State.OUTCOME_UNKNOWN)  # T0+1d, retry_of old_parent_of_unresolved
     clock.now = T0 + dt.timedelta(days=35)
     ids["recent_succeeded"] = new(11, State.SUCCEEDED)
     assert store.get(ids["unresolved_retry"]).retry_of == ids["old_parent_of_unresolved"]
@@ -53,8 +53,14 @@ def aged(tmp_path):
     store.close()
 
 
-PRUNED = {"old_succeeded", "old_rejected", "old_safe_to_retry", "old_not_sent", "old_parent_of_resolved",
-          "old_resolved_retry"}
+PRUNED = {
+    "old_succeeded",
+    "old_rejected",
+    "old_safe_to_retry",
+    "old_not_sent",
+    "old_parent_of_resolved",
+    "old_resolved_retry",
+}
 
 
 def test_prune_deletes_old_resolved_receipts_only(aged, capsys):
@@ -71,9 +77,12 @@ def test_prune_deletes_old_resolved_receipts_only(aged, capsys):
     assert events == [e for e in before[1] if e[1] not in gone]
     code, out, _ = cli(capsys, "--db", str(path), "list", "--json", now=clock.now)
     assert {r["operation_id"]: r["state"] for r in json.loads(out)} == {
-        ids["old_submitted"]: "submitted", ids["old_outcome_unknown"]: "outcome_unknown",
-        ids["old_manual_review"]: "manual_review", ids["old_reconciling"]: "reconciling",
-        ids["old_parent_of_unresolved"]: "not_sent", ids["unresolved_retry"]: "outcome_unknown",
+        ids["old_submitted"]: "submitted",
+        ids["old_outcome_unknown"]: "outcome_unknown",
+        ids["old_manual_review"]: "manual_review",
+        ids["old_reconciling"]: "reconciling",
+        ids["old_parent_of_unresolved"]: "not_sent",
+        ids["unresolved_retry"]: "outcome_unknown",
         ids["recent_succeeded"]: "succeeded",
     }
     code, out, err = cli(capsys, "--db", str(path), "show", ids["old_succeeded"], now=clock.now)
@@ -96,8 +105,10 @@ def test_prune_never_deletes_unresolved_receipts_even_at_age_zero(aged, capsys):
     code, out, _ = cli(capsys, "--db", str(path), "prune", "--older-than", "0s", now=clock.now)
     assert (code, out) == (0, "deleted 7 resolved receipts last changed more than 0s ago\n")
     assert {r[0]: r[5] for r in dump(path)[0]} == {
-        ids["old_submitted"]: "submitted", ids["old_outcome_unknown"]: "outcome_unknown",
-        ids["old_manual_review"]: "manual_review", ids["old_reconciling"]: "reconciling",
+        ids["old_submitted"]: "submitted",
+        ids["old_outcome_unknown"]: "outcome_unknown",
+        ids["old_manual_review"]: "manual_review",
+        ids["old_reconciling"]: "reconciling",
         ids["unresolved_retry"]: "outcome_unknown",
         ids["old_parent_of_unresolved"]: "not_sent",  # still the ancestor of an unresolved retry
     }

@@ -32,8 +32,13 @@ def test_show_prints_the_receipt_its_events_and_its_duplicates(db, capsys):
     assert "(new) → submitted" in events[0] and "new attempt" in events[0]
     assert "submitted → outcome_unknown" in events[1] and "upstream reset" in events[1]
     assert dups[0] == " (2):"
-    assert dups[1].split(None, 4) == [at(hours=23), "blocked", "proxy", "flow-22",
-                                      "duplicate blocked: the first attempt is unresolved"]
+    assert dups[1].split(None, 4) == [
+        at(hours=23),
+        "blocked",
+        "proxy",
+        "flow-22",
+        "duplicate blocked: the first attempt is unresolved",
+    ]
     assert dups[2].split(None, 4)[:4] == [at(hours=24), "blocked", "proxy", "flow-dup"]
     assert len(dups) == 3
 
@@ -56,18 +61,37 @@ def test_show_json(db, capsys):
     assert data["operation_id"] == ids["succeeded"] and data["state"] == "succeeded"
     assert (data["http_status"], data["response_status"], data["external_id"]) == (201, 201, "art_1")
     assert "response" not in data and "response_body" not in data and BODY_MARKER not in out
-    assert [{k: e[k] for k in ("event", "from_state", "to_state", "reason", "actor", "at")} for e in data["events"]] == [
-        {"event": "transition", "from_state": None, "to_state": "submitted", "reason": "new attempt",
-         "actor": "proxy", "at": at()},
-        {"event": "transition", "from_state": "submitted", "to_state": "succeeded", "reason": "HTTP 201",
-         "actor": "proxy", "at": at()},
+    assert [
+        {k: e[k] for k in ("event", "from_state", "to_state", "reason", "actor", "at")} for e in data["events"]
+    ] == [
+        {
+            "event": "transition",
+            "from_state": None,
+            "to_state": "submitted",
+            "reason": "new attempt",
+            "actor": "proxy",
+            "at": at(),
+        },
+        {
+            "event": "transition",
+            "from_state": "submitted",
+            "to_state": "succeeded",
+            "reason": "HTTP 201",
+            "actor": "proxy",
+            "at": at(),
+        },
     ]
     assert all(e["operation_id"] == ids["succeeded"] for e in data["events"])
     assert data["events"][0]["flow_id"] == "flow-1"
     [dup] = data["duplicates"]
     assert {k: v for k, v in dup.items() if k != "id"} == {
-        "operation_id": ids["succeeded"], "at": at(hours=1), "event": "replayed", "from_state": "succeeded",
-        "to_state": "succeeded", "reason": "duplicate answered with the recorded response", "actor": "proxy",
+        "operation_id": ids["succeeded"],
+        "at": at(hours=1),
+        "event": "replayed",
+        "from_state": "succeeded",
+        "to_state": "succeeded",
+        "reason": "duplicate answered with the recorded response",
+        "actor": "proxy",
         "flow_id": "flow-1",
     }
     assert dup["id"] > data["events"][1]["id"]
@@ -80,7 +104,9 @@ def test_show_json_duplicates_of_an_unresolved_receipt(db, capsys):
     data = json.loads(out)
     assert [e["to_state"] for e in data["events"]] == ["submitted", "outcome_unknown"]
     assert [(d["event"], d["at"], d["flow_id"]) for d in data["duplicates"]] == [
-        ("blocked", at(hours=23), "flow-22"), ("blocked", at(hours=24), "flow-dup")]
+        ("blocked", at(hours=23), "flow-22"),
+        ("blocked", at(hours=24), "flow-dup"),
+    ]
 
 
 @pytest.mark.parametrize("extra", [pytest.param([], id="text"), pytest.param(["--json"], id="json")])

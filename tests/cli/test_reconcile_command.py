@@ -26,40 +26,201 @@ def history(store: Store, rid: str) -> list[tuple[str | None, str, str, str]]:
 # nothing, so the receipt stays in the state it started in (outcome_unknown, waiting for its next read).
 SAME = "same as before"
 RECONCILE_CASES = [
-    pytest.param("things", "x", ["a", "x", "b"], None, [], None, "succeeded", "2",
-                 "{read} → HTTP 200: found among 3 items (id=2)", "", id="found"),
-    pytest.param("notes", "x", ["x"], None, [], None, "succeeded", "1",
-                 "{read} → HTTP 200: found among 1 items (id=1)", "", id="found-in-a-list-that-proves-nothing-absent"),
-    pytest.param("things", "x", ["a", "b"], None, [], None, "safe_to_retry", None,
-                 "{read} → HTTP 200: not found among 2 items; absence is proven and the rule allows a retry", "",
-                 id="absent-provable"),
-    pytest.param("things", "x", [], None, [], None, "safe_to_retry", None,
-                 "{read} → HTTP 200: not found among 0 items; absence is proven and the rule allows a retry", "",
-                 id="absent-from-an-empty-list"),
-    pytest.param("notes", "x", ["a"], None, [], None, "manual_review", None,
-                 "{read} → HTTP 200: not found among 1 items; the rule does not say this read proves absence", "",
-                 id="absent-not-provable"),
-    pytest.param("drafts", "x", ["a"], None, [], None, "manual_review", None,
-                 "{read} → HTTP 200: not found among 1 items; the rule does not allow a retry", "",
-                 id="absent-provable-but-no-retry-allowed"),
-    pytest.param("things", "x", ["x"], "500", [], None, SAME, None,
-                 "{read} → HTTP 500: the read failed, nothing is proven", "", id="read-answers-500"),
-    pytest.param("things", "x", ["x"], "404", [], None, SAME, None,
-                 "{read} → HTTP 404: the read failed, nothing is proven", "", id="list-read-answers-404"),
-    pytest.param("things", "x", ["x"], "hang", ["--timeout", "0.1"], None, SAME, None,
-                 "{read} failed: ReadTimeout", "", id="read-times-out"),
-    pytest.param("lookups", "2", ["a", "b"], None, [], None, "succeeded", "2",
-                 "{read} → HTTP 200: found", "/2", id="status-decides-found"),
-    pytest.param("lookups", "3", ["a", "b"], None, [], None, "safe_to_retry", None,
-                 "{read} → HTTP 404; absence is proven and the rule allows a retry", "/3", id="status-decides-absent"),
-    pytest.param("lookups", "2", ["a", "b"], "500", [], None, SAME, None,
-                 "{read} → HTTP 500: the read failed, nothing is proven", "/2", id="status-decides-500"),
-    pytest.param("plain", "x", ["x"], None, [], None, "manual_review", None,
-                 "no read can decide: test-api plain.create has no reconcile spec", None, id="no-reconcile-spec"),
-    pytest.param("things", "x", ["x"], None, [], ("test-api", "things.archive"), "manual_review", None,
-                 "no read can decide: its rule is gone", None, id="operation-gone-from-the-rules"),
-    pytest.param("things", "x", ["x"], None, [], ("gone-api", "things.create"), "manual_review", None,
-                 "no read can decide: its rule is gone", None, id="api-gone-from-the-rules"),
+    pytest.param(
+        "things",
+        "x",
+        ["a", "x", "b"],
+        None,
+        [],
+        None,
+        "succeeded",
+        "2",
+        "{read} → HTTP 200: found among 3 items (id=2)",
+        "",
+        id="found",
+    ),
+    pytest.param(
+        "notes",
+        "x",
+        ["x"],
+        None,
+        [],
+        None,
+        "succeeded",
+        "1",
+        "{read} → HTTP 200: found among 1 items (id=1)",
+        "",
+        id="found-in-a-list-that-proves-nothing-absent",
+    ),
+    pytest.param(
+        "things",
+        "x",
+        ["a", "b"],
+        None,
+        [],
+        None,
+        "safe_to_retry",
+        None,
+        "{read} → HTTP 200: not found among 2 items; absence is proven and the rule allows a retry",
+        "",
+        id="absent-provable",
+    ),
+    pytest.param(
+        "things",
+        "x",
+        [],
+        None,
+        [],
+        None,
+        "safe_to_retry",
+        None,
+        "{read} → HTTP 200: not found among 0 items; absence is proven and the rule allows a retry",
+        "",
+        id="absent-from-an-empty-list",
+    ),
+    pytest.param(
+        "notes",
+        "x",
+        ["a"],
+        None,
+        [],
+        None,
+        "manual_review",
+        None,
+        "{read} → HTTP 200: not found among 1 items; the rule does not say this read proves absence",
+        "",
+        id="absent-not-provable",
+    ),
+    pytest.param(
+        "drafts",
+        "x",
+        ["a"],
+        None,
+        [],
+        None,
+        "manual_review",
+        None,
+        "{read} → HTTP 200: not found among 1 items; the rule does not allow a retry",
+        "",
+        id="absent-provable-but-no-retry-allowed",
+    ),
+    pytest.param(
+        "things",
+        "x",
+        ["x"],
+        "500",
+        [],
+        None,
+        SAME,
+        None,
+        "{read} → HTTP 500: the read failed, nothing is proven",
+        "",
+        id="read-answers-500",
+    ),
+    pytest.param(
+        "things",
+        "x",
+        ["x"],
+        "404",
+        [],
+        None,
+        SAME,
+        None,
+        "{read} → HTTP 404: the read failed, nothing is proven",
+        "",
+        id="list-read-answers-404",
+    ),
+    pytest.param(
+        "things",
+        "x",
+        ["x"],
+        "hang",
+        ["--timeout", "0.1"],
+        None,
+        SAME,
+        None,
+        "{read} failed: ReadTimeout",
+        "",
+        id="read-times-out",
+    ),
+    pytest.param(
+        "lookups",
+        "2",
+        ["a", "b"],
+        None,
+        [],
+        None,
+        "succeeded",
+        "2",
+        "{read} → HTTP 200: found",
+        "/2",
+        id="status-decides-found",
+    ),
+    pytest.param(
+        "lookups",
+        "3",
+        ["a", "b"],
+        None,
+        [],
+        None,
+        "safe_to_retry",
+        None,
+        "{read} → HTTP 404; absence is proven and the rule allows a retry",
+        "/3",
+        id="status-decides-absent",
+    ),
+    pytest.param(
+        "lookups",
+        "2",
+        ["a", "b"],
+        "500",
+        [],
+        None,
+        SAME,
+        None,
+        "{read} → HTTP 500: the read failed, nothing is proven",
+        "/2",
+        id="status-decides-500",
+    ),
+    pytest.param(
+        "plain",
+        "x",
+        ["x"],
+        None,
+        [],
+        None,
+        "manual_review",
+        None,
+        "no read can decide: test-api plain.create has no reconcile spec",
+        None,
+        id="no-reconcile-spec",
+    ),
+    pytest.param(
+        "things",
+        "x",
+        ["x"],
+        None,
+        [],
+        ("test-api", "things.archive"),
+        "manual_review",
+        None,
+        "no read can decide: its rule is gone",
+        None,
+        id="operation-gone-from-the-rules",
+    ),
+    pytest.param(
+        "things",
+        "x",
+        ["x"],
+        None,
+        [],
+        ("gone-api", "things.create"),
+        "manual_review",
+        None,
+        "no read can decide: its rule is gone",
+        None,
+        id="api-gone-from-the-rules",
+    ),
 ]
 
 
@@ -76,8 +237,11 @@ def test_reconcile(recon, capsys, start, kind, title, items, fault, argv, rule, 
     reason = reason.format(read=f"read GET {recon.up.url}{read_path}")
     if state == SAME:  # the failed read is counted, and an outcome_unknown receipt waits 30 s for its next read
         state = start
-        reason += ("; failed read 1 of 3: next read not before 2026-03-01T12:00:30.000000Z (backoff)"
-                   if start is State.OUTCOME_UNKNOWN else "; failed read 1: it stays in manual review")
+        reason += (
+            "; failed read 1 of 3: next read not before 2026-03-01T12:00:30.000000Z (backoff)"
+            if start is State.OUTCOME_UNKNOWN
+            else "; failed read 1: it stays in manual review"
+        )
     code, out, err = recon.run(capsys, rid, *argv)
     if "failed" in reason:  # a read that fails proves nothing: said on stderr, and the exit status is 1
         assert (code, err) == (1, f"Error: 1 read failed and proved nothing:\n  {rid} {api}/{operation}: {reason}\n")
@@ -87,7 +251,10 @@ def test_reconcile(recon, capsys, start, kind, title, items, fault, argv, rule, 
     r = recon.store.get(rid)
     assert (r.state, r.external_id) == (state, external_id)
     assert history(recon.store, rid) == [
-        *before, (start, "reconciling", RECONCILING_REASON, "cli:alice"), ("reconciling", state, reason, "cli:alice")]
+        *before,
+        (start, "reconciling", RECONCILING_REASON, "cli:alice"),
+        ("reconciling", state, reason, "cli:alice"),
+    ]
     assert [(q["method"], q["path"]) for q in recon.gets()] == ([] if read is None else [("GET", read_path)])
     assert recon.up.seen(recon.api_path(kind)) == len(items)  # a read, never another write
     assert len(recon.requests()) == len(items) + (read is not None)
@@ -109,17 +276,32 @@ def test_reconcile_json(recon, capsys):
     unproven = recon.receipt("y", kind="notes", state=State.MANUAL_REVIEW)
     code, out, err = recon.run(capsys, found, unproven, "--json")
     assert code == 0
-    assert err == (f"[1/2] {found} test-api/things.create ...\n"
-                   f"[2/2] {unproven} test-api/notes.create ...\n")
+    assert err == (f"[1/2] {found} test-api/things.create ...\n[2/2] {unproven} test-api/notes.create ...\n")
     results = json.loads(out)
     assert results == [
-        {"operation_id": found, "operation": "test-api/things.create", "from": "outcome_unknown",
-         "state": "succeeded", "external_id": "2", "read_failed": False, "next_read_at": None, "skipped": False,
-         "reason": f"{recon.read_of('things')} → HTTP 200: found among 2 items (id=2)"},
-        {"operation_id": unproven, "operation": "test-api/notes.create", "from": "manual_review",
-         "state": "manual_review", "external_id": None, "read_failed": False, "next_read_at": None, "skipped": False,
-         "reason": f"{recon.read_of('notes')} → HTTP 200: not found among 0 items; "
-                   "the rule does not say this read proves absence"},
+        {
+            "operation_id": found,
+            "operation": "test-api/things.create",
+            "from": "outcome_unknown",
+            "state": "succeeded",
+            "external_id": "2",
+            "read_failed": False,
+            "next_read_at": None,
+            "skipped": False,
+            "reason": f"{recon.read_of('things')} → HTTP 200: found among 2 items (id=2)",
+        },
+        {
+            "operation_id": unproven,
+            "operation": "test-api/notes.create",
+            "from": "manual_review",
+            "state": "manual_review",
+            "external_id": None,
+            "read_failed": False,
+            "next_read_at": None,
+            "skipped": False,
+            "reason": f"{recon.read_of('notes')} → HTTP 200: not found among 0 items; "
+            "the rule does not say this read proves absence",
+        },
     ]
     for result in results:  # what was printed is what was recorded
         r = recon.store.get(result["operation_id"])
@@ -133,8 +315,7 @@ def test_reconcile_several_ids_in_text(recon, capsys):
     first, second = recon.receipt("x"), recon.receipt("y")
     code, out, err = recon.run(capsys, second, first)  # in the order given
     assert code == 0
-    assert err == (f"[1/2] {second} test-api/things.create ...\n"
-                   f"[2/2] {first} test-api/things.create ...\n")
+    assert err == (f"[1/2] {second} test-api/things.create ...\n[2/2] {first} test-api/things.create ...\n")
     read = recon.read_of("things")
     assert out == (
         f"{second}  outcome_unknown → safe_to_retry  {read} → HTTP 200: not found among 1 items; "
@@ -150,8 +331,7 @@ def test_reconcile_all(recon, capsys):
     ids["unknown_found"] = recon.receipt("found")
     ids["review_absent"] = recon.receipt("absent", state=State.MANUAL_REVIEW)
     ids["unknown_unproven"] = recon.receipt("unproven", kind="notes")
-    for s in (State.SUCCEEDED, State.SUBMITTED, State.REJECTED, State.NOT_SENT, State.SAFE_TO_RETRY,
-              State.RECONCILING):
+    for s in (State.SUCCEEDED, State.SUBMITTED, State.REJECTED, State.NOT_SENT, State.SAFE_TO_RETRY, State.RECONCILING):
         ids[str(s)] = recon.receipt(f"other-{s}", state=s)
     # one already there under the title found: a read would find it
     untouched = {k: v for k, v in ids.items() if k not in ("unknown_found", "review_absent", "unknown_unproven")}
@@ -171,22 +351,28 @@ def test_reconcile_all(recon, capsys):
     ]
     receipts_after, events_after = dump(recon.path)
     assert [r for r in receipts_after if r[0] in untouched.values()] == [
-        r for r in receipts_before if r[0] in untouched.values()]
-    assert events_after[:len(events_before)] == events_before
-    assert sorted(e[1] for e in events_after[len(events_before):]) == sorted(order * 2)  # two events each
+        r for r in receipts_before if r[0] in untouched.values()
+    ]
+    assert events_after[: len(events_before)] == events_before
+    assert sorted(e[1] for e in events_after[len(events_before) :]) == sorted(order * 2)  # two events each
     assert (recon.reads("things"), recon.reads("notes"), len(recon.gets())) == (2, 1, 3)
     # Again: only the receipt still in manual_review is read again, alone (no progress line).
     code, out, err = recon.run(capsys, "--all")
     assert (code, err) == (0, "")
-    assert out == (f"{order[0]}  manual_review → manual_review  {notes} → HTTP 200: not found among 0 items; "
-                   "the rule does not say this read proves absence\n")
+    assert out == (
+        f"{order[0]}  manual_review → manual_review  {notes} → HTTP 200: not found among 0 items; "
+        "the rule does not say this read proves absence\n"
+    )
     assert (recon.reads("notes"), len(recon.gets())) == (2, 4)
 
 
-@pytest.mark.parametrize("json_flag, expected", [
-    pytest.param([], "nothing to reconcile: no outcome_unknown or manual_review receipts\n", id="text"),
-    pytest.param(["--json"], "[]\n", id="json"),
-])
+@pytest.mark.parametrize(
+    "json_flag, expected",
+    [
+        pytest.param([], "nothing to reconcile: no outcome_unknown or manual_review receipts\n", id="text"),
+        pytest.param(["--json"], "[]\n", id="json"),
+    ],
+)
 def test_reconcile_all_with_nothing_to_do(recon, capsys, json_flag, expected):
     recon.receipt("done", state=State.SUCCEEDED)
     recon.receipt("in-flight", state=State.SUBMITTED)
@@ -236,8 +422,10 @@ def test_reconcile_before_the_settle_delay_says_when_to_try_again(recon, capsys)
     read = f"read GET {recon.up.url}{recon.api_path('slow')} → HTTP 200: not found among 1 items"
     code, out, _ = recon.run(capsys, rid)
     assert code == 0
-    assert out == (f"{rid}  outcome_unknown → outcome_unknown  {read}; this read proves absence only 600s after "
-                   f"the outcome became unknown: try again after 2026-03-01T12:10:00.000000Z\n")
+    assert out == (
+        f"{rid}  outcome_unknown → outcome_unknown  {read}; this read proves absence only 600s after "
+        f"the outcome became unknown: try again after 2026-03-01T12:10:00.000000Z\n"
+    )
     assert recon.store.get(rid).state == "outcome_unknown" and recon.reads("slow") == 1
     recon.clock.advance(601)
     code, out, _ = recon.run(capsys, rid)

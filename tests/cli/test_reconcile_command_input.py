@@ -17,15 +17,28 @@ SECRET_ENV = "SECRET-ENV-7ab302"
     [
         pytest.param([], None, {}, id="none"),
         pytest.param(["--header", f"api-key: {SECRET_HEADER}"], None, {"api-key": SECRET_HEADER}, id="header"),
-        pytest.param(["--header", f"  API-Key :  {SECRET_HEADER}  "], None, {"api-key": SECRET_HEADER},
-                     id="header-name-case-and-spaces"),
-        pytest.param(["--header", f"api-key: {SECRET_HEADER}", "--header", "Authorization: Bearer SECRET-BEARER-1"],
-                     None, {"api-key": SECRET_HEADER, "authorization": "Bearer SECRET-BEARER-1"}, id="two-headers"),
+        pytest.param(
+            ["--header", f"  API-Key :  {SECRET_HEADER}  "],
+            None,
+            {"api-key": SECRET_HEADER},
+            id="header-name-case-and-spaces",
+        ),
+        pytest.param(
+            ["--header", f"api-key: {SECRET_HEADER}", "--header", "Authorization: Bearer SECRET-BEARER-1"],
+            None,
+            {"api-key": SECRET_HEADER, "authorization": "Bearer SECRET-BEARER-1"},
+            id="two-headers",
+        ),
         pytest.param([], SECRET_ENV, {"api-key": SECRET_ENV}, id="env-named-by-credentials.env"),
-        pytest.param(["--header", f"api-key: {SECRET_HEADER}"], SECRET_ENV, {"api-key": SECRET_HEADER},
-                     id="header-beats-env"),
-        pytest.param(["--header", "Authorization: Bearer SECRET-BEARER-1"], SECRET_ENV,
-                     {"authorization": "Bearer SECRET-BEARER-1"}, id="any-header-replaces-env"),
+        pytest.param(
+            ["--header", f"api-key: {SECRET_HEADER}"], SECRET_ENV, {"api-key": SECRET_HEADER}, id="header-beats-env"
+        ),
+        pytest.param(
+            ["--header", "Authorization: Bearer SECRET-BEARER-1"],
+            SECRET_ENV,
+            {"authorization": "Bearer SECRET-BEARER-1"},
+            id="any-header-replaces-env",
+        ),
         pytest.param([], "", {}, id="empty-env"),
     ],
 )
@@ -55,16 +68,24 @@ RECONCILE_ERRORS = [
     pytest.param(["{outcome_unknown}", "--all"], ["--all"], id="ids-and-all"),
     pytest.param(["{outcome_unknown}", "--header", "nocolon"], ["--header", "'nocolon'"], id="header-without-colon"),
     pytest.param(["{outcome_unknown}", "--header", " : v"], ["--header"], id="header-without-name"),
-    pytest.param(["{outcome_unknown}", "--header", "api-key: v", "--header", "nocolon"], ["'nocolon'"],
-                 id="second-header-bad"),
+    pytest.param(
+        ["{outcome_unknown}", "--header", "api-key: v", "--header", "nocolon"], ["'nocolon'"], id="second-header-bad"
+    ),
     pytest.param(["--all", "--header", "nocolon"], ["'nocolon'"], id="bad-header-with-all"),
     pytest.param(["{outcome_unknown}", "--header", "api key: v"], ["--header", "api key"], id="header-name-with-space"),
-    pytest.param(["{outcome_unknown}", "--rules", "{tmp}/missing.yaml"], ["--rules", "missing.yaml", "no such rules"],
-                 id="missing-rules-file"),
-    pytest.param(["--all", "--rules", "{tmp}/no-rules-here"], ["--rules", "no-rules-here", "no *.yaml"],
-                 id="rules-folder-without-yaml"),
-    pytest.param(["{outcome_unknown}", "--rules", "{tmp}/broken.yaml"], ["--rules", "broken.yaml"],
-                 id="malformed-rules-file"),
+    pytest.param(
+        ["{outcome_unknown}", "--rules", "{tmp}/missing.yaml"],
+        ["--rules", "missing.yaml", "no such rules"],
+        id="missing-rules-file",
+    ),
+    pytest.param(
+        ["--all", "--rules", "{tmp}/no-rules-here"],
+        ["--rules", "no-rules-here", "no *.yaml"],
+        id="rules-folder-without-yaml",
+    ),
+    pytest.param(
+        ["{outcome_unknown}", "--rules", "{tmp}/broken.yaml"], ["--rules", "broken.yaml"], id="malformed-rules-file"
+    ),
     pytest.param(["{succeeded}"], ["{succeeded}", "is succeeded"], id="already-succeeded"),
     pytest.param(["{rejected}"], ["{rejected}", "is rejected"], id="already-rejected"),
     pytest.param(["{safe_to_retry}"], ["{safe_to_retry}", "is safe_to_retry"], id="already-safe_to_retry"),
@@ -89,8 +110,10 @@ def test_reconcile_errors_write_nothing_and_read_nothing(recon, capsys, tmp_path
 def test_reconcile_usage_errors(recon, capsys):
     rid = recon.receipt("x")
     before = dump(recon.path)
-    for argv, message in [(["--timeout", "soon"], "argument --timeout: "),
-                          (["--header"], "argument --header: expected one argument")]:
+    for argv, message in [
+        (["--timeout", "soon"], "argument --timeout: "),
+        (["--header"], "argument --header: expected one argument"),
+    ]:
         with pytest.raises(SystemExit) as e:
             main(["--db", str(recon.path), "reconcile", rid, *argv])
         assert e.value.code == 2
@@ -124,10 +147,13 @@ def test_reconcile_bad_timeout_is_refused_before_any_read(recon, capsys, timeout
     assert recon.gets() == []
 
 
-@pytest.mark.parametrize("argv, env", [
-    pytest.param(["--header", "api-key: SECRET-caf\u00e9"], None, id="header"),
-    pytest.param([], "SECRET-caf\u00e9", id="env"),
-])
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        pytest.param(["--header", "api-key: SECRET-caf\u00e9"], None, id="header"),
+        pytest.param([], "SECRET-caf\u00e9", id="env"),
+    ],
+)
 def test_reconcile_unsendable_credential_is_a_one_line_error(recon, capsys, monkeypatch, argv, env):
     if env is not None:
         monkeypatch.setenv(KEY_ENV, env)
@@ -140,10 +166,13 @@ def test_reconcile_unsendable_credential_is_a_one_line_error(recon, capsys, monk
     assert recon.gets() == []
 
 
-@pytest.mark.parametrize("argv, env", [
-    pytest.param([], "SECRET-CR-3f9a\r", id="env-with-a-trailing-CR"),
-    pytest.param(["--header", "api-key: SECRET-LF-1\nSECRET-LF-2"], None, id="header-with-a-line-break"),
-])
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        pytest.param([], "SECRET-CR-3f9a\r", id="env-with-a-trailing-CR"),
+        pytest.param(["--header", "api-key: SECRET-LF-1\nSECRET-LF-2"], None, id="header-with-a-line-break"),
+    ],
+)
 def test_reconcile_credential_with_a_line_break_never_reaches_the_db(recon, capsys, monkeypatch, argv, env):
     if env is not None:
         monkeypatch.setenv(KEY_ENV, env)

@@ -17,13 +17,23 @@ def test_resolve(review, capsys, alice, start, resolution):
     path, ids, clock, store = review
     rid = ids[start]
     events_before = store.events(rid)
-    code, out, err = cli(capsys, "--db", str(path), "resolve", rid, "--as", resolution,
-                         "--note", "  checked the dashboard  ", now=clock.now)
+    code, out, err = cli(
+        capsys,
+        "--db",
+        str(path),
+        "resolve",
+        rid,
+        "--as",
+        resolution,
+        "--note",
+        "  checked the dashboard  ",
+        now=clock.now,
+    )
     assert (code, err) == (0, "")
     assert out == f"{rid} is now {resolution} (was {start})\n"
     r = store.get(rid)
     assert r.state == resolution and r.external_id is None
-    new = store.events(rid)[len(events_before):]
+    new = store.events(rid)[len(events_before) :]
     expected = [("manual_review", resolution, "resolved by hand: checked the dashboard")]
     if start == "outcome_unknown":
         expected.insert(0, ("outcome_unknown", "manual_review", "taken into review: checked the dashboard"))
@@ -34,14 +44,31 @@ def test_resolve(review, capsys, alice, start, resolution):
 def test_resolve_succeeded_with_an_external_id_shows_in_show_json(review, capsys, alice):
     path, ids, clock, _ = review
     rid = ids["manual_review"]
-    code, out, _ = cli(capsys, "--db", str(path), "resolve", rid, "--as", "succeeded", "--note", "live at /p/42",
-                       "--external-id", "42", now=clock.now)
+    code, out, _ = cli(
+        capsys,
+        "--db",
+        str(path),
+        "resolve",
+        rid,
+        "--as",
+        "succeeded",
+        "--note",
+        "live at /p/42",
+        "--external-id",
+        "42",
+        now=clock.now,
+    )
     assert (code, out) == (0, f"{rid} is now succeeded (was manual_review)\n")
     code, out, _ = cli(capsys, "--db", str(path), "show", rid, "--json", now=clock.now)
     data = json.loads(out)
     assert (data["state"], data["external_id"], data["updated_at"]) == ("succeeded", "42", at(minutes=10))
-    assert data["events"][-1] == {**data["events"][-1], "from_state": "manual_review", "to_state": "succeeded",
-                                  "actor": "cli:alice", "reason": "resolved by hand: live at /p/42"}
+    assert data["events"][-1] == {
+        **data["events"][-1],
+        "from_state": "manual_review",
+        "to_state": "succeeded",
+        "actor": "cli:alice",
+        "reason": "resolved by hand: live at /p/42",
+    }
 
 
 def test_resolve_safe_to_retry_lets_the_next_identical_request_through(review, capsys, alice):
@@ -61,7 +88,9 @@ def test_resolve_actor_without_a_login_name(review, capsys, monkeypatch):
         raise OSError("No username set in the environment")
 
     monkeypatch.setattr(getpass, "getuser", no_login)
-    code, _, _ = cli(capsys, "--db", str(path), "resolve", ids["manual_review"], "--as", "rejected", "--note", "refused")
+    code, _, _ = cli(
+        capsys, "--db", str(path), "resolve", ids["manual_review"], "--as", "rejected", "--note", "refused"
+    )
     assert code == 0
     assert store.events(ids["manual_review"])[-1].actor == "cli"
 
@@ -70,15 +99,23 @@ def test_resolve_actor_without_a_login_name(review, capsys, monkeypatch):
     "target, argv, needles",
     [
         pytest.param("unknown", ["--as", "succeeded", "--note", "x"], [UNKNOWN_ID], id="unknown-id"),
-        pytest.param("succeeded", ["--as", "safe_to_retry", "--note", "x"], ["is succeeded", "outcome_unknown"],
-                     id="already-succeeded"),
+        pytest.param(
+            "succeeded",
+            ["--as", "safe_to_retry", "--note", "x"],
+            ["is succeeded", "outcome_unknown"],
+            id="already-succeeded",
+        ),
         pytest.param("rejected", ["--as", "succeeded", "--note", "x"], ["is rejected"], id="already-rejected"),
         pytest.param("submitted", ["--as", "succeeded", "--note", "x"], ["is submitted"], id="still-submitted"),
         pytest.param("reconciling", ["--as", "succeeded", "--note", "x"], ["is reconciling"], id="reconciling"),
         pytest.param("manual_review", ["--as", "succeeded", "--note", ""], ["--note"], id="empty-note"),
         pytest.param("outcome_unknown", ["--as", "succeeded", "--note", " \t "], ["--note"], id="blank-note"),
-        pytest.param("outcome_unknown", ["--as", "rejected", "--note", "x", "--external-id", "9"],
-                     ["--external-id", "--as succeeded"], id="external-id-without-succeeded"),
+        pytest.param(
+            "outcome_unknown",
+            ["--as", "rejected", "--note", "x", "--external-id", "9"],
+            ["--external-id", "--as succeeded"],
+            id="external-id-without-succeeded",
+        ),
     ],
 )
 def test_resolve_errors_write_nothing(review, capsys, alice, target, argv, needles):

@@ -15,8 +15,20 @@ from tests.conftest import T0
 
 @pytest.mark.parametrize(
     "seconds, expected",
-    [(0, "0s"), (59, "59s"), (60, "1m"), (3 * 60 + 59, "3m"), (3599, "59m"), (3600, "1h"), (2 * 3600, "2h"),
-     (86399, "23h"), (86400, "1d"), (5 * 86400 + 7200, "5d"), (400 * 86400, "400d"), (-30, "0s")],
+    [
+        (0, "0s"),
+        (59, "59s"),
+        (60, "1m"),
+        (3 * 60 + 59, "3m"),
+        (3599, "59m"),
+        (3600, "1h"),
+        (2 * 3600, "2h"),
+        (86399, "23h"),
+        (86400, "1d"),
+        (5 * 86400 + 7200, "5d"),
+        (400 * 86400, "400d"),
+        (-30, "0s"),
+    ],
 )
 def test_age(seconds, expected):
     assert cli_module.age("2026-03-01T12:00:00.000000Z", T0 + dt.timedelta(seconds=seconds)) == expected
@@ -57,7 +69,10 @@ def test_since_without_a_zone_is_utc_not_local_time(timeline, capsys, new_york):
     path, ids = timeline
     _, out, _ = cli(capsys, "--db", str(path), "list", "--since", "2026-03-01", "--json")
     assert [r["operation_id"] for r in json.loads(out)] == [
-        ids["medium.com/articles.create"], ids["dev.to/articles.update"], ids["dev.to/articles.create"]]
+        ids["medium.com/articles.create"],
+        ids["dev.to/articles.update"],
+        ids["dev.to/articles.create"],
+    ]
 
 
 BAD_SINCE = ["yesterday", "2h ago", "-2h", "2", "h", "2026-13-01", "2026-11-01T25:00", "1.5d", "", "99999999999d"]

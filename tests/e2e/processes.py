@@ -80,8 +80,16 @@ class Proxy:
 
     metrics_url = ""  # set by a test that serves metrics (receipts_metrics): the addon's log line (METRICS_URL)
 
-    def __init__(self, workdir: Path, confdir: Path, *, db: Path | str | None = None, rules: Path = TEST_RULES,
-                 upstream_ca: Path | None = None, extra: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        workdir: Path,
+        confdir: Path,
+        *,
+        db: Path | str | None = None,
+        rules: Path = TEST_RULES,
+        upstream_ca: Path | None = None,
+        extra: tuple[str, ...] = (),
+    ):
         self.workdir = workdir
         self.confdir = confdir
         self.db = db or workdir / "receipts.db"
@@ -94,10 +102,23 @@ class Proxy:
         self._log_from = 0  # where this start's lines begin in the log (a restart appends to it)
 
     def args(self) -> list[str]:
-        args = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", "0",
-                "--set", f"confdir={self.confdir}", "-s", str(ADDON),
-                "--set", f"receipts_db={self.db}", "--set", f"receipts_rules={self.rules}",
-                "--set", "flow_detail=0"]  # as scripts/run --headless: mitmdump would print raw URLs
+        args = [
+            str(BIN / "mitmdump"),
+            "--listen-host",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "--set",
+            f"confdir={self.confdir}",
+            "-s",
+            str(ADDON),
+            "--set",
+            f"receipts_db={self.db}",
+            "--set",
+            f"receipts_rules={self.rules}",
+            "--set",
+            "flow_detail=0",
+        ]  # as scripts/run --headless: mitmdump would print raw URLs
         if self.upstream_ca:
             args += ["--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}"]
         return args + list(self.extra)
@@ -107,8 +128,13 @@ class Proxy:
         self.port = 0
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while mitmdump runs; stop() closes it
         self._log_from = self._log.tell()
-        self.proc = subprocess.Popen(self.args(), stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            self.args(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         STARTED.append(self)
         if wait:
             self.ready()
@@ -122,9 +148,10 @@ class Proxy:
 
     def _ready(self) -> bool:
         if self.proc and self.proc.poll() is not None:
-            raise AssertionError(f"mitmdump exited with {self.proc.returncode} (log: {self.log_path}):\n"
-                                 f"{tail(self.log_path)}")
-        text = self.log_path.read_bytes()[self._log_from:].decode(errors="replace")
+            raise AssertionError(
+                f"mitmdump exited with {self.proc.returncode} (log: {self.log_path}):\n{tail(self.log_path)}"
+            )
+        text = self.log_path.read_bytes()[self._log_from :].decode(errors="replace")
         listening = LISTENING.search(text)
         # mitmproxy may bind its port before the addon is configured: wait for the addon's word too.
         if not (listening and "receipt-proxy: ready" in text):
@@ -194,13 +221,25 @@ class ScriptsRun:
     share), read from the addon's log line: `metrics_url`.
     """
 
-    def __init__(self, workdir: Path, confdir: Path, args: tuple[str, ...] = (), *, log: Path | None = None,
-                 env: dict[str, str] | None = None, attempts: int = 5):
+    def __init__(
+        self,
+        workdir: Path,
+        confdir: Path,
+        args: tuple[str, ...] = (),
+        *,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+        attempts: int = 5,
+    ):
         self.workdir, self.confdir, self.args, self.attempts = workdir, confdir, tuple(args), attempts
         self.headless = "--headless" in self.args
         self.log_path = log or workdir / "run.log"
-        self.env = {"RECEIPT_PROXY_STATE_DIR": str(workdir / "state"), "RECEIPT_PROXY_RULES": str(TEST_RULES),
-                    "RECEIPT_PROXY_METRICS": "127.0.0.1:0", **(env or {})}
+        self.env = {
+            "RECEIPT_PROXY_STATE_DIR": str(workdir / "state"),
+            "RECEIPT_PROXY_RULES": str(TEST_RULES),
+            "RECEIPT_PROXY_METRICS": "127.0.0.1:0",
+            **(env or {}),
+        }
         self.proc: subprocess.Popen | None = None
         self.proxy_url = self.web_url = self.metrics_url = ""
         self.tries = 0
@@ -208,15 +247,29 @@ class ScriptsRun:
     def start(self) -> ScriptsRun:
         for attempt in range(1, self.attempts + 1):
             self.tries = attempt
-            env = {**os.environ, **self.env, "RECEIPT_PROXY_PORT": "0",
-                   "RECEIPT_PROXY_WEB_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
+            env = {
+                **os.environ,
+                **self.env,
+                "RECEIPT_PROXY_PORT": "0",
+                "RECEIPT_PROXY_WEB_PORT": str(free_port()),
+                "PYTHONUNBUFFERED": "1",
+            }
             with open(self.log_path, "ab") as out:
                 start = out.tell()
-                self.proc = subprocess.Popen([str(ROOT / "scripts" / "run"), *self.args, "--",
-                                              "--set", f"confdir={self.confdir}"],
-                                             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
-            outcome = until_ready(self.proc, self.log_path, lambda start=start: self._ready(start),
-                                  "scripts/run to be ready", timeout=2 * READY)
+                self.proc = subprocess.Popen(
+                    [str(ROOT / "scripts" / "run"), *self.args, "--", "--set", f"confdir={self.confdir}"],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.workdir,
+                )
+            outcome = until_ready(
+                self.proc,
+                self.log_path,
+                lambda start=start: self._ready(start),
+                "scripts/run to be ready",
+                timeout=2 * READY,
+            )
             if outcome is not True:
                 return self
             # mitmweb could not bind its web port after all (taken since free_port()): try another.
@@ -231,8 +284,9 @@ class ScriptsRun:
                 return True
             if "error: RECEIPT_PROXY_WEB_PORT=" in text and "is taken" in text:  # scripts/run's own check
                 return True
-            raise AssertionError(f"scripts/run exited with {self.proc.returncode} (log: {self.log_path}):\n"
-                                 f"{tail(self.log_path)}")
+            raise AssertionError(
+                f"scripts/run exited with {self.proc.returncode} (log: {self.log_path}):\n{tail(self.log_path)}"
+            )
         listening, web = LISTENING.search(text), WEB_LISTENING in text and WEB_URL.search(text)
         if "receipt-proxy: ready" not in text or not listening or not (self.headless or web):
             return None
@@ -277,8 +331,16 @@ class Clients:
     def __init__(self, proxy: Proxy):
         self.proxy = proxy
 
-    def send(self, client: str, method: str, url: str, body: dict | bytes | None = None, *,
-             headers: dict[str, str] | None = None, timeout: float = 10.0) -> Answer:
+    def send(
+        self,
+        client: str,
+        method: str,
+        url: str,
+        body: dict | bytes | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float = 10.0,
+    ) -> Answer:
         data = json.dumps(body).encode() if isinstance(body, dict) else body
         headers = {"Content-Type": "application/json", **SECRETS_HEADERS, **(headers or {})}
         sep = "&" if "?" in url else "?"
@@ -292,8 +354,15 @@ class Clients:
         import requests
 
         try:
-            r = requests.request(method, url, data=data, headers=headers, timeout=timeout,
-                                 proxies={"http": self.proxy.url, "https": self.proxy.url}, verify=str(self.proxy.ca))
+            r = requests.request(
+                method,
+                url,
+                data=data,
+                headers=headers,
+                timeout=timeout,
+                proxies={"http": self.proxy.url, "https": self.proxy.url},
+                verify=str(self.proxy.ca),
+            )
         except requests.RequestException as e:
             return Answer(None, {}, b"", type(e).__name__)
         return Answer(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
@@ -317,7 +386,13 @@ class Clients:
             cmd += ["-H", f"{k}: {v}"]
         if data is not None:
             cmd += ["--data-binary", "@-"]
-        env = {**os.environ, "http_proxy": self.proxy.url, "HTTPS_PROXY": self.proxy.url, "NO_PROXY": "", "no_proxy": ""}
+        env = {
+            **os.environ,
+            "http_proxy": self.proxy.url,
+            "HTTPS_PROXY": self.proxy.url,
+            "NO_PROXY": "",
+            "no_proxy": "",
+        }
         p = subprocess.run([*cmd, url], input=data or b"", capture_output=True, env=env, timeout=timeout + 10)
         if p.returncode != 0:
             return Answer(None, {}, b"", f"curl exit {p.returncode}: {p.stderr.decode(errors='replace').strip()}")
@@ -329,7 +404,11 @@ class Clients:
         return Answer(int(lines[0].split()[1]), hdrs, body)
 
 
-SECRETS_HEADERS = {"Authorization": SECRETS["authorization"], "Cookie": SECRETS["cookie"], "api-key": SECRETS["api-key"]}
+SECRETS_HEADERS = {
+    "Authorization": SECRETS["authorization"],
+    "Cookie": SECRETS["cookie"],
+    "api-key": SECRETS["api-key"],
+}
 
 
 CLIENTS = ["requests", "httpx", "curl"]
@@ -343,12 +422,20 @@ def next_hop(log: Path, confdir: Path, trusted_ca: Path | None = None) -> Iterat
     `trusted_ca` upstream; its log (`log`) lists what went through it. Stopped by its PID.
     """
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "mitmdump"), "--listen-host", "127.0.0.1", "-p", str(port),
-           "--set", f"confdir={confdir}"]
+    cmd = [
+        str(Path(sys.executable).parent / "mitmdump"),
+        "--listen-host",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "--set",
+        f"confdir={confdir}",
+    ]
     if trusted_ca is not None:
         cmd += ["--set", f"ssl_verify_upstream_trusted_ca={trusted_ca}"]
     with open(log, "wb") as out:
         hop = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
     def listening() -> bool:
         if hop.poll() is not None:
             raise AssertionError(f"the next proxy exited with {hop.returncode}:\n{tail(log)}")

@@ -90,8 +90,9 @@ class World:
         self.threads.append(calls)
         local = None
         if self.local:
-            local = Store.open(self.db, clock=self.clock, lock_timeout=0, create=False, checkpoints=False,
-                               writes_with=store)
+            local = Store.open(
+                self.db, clock=self.clock, lock_timeout=0, create=False, checkpoints=False, writes_with=store
+            )
             self.locals_.append(local)
         return Gate(calls, GateSettings(reads=ReadSettings(timeout=5), **settings), local=local)
 
@@ -105,9 +106,15 @@ class World:
         p = self.path(kind)
         match = self.rules.match("127.0.0.1", self.upstream.port, "POST", p)
         assert match is not None
-        view = RequestView("POST", "http", "127.0.0.1", self.upstream.port, p,
-                           {"content-type": "application/json", "api-key": CREDENTIAL},
-                           json.dumps({"title": title}).encode())
+        view = RequestView(
+            "POST",
+            "http",
+            "127.0.0.1",
+            self.upstream.port,
+            p,
+            {"content-type": "application/json", "api-key": CREDENTIAL},
+            json.dumps({"title": title}).encode(),
+        )
         return build_attempt(match, view, KEY), match.operation
 
     async def send(self, op: Operation, kind: str = "things", title: str = "hello") -> Outcome:
@@ -160,8 +167,9 @@ def world(request, tmp_path, upstream, bucket) -> Iterator[World]:
         local.close()
 
 
-async def forward_through(gate: Gate, w: World, attempt: Attempt, op: Operation, kind: str = "things",
-                          title: str = "hello") -> tuple[Admitted, Receipt | None]:
+async def forward_through(
+    gate: Gate, w: World, attempt: Attempt, op: Operation, kind: str = "things", title: str = "hello"
+) -> tuple[Admitted, Receipt | None]:
     """What the proxy does with a matched write: admit; if forwarded, send once and record."""
     admitted = await gate.admit(attempt, op, CREDENTIALS)
     if admitted.decision.kind != "forward":
@@ -183,12 +191,16 @@ async def unknown_receipt(w: World, gate: Gate, fault: str, kind: str = "things"
 
 # --- a new attempt -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("fault", "state", "http_status", "external_id"), [
-    ("ok", State.SUCCEEDED, 201, "1"),
-    ("400", State.REJECTED, 400, None),
-    ("500", State.OUTCOME_UNKNOWN, 500, None),
-    ("drop", State.OUTCOME_UNKNOWN, None, None),
-])
+
+@pytest.mark.parametrize(
+    ("fault", "state", "http_status", "external_id"),
+    [
+        ("ok", State.SUCCEEDED, 201, "1"),
+        ("400", State.REJECTED, 400, None),
+        ("500", State.OUTCOME_UNKNOWN, 500, None),
+        ("drop", State.OUTCOME_UNKNOWN, None, None),
+    ],
+)
 async def test_a_new_attempt_is_forwarded_and_its_outcome_recorded(world, fault, state, http_status, external_id):
     gate = world.gate()
     world.upstream.plan(world.path(), fault)
@@ -229,6 +241,7 @@ async def test_record_only_moves_a_submitted_receipt(world, caplog):
 
 
 # --- a duplicate of a request in flight ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("where", ["this process", "another process"])
 async def test_a_duplicate_waits_for_the_original_and_gets_the_replay(world, where):
@@ -278,10 +291,14 @@ async def test_a_duplicate_still_in_flight_after_the_wait_is_blocked(world):
 
 # --- a duplicate of an unknown outcome ------------------------------------------------------------
 
-@pytest.mark.parametrize(("fault", "kind", "settled", "external_id"), [
-    ("drop", "blocked_succeeded", State.SUCCEEDED, "1"),   # committed, then dropped: the read finds it
-    ("lost", "forward", State.SAFE_TO_RETRY, None),        # never committed: absence is proven
-])
+
+@pytest.mark.parametrize(
+    ("fault", "kind", "settled", "external_id"),
+    [
+        ("drop", "blocked_succeeded", State.SUCCEEDED, "1"),  # committed, then dropped: the read finds it
+        ("lost", "forward", State.SAFE_TO_RETRY, None),  # never committed: absence is proven
+    ],
+)
 async def test_a_duplicate_of_an_unknown_outcome_reconciles_it(world, fault, kind, settled, external_id):
     gate = world.gate()
     first = await unknown_receipt(world, gate, fault)
@@ -296,8 +313,12 @@ async def test_a_duplicate_of_an_unknown_outcome_reconciles_it(world, fault, kin
     after = {r.operation_id: r for r in world.receipts()}
     assert (after[first.operation_id].state, after[first.operation_id].external_id) == (settled, external_id)
     events = world.events(first.operation_id)
-    assert transitions(events) == [(None, "submitted"), ("submitted", "outcome_unknown"),
-                                   ("outcome_unknown", "reconciling"), ("reconciling", str(settled))]
+    assert transitions(events) == [
+        (None, "submitted"),
+        ("submitted", "outcome_unknown"),
+        ("outcome_unknown", "reconciling"),
+        ("reconciling", str(settled)),
+    ]
     if kind == "forward":
         retry = dup.decision.receipt
         assert (retry.state, retry.retry_of) == (State.SUBMITTED, first.operation_id)
@@ -338,10 +359,14 @@ async def test_concurrent_duplicates_share_one_read(world):
 
 # --- an answer that says it may already exist ------------------------------------------------------
 
-@pytest.mark.parametrize(("exists", "settled", "external_id"), [
-    (True, State.SUCCEEDED, "1"),
-    (False, State.SAFE_TO_RETRY, None),
-])
+
+@pytest.mark.parametrize(
+    ("exists", "settled", "external_id"),
+    [
+        (True, State.SUCCEEDED, "1"),
+        (False, State.SAFE_TO_RETRY, None),
+    ],
+)
 async def test_evidence_is_reconciled_at_once(world, exists, settled, external_id):
     gate = world.gate()
     if exists:  # made earlier, by another client: the API answers 409 to this one
@@ -361,8 +386,11 @@ async def test_evidence_is_reconciled_at_once(world, exists, settled, external_i
     (stored,) = world.receipts()
     assert stored.state is settled
     assert transitions(world.events(receipt.operation_id)) == [
-        (None, "submitted"), ("submitted", "outcome_unknown"), ("outcome_unknown", "reconciling"),
-        ("reconciling", str(settled))]
+        (None, "submitted"),
+        ("submitted", "outcome_unknown"),
+        ("outcome_unknown", "reconciling"),
+        ("reconciling", str(settled)),
+    ]
 
 
 async def test_evidence_without_the_operation_is_left_unknown(world):
@@ -377,6 +405,7 @@ async def test_evidence_without_the_operation_is_left_unknown(world):
 
 
 # --- the store refusing --------------------------------------------------------------------------
+
 
 def sqlite_conn(store: ReceiptStore) -> sqlite3.Connection:
     assert isinstance(store, Store), "these tests refuse writes on SQLite"
@@ -594,8 +623,9 @@ async def test_a_task_that_cannot_be_read_waits_until_its_time_to_live_then_is_u
     attempt, op = w.attempt("plain")
     first = await gate.admit(attempt, op, CREDENTIALS)
     assert first.decision.kind == "forward"
-    task = Interim("task", "a task", task_id="task-1234567890", task_status="working",
-                   task_revision="2026-07-28", task_ttl=60)
+    task = Interim(
+        "task", "a task", task_id="task-1234567890", task_status="working", task_revision="2026-07-28", task_ttl=60
+    )
     waiting = await gate.record(first.decision.receipt.operation_id, Outcome(State.SUBMITTED, "a task", interim=task))
     assert waiting is not None and (waiting.waiting_for, waiting.task_hint) == ("task", "task-123…")
 
@@ -607,8 +637,11 @@ async def test_a_task_that_cannot_be_read_waits_until_its_time_to_live_then_is_u
     assert late.decision.kind == "blocked" and late.decision.receipt.state is State.OUTCOME_UNKNOWN
     assert "past its time to live" in (late.decision.receipt.error or "")
     assert w.upstream.seen(w.path("plain")) == 2  # the two reads (POSTs of tasks/get); the write was never sent
-    assert duplicates(w.events(waiting.operation_id)) == [("task", "submitted"), ("blocked", "submitted"),
-                                                          ("blocked", "outcome_unknown")]
+    assert duplicates(w.events(waiting.operation_id)) == [
+        ("task", "submitted"),
+        ("blocked", "submitted"),
+        ("blocked", "outcome_unknown"),
+    ]
 
 
 async def test_a_duplicate_waiting_in_another_process_is_answered_once_the_call_waits_for_input(world):
@@ -629,5 +662,7 @@ async def test_a_duplicate_waiting_in_another_process_is_answered_once_the_call_
     await a.record(first.decision.receipt.operation_id, asked)
     answered = await asyncio.wait_for(waiting, 20)  # generous; without the interim's wake-up it takes 60 s
     assert answered.decision.kind == "blocked" and answered.decision.receipt.waiting_for == "input"
-    assert duplicates(w.events(first.decision.receipt.operation_id)) == [("input_required", "submitted"),
-                                                                         ("blocked", "submitted")]
+    assert duplicates(w.events(first.decision.receipt.operation_id)) == [
+        ("input_required", "submitted"),
+        ("blocked", "submitted"),
+    ]

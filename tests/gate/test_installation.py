@@ -81,5 +81,6 @@ def test_a_missing_key_beside_a_database_with_receipts_is_refused_even_without_a
 
 
 def _attempt() -> Attempt:
-    return Attempt(api="a", operation="o", method="POST", target="https://a/x", intent_fingerprint="fp-1",
-                   intent={}, principal="p")
+    return Attempt(
+        api="a", operation="o", method="POST", target="https://a/x", intent_fingerprint="fp-1", intent={}, principal="p"
+    )

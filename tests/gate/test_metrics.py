@@ -50,8 +50,7 @@ def test_the_unknown_outcomes_gauge_reads_the_database_at_each_scrape(db):
     store = open_store(db)
     metrics = Metrics()
     gauge = lambda: {  # noqa: E731
-        tuple(s.labels.values()): s.value
-        for family in metrics.unknown.collect() for s in family.samples if s.value
+        tuple(s.labels.values()): s.value for family in metrics.unknown.collect() for s in family.samples if s.value
     }
     assert gauge() == {}  # no database watched: no samples
     metrics.watch_db(db)
@@ -60,6 +59,8 @@ def test_the_unknown_outcomes_gauge_reads_the_database_at_each_scrape(db):
     assert gauge() == {("example", "articles.create", "outcome_unknown"): 2}
     unknown = store.list(states=[State.OUTCOME_UNKNOWN])[0]
     store.claim_for_reconcile(unknown.operation_id, actor="test")
-    assert gauge() == {("example", "articles.create", "outcome_unknown"): 1,
-                       ("example", "articles.create", "reconciling"): 1}
+    assert gauge() == {
+        ("example", "articles.create", "outcome_unknown"): 1,
+        ("example", "articles.create", "reconciling"): 1,
+    }
     metrics.close()

@@ -77,11 +77,26 @@ def test_a_lease_taken_again_after_it_expired_refuses_what_was_committed_before(
 
 def receipt(**kw) -> Receipt:
     fields: dict[str, Any] = dict(
-        operation_id="20261129T000000Z-abc", api="a", operation="o", method="POST", target="https://a.test/x",
-        state=State.SUBMITTED, intent_fingerprint="sha256:x", intent={}, principal="anonymous",
-        submitted_at="2026-11-29T10:00:00.000000Z", updated_at="2026-11-29T10:00:00.000000Z", completed_at=None,
-        http_status=None, error=None, external_id=None, flow_id=None, retry_of=None, instance="i-1",
-        upstream_timeout=30.0, in_flight_until="2026-11-29T10:00:30.000000Z",
+        operation_id="20261129T000000Z-abc",
+        api="a",
+        operation="o",
+        method="POST",
+        target="https://a.test/x",
+        state=State.SUBMITTED,
+        intent_fingerprint="sha256:x",
+        intent={},
+        principal="anonymous",
+        submitted_at="2026-11-29T10:00:00.000000Z",
+        updated_at="2026-11-29T10:00:00.000000Z",
+        completed_at=None,
+        http_status=None,
+        error=None,
+        external_id=None,
+        flow_id=None,
+        retry_of=None,
+        instance="i-1",
+        upstream_timeout=30.0,
+        in_flight_until="2026-11-29T10:00:30.000000Z",
     )
     return Receipt(**{**fields, **kw})
 

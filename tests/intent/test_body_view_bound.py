@@ -50,8 +50,15 @@ RULESET = RuleSet.of([load_rules(RULES, "bound.yaml")])
 def intent_of(path: str, body: dict, headers: dict[str, str] | None = None):
     m = RULESET.match("api.test", 443, "POST", path)
     assert m is not None
-    view = RequestView("POST", "https", "api.test", 443, path, {"content-type": "application/json", **(headers or {})},
-                       json.dumps(body).encode())
+    view = RequestView(
+        "POST",
+        "https",
+        "api.test",
+        443,
+        path,
+        {"content-type": "application/json", **(headers or {})},
+        json.dumps(body).encode(),
+    )
     return fingerprint(m, view, KEY)
 
 
@@ -101,11 +108,26 @@ def test_a_value_the_read_names_is_kept_for_the_read_up_to_a_larger_bound():
     huge = intent_of("/posts", {"title": "t" * (2 * 1024 * 1024), "text": "x"})
     assert huge.intent["body"]["title"].startswith("hmac:")
     # A read template naming a value stored as a hash fails to plan: it never looks for the hash.
-    receipt = Receipt(operation_id="r1", api="bound-api", operation="posts.create", method="POST",
-                      target="https://api.test/posts", intent_fingerprint=huge.fingerprint, intent=huge.intent,
-                      principal="anonymous", state=State.OUTCOME_UNKNOWN, submitted_at="2026-01-01T00:00:00+00:00",
-                      updated_at="2026-01-01T00:00:00+00:00", completed_at=None, http_status=None, error=None,
-                      external_id=None, flow_id=None, retry_of=None, instance=None)
+    receipt = Receipt(
+        operation_id="r1",
+        api="bound-api",
+        operation="posts.create",
+        method="POST",
+        target="https://api.test/posts",
+        intent_fingerprint=huge.fingerprint,
+        intent=huge.intent,
+        principal="anonymous",
+        state=State.OUTCOME_UNKNOWN,
+        submitted_at="2026-01-01T00:00:00+00:00",
+        updated_at="2026-01-01T00:00:00+00:00",
+        completed_at=None,
+        http_status=None,
+        error=None,
+        external_id=None,
+        flow_id=None,
+        retry_of=None,
+        instance=None,
+    )
     with pytest.raises(ReconcileError, match=r"\{intent.title\} has no value"):
         render("/posts?title={intent.title}", receipt, url=True)
 

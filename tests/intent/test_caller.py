@@ -54,48 +54,82 @@ PIN = RuleSet.of([load_rules(PIN_RULES, "pin.yaml")])
 CORPUS = [
     ("query-api_key", "/v1/things?api_key=K1", JSON, b'{"title": "t"}', ("query:api_key",)),
     ("unnamed-header", "/v1/things", {**JSON, "x-api-key": "K1"}, b'{"title": "t"}', ("x-api-key",)),
-    ("rule-header-and-authorization", "/v1/things", {**JSON, "api-key": "A", "authorization": "Bearer B"},
-     b'{"title": "t"}', ("api-key", "authorization")),
-    ("form-client_secret", "/oauth/token", FORM, b"grant_type=client_credentials&client_id=c1&client_secret=S1",
-     ("body:client_secret",)),
-    ("json-client_secret", "/oauth/token", JSON,
-     b'{"grant_type": "client_credentials", "client_id": "c1", "client_secret": "S1"}', ("body:client_secret",)),
+    (
+        "rule-header-and-authorization",
+        "/v1/things",
+        {**JSON, "api-key": "A", "authorization": "Bearer B"},
+        b'{"title": "t"}',
+        ("api-key", "authorization"),
+    ),
+    (
+        "form-client_secret",
+        "/oauth/token",
+        FORM,
+        b"grant_type=client_credentials&client_id=c1&client_secret=S1",
+        ("body:client_secret",),
+    ),
+    (
+        "json-client_secret",
+        "/oauth/token",
+        JSON,
+        b'{"grant_type": "client_credentials", "client_id": "c1", "client_secret": "S1"}',
+        ("body:client_secret",),
+    ),
     ("telegram-path", f"/bot{TG}/sendMessage", JSON, b'{"chat_id": 42, "text": "hi"}', ("path:token",)),
-    ("discord-path", "/api/webhooks/123456/tok-EN_abcdefghijklmnopqrstuvwxyz0123456789", JSON,
-     b'{"content": "hi"}', ("path:webhook_token",)),
-    ("slack-webhook-path", "/services/T0001/B0002/XXXXXXXXXXXXXXXXXXXXXXXX", JSON, b'{"text": "hi"}',
-     ("path:secret",)),
+    (
+        "discord-path",
+        "/api/webhooks/123456/tok-EN_abcdefghijklmnopqrstuvwxyz0123456789",
+        JSON,
+        b'{"content": "hi"}',
+        ("path:webhook_token",),
+    ),
+    ("slack-webhook-path", "/services/T0001/B0002/XXXXXXXXXXXXXXXXXXXXXXXX", JSON, b'{"text": "hi"}', ("path:secret",)),
     ("body-token-shape", "/v1/things", JSON, b'{"title": "t", "gh": "%s"}' % GHP.encode(), ("body:gh",)),
     ("cookie-only", "/v1/things", {**JSON, "cookie": "s=1"}, b'{"title": "t"}', ("cookie",)),
     ("query-sig-only", "/v1/things?sig=abc", JSON, b'{"title": "t"}', ()),
-    ("header-shape", "/v1/things", {**JSON, "x-custom": "sk_live_abcdefghijklmnop"}, b'{"title": "t"}',
-     ("x-custom",)),
-    ("rule-header-and-query-key", "/v1/things?access_token=Q1", {**JSON, "api-key": "A"}, b'{"title": "t"}',
-     ("api-key", "query:access_token")),
+    ("header-shape", "/v1/things", {**JSON, "x-custom": "sk_live_abcdefghijklmnop"}, b'{"title": "t"}', ("x-custom",)),
+    (
+        "rule-header-and-query-key",
+        "/v1/things?access_token=Q1",
+        {**JSON, "api-key": "A"},
+        b'{"title": "t"}',
+        ("api-key", "query:access_token"),
+    ),
 ]
 
 # What the code before this change computed (it knew no schemes: today's scheme 2), for CORPUS.
 SCHEME_2 = {
     "query-api_key": ("sha256:d0b9640fe0b8775f8001eeeb02f174eb9180bed14b78e70da1e223b382a94110", "anonymous"),
     "unnamed-header": ("sha256:d0b9640fe0b8775f8001eeeb02f174eb9180bed14b78e70da1e223b382a94110", "anonymous"),
-    "rule-header-and-authorization": ("sha256:d4b438dfc0fe12618d307d05d19be2c9c7a48ffe6cc52500734aba6b60e64b35",
-                                      "hmac:db4f4bfc60f1ed0b3858349091f124a2"),
+    "rule-header-and-authorization": (
+        "sha256:d4b438dfc0fe12618d307d05d19be2c9c7a48ffe6cc52500734aba6b60e64b35",
+        "hmac:db4f4bfc60f1ed0b3858349091f124a2",
+    ),
     "form-client_secret": ("sha256:44e24e5e83f82c504197ace498bf3498fde1af33bbdc10a1d593e6a69734fb7d", "anonymous"),
     "json-client_secret": ("sha256:86e842a526c3ab7ab89cebaba703fc1fd3e663b5ad1892003da1d26eb8da9679", "anonymous"),
     "telegram-path": ("sha256:39dd86fcbaa53f37678e1e9a2433f4b86f6547e401a3aec1af4e7e41a80530ad", "anonymous"),
     "discord-path": ("sha256:f27d69fe0797b9b1a231c1d685db7907402eef6acefb5a7a371ed5e7ad9e9286", "anonymous"),
     "slack-webhook-path": ("sha256:b48bc64412491327f5446c4bc1c90c752a0ecafddad33902f959378407d85c22", "anonymous"),
     "body-token-shape": ("sha256:d0b9640fe0b8775f8001eeeb02f174eb9180bed14b78e70da1e223b382a94110", "anonymous"),
-    "cookie-only": ("sha256:4700adae031f80f2e07a03cb6b3ca0db9d1e7271f53c38971f51063f0741bd6e",
-                    "hmac:d2bdf7f7ffdda4cd37116807342f1f13"),
+    "cookie-only": (
+        "sha256:4700adae031f80f2e07a03cb6b3ca0db9d1e7271f53c38971f51063f0741bd6e",
+        "hmac:d2bdf7f7ffdda4cd37116807342f1f13",
+    ),
     "query-sig-only": ("sha256:d0b9640fe0b8775f8001eeeb02f174eb9180bed14b78e70da1e223b382a94110", "anonymous"),
     "header-shape": ("sha256:d0b9640fe0b8775f8001eeeb02f174eb9180bed14b78e70da1e223b382a94110", "anonymous"),
-    "rule-header-and-query-key": ("sha256:d4b438dfc0fe12618d307d05d19be2c9c7a48ffe6cc52500734aba6b60e64b35",
-                                  "hmac:db4f4bfc60f1ed0b3858349091f124a2"),
+    "rule-header-and-query-key": (
+        "sha256:d4b438dfc0fe12618d307d05d19be2c9c7a48ffe6cc52500734aba6b60e64b35",
+        "hmac:db4f4bfc60f1ed0b3858349091f124a2",
+    ),
 }
 # Operation.rule_digest of PIN_RULES before this change: a rule that declares no new place keeps it.
-PIN_DIGESTS = {"token.create": "aab7c7d28ce8567f", "bot.send": "d69c3d5040e3a520", "hook.post": "10548abd3713b9f6",
-               "slack.hook": "0ae13e4e3cc3778d", "things.create": "fd7cb43d57806fde"}
+PIN_DIGESTS = {
+    "token.create": "aab7c7d28ce8567f",
+    "bot.send": "d69c3d5040e3a520",
+    "hook.post": "10548abd3713b9f6",
+    "slack.hook": "0ae13e4e3cc3778d",
+    "things.create": "fd7cb43d57806fde",
+}
 
 
 def view(path: str, headers: dict[str, str], body: bytes, host: str = "api.pin.test") -> RequestView:
@@ -137,32 +171,75 @@ def test_a_rule_that_declares_no_new_place_keeps_its_digest():
 
 # id, request A, request B (path, headers, body) that differ only by a credential: two callers
 TWO_CALLERS = [
-    ("query-key", ("/v1/things?api_key=K1", JSON, b'{"title": "t"}'), ("/v1/things?api_key=K2", JSON, b'{"title": "t"}')),
-    ("query-key-repeated", ("/v1/things?key=K1&key=K2", JSON, b'{"title": "t"}'),
-     ("/v1/things?key=K1&key=K3", JSON, b'{"title": "t"}')),
-    ("unnamed-header", ("/v1/things", {**JSON, "x-api-key": "K1"}, b'{"title": "t"}'),
-     ("/v1/things", {**JSON, "x-api-key": "K2"}, b'{"title": "t"}')),
-    ("x-auth-token", ("/v1/things", {**JSON, "x-auth-token": "K1"}, b'{"title": "t"}'),
-     ("/v1/things", {**JSON, "x-auth-token": "K2"}, b'{"title": "t"}')),
-    ("authorization-beside-rule-header", ("/v1/things", {**JSON, "api-key": "A", "authorization": "Bearer 1"}, b"{}"),
-     ("/v1/things", {**JSON, "api-key": "A", "authorization": "Bearer 2"}, b"{}")),
-    ("form-client_secret", ("/oauth/token", FORM, b"grant_type=g&client_id=c&client_secret=right"),
-     ("/oauth/token", FORM, b"grant_type=g&client_id=c&client_secret=wrong")),
-    ("json-client_secret", ("/oauth/token", JSON, b'{"grant_type": "g", "client_id": "c", "client_secret": "right"}'),
-     ("/oauth/token", JSON, b'{"grant_type": "g", "client_id": "c", "client_secret": "wrong"}')),
-    ("json-sent-as-form", ("/oauth/token", FORM, b'{"grant_type": "g", "client_id": "c", "password": "p1"}'),
-     ("/oauth/token", FORM, b'{"grant_type": "g", "client_id": "c", "password": "p2"}')),
-    ("multipart-token", ("/v1/things", {"content-type": "multipart/form-data; boundary=b"},
-                         b'--b\r\nContent-Disposition: form-data; name="token"\r\n\r\nT1\r\n--b--\r\n'),
-     ("/v1/things", {"content-type": "multipart/form-data; boundary=b"},
-      b'--b\r\nContent-Disposition: form-data; name="token"\r\n\r\nT2\r\n--b--\r\n')),
-    ("telegram-bot", (f"/bot{TG}/sendMessage", JSON, b'{"chat_id": 1, "text": "hi"}'),
-     (f"/bot{TG[:-1]}X/sendMessage", JSON, b'{"chat_id": 1, "text": "hi"}')),
-    ("discord-webhook", ("/api/webhooks/1/aaaa", JSON, b'{"content": "hi"}'),
-     ("/api/webhooks/1/bbbb", JSON, b'{"content": "hi"}')),
+    (
+        "query-key",
+        ("/v1/things?api_key=K1", JSON, b'{"title": "t"}'),
+        ("/v1/things?api_key=K2", JSON, b'{"title": "t"}'),
+    ),
+    (
+        "query-key-repeated",
+        ("/v1/things?key=K1&key=K2", JSON, b'{"title": "t"}'),
+        ("/v1/things?key=K1&key=K3", JSON, b'{"title": "t"}'),
+    ),
+    (
+        "unnamed-header",
+        ("/v1/things", {**JSON, "x-api-key": "K1"}, b'{"title": "t"}'),
+        ("/v1/things", {**JSON, "x-api-key": "K2"}, b'{"title": "t"}'),
+    ),
+    (
+        "x-auth-token",
+        ("/v1/things", {**JSON, "x-auth-token": "K1"}, b'{"title": "t"}'),
+        ("/v1/things", {**JSON, "x-auth-token": "K2"}, b'{"title": "t"}'),
+    ),
+    (
+        "authorization-beside-rule-header",
+        ("/v1/things", {**JSON, "api-key": "A", "authorization": "Bearer 1"}, b"{}"),
+        ("/v1/things", {**JSON, "api-key": "A", "authorization": "Bearer 2"}, b"{}"),
+    ),
+    (
+        "form-client_secret",
+        ("/oauth/token", FORM, b"grant_type=g&client_id=c&client_secret=right"),
+        ("/oauth/token", FORM, b"grant_type=g&client_id=c&client_secret=wrong"),
+    ),
+    (
+        "json-client_secret",
+        ("/oauth/token", JSON, b'{"grant_type": "g", "client_id": "c", "client_secret": "right"}'),
+        ("/oauth/token", JSON, b'{"grant_type": "g", "client_id": "c", "client_secret": "wrong"}'),
+    ),
+    (
+        "json-sent-as-form",
+        ("/oauth/token", FORM, b'{"grant_type": "g", "client_id": "c", "password": "p1"}'),
+        ("/oauth/token", FORM, b'{"grant_type": "g", "client_id": "c", "password": "p2"}'),
+    ),
+    (
+        "multipart-token",
+        (
+            "/v1/things",
+            {"content-type": "multipart/form-data; boundary=b"},
+            b'--b\r\nContent-Disposition: form-data; name="token"\r\n\r\nT1\r\n--b--\r\n',
+        ),
+        (
+            "/v1/things",
+            {"content-type": "multipart/form-data; boundary=b"},
+            b'--b\r\nContent-Disposition: form-data; name="token"\r\n\r\nT2\r\n--b--\r\n',
+        ),
+    ),
+    (
+        "telegram-bot",
+        (f"/bot{TG}/sendMessage", JSON, b'{"chat_id": 1, "text": "hi"}'),
+        (f"/bot{TG[:-1]}X/sendMessage", JSON, b'{"chat_id": 1, "text": "hi"}'),
+    ),
+    (
+        "discord-webhook",
+        ("/api/webhooks/1/aaaa", JSON, b'{"content": "hi"}'),
+        ("/api/webhooks/1/bbbb", JSON, b'{"content": "hi"}'),
+    ),
     ("slack-webhook", ("/services/T1/B1/aaaaaaaa", JSON, b"{}"), ("/services/T1/B1/bbbbbbbb", JSON, b"{}")),
-    ("token-shaped-header", ("/v1/things", {**JSON, "x-custom": "Bearer " + GHP}, b"{}"),
-     ("/v1/things", {**JSON, "x-custom": "Bearer " + GHP[:-1] + "X"}, b"{}")),
+    (
+        "token-shaped-header",
+        ("/v1/things", {**JSON, "x-custom": "Bearer " + GHP}, b"{}"),
+        ("/v1/things", {**JSON, "x-custom": "Bearer " + GHP[:-1] + "X"}, b"{}"),
+    ),
     ("token-shaped-query", ("/v1/things?s=" + GHP, JSON, b"{}"), ("/v1/things?s=" + GHP[:-1] + "X", JSON, b"{}")),
 ]
 
@@ -176,15 +253,18 @@ def test_two_callers_that_differ_only_by_a_credential_are_two_intents(a, b):
 
 
 # Parts that change between a request and its retry never count: the retry keeps its principal.
-@pytest.mark.parametrize("a, b", [
-    pytest.param({"x-signature": "s1"}, {"x-signature": "s2"}, id="signature-header"),
-    pytest.param({"mcp-session-id": "s1"}, {"mcp-session-id": "s2"}, id="mcp-session"),
-    pytest.param({"x-csrf-token": "c1"}, {"x-csrf-token": "c2"}, id="csrf-token"),
-    pytest.param({"proxy-authorization": "Basic a"}, {"proxy-authorization": "Basic b"}, id="proxy-authorization"),
-    pytest.param({"idempotency-key": "k1"}, {"idempotency-key": "k2"}, id="idempotency-key"),
-    pytest.param({"cookie": "s=1"}, {"cookie": "s=2"}, id="cookie-beside-a-credential"),
-    pytest.param({"x-request-id": GHP}, {"x-request-id": GHP}, id="same-shape-same-principal"),
-])
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        pytest.param({"x-signature": "s1"}, {"x-signature": "s2"}, id="signature-header"),
+        pytest.param({"mcp-session-id": "s1"}, {"mcp-session-id": "s2"}, id="mcp-session"),
+        pytest.param({"x-csrf-token": "c1"}, {"x-csrf-token": "c2"}, id="csrf-token"),
+        pytest.param({"proxy-authorization": "Basic a"}, {"proxy-authorization": "Basic b"}, id="proxy-authorization"),
+        pytest.param({"idempotency-key": "k1"}, {"idempotency-key": "k2"}, id="idempotency-key"),
+        pytest.param({"cookie": "s=1"}, {"cookie": "s=2"}, id="cookie-beside-a-credential"),
+        pytest.param({"x-request-id": GHP}, {"x-request-id": GHP}, id="same-shape-same-principal"),
+    ],
+)
 def test_what_changes_between_retries_never_counts(a, b):
     base = {**JSON, "x-api-key": "K1"}
     one = pin("/v1/things?page_token=p1&nonce=n1", {**base, **a}, b'{"title": "t"}')
@@ -218,14 +298,26 @@ def test_a_caller_that_cannot_be_told_apart_is_unidentified_and_never_replayed()
 
 
 def test_mcp_arguments_named_like_credentials_count():
-    rules = RuleSet.of([load_rules(
-        "api: t\nhosts: [mcp.test]\noperations:\n  send:\n"
-        "    match: {method: POST, path: /mcp, mcp: {tool: send}}\n"
-        "    fingerprint: {body: [params.arguments.text]}\n", "t.yaml")])
+    rules = RuleSet.of(
+        [
+            load_rules(
+                "api: t\nhosts: [mcp.test]\noperations:\n  send:\n"
+                "    match: {method: POST, path: /mcp, mcp: {tool: send}}\n"
+                "    fingerprint: {body: [params.arguments.text]}\n",
+                "t.yaml",
+            )
+        ]
+    )
 
     def call(key: str):
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                           "params": {"name": "send", "arguments": {"text": "hi", "api_key": key}}}).encode()
+        body = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "send", "arguments": {"text": "hi", "api_key": key}},
+            }
+        ).encode()
         m = rules.match("mcp.test", 443, "POST", "/mcp", body=body, headers=[])
         assert m is not None
         return fingerprint(m, view("/mcp", JSON, body, host="mcp.test"), KEY)
@@ -280,7 +372,9 @@ def test_a_path_credential_is_a_keyed_hash_in_the_intent_and_redacted_in_the_tar
     assert got.intent["path"]["room"].startswith("hmac:")
     assert got.target == f"https://api.dec.test/rooms/{REDACTED}/send"
     assert "r00m-5ecret" not in json.dumps(got.intent)
-    assert declared("/rooms/r00m-5ecret/send", JSON, b'{"text": "hi"}', scheme=2).intent["path"]["room"] == "r00m-5ecret"
+    assert (
+        declared("/rooms/r00m-5ecret/send", JSON, b'{"text": "hi"}', scheme=2).intent["path"]["room"] == "r00m-5ecret"
+    )
     tg = pin(f"//bot{TG.replace(':', '%3A')}/sendMessage", JSON, b'{"chat_id": 1, "text": "x"}')
     assert tg.target == f"https://api.pin.test/{REDACTED}/sendMessage"
     assert tg.raw_target == f"https://api.pin.test//{REDACTED}/sendMessage"
@@ -291,15 +385,18 @@ def test_a_path_credential_is_a_keyed_hash_in_the_intent_and_redacted_in_the_tar
     assert hook.intent["path"] == {"team": "T1", "bot": "B2", "secret": hook.intent["path"]["secret"]}
 
 
-@pytest.mark.parametrize("path, expected", [
-    (f"/bot{TG}/getMe", f"/{REDACTED}/getMe"),
-    (f"/bot{TG.replace(':', '%3a')}/getMe", f"/{REDACTED}/getMe"),
-    ("/services/T0AB/B0CD/s3cr3tS3cr3t?x=1", f"/services/T0AB/B0CD/{REDACTED}?x={REDACTED}"),
-    ("/api/v10/webhooks/42/tok_en/messages", f"/api/v10/webhooks/42/{REDACTED}/messages"),
-    (f"/v1/keys/{GHP}", f"/v1/keys/{REDACTED}"),
-    ("/v1/users/eyJhbGciOiJI.eyJzdWIiOiIx.sig/x", f"/v1/users/{REDACTED}/x"),
-    ("/v1/items/12345/comments", "/v1/items/12345/comments"),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        (f"/bot{TG}/getMe", f"/{REDACTED}/getMe"),
+        (f"/bot{TG.replace(':', '%3a')}/getMe", f"/{REDACTED}/getMe"),
+        ("/services/T0AB/B0CD/s3cr3tS3cr3t?x=1", f"/services/T0AB/B0CD/{REDACTED}?x={REDACTED}"),
+        ("/api/v10/webhooks/42/tok_en/messages", f"/api/v10/webhooks/42/{REDACTED}/messages"),
+        (f"/v1/keys/{GHP}", f"/v1/keys/{REDACTED}"),
+        ("/v1/users/eyJhbGciOiJI.eyJzdWIiOiIx.sig/x", f"/v1/users/{REDACTED}/x"),
+        ("/v1/items/12345/comments", "/v1/items/12345/comments"),
+    ],
+)
 def test_a_url_never_shows_a_token_in_its_path(path, expected):
     assert redact_url("https", "h.test", 443, path) == f"https://h.test{expected}"
 
@@ -308,25 +405,40 @@ RULE_PROBLEMS = [
     ("credentials: {env: K}", "credentials", "name at least one of header, query, body, path"),
     ("credentials: {path: [nope]}", "credentials.path", "'nope' is a parameter of no operation's path in this file"),
     ("credentials: {body: ['a b']}", "credentials.body", "'a b' is not a field name or a dotted path"),
-    ("credentials: {query: [k]}\n    fingerprint: {query: [k]}", "operations.send.fingerprint.query",
-     "'k' is declared a credential (credentials.query); it never enters a fingerprint"),
-    ("credentials: {path: [other]}", "operations.send.credentials.path",
-     "'other' is not a parameter of '/rooms/{room}/send' (it has: room)"),
-    ("reconcile: {read: {url: '/rooms/{path.webhook_token}'}}", "operations.send.reconcile.read.url",
-     "{path.webhook_token} carries a credential"),
+    (
+        "credentials: {query: [k]}\n    fingerprint: {query: [k]}",
+        "operations.send.fingerprint.query",
+        "'k' is declared a credential (credentials.query); it never enters a fingerprint",
+    ),
+    (
+        "credentials: {path: [other]}",
+        "operations.send.credentials.path",
+        "'other' is not a parameter of '/rooms/{room}/send' (it has: room)",
+    ),
+    (
+        "reconcile: {read: {url: '/rooms/{path.webhook_token}'}}",
+        "operations.send.reconcile.read.url",
+        "{path.webhook_token} carries a credential",
+    ),
 ]
 
 
 @pytest.mark.parametrize("extra, where, message", RULE_PROBLEMS)
 def test_credentials_the_loader_refuses(extra, where, message):
-    file_level = extra.startswith("credentials: {env") or extra.startswith("credentials: {path: [nope]") or \
-        extra.startswith("credentials: {body")
+    file_level = (
+        extra.startswith("credentials: {env")
+        or extra.startswith("credentials: {path: [nope]")
+        or extra.startswith("credentials: {body")
+    )
     text = (
         "api: r\nhosts: [r.test]\n"
         + (extra + "\n" if file_level else "")
         + "operations:\n  send:\n"
-        + ("    match: {method: POST, path: '/rooms/{webhook_token}/send'}\n" if "webhook_token" in extra
-           else "    match: {method: POST, path: '/rooms/{room}/send'}\n")
+        + (
+            "    match: {method: POST, path: '/rooms/{webhook_token}/send'}\n"
+            if "webhook_token" in extra
+            else "    match: {method: POST, path: '/rooms/{room}/send'}\n"
+        )
         + ("" if file_level else f"    {extra}\n")
     )
     problems = check_rules(text, "r.yaml")
@@ -362,11 +474,21 @@ def test_an_earlier_schemes_success_blind_to_a_credential_is_blocked_never_repla
         m = PIN.match("api.pin.test", 443, "POST", path)
         assert m is not None
         old = build_attempt(m, view(path, JSON, body), KEY)
-        old = type(old)(**{**old.__dict__, "intent_fingerprint": pin(path, JSON, body, scheme=2).fingerprint,
-                           "fingerprint_scheme": 2})
+        old = type(old)(
+            **{
+                **old.__dict__,
+                "intent_fingerprint": pin(path, JSON, body, scheme=2).fingerprint,
+                "fingerprint_scheme": 2,
+            }
+        )
         first = store.begin_attempt(old)
-        store.transition(first.receipt.operation_id, State.SUCCEEDED, reason="HTTP 200", http_status=200,
-                         response=RecordedResponse(200, [], b'{"ok": true, "result": {"message_id": 1}}'))
+        store.transition(
+            first.receipt.operation_id,
+            State.SUCCEEDED,
+            reason="HTTP 200",
+            http_status=200,
+            response=RecordedResponse(200, [], b'{"ok": true, "result": {"message_id": 1}}'),
+        )
         retry = build_attempt(m, view(path, JSON, body), KEY, versions=[Version(2, None, False)])
         assert old.intent_fingerprint in retry.earlier and old.intent_fingerprint in retry.unreplayable
         d = store.begin_attempt(retry)
@@ -401,12 +523,28 @@ def test_a_write_keeps_the_principal_of_its_credential_headers_when_more_made_it
 def test_rules_explain_says_which_parts_make_the_principal_and_never_shows_them():
     from proxy_addon.explain import explain, render
 
-    text = render(explain(PIN, "POST", f"https://api.pin.test/bot{TG}/sendMessage?api_key=QK", b'{"chat_id": 1}',
-                          {"content-type": "application/json", "x-custom": "Bearer " + GHP}, KEY))
+    text = render(
+        explain(
+            PIN,
+            "POST",
+            f"https://api.pin.test/bot{TG}/sendMessage?api_key=QK",
+            b'{"chat_id": 1}',
+            {"content-type": "application/json", "x-custom": "Bearer " + GHP},
+            KEY,
+        )
+    )
     assert "a keyed hash of x-custom, path:token, query:api_key" in text
     assert "/REDACTED/sendMessage?api_key=REDACTED" in text and "x-custom: REDACTED" in text
     assert TG.split(":")[1] not in text and GHP not in text and "QK" not in text
-    odd = render(explain(PIN, "POST", "https://api.pin.test/v1/things?sig=S", b'{"title": "t"}',
-                         {"content-type": "application/json"}, KEY))
+    odd = render(
+        explain(
+            PIN,
+            "POST",
+            "https://api.pin.test/v1/things?sig=S",
+            b'{"title": "t"}',
+            {"content-type": "application/json"},
+            KEY,
+        )
+    )
     assert "no credential tells this caller apart: a keyed hash of query:sig" in odd
     assert "a success is never replayed to it" in odd

@@ -69,8 +69,17 @@ def test_a_gzip_body_is_read_by_scheme_1_as_it_was_sent():
     m = match(rules, "POST", "api.shop.test", 443, "/v1/stores/s1/orders", headers, plain)
     req = dataclasses.replace(view("POST", "api.shop.test", 443, "/v1/stores/s1/orders", headers, plain), sent=sent)
     earlier, _ = build_attempt(m, req, KEY, versions=(Version(1, None, False),)).earlier, None
-    v1 = fingerprint_v1(m, KEY, method="POST", scheme="https", host="api.shop.test", port=443,
-                        path="/v1/stores/s1/orders", headers=headers, sent=sent)
+    v1 = fingerprint_v1(
+        m,
+        KEY,
+        method="POST",
+        scheme="https",
+        host="api.shop.test",
+        port=443,
+        path="/v1/stores/s1/orders",
+        headers=headers,
+        sent=sent,
+    )
     assert earlier == (v1,)
 
 
@@ -171,8 +180,14 @@ def attempt_for(rules: RuleSet, *args, versions=(), client_key=None, idempotency
 
 def earlier_receipt(store, a, state: State, *, fingerprint: str):
     """A receipt as an earlier version made it: `fingerprint`, no scheme or rule recorded."""
-    old = dataclasses.replace(a, intent_fingerprint=fingerprint, fingerprint_scheme=None, fingerprint_rule=None,
-                              earlier=(), earlier_unresolved=())
+    old = dataclasses.replace(
+        a,
+        intent_fingerprint=fingerprint,
+        fingerprint_scheme=None,
+        fingerprint_rule=None,
+        earlier=(),
+        earlier_unresolved=(),
+    )
     d = store.begin_attempt(old)
     assert d.kind == "forward"
     if state is not State.SUBMITTED:
@@ -180,14 +195,29 @@ def earlier_receipt(store, a, state: State, *, fingerprint: str):
     return d.receipt
 
 
-ARGS = ("POST", "api.shop.test", 443, "/v1/stores/s1/orders", {**JSON, "authorization": "Bearer tok"},
-        b'{"order": {"title": "t"}}')
+ARGS = (
+    "POST",
+    "api.shop.test",
+    443,
+    "/v1/stores/s1/orders",
+    {**JSON, "authorization": "Bearer tok"},
+    b'{"order": {"title": "t"}}',
+)
 
 
 def v1_of(rules, *args):
     method, host, port, path, headers, body = args
-    return fingerprint_v1(match(rules, *args), KEY, method=method, scheme="https", host=host, port=port, path=path,
-                          headers=headers, sent=body)
+    return fingerprint_v1(
+        match(rules, *args),
+        KEY,
+        method=method,
+        scheme="https",
+        host=host,
+        port=port,
+        path=path,
+        headers=headers,
+        sent=body,
+    )
 
 
 def test_an_unknown_outcome_under_scheme_1_blocks_the_retry(backend_store):
@@ -204,8 +234,9 @@ def test_an_unknown_outcome_under_scheme_1_blocks_the_retry(backend_store):
 def test_a_retry_of_an_earlier_schemes_safe_to_retry_reuses_its_key(backend_store):
     rules = RuleSet.of([load_rules(RULES, "t.yaml")])
     a = attempt_for(rules, *ARGS, versions=(Version(1, None, False),), idempotency=True)
-    old = earlier_receipt(backend_store, dataclasses.replace(a, idempotency=True), State.OUTCOME_UNKNOWN,
-                          fingerprint=v1_of(rules, *ARGS))
+    old = earlier_receipt(
+        backend_store, dataclasses.replace(a, idempotency=True), State.OUTCOME_UNKNOWN, fingerprint=v1_of(rules, *ARGS)
+    )
     backend_store.transition(old.operation_id, State.RECONCILING, reason="read")
     backend_store.transition(old.operation_id, State.SAFE_TO_RETRY, reason="absent")
     d = backend_store.begin_attempt(a)

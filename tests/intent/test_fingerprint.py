@@ -63,8 +63,15 @@ def ruleset(api: str = "shop", op: str = "orders.create") -> RuleSet:
 BASE_BODY = {"order": {"title": "Mug", "note": "gift wrap"}, "items": [{"sku": "A1", "qty": 1}]}
 BASE_HEADERS = {"content-type": "application/json", "api-key": "key-1", "x-tenant": "t1", "user-agent": "agent/1"}
 BASE = dict(
-    api="shop", op="orders.create", method="POST", scheme="https", host="api.shop.test", port=443,
-    path="/v1/stores/s1/orders?dry_run=0", headers=BASE_HEADERS, body=json.dumps(BASE_BODY).encode(),
+    api="shop",
+    op="orders.create",
+    method="POST",
+    scheme="https",
+    host="api.shop.test",
+    port=443,
+    path="/v1/stores/s1/orders?dry_run=0",
+    headers=BASE_HEADERS,
+    body=json.dumps(BASE_BODY).encode(),
 )
 
 
@@ -192,11 +199,19 @@ PRINCIPAL_CASES = [
     ("authorization-same", {"authorization": "Bearer A"}, {"authorization": "Bearer A"}, True),
     ("rule-header-differs", {"api-key": "K1"}, {"api-key": "K2"}, False),
     # Every part that can carry a credential counts (scheme 3): Authorization beside the rule's own header too.
-    ("authorization-counts-beside-the-rule-header",
-     {"api-key": "K", "authorization": "Bearer A"}, {"api-key": "K", "authorization": "Bearer B"}, False),
+    (
+        "authorization-counts-beside-the-rule-header",
+        {"api-key": "K", "authorization": "Bearer A"},
+        {"api-key": "K", "authorization": "Bearer B"},
+        False,
+    ),
     ("rule-header-wins-over-cookie", {"api-key": "K", "cookie": "s=1"}, {"api-key": "K", "cookie": "s=2"}, True),
-    ("authorization-wins-over-cookie",
-     {"authorization": "Bearer A", "cookie": "s=1"}, {"authorization": "Bearer A", "cookie": "s=2"}, True),
+    (
+        "authorization-wins-over-cookie",
+        {"authorization": "Bearer A", "cookie": "s=1"},
+        {"authorization": "Bearer A", "cookie": "s=2"},
+        True,
+    ),
     ("cookie-when-nothing-else", {"cookie": "s=1"}, {"cookie": "s=2"}, False),
     ("cookie-same", {"cookie": "s=1"}, {"cookie": "s=1"}, True),
     ("same-value-other-header", {"api-key": "V"}, {"authorization": "V"}, False),
@@ -205,9 +220,7 @@ PRINCIPAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "a, b, same", [pytest.param(a, b, s, id=i) for i, a, b, s in PRINCIPAL_CASES]
-)
+@pytest.mark.parametrize("a, b, same", [pytest.param(a, b, s, id=i) for i, a, b, s in PRINCIPAL_CASES])
 def test_principal_follows_the_credential(a, b, same):
     base = {"content-type": "application/json", "x-tenant": "t1"}
     ia, ib = run(headers={**base, **a}), run(headers={**base, **b})
@@ -228,16 +241,42 @@ operations:
 
 ACCOUNT_CASES = [
     # id, headers A, headers B, same principal?
-    ("two-accounts-one-key", {"authorization": "Bearer A", "stripe-account": "acct_1"},
-     {"authorization": "Bearer A", "stripe-account": "acct_2"}, False),
-    ("one-account-twice", {"authorization": "Bearer A", "stripe-account": "acct_1"},
-     {"authorization": "Bearer A", "stripe-account": "acct_1"}, True),
-    ("account-vs-none", {"authorization": "Bearer A", "stripe-account": "acct_1"}, {"authorization": "Bearer A"}, False),
-    ("two-keys-one-account", {"authorization": "Bearer A", "stripe-account": "acct_1"},
-     {"authorization": "Bearer B", "stripe-account": "acct_1"}, False),
-    ("each-value-canonical", {"authorization": "Bearer A", "stripe-account": "acct_1"},
-     {"authorization": "bearer  A", "stripe-account": " acct_1 "}, True),
-    ("empty-account-is-absent", {"authorization": "Bearer A", "stripe-account": ""}, {"authorization": "Bearer A"}, True),
+    (
+        "two-accounts-one-key",
+        {"authorization": "Bearer A", "stripe-account": "acct_1"},
+        {"authorization": "Bearer A", "stripe-account": "acct_2"},
+        False,
+    ),
+    (
+        "one-account-twice",
+        {"authorization": "Bearer A", "stripe-account": "acct_1"},
+        {"authorization": "Bearer A", "stripe-account": "acct_1"},
+        True,
+    ),
+    (
+        "account-vs-none",
+        {"authorization": "Bearer A", "stripe-account": "acct_1"},
+        {"authorization": "Bearer A"},
+        False,
+    ),
+    (
+        "two-keys-one-account",
+        {"authorization": "Bearer A", "stripe-account": "acct_1"},
+        {"authorization": "Bearer B", "stripe-account": "acct_1"},
+        False,
+    ),
+    (
+        "each-value-canonical",
+        {"authorization": "Bearer A", "stripe-account": "acct_1"},
+        {"authorization": "bearer  A", "stripe-account": " acct_1 "},
+        True,
+    ),
+    (
+        "empty-account-is-absent",
+        {"authorization": "Bearer A", "stripe-account": ""},
+        {"authorization": "Bearer A"},
+        True,
+    ),
 ]
 
 
@@ -325,7 +364,9 @@ operations:
     m = RuleSet.of([rf]).match("auth.shop.test", 443, "POST", "/v1/sessions")
     assert m is not None
     body = json.dumps({"user": {"name": "ann", "password": MARKER}}).encode()
-    view = RequestView("POST", "https", "auth.shop.test", 443, "/v1/sessions", {"content-type": "application/json"}, body)
+    view = RequestView(
+        "POST", "https", "auth.shop.test", 443, "/v1/sessions", {"content-type": "application/json"}, body
+    )
     assert MARKER not in canonical_json(dataclasses.asdict(fingerprint(m, view, KEY)))
 
 
@@ -355,29 +396,78 @@ A_KEYED_HASH = _KeyedHash()
 
 BODY_CASES = [
     # id, path, headers, body, expected body part of the intent
-    ("json-fields", ORDERS, JSON_CT, b'{"order": {"title": "Mug"}, "items": [{"sku": "A1"}]}',
-     {"body": {"order.title": "Mug", "items.0.sku": "A1"}}),
-    ("json-missing-field", ORDERS, JSON_CT, b'{"order": {"title": "Mug"}}',
-     {"body": {"order.title": "Mug", "items.0.sku": None}}),
-    ("json-index-out-of-range", ORDERS, JSON_CT, b'{"order": {"title": "Mug"}, "items": []}',
-     {"body": {"order.title": "Mug", "items.0.sku": None}}),
-    ("json-nested-value", ORDERS, JSON_CT, b'{"order": {"title": {"en": "Mug"}}}',
-     {"body": {"order.title": A_KEYED_HASH, "items.0.sku": None}}),  # an object: its hash, never its leaves
-    ("json-without-content-type", ORDERS, {}, b'{"order": {"title": "Mug"}}',
-     {"body": {"order.title": "Mug", "items.0.sku": None}}),
-    ("json-unicode", ORDERS, JSON_CT, '{"order": {"title": "Tasse \u00e0 caf\u00e9"}}'.encode(),
-     {"body": {"order.title": "Tasse \u00e0 caf\u00e9", "items.0.sku": None}}),
-    ("form-fields", "/v1/form", FORM_CT, b"title=Mug&sku=A1&note=gift",
-     {"form": {"title": "Mug", "sku": "A1"}}),
-    ("form-charset-param", "/v1/form", FORM_CT_CHARSET, b"sku=A1&title=Big+Mug",
-     {"form": {"title": "Big Mug", "sku": "A1"}}),
+    (
+        "json-fields",
+        ORDERS,
+        JSON_CT,
+        b'{"order": {"title": "Mug"}, "items": [{"sku": "A1"}]}',
+        {"body": {"order.title": "Mug", "items.0.sku": "A1"}},
+    ),
+    (
+        "json-missing-field",
+        ORDERS,
+        JSON_CT,
+        b'{"order": {"title": "Mug"}}',
+        {"body": {"order.title": "Mug", "items.0.sku": None}},
+    ),
+    (
+        "json-index-out-of-range",
+        ORDERS,
+        JSON_CT,
+        b'{"order": {"title": "Mug"}, "items": []}',
+        {"body": {"order.title": "Mug", "items.0.sku": None}},
+    ),
+    (
+        "json-nested-value",
+        ORDERS,
+        JSON_CT,
+        b'{"order": {"title": {"en": "Mug"}}}',
+        {"body": {"order.title": A_KEYED_HASH, "items.0.sku": None}},
+    ),  # an object: its hash, never its leaves
+    (
+        "json-without-content-type",
+        ORDERS,
+        {},
+        b'{"order": {"title": "Mug"}}',
+        {"body": {"order.title": "Mug", "items.0.sku": None}},
+    ),
+    (
+        "json-unicode",
+        ORDERS,
+        JSON_CT,
+        '{"order": {"title": "Tasse \u00e0 caf\u00e9"}}'.encode(),
+        {"body": {"order.title": "Tasse \u00e0 caf\u00e9", "items.0.sku": None}},
+    ),
+    ("form-fields", "/v1/form", FORM_CT, b"title=Mug&sku=A1&note=gift", {"form": {"title": "Mug", "sku": "A1"}}),
+    (
+        "form-charset-param",
+        "/v1/form",
+        FORM_CT_CHARSET,
+        b"sku=A1&title=Big+Mug",
+        {"form": {"title": "Big Mug", "sku": "A1"}},
+    ),
     ("form-missing-field", "/v1/form", FORM_CT, b"title=Mug", {"form": {"title": "Mug", "sku": None}}),
-    ("form-repeated-field", "/v1/form", FORM_CT, b"title=Mug&sku=A1&sku=B2",
-     {"form": {"title": "Mug", "sku": ["A1", "B2"]}}),
-    ("form-dotted-names-literal", ORDERS, FORM_CT, b"order.title=Mug&items.0.sku=A1",
-     {"form": {"order.title": "Mug", "items.0.sku": "A1"}}),
-    ("non-json-bytes", ORDERS, {"content-type": "application/octet-stream"}, b"\xff\xfe binary",
-     sha(b"\xff\xfe binary")),
+    (
+        "form-repeated-field",
+        "/v1/form",
+        FORM_CT,
+        b"title=Mug&sku=A1&sku=B2",
+        {"form": {"title": "Mug", "sku": ["A1", "B2"]}},
+    ),
+    (
+        "form-dotted-names-literal",
+        ORDERS,
+        FORM_CT,
+        b"order.title=Mug&items.0.sku=A1",
+        {"form": {"order.title": "Mug", "items.0.sku": "A1"}},
+    ),
+    (
+        "non-json-bytes",
+        ORDERS,
+        {"content-type": "application/octet-stream"},
+        b"\xff\xfe binary",
+        sha(b"\xff\xfe binary"),
+    ),
     ("invalid-json", ORDERS, JSON_CT, b'{"order": {"title": "Mug"', sha(b'{"order": {"title": "Mug"')),
     ("invalid-form", "/v1/form", FORM_CT, b"\xff\xfe=1", sha(b"\xff\xfe=1")),
     ("no-body-rule-json", "/v1/raw", JSON_CT, b'{"a": 1}', sha(b'{"a": 1}')),
@@ -390,9 +480,7 @@ BODY_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "path, headers, body, expected", [pytest.param(*c[1:], id=c[0]) for c in BODY_CASES]
-)
+@pytest.mark.parametrize("path, headers, body, expected", [pytest.param(*c[1:], id=c[0]) for c in BODY_CASES])
 def test_body_view(path, headers, body, expected):
     result = run(path=path, headers=headers, body=body)
     assert FP_RE.match(result.fingerprint)
@@ -448,8 +536,21 @@ def test_canonical_json(value, expected):
 
 # --- redact_url -------------------------------------------------------------------------------
 
-SECRET_PARAMS = ["token", "access_token", "api_key", "apikey", "key", "secret", "password", "sig",
-                 "signature", "session", "API_KEY", "X-Amz-Signature", "client_secret"]
+SECRET_PARAMS = [
+    "token",
+    "access_token",
+    "api_key",
+    "apikey",
+    "key",
+    "secret",
+    "password",
+    "sig",
+    "signature",
+    "session",
+    "API_KEY",
+    "X-Amz-Signature",
+    "client_secret",
+]
 
 
 @pytest.mark.parametrize("name", SECRET_PARAMS)
@@ -491,9 +592,7 @@ REDACT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "scheme, host, port, path, expected", [pytest.param(*c[1:], id=c[0]) for c in REDACT_CASES]
-)
+@pytest.mark.parametrize("scheme, host, port, path, expected", [pytest.param(*c[1:], id=c[0]) for c in REDACT_CASES])
 def test_redact_url(scheme, host, port, path, expected):
     assert redact_url(scheme, host, port, path, keep=KEPT) == expected
 
@@ -502,11 +601,19 @@ def test_redact_url(scheme, host, port, path, expected):
     "scheme, host, port, path, expected",
     [
         pytest.param(
-            "https", "api.test", 443, "//v1/items?token=s", "https://api.test//v1/items?token=REDACTED",
+            "https",
+            "api.test",
+            443,
+            "//v1/items?token=s",
+            "https://api.test//v1/items?token=REDACTED",
             id="double-slash-path",
         ),
         pytest.param(
-            "http", "::1", 8080, "/x?a=1", "http://[::1]:8080/x?a=1",
+            "http",
+            "::1",
+            8080,
+            "/x?a=1",
+            "http://[::1]:8080/x?a=1",
             id="ipv6-host",
         ),
     ],
@@ -586,7 +693,13 @@ operations:
     "path, content_type, body, given, room",
     [
         ("/v1/batches", "application/json", {"input_file_id": "f1"}, None, True),
-        ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": {"receipt_key": "own-1"}}, "own-1", True),
+        (
+            "/v1/batches",
+            "application/json",
+            {"input_file_id": "f1", "metadata": {"receipt_key": "own-1"}},
+            "own-1",
+            True,
+        ),
         ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": {"receipt_key": 7}}, "7", True),
         ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": None}, None, True),
         ("/v1/batches", "application/json", {"input_file_id": "f1", "metadata": "text"}, None, False),

@@ -42,7 +42,10 @@ from proxy_addon.wire.canonical import param_value
 
 KEY = b"same-write-key-0123456789abcdef0123"
 CAP = 1 << 20  # receipts_body_cap for the decoder, as the proxy passes it
-RULES = RuleSet.of([load_rules("""\
+RULES = RuleSet.of(
+    [
+        load_rules(
+            """\
 api: same
 hosts: [api.test, "127.0.0.1:8080"]
 credentials: {header: api-key}
@@ -50,7 +53,11 @@ operations:
   things.create:
     match: {method: POST, path: "/api/{bucket}/things"}
     fingerprint: {body: [title, n], query: [q]}
-""", "same.yaml")])
+""",
+            "same.yaml",
+        )
+    ]
+)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 UNRESERVED = string.ascii_letters + string.digits + "-._~"
@@ -101,6 +108,7 @@ intents = st.builds(
 
 # --- spellings of a target ---------------------------------------------------------------------
 
+
 def _hex(draw, byte: int) -> str:
     text = f"%{byte:02X}"
     return text.lower() if draw(st.booleans()) else text
@@ -138,13 +146,21 @@ def spelled_ipv4(draw, ip: str) -> str:
     value = int.from_bytes(bytes(int(b) for b in ip.split(".")), "big")
     octets = [(value >> s) & 0xFF for s in (24, 16, 8, 0)]
     if draw(st.integers(0, 4)) == 0:  # IPv4-mapped IPv6
-        form = draw(st.sampled_from([
-            f"::ffff:{ip}", f"::ffff:{value >> 16:x}:{value & 0xFFFF:x}", f"0:0:0:0:0:ffff:{value >> 16:04x}:{value & 0xFFFF:04x}",
-        ]))
+        form = draw(
+            st.sampled_from(
+                [
+                    f"::ffff:{ip}",
+                    f"::ffff:{value >> 16:x}:{value & 0xFFFF:x}",
+                    f"0:0:0:0:0:ffff:{value >> 16:04x}:{value & 0xFFFF:04x}",
+                ]
+            )
+        )
         form = form.upper() if draw(st.booleans()) else form
         return f"[{form}]" if draw(st.booleans()) else form
     parts = draw(st.integers(1, 4))
-    numbers = {1: [value], 2: [octets[0], value & 0xFFFFFF], 3: [octets[0], octets[1], value & 0xFFFF], 4: octets}[parts]
+    numbers = {1: [value], 2: [octets[0], value & 0xFFFFFF], 3: [octets[0], octets[1], value & 0xFFFF], 4: octets}[
+        parts
+    ]
 
     def number(n: int) -> str:
         base = draw(st.sampled_from(["dec", "oct", "hex"]))
@@ -170,6 +186,7 @@ def spelled_host(draw, host: str) -> str:
 
 # --- spellings of a body -------------------------------------------------------------------------
 
+
 @st.composite
 def spelled_body(draw, intent: Intent) -> tuple[bytes, str | None]:
     form = draw(st.sampled_from(["NFC", "NFD"]))
@@ -178,8 +195,7 @@ def spelled_body(draw, intent: Intent) -> tuple[bytes, str | None]:
     random.Random(draw(st.integers(0, 1000))).shuffle(keys)
     indent = draw(st.sampled_from([None, 0, 2]))
     separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,", " : ")]))
-    text = json.dumps({k: doc[k] for k in keys}, indent=indent, separators=separators,
-                      ensure_ascii=draw(st.booleans()))
+    text = json.dumps({k: doc[k] for k in keys}, indent=indent, separators=separators, ensure_ascii=draw(st.booleans()))
     raw = (draw(st.sampled_from(["", " ", "\n", "\t "])) + text + draw(st.sampled_from(["", "\n", " \r\n"]))).encode()
     coding = draw(st.sampled_from([None, "gzip", "deflate", "deflate-raw"]))
     level = draw(st.integers(0, 9))
@@ -212,12 +228,28 @@ def spelled(draw, intent: Intent) -> http.Request:
     path = draw(spelled_path(intent.bucket, intent.q))
     body, coding = draw(spelled_body(intent))
     method, override = draw(spelled_method())
-    headers = [(b"Host", f"{host}:{intent.port}".encode()), (b"Content-Type", b"application/json"),
-               (b"api-key", b"the-same-key"), *override]
+    headers = [
+        (b"Host", f"{host}:{intent.port}".encode()),
+        (b"Content-Type", b"application/json"),
+        (b"api-key", b"the-same-key"),
+        *override,
+    ]
     if coding:
         headers.append((b"Content-Encoding", coding.encode()))
-    return http.Request(host, intent.port, method, intent.scheme.encode(), b"", path.encode(), b"HTTP/1.1",
-                        http.Headers(headers), body, None, 0, 0)
+    return http.Request(
+        host,
+        intent.port,
+        method,
+        intent.scheme.encode(),
+        b"",
+        path.encode(),
+        b"HTTP/1.1",
+        http.Headers(headers),
+        body,
+        None,
+        0,
+        0,
+    )
 
 
 def proxy_fingerprint(req: http.Request) -> str:
@@ -234,6 +266,7 @@ def proxy_fingerprint(req: http.Request) -> str:
 
 
 # --- the properties ------------------------------------------------------------------------------
+
 
 @SETTINGS
 @given(st.data(), intents)

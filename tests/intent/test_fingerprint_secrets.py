@@ -86,13 +86,21 @@ def j(doc) -> bytes:
     [
         pytest.param("/v1/orders", lambda t: j({"title": t}), JSON, id="json-value"),
         pytest.param("/v1/orders", lambda t: j({"title": "x", "café": t}), JSON, id="json-key-named-nfc"),
-        pytest.param("/v1/orders", lambda t: j({"title": "x", unicodedata.normalize("NFD", "café"): t}), JSON,
-                     id="json-key-sent-nfd"),
+        pytest.param(
+            "/v1/orders",
+            lambda t: j({"title": "x", unicodedata.normalize("NFD", "café"): t}),
+            JSON,
+            id="json-key-sent-nfd",
+        ),
         pytest.param("/v1/orders", lambda t: j({"title": "x", "meta": {t: t}}), JSON, id="inside-a-hashed-object"),
         pytest.param("/v1/forms", lambda t: f"title={t}&sku=1".encode(), FORM, id="form-value"),
         pytest.param("/v1/orders?page=" + "{t}", lambda t: j({"title": "x"}), JSON, id="query-value"),
-        pytest.param("/graphql", lambda t: j({"query": f'mutation {{ issueCreate(input: {{title: "{t}"}}) {{ id }} }}'}),
-                     JSON, id="graphql-argument"),
+        pytest.param(
+            "/graphql",
+            lambda t: j({"query": f'mutation {{ issueCreate(input: {{title: "{t}"}}) {{ id }} }}'}),
+            JSON,
+            id="graphql-argument",
+        ),
     ],
 )
 def test_nfc_and_nfd_are_one_intent(path, make, headers):
@@ -107,8 +115,11 @@ def test_nfc_and_nfd_are_one_intent(path, make, headers):
 
 def test_multipart_text_parts_are_nfc():
     def body(t: str) -> bytes:
-        return (b"--B\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\n" + t.encode()
-                + b"\r\n--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n\r\nDATA\r\n--B--\r\n")
+        return (
+            b'--B\r\nContent-Disposition: form-data; name="title"\r\n\r\n'
+            + t.encode()
+            + b'\r\n--B\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\nDATA\r\n--B--\r\n'
+        )
 
     ct = {"content-type": "multipart/form-data; boundary=B"}
     a, b = fp("/v1/uploads", body(NFC), ct), fp("/v1/uploads", body(NFD), ct)
@@ -134,8 +145,9 @@ def fingerprint_with_key(key: bytes, like) -> str:
     m = RS.match("api.shop.test", 443, "POST", "/v1/orders")
     assert m is not None
     body = j({"title": "t", "meta": {"access_token": "SECRET-in-an-unnamed-leaf", "n": 1}})
-    return fingerprint(m, RequestView("POST", "https", "api.shop.test", 443, "/v1/orders", JSON, body), key
-                       ).intent["body"]["meta"]
+    return fingerprint(m, RequestView("POST", "https", "api.shop.test", 443, "/v1/orders", JSON, body), key).intent[
+        "body"
+    ]["meta"]
 
 
 def test_a_list_of_objects_is_hashed_and_a_list_of_scalars_is_kept():
@@ -171,8 +183,13 @@ def test_json_sent_as_form_is_read_as_json_and_says_so():
         pytest.param("/v1/orders", j({"name": "x"}), JSON, "no_named_field", id="none-of-the-fields"),
         pytest.param("/v1/forms", b"name=x", FORM, "no_named_field", id="form-without-the-fields"),
         pytest.param("/v1/forms", b"plain text", FORM, "bad_form", id="not-a-form"),
-        pytest.param("/v1/uploads", b"--B\r\nbroken", {"content-type": "multipart/form-data; boundary=B"},
-                     "bad_multipart", id="broken-multipart"),
+        pytest.param(
+            "/v1/uploads",
+            b"--B\r\nbroken",
+            {"content-type": "multipart/form-data; boundary=B"},
+            "bad_multipart",
+            id="broken-multipart",
+        ),
         pytest.param("/v1/orders", b"", JSON, "empty", id="empty"),
     ],
 )
@@ -232,8 +249,14 @@ def test_a_reads_shown_url_keeps_what_its_template_writes(tmp_path):
 
 
 def test_rules_explain_names_the_fallback_and_the_hashed_object():
-    report = explain.explain(RS, "POST", "https://api.shop.test/v1/orders?jwt=SECRET-J&page=1",
-                             j({"title": "t", "meta": {"token": "SECRET-M"}}), JSON, KEY)
+    report = explain.explain(
+        RS,
+        "POST",
+        "https://api.shop.test/v1/orders?jwt=SECRET-J&page=1",
+        j({"title": "t", "meta": {"token": "SECRET-M"}}),
+        JSON,
+        KEY,
+    )
     text = explain.render(report)
     assert "SECRET" not in text
     assert f"jwt={REDACTED}&page=1" in text

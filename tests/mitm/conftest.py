@@ -38,8 +38,13 @@ async def running(tmp_path, rules_text: str = RULES):
     with taddons.context() as tctx:
         tctx.options.add_option("connection_strategy", str, "eager", "as the proxyserver addon declares it")
         tctx.master.addons.add(*addons)  # load() switches it to lazy
-        tctx.configure(addon, receipts_db=str(tmp_path / "r.db"), receipts_rules=str(rules),
-                       receipts_watch_rules=False, receipts_forward="mitmproxy")
+        tctx.configure(
+            addon,
+            receipts_db=str(tmp_path / "r.db"),
+            receipts_rules=str(rules),
+            receipts_watch_rules=False,
+            receipts_forward="mitmproxy",
+        )
         tctx.commands = addons[1]  # the receipts.* commands addon
         try:
             yield addon, tctx

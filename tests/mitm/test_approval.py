@@ -50,7 +50,12 @@ async def test_an_approval_from_the_cli_sends_the_held_write_within_a_second(set
     r, d, events = receipt_and_decision(tmp, operation_id)
     assert r.state == "submitted" and d.consumed_at is not None
     assert (events[-1].from_state, events[-1].to_state, events[-1].actor, events[-1].reason, events[-1].flow_id) == (
-        "awaiting_approval", "submitted", "cli:alice", "approved by operator: refund agreed", f.id)
+        "awaiting_approval",
+        "submitted",
+        "cli:alice",
+        "approved by operator: refund agreed",
+        f.id,
+    )
 
 
 async def test_a_denial_from_the_cli_answers_403_with_the_note(setup):
@@ -64,7 +69,10 @@ async def test_a_denial_from_the_cli_answers_403_with_the_note(setup):
     assert f.response.status_code == 403
     body = f.response.json()
     assert (body["error"], body["reason"], body["sent"]) == (
-        "denied_by_operator", "denied by operator: amount too high", False)
+        "denied_by_operator",
+        "denied by operator: amount too high",
+        False,
+    )
     assert f.marked == MARKERS["rejected"] and f.comment.startswith("rejected (denied by operator: amount too high) · ")
     r, d, events = receipt_and_decision(tmp, operation_id)
     assert (r.state, r.error, d.consumed_at is not None) == ("rejected", "denied by operator: amount too high", True)
@@ -94,8 +102,9 @@ async def test_a_decision_for_another_intent_is_not_applied_and_the_write_stays_
     operation_id = f.metadata["receipts"]["operation_id"]
     decide(tmp, operation_id, approve=True)
     s = Store.open(tmp / "r.db", create=False)
-    s.conn.execute("UPDATE approval_decisions SET intent_fingerprint = 'sha256:0000' WHERE operation_id = ?",
-                   (operation_id,))
+    s.conn.execute(
+        "UPDATE approval_decisions SET intent_fingerprint = 'sha256:0000' WHERE operation_id = ?", (operation_id,)
+    )
     s.close()
     with caplog.at_level(logging.ERROR):
         await asyncio.sleep(approval.POLL * 3)
@@ -167,6 +176,8 @@ async def test_a_look_that_fails_is_said_once_and_the_next_ones_still_apply_the_
         addon.calls = real
     assert len(failures) == 3
     said = [m for m in caplog.messages if "could not look for approval decisions" in m]
-    assert said == ["receipt-proxy: could not look for approval decisions: cannot read the receipts database r.db: "
-                    "database is locked"]
+    assert said == [
+        "receipt-proxy: could not look for approval decisions: cannot read the receipts database r.db: "
+        "database is locked"
+    ]
     assert f.response is None and receipt_and_decision(tmp, operation_id)[0].state == "submitted"

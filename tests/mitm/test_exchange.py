@@ -63,6 +63,7 @@ def refusing_port() -> Iterator[int]:
 
 # --- answers ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("fault", "status"), [("ok", 201), ("slow", 201), ("409", 409), ("500", 500), ("503", 503)])
 async def test_an_answer_comes_back_as_a_response(upstream, fault, status):
     p = path()
@@ -161,8 +162,9 @@ async def test_a_cookie_an_upstream_sets_is_never_sent_back_by_the_exchange():
                 head, data = data.split(b"\r\n\r\n", 1)
                 data = data[2:]
                 heads.append(head)
-                conn.sendall(b"HTTP/1.1 201 Created\r\nSet-Cookie: session=agent-a; Path=/\r\n"
-                             b"Content-Length: 2\r\n\r\n{}")
+                conn.sendall(
+                    b"HTTP/1.1 201 Created\r\nSet-Cookie: session=agent-a; Path=/\r\nContent-Length: 2\r\n\r\n{}"
+                )
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -182,6 +184,7 @@ async def test_a_cookie_an_upstream_sets_is_never_sent_back_by_the_exchange():
 
 
 # --- failures --------------------------------------------------------------------------------
+
 
 async def test_a_refused_connection_is_not_sent(refusing_port):
     async with make_client(Upstream()) as client:
@@ -224,6 +227,7 @@ async def test_a_hang_past_the_deadline_is_outcome_unknown_and_timed_out(upstrea
 
 # --- TLS -------------------------------------------------------------------------------------
 
+
 async def test_an_untrusted_tls_upstream_is_not_sent(tls_upstream):
     p = path()
     async with make_client(Upstream()) as client:  # certifi's bundle: the test CA is not in it
@@ -247,6 +251,7 @@ async def test_a_tls_upstream_with_its_ca_answers(tls_upstream):
 
 
 # --- the send guard (send_guard.py): asked on the connection, just before the first byte ----------
+
 
 def refusing_guard(asked: list) -> Callable[[], str | None]:
     def guard() -> str:
@@ -282,8 +287,13 @@ async def test_a_guard_that_refuses_stops_the_request_on_its_open_connection_bef
     asked: list = []
     try:
         async with make_client(Upstream()) as client:
-            result = await send_once(client, request(f"http://127.0.0.1:{server.getsockname()[1]}/api/things"),
-                                     deadline=5, cap=1 << 20, guard=refusing_guard(asked))
+            result = await send_once(
+                client,
+                request(f"http://127.0.0.1:{server.getsockname()[1]}/api/things"),
+                deadline=5,
+                cap=1 << 20,
+                guard=refusing_guard(asked),
+            )
         thread.join(timeout=10)
     finally:
         server.close()
@@ -301,11 +311,11 @@ async def test_a_guard_that_refuses_on_a_kept_alive_connection_writes_nothing(up
         first = await send(client, request(f"{upstream.url}{p}"), deadline=5)
         assert isinstance(first, http.Response) and first.status_code == 201
         before = upstream.received
-        result = await send_once(client, request(f"{upstream.url}{p}"), deadline=5, cap=1 << 20,
-                                 guard=refusing_guard(asked))
+        result = await send_once(
+            client, request(f"{upstream.url}{p}"), deadline=5, cap=1 << 20, guard=refusing_guard(asked)
+        )
         after = upstream.received
-        allowed = await send_once(client, request(f"{upstream.url}{p}"), deadline=5, cap=1 << 20,
-                                  guard=lambda: None)
+        allowed = await send_once(client, request(f"{upstream.url}{p}"), deadline=5, cap=1 << 20, guard=lambda: None)
     assert isinstance(result, Outcome) and result.state is State.NOT_SENT, result
     assert len(asked) == 1
     assert after == before  # not a byte of the refused request

@@ -16,9 +16,13 @@ async def test_commands_show_resolve_and_refuse(setup):
     f = await unknown(addon, "C-1")
     assert "state            outcome_unknown" in tctx.commands.show(f)
     assert tctx.commands.resolve_flow(f, "safe_to_retry", "not on the dashboard") == (
-        f"receipt {f.metadata['receipts']['operation_id']} is now safe_to_retry")
+        f"receipt {f.metadata['receipts']['operation_id']} is now safe_to_retry"
+    )
     r = Store.open(tmp / "r.db", create=False).events(f.metadata["receipts"]["operation_id"])
-    assert [(e.to_state, e.actor) for e in r[-2:]] == [("manual_review", "mitmweb operator"), ("safe_to_retry", "mitmweb operator")]
+    assert [(e.to_state, e.actor) for e in r[-2:]] == [
+        ("manual_review", "mitmweb operator"),
+        ("safe_to_retry", "mitmweb operator"),
+    ]
     with pytest.raises(exceptions.CommandError, match="only outcome_unknown and manual_review"):
         tctx.commands.resolve_flow(f, "succeeded", "again")
     with pytest.raises(exceptions.CommandError, match="resolve as one of"):

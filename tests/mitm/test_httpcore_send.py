@@ -65,6 +65,7 @@ def test_a_guard_that_refuses_stops_an_http2_request_before_its_headers(h2_upstr
         from mitmproxy import http
 
         async with make_client(Upstream(ca_file=str(h2_upstream.cert_path), http2=True)) as client:
+
             def req():
                 headers: dict[str | bytes, str | bytes] = {"Content-Type": "application/json"}
                 return http.Request.make("POST", f"{h2_upstream.url}{path}", b'{"title": "x"}', headers)

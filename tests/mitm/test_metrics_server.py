@@ -48,7 +48,9 @@ async def test_a_change_at_run_time_moves_the_endpoint_and_a_refused_one_keeps_i
             taken.bind(("127.0.0.1", 0))
             taken.listen()
             busy = taken.getsockname()[1]
-            with pytest.raises(exceptions.OptionsError, match=f"receipts_metrics: cannot serve metrics at 127.0.0.1:{busy}"):
+            with pytest.raises(
+                exceptions.OptionsError, match=f"receipts_metrics: cannot serve metrics at 127.0.0.1:{busy}"
+            ):
                 tctx.configure(server, receipts_metrics=f"127.0.0.1:{busy}")
         with pytest.raises(exceptions.OptionsError, match="receipts_metrics: 'nonsense' is not HOST:PORT"):
             tctx.configure(server, receipts_metrics="nonsense")

@@ -222,7 +222,10 @@ async def test_approval_gate_times_out(setup):
 
 
 def _events(tmp, operation_id: str) -> list[tuple[str | None, str, str, str]]:
-    return [(e.from_state, e.to_state, e.actor, e.reason) for e in Store.open(tmp / "r.db", create=False).events(operation_id)]
+    return [
+        (e.from_state, e.to_state, e.actor, e.reason)
+        for e in Store.open(tmp / "r.db", create=False).events(operation_id)
+    ]
 
 
 @pytest.mark.parametrize("edit", ["body", "header", "path", "method"])
@@ -296,7 +299,11 @@ async def test_a_held_write_whose_agent_hung_up_is_denied_at_once(setup, then):
     r = Store.open(tmp / "r.db", create=False).get(operation_id)
     assert (r.state, r.error) == ("rejected", "denied: the agent hung up while the write was held")
     assert _events(tmp, operation_id)[-1] == (
-        "awaiting_approval", "rejected", "proxy", "denied: the agent hung up while the write was held")
+        "awaiting_approval",
+        "rejected",
+        "proxy",
+        "denied: the agent hung up while the write was held",
+    )
     assert f.marked == MARKERS["rejected"]
     assert f.comment.startswith("rejected (denied: the agent hung up while the write was held) · ")
 
@@ -490,4 +497,3 @@ async def test_the_receipts_key_replaces_the_agents_header_and_a_retry_carries_t
         retry.response = http.Response.make(201, b"{}", {"content-type": "application/json"})
         await addon.response(retry)
         assert retry.response.headers["X-Receipt-Idempotency-Key"] == key
-

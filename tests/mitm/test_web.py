@@ -30,8 +30,19 @@ async def test_receipt_content_view(setup):
     assert contentviews.prettify_message(first.request, first).view_name != "Receipt"  # by choice for forwarded flows
 
 
-@pytest.mark.parametrize("state", ["submitted", "succeeded", "rejected", "not_sent", "outcome_unknown",
-                                   "reconciling", "manual_review", "safe_to_retry"])
+@pytest.mark.parametrize(
+    "state",
+    [
+        "submitted",
+        "succeeded",
+        "rejected",
+        "not_sent",
+        "outcome_unknown",
+        "reconciling",
+        "manual_review",
+        "safe_to_retry",
+    ],
+)
 async def test_receipt_view_for_each_state(setup, state):
     from mitmproxy import contentviews
 
@@ -42,10 +53,16 @@ async def test_receipt_view_for_each_state(setup, state):
     await send(addon, f)
     operation_id = f.metadata["receipts"]["operation_id"]
     store = Store.open(tmp / "r.db")
-    walk = {"submitted": [], "succeeded": ["succeeded"], "rejected": ["rejected"], "not_sent": ["not_sent"],
-            "outcome_unknown": ["outcome_unknown"], "reconciling": ["outcome_unknown", "reconciling"],
-            "manual_review": ["outcome_unknown", "manual_review"],
-            "safe_to_retry": ["outcome_unknown", "reconciling", "safe_to_retry"]}[state]
+    walk = {
+        "submitted": [],
+        "succeeded": ["succeeded"],
+        "rejected": ["rejected"],
+        "not_sent": ["not_sent"],
+        "outcome_unknown": ["outcome_unknown"],
+        "reconciling": ["outcome_unknown", "reconciling"],
+        "manual_review": ["outcome_unknown", "manual_review"],
+        "safe_to_retry": ["outcome_unknown", "reconciling", "safe_to_retry"],
+    }[state]
     for step in walk:
         store.transition(operation_id, State(step), reason=f"to {step}", actor="test")
     text = contentviews.prettify_message(f.request, f, view_name="Receipt").text
@@ -70,11 +87,18 @@ def tool_call(title: str, call_id: int) -> http.HTTPFlow:
     from mitmproxy.test import tflow
 
     f = tflow.tflow()
-    body = {"jsonrpc": "2.0", "id": call_id, "method": "tools/call",
-            "params": {"name": "create_issue", "arguments": {"title": title}}}
-    headers: dict[str | bytes, str | bytes] = {"content-type": "application/json",
-                                               "accept": "application/json, text/event-stream",
-                                               "mcp-session-id": "sess-SECRET-1", "authorization": "Bearer t0k3n"}
+    body = {
+        "jsonrpc": "2.0",
+        "id": call_id,
+        "method": "tools/call",
+        "params": {"name": "create_issue", "arguments": {"title": title}},
+    }
+    headers: dict[str | bytes, str | bytes] = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-session-id": "sess-SECRET-1",
+        "authorization": "Bearer t0k3n",
+    }
     f.request = http.Request.make("POST", "https://mcp.tracker.test/mcp", json.dumps(body), headers)
     f.response = None
     return f
@@ -116,4 +140,3 @@ async def test_mcp_receipts_show_in_mitmweb_like_any_other(tmp_path):
         stored = Store.open(tmp_path / "r.db", create=False)
         assert "sess-SECRET-1" not in json.dumps(stored.get(receipt).intent)
         stored.close()
-

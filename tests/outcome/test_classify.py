@@ -37,11 +37,28 @@ def op(path: str, classify: str = "{409: succeeded, 4xx: outcome_unknown}"):
 
 
 DEFAULTS = [
-    (200, S), (201, S), (202, S), (204, S), (301, S), (302, S), (304, S),
-    (400, R), (401, R), (403, R), (404, R), (410, R), (422, R), (429, R), (499, R),  # refused before executing
+    (200, S),
+    (201, S),
+    (202, S),
+    (204, S),
+    (301, S),
+    (302, S),
+    (304, S),
+    (400, R),
+    (401, R),
+    (403, R),
+    (404, R),
+    (410, R),
+    (422, R),
+    (429, R),
+    (499, R),  # refused before executing
     (408, U),
     (409, ALREADY_EXISTS),  # maybe executed: the conflict may be with this very effect; a read decides
-    (500, U), (502, U), (503, U), (504, U), (599, U),
+    (500, U),
+    (502, U),
+    (503, U),
+    (504, U),
+    (599, U),
 ]
 
 
@@ -53,9 +70,18 @@ def test_classify_status_default(status, expected, with_op):
 
 OVERRIDES = [
     (409, S),  # exact code beats its class
-    (404, U), (400, U), (401, U), (422, U), (429, U), (408, U),  # the 4xx class override
-    (200, S), (201, S), (304, S),  # no override: default
-    (500, U), (502, U), (503, U),  # no override: default
+    (404, U),
+    (400, U),
+    (401, U),
+    (422, U),
+    (429, U),
+    (408, U),  # the 4xx class override
+    (200, S),
+    (201, S),
+    (304, S),  # no override: default
+    (500, U),
+    (502, U),
+    (503, U),  # no override: default
 ]
 
 
@@ -74,8 +100,11 @@ def test_classify_status_per_operation_overrides(status, expected, classify):
 
 @pytest.mark.parametrize(
     "status, expected",
-    [pytest.param(202, U, id="202-overridden"), pytest.param(201, S, id="201-default"),
-     pytest.param(404, R, id="404-default")],
+    [
+        pytest.param(202, U, id="202-overridden"),
+        pytest.param(201, S, id="201-default"),
+        pytest.param(404, R, id="404-default"),
+    ],
 )
 def test_classify_status_exact_override_only_hits_its_code(status, expected):
     assert classify_status(status, op("/v1/exact")) is expected
@@ -140,14 +169,17 @@ def test_external_id_of(body, dotted, expected):
 SLACKISH = "[{status: 200, body: {ok: false}, state: rejected}, {status: 4xx, state: outcome_unknown}]"
 
 
-@pytest.mark.parametrize(("status", "classify", "state", "evidence"), [
-    (200, None, S, False),  # no rules: the status decides, as ever
-    (500, None, U, False),
-    (403, None, R, False),
-    (200, SLACKISH, U, False),  # a rule that reads the body fits the status: the body would have decided
-    (201, SLACKISH, S, False),  # no rule fits: the status decides
-    (409, SLACKISH, U, False),  # a status-only rule fits: it decides
-])
+@pytest.mark.parametrize(
+    ("status", "classify", "state", "evidence"),
+    [
+        (200, None, S, False),  # no rules: the status decides, as ever
+        (500, None, U, False),
+        (403, None, R, False),
+        (200, SLACKISH, U, False),  # a rule that reads the body fits the status: the body would have decided
+        (201, SLACKISH, S, False),  # no rule fits: the status decides
+        (409, SLACKISH, U, False),  # a status-only rule fits: it decides
+    ],
+)
 def test_an_answer_whose_body_was_not_read_is_classified_from_its_head(status, classify, state, evidence):
     from proxy_addon.outcome.classify import head_outcome
 
@@ -159,6 +191,7 @@ def test_an_answer_whose_body_was_not_read_is_classified_from_its_head(status, c
 
 
 # --- failures of our own exchange: which local refusals prove nothing was written (failure_outcome) -----
+
 
 class Listener:
     """A loopback socket that keeps every byte each connection wrote to it, and never answers."""
@@ -283,10 +316,13 @@ async def test_a_local_refusal_is_not_sent_only_when_nothing_was_written(how, st
         assert received > 0
 
 
-@pytest.mark.parametrize("error", [
-    pytest.param("httpx", id="httpx-LocalProtocolError-raised-elsewhere"),
-    pytest.param("h11", id="h11-LocalProtocolError-raised-elsewhere"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param("httpx", id="httpx-LocalProtocolError-raised-elsewhere"),
+        pytest.param("h11", id="h11-LocalProtocolError-raised-elsewhere"),
+    ],
+)
 def test_a_local_protocol_error_not_raised_building_the_head_is_outcome_unknown(error):
     """HTTP/2 raises LocalProtocolError for an h2 error at any point: without the head-building frame, maybe sent."""
     import h11
@@ -316,10 +352,13 @@ operations:
 """
 
 
-@pytest.mark.parametrize("doc, state, external_id", [
-    ({"ok": True, "channel": "C1", "ts": "1.5"}, S, "C1:1.5"),
-    ({"ok": False, "channel": "C1", "ts": "1.5"}, R, None),
-])
+@pytest.mark.parametrize(
+    "doc, state, external_id",
+    [
+        ({"ok": True, "channel": "C1", "ts": "1.5"}, S, "C1:1.5"),
+        ({"ok": False, "channel": "C1", "ts": "1.5"}, R, None),
+    ],
+)
 def test_an_answer_body_is_parsed_once_for_its_classify_rules_and_its_id(monkeypatch, doc, state, external_id):
     """A success's id is read from the parse the classify rules made of the body, not from a second one."""
     m = RuleSet.of([load_rules(BODY_RULES, "c.yaml")]).match("api.chat.test", 443, "POST", "/api/chat.postMessage")

@@ -21,8 +21,13 @@ RECEIPT_HEADERS = ("x-receipt-id", "x-receipt-state", "x-receipt-replayed")
 
 def attempt(*, title: str = "hello", approval: bool = False) -> Attempt:
     return Attempt(
-        api="test-api", operation="things.create", method="POST", target="http://127.0.0.1:9/api/things",
-        intent_fingerprint=f"sha256:{title}", intent={"body": {"title": title}}, principal="anonymous",
+        api="test-api",
+        operation="things.create",
+        method="POST",
+        target="http://127.0.0.1:9/api/things",
+        intent_fingerprint=f"sha256:{title}",
+        intent={"body": {"title": title}},
+        principal="anonymous",
         approval=approval,
     )
 
@@ -76,21 +81,30 @@ def json_of(answer: Answer) -> dict:
 
 # --- duplicate -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("state", "hint"), [
-    (State.SUBMITTED, "still in flight"),
-    (State.AWAITING_APPROVAL, "waiting for an operator's approval"),
-    (State.OUTCOME_UNKNOWN, "reconcile it before retrying"),
-    (State.RECONCILING, "being reconciled"),
-    (State.MANUAL_REVIEW, "needs manual review"),
-])
+
+@pytest.mark.parametrize(
+    ("state", "hint"),
+    [
+        (State.SUBMITTED, "still in flight"),
+        (State.AWAITING_APPROVAL, "waiting for an operator's approval"),
+        (State.OUTCOME_UNKNOWN, "reconcile it before retrying"),
+        (State.RECONCILING, "being reconciled"),
+        (State.MANUAL_REVIEW, "needs manual review"),
+    ],
+)
 def test_blocked_duplicate_says_why_per_state(store, state, hint):
     r = receipt_in(store, state)
     a = answers.duplicate(r, "blocked")
     doc = json_of(a)
     assert a.status == 409
     assert doc == {
-        "error": "duplicate_unresolved", "operation_id": r.operation_id, "api": "test-api",
-        "operation": "things.create", "state": str(state), "submitted_at": r.submitted_at, "hint": doc["hint"],
+        "error": "duplicate_unresolved",
+        "operation_id": r.operation_id,
+        "api": "test-api",
+        "operation": "things.create",
+        "state": str(state),
+        "submitted_at": r.submitted_at,
+        "hint": doc["hint"],
     }
     assert hint in doc["hint"]
     headers = header_map(a)
@@ -122,12 +136,15 @@ def test_key_conflict_is_a_422(store):
     assert header_map(a)["x-receipt-id"] == r.operation_id
 
 
-@pytest.mark.parametrize(("ahead", "header"), [
-    (2.5, "3"),     # rounded up
-    (120, "120"),
-    (0.2, "1"),     # never below one second
-    (-30, "1"),     # already past: still 1, never 0 or negative
-])
+@pytest.mark.parametrize(
+    ("ahead", "header"),
+    [
+        (2.5, "3"),  # rounded up
+        (120, "120"),
+        (0.2, "1"),  # never below one second
+        (-30, "1"),  # already past: still 1, never 0 or negative
+    ],
+)
 def test_retry_after_header_and_body(store, ahead, header):
     r = receipt_in(store, State.OUTCOME_UNKNOWN)
     when = T0 + dt.timedelta(seconds=ahead)
@@ -144,15 +161,35 @@ def test_retry_after_header_and_body(store, ahead, header):
 
 # --- replay ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("recorded_headers", [
-    pytest.param([("Content-Type", "application/json"), ("X-Custom", "a"), ("X-Custom", "b")], id="plain"),
-    pytest.param([("Content-Type", "application/json"), ("CONTENT-LENGTH", "999"), ("X-Receipt-Id", "other"),
-                  ("x-receipt-state", "submitted"), ("X-Custom", "a"), ("X-Custom", "b")],
-                 id="stale-length-and-receipt-headers"),
-    # the answer of a next-hop receipt-proxy that replayed it (an upstream: proxy chain)
-    pytest.param([("Content-Type", "application/json"), ("X-Custom", "a"), ("X-Custom", "b"),
-                  ("X-Receipt-Replayed", "true"), ("X-Receipt-Id", "other")], id="next-hop-replay"),
-])
+
+@pytest.mark.parametrize(
+    "recorded_headers",
+    [
+        pytest.param([("Content-Type", "application/json"), ("X-Custom", "a"), ("X-Custom", "b")], id="plain"),
+        pytest.param(
+            [
+                ("Content-Type", "application/json"),
+                ("CONTENT-LENGTH", "999"),
+                ("X-Receipt-Id", "other"),
+                ("x-receipt-state", "submitted"),
+                ("X-Custom", "a"),
+                ("X-Custom", "b"),
+            ],
+            id="stale-length-and-receipt-headers",
+        ),
+        # the answer of a next-hop receipt-proxy that replayed it (an upstream: proxy chain)
+        pytest.param(
+            [
+                ("Content-Type", "application/json"),
+                ("X-Custom", "a"),
+                ("X-Custom", "b"),
+                ("X-Receipt-Replayed", "true"),
+                ("X-Receipt-Id", "other"),
+            ],
+            id="next-hop-replay",
+        ),
+    ],
+)
 def test_replay_gives_the_recorded_answer_marked_as_a_replay(store, recorded_headers):
     body = b'{"id": 7, "title": "hello"}'
     r = receipt_in(store, State.SUCCEEDED, response=RecordedResponse(201, recorded_headers, body))
@@ -175,6 +212,7 @@ def test_replay_gives_the_recorded_answer_marked_as_a_replay(store, recorded_hea
 
 # --- unavailable, exchange_failed, denied ----------------------------------------------------
 
+
 def test_unavailable_says_nothing_was_sent():
     a = answers.unavailable("test-api", "things.create", "database is locked")
     doc = json_of(a)
@@ -187,12 +225,15 @@ def test_unavailable_says_nothing_was_sent():
     assert "x-receipt-id" not in headers
 
 
-@pytest.mark.parametrize(("state", "timed_out", "status", "error", "hint"), [
-    (State.OUTCOME_UNKNOWN, False, 502, "outcome_unknown", "may have taken effect"),
-    (State.OUTCOME_UNKNOWN, True, 504, "outcome_unknown", "may have taken effect"),
-    (State.NOT_SENT, False, 502, "not_sent", "safe to send again"),
-    (State.NOT_SENT, True, 504, "not_sent", "safe to send again"),
-])
+@pytest.mark.parametrize(
+    ("state", "timed_out", "status", "error", "hint"),
+    [
+        (State.OUTCOME_UNKNOWN, False, 502, "outcome_unknown", "may have taken effect"),
+        (State.OUTCOME_UNKNOWN, True, 504, "outcome_unknown", "may have taken effect"),
+        (State.NOT_SENT, False, 502, "not_sent", "safe to send again"),
+        (State.NOT_SENT, True, 504, "not_sent", "safe to send again"),
+    ],
+)
 def test_exchange_failed(state, timed_out, status, error, hint):
     operation_id = "20260301T120000Z-abc"
     a = answers.exchange_failed(operation_id, state, "ReadError: reset", timed_out=timed_out)
@@ -223,12 +264,25 @@ def test_denied(store, state):
 # --- recorded --------------------------------------------------------------------------------
 
 UPSTREAM_HEADERS = [
-    ("Content-Type", "application/json"), ("Location", "/api/things/7"), ("X-Request-Id", "r-1"),
-    ("Set-Cookie", "s=1"), ("set-cookie", "t=2"), ("Set-Cookie2", "u=3"), ("Authorization", "Bearer x"),
-    ("WWW-Authenticate", "Bearer"), ("Proxy-Authenticate", "Basic"), ("Connection", "keep-alive"),
-    ("Keep-Alive", "timeout=5"), ("Transfer-Encoding", "chunked"), ("Content-Length", "10"),
-    ("Content-Encoding", "gzip"), ("Upgrade", "h2c"), ("Proxy-Connection", "close"), ("Trailer", "X-T"),
-    ("TE", "trailers"), ("Alt-Svc", 'h3=":443"'),
+    ("Content-Type", "application/json"),
+    ("Location", "/api/things/7"),
+    ("X-Request-Id", "r-1"),
+    ("Set-Cookie", "s=1"),
+    ("set-cookie", "t=2"),
+    ("Set-Cookie2", "u=3"),
+    ("Authorization", "Bearer x"),
+    ("WWW-Authenticate", "Bearer"),
+    ("Proxy-Authenticate", "Basic"),
+    ("Connection", "keep-alive"),
+    ("Keep-Alive", "timeout=5"),
+    ("Transfer-Encoding", "chunked"),
+    ("Content-Length", "10"),
+    ("Content-Encoding", "gzip"),
+    ("Upgrade", "h2c"),
+    ("Proxy-Connection", "close"),
+    ("Trailer", "X-T"),
+    ("TE", "trailers"),
+    ("Alt-Svc", 'h3=":443"'),
 ]
 
 
@@ -239,13 +293,16 @@ def test_recorded_drops_credentials_and_framing():
     assert (rec.body, rec.truncated) == (b'{"id": 7}', False)
 
 
-@pytest.mark.parametrize(("body", "cap", "kept", "truncated"), [
-    (b"0123456789", 1024, b"0123456789", False),
-    (b"0123456789", 10, b"0123456789", False),  # exactly the cap: whole
-    (b"0123456789", 9, b"012345678", True),
-    (b"0123456789", 0, b"", True),
-    (b"", 0, b"", False),
-])
+@pytest.mark.parametrize(
+    ("body", "cap", "kept", "truncated"),
+    [
+        (b"0123456789", 1024, b"0123456789", False),
+        (b"0123456789", 10, b"0123456789", False),  # exactly the cap: whole
+        (b"0123456789", 9, b"012345678", True),
+        (b"0123456789", 0, b"", True),
+        (b"", 0, b"", False),
+    ],
+)
 def test_recorded_caps_the_body(body, cap, kept, truncated):
     rec = answers.recorded(200, [("Content-Type", "text/plain")], body, cap)
     assert (rec.body, rec.truncated) == (kept, truncated)

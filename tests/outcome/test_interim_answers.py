@@ -59,8 +59,14 @@ def answer(result: dict, *, sse: bool = False, task_call: bool = False):
 
 @pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
 def test_input_required_is_no_outcome(sse):
-    asked = answer({"resultType": "input_required", "requestState": "s",
-                    "inputRequests": {"q": {"method": "elicitation/create", "params": {}}}}, sse=sse)
+    asked = answer(
+        {
+            "resultType": "input_required",
+            "requestState": "s",
+            "inputRequests": {"q": {"method": "elicitation/create", "params": {}}},
+        },
+        sse=sse,
+    )
     assert asked.state is State.SUBMITTED and asked.interim is not None and asked.interim.kind == "input_required"
     assert "elicitation/create" in asked.reason and asked.response is None  # never recorded, never replayed
 
@@ -68,18 +74,31 @@ def test_input_required_is_no_outcome(sse):
 def test_a_task_handle_is_no_outcome_in_either_revision():
     modern = answer({"resultType": "task", "taskId": TASK_ID, "status": "working", "ttlMs": 1000})
     assert modern.state is State.SUBMITTED and modern.interim is not None
-    assert (modern.interim.kind, modern.interim.task_id, modern.interim.task_status, modern.interim.task_revision,
-            modern.interim.task_ttl) == ("task", TASK_ID, "working", "2026-07-28", 1.0)
+    assert (
+        modern.interim.kind,
+        modern.interim.task_id,
+        modern.interim.task_status,
+        modern.interim.task_revision,
+        modern.interim.task_ttl,
+    ) == ("task", TASK_ID, "working", "2026-07-28", 1.0)
     legacy = answer({"task": {"taskId": TASK_ID, "status": "working", "ttl": None}}, task_call=True)
-    assert legacy.interim is not None and (legacy.interim.task_revision, legacy.interim.task_ttl) == ("2025-11-25", None)
+    assert legacy.interim is not None and (legacy.interim.task_revision, legacy.interim.task_ttl) == (
+        "2025-11-25",
+        None,
+    )
     # not a task-augmented call: a result, as any (its `task` key means nothing to a tool result)
     assert answer({"task": {"taskId": TASK_ID}, "content": []}).state is State.SUCCEEDED
 
 
 @pytest.mark.parametrize(
     "result",
-    [{"resultType": "polled"}, {"resultType": 7}, {"resultType": "task", "status": "working"},
-     {"resultType": "task", "taskId": "x" * 1025, "status": "working"}, {"resultType": "task", "taskId": ""}],
+    [
+        {"resultType": "polled"},
+        {"resultType": 7},
+        {"resultType": "task", "status": "working"},
+        {"resultType": "task", "taskId": "x" * 1025, "status": "working"},
+        {"resultType": "task", "taskId": ""},
+    ],
     ids=["unknown-type", "not-a-string", "task-without-id", "task-id-too-long", "empty-task-id"],
 )
 def test_a_result_that_cannot_be_read_as_an_outcome_or_followed_is_unknown(result):
@@ -95,8 +114,14 @@ def test_complete_or_no_result_type_is_an_outcome_as_before():
 
 def test_request_state_input_responses_and_task_never_enter_the_fingerprint(rules):
     def fp(**params: object) -> tuple[tuple[str, str], ToolCall]:
-        body = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-                           "params": {"name": "create_issue", "arguments": {"title": "t"}, **params}}).encode()
+        body = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "tools/call",
+                "params": {"name": "create_issue", "arguments": {"title": "t"}, **params},
+            }
+        ).encode()
         m = rules.match("mcp.example", 443, "POST", "/mcp", body=body)
         assert m is not None and m.mcp_call is not None
         view = RequestView("POST", "https", "mcp.example", 443, "/mcp", {"content-type": "application/json"}, body)
@@ -107,14 +132,28 @@ def test_request_state_input_responses_and_task_never_enter_the_fingerprint(rule
         return (got.fingerprint, json.dumps(intent, sort_keys=True)), m.mcp_call
 
     first, call = fp()
-    again, next_round = fp(requestState="opaque", inputResponses={"q": {"action": "accept"}},
-                           _meta={"io.modelcontextprotocol/protocolVersion": "2026-07-28"})
+    again, next_round = fp(
+        requestState="opaque",
+        inputResponses={"q": {"action": "accept"}},
+        _meta={"io.modelcontextprotocol/protocolVersion": "2026-07-28"},
+    )
     augmented, task_call = fp(task={"ttl": 1000})
     assert first == again == augmented
     assert (call.continues, next_round.continues, task_call.task) == (False, True, True)
-    misspelled = rules.match("mcp.example", 443, "POST", "/mcp", body=json.dumps(
-        {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-         "params": {"name": "create_issue", "arguments": {}, "RequestState": "x"}}).encode())
+    misspelled = rules.match(
+        "mcp.example",
+        443,
+        "POST",
+        "/mcp",
+        body=json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "tools/call",
+                "params": {"name": "create_issue", "arguments": {}, "RequestState": "x"},
+            }
+        ).encode(),
+    )
     assert misspelled.refused_as == "bad_json"  # a server that folds case would read it as requestState
 
 
@@ -128,12 +167,18 @@ def ended(rules, report: TaskReport, revision: str = "2026-07-28"):
 @pytest.mark.parametrize(
     "report, revision, state",
     [
-        (TaskReport("completed", {"result": {"content": [], "structuredContent": {"number": 4}}}), "2026-07-28",
-         State.SUCCEEDED),
+        (
+            TaskReport("completed", {"result": {"content": [], "structuredContent": {"number": 4}}}),
+            "2026-07-28",
+            State.SUCCEEDED,
+        ),
         (TaskReport("completed", {"result": {"content": [], "isError": True}}), "2026-07-28", State.REJECTED),
         (TaskReport("failed", {"error": {"code": -32602, "message": "bad title"}}), "2026-07-28", State.REJECTED),
-        (TaskReport("failed", {"error": {"code": -32603, "message": "after commit"}}), "2026-07-28",
-         State.OUTCOME_UNKNOWN),
+        (
+            TaskReport("failed", {"error": {"code": -32603, "message": "after commit"}}),
+            "2026-07-28",
+            State.OUTCOME_UNKNOWN,
+        ),
         (TaskReport("cancelled"), "2026-07-28", State.OUTCOME_UNKNOWN),
         (TaskReport(None, gone=True), "2026-07-28", State.OUTCOME_UNKNOWN),
         (TaskReport(None, expired="HTTP 502"), "2025-11-25", State.OUTCOME_UNKNOWN),
@@ -143,8 +188,20 @@ def ended(rules, report: TaskReport, revision: str = "2026-07-28"):
         (TaskReport("working"), "2026-07-28", None),
         (TaskReport("input_required"), "2025-11-25", None),
     ],
-    ids=["completed", "completed-isError", "failed-invalid-params", "failed-internal", "cancelled", "gone", "expired",
-         "completed-without-result", "legacy-completed", "legacy-failed", "working", "input-required"],
+    ids=[
+        "completed",
+        "completed-isError",
+        "failed-invalid-params",
+        "failed-internal",
+        "cancelled",
+        "gone",
+        "expired",
+        "completed-without-result",
+        "legacy-completed",
+        "legacy-failed",
+        "working",
+        "input-required",
+    ],
 )
 def test_a_tasks_end_is_judged_as_the_calls_answer_would_be(rules, report, revision, state):
     got = ended(rules, report, revision)
@@ -174,16 +231,27 @@ def test_a_tasks_result_error_counts_only_for_a_task_seen_failed():
 
 
 def attempt(fp: str = "fp-1", **kw) -> Attempt:
-    fields: dict[str, Any] = dict(api="tracker", operation="issues.create", method="POST", target="https://mcp.example/mcp",
-                  intent_fingerprint=fp, intent={"tool": "create_issue"}, principal="agent-1", flow_id="flow-1",
-                  instance="inst-1", upstream_timeout=300.0, mcp_rounds=2)
+    fields: dict[str, Any] = dict(
+        api="tracker",
+        operation="issues.create",
+        method="POST",
+        target="https://mcp.example/mcp",
+        intent_fingerprint=fp,
+        intent={"tool": "create_issue"},
+        principal="agent-1",
+        flow_id="flow-1",
+        instance="inst-1",
+        upstream_timeout=300.0,
+        mcp_rounds=2,
+    )
     fields.update(kw)
     return Attempt(**fields)
 
 
 ASKED = Interim("input_required", "the server asked for input")
-TASK = Interim("task", "the server runs it as a task", task_id=TASK_ID, task_status="working",
-               task_revision="2026-07-28")
+TASK = Interim(
+    "task", "the server runs it as a task", task_id=TASK_ID, task_status="working", task_revision="2026-07-28"
+)
 
 
 @pytest.fixture
@@ -217,7 +285,13 @@ def test_a_call_waiting_for_input_goes_on_under_its_receipt(store, clock):
     done = store.record_outcome(first.operation_id, State.SUCCEEDED, reason="HTTP 200")
     assert (done.state, done.waiting_for) == (State.SUCCEEDED, None)
     assert events(store, first.operation_id) == [
-        "→submitted", "input_required", "blocked", "continued", "blocked", "→succeeded"]
+        "→submitted",
+        "input_required",
+        "blocked",
+        "continued",
+        "blocked",
+        "→succeeded",
+    ]
     assert store.begin_attempt(attempt(continues=True)).kind in ("replay", "blocked_succeeded")  # never sent again
 
 
@@ -328,8 +402,14 @@ def test_a_refused_duplicate_says_what_the_first_call_waits_for(store):
 def test_rules_explain_says_how_multi_round_trip_calls_and_tasks_are_handled(rules):
     from proxy_addon.explain import explain, render
 
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                       "params": {"name": "create_issue", "arguments": {"title": "t"}}}).encode()
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "create_issue", "arguments": {"title": "t"}},
+        }
+    ).encode()
     shown = render(explain(rules, "POST", "https://mcp.example/mcp", body, {"content-type": "application/json"}, KEY))
     assert "input_required" in shown and "receipts_mcp_rounds" in shown and "requestState" in shown
     assert "task handle" in shown and "tasks/get" in shown and "cancelled" in shown

@@ -43,11 +43,23 @@ def op_of(text: str = BASE):
 
 def receipt(intent: dict, external_id: str | None = None) -> Receipt:
     return Receipt(
-        operation_id="20261129T000000Z-abc", api="blog", operation="posts.create", method="POST",
-        target="https://blog.test/v1/red/posts?token=REDACTED", state=State.RECONCILING,
-        intent_fingerprint="sha256:x", intent=intent, principal="anonymous",
-        submitted_at="2026-11-29T00:00:00.000000Z", updated_at="", completed_at="2026-11-29T00:00:01.000000Z",
-        http_status=None, error=None, external_id=external_id, flow_id=None, retry_of=None,
+        operation_id="20261129T000000Z-abc",
+        api="blog",
+        operation="posts.create",
+        method="POST",
+        target="https://blog.test/v1/red/posts?token=REDACTED",
+        state=State.RECONCILING,
+        intent_fingerprint="sha256:x",
+        intent=intent,
+        principal="anonymous",
+        submitted_at="2026-11-29T00:00:00.000000Z",
+        updated_at="",
+        completed_at="2026-11-29T00:00:01.000000Z",
+        http_status=None,
+        error=None,
+        external_id=external_id,
+        flow_id=None,
+        retry_of=None,
         instance=None,
     )
 
@@ -58,7 +70,12 @@ INTENT = {"path": {"team": "red"}, "body": {"post.title": "Hello & bye", "post.s
 def test_the_spec_loads_with_defaults():
     spec = op_of().reconcile
     assert (spec.method, spec.items, spec.absence_provable, spec.retry_when_absent, spec.external_id) == (
-        "GET", "data", True, True, "id")  # external_id defaults to the operation's
+        "GET",
+        "data",
+        True,
+        True,
+        "id",
+    )  # external_id defaults to the operation's
     assert op_of().credentials_env == "BLOG_KEY"
 
 
@@ -67,18 +84,47 @@ def test_the_spec_loads_with_defaults():
     [
         ("{method: GET,", "{method: POST,", 10, "reconcile.read.method", "never a write"),
         ("{method: GET,", "{method: DELETE,", 10, "reconcile.read.method", "GET or HEAD"),
-        ('{intent.post.title}"', '{intent.post.body}"', 12, "reconcile.find.title", "not recorded by this operation's fingerprint"),
+        (
+            '{intent.post.title}"',
+            '{intent.post.body}"',
+            12,
+            "reconcile.find.title",
+            "not recorded by this operation's fingerprint",
+        ),
         ("{path.team}", "{path.org}", 10, "reconcile.read.url", "{path.org} is not recorded"),
         ("{path.team}", "{path.team", 10, "reconcile.read.url", "unbalanced"),
         ('url: "/v1', 'url: "ftp://x/v1', 10, "reconcile.read.url", "must be a path"),
-        ("absence_provable: true", "absence_provable: false", 14, "reconcile.retry_when_absent", "needs absence_provable"),
-        ("absence_provable: true", "absence_provable: yes please", 13, "reconcile.absence_provable", "expected true or false"),
+        (
+            "absence_provable: true",
+            "absence_provable: false",
+            14,
+            "reconcile.retry_when_absent",
+            "needs absence_provable",
+        ),
+        (
+            "absence_provable: true",
+            "absence_provable: yes please",
+            13,
+            "reconcile.absence_provable",
+            "expected true or false",
+        ),
         ("      items: data\n", "      itemz: data\n", 11, "reconcile.itemz", "unknown key"),
         ("{method: GET,", "{method: HEAD,", 12, "reconcile.find", "HEAD read has no body"),
         ("BLOG_KEY", "BLOG-KEY", 3, "credentials.env", "not an environment variable name"),
     ],
-    ids=["post", "delete", "unknown-intent-field", "unknown-path-param", "unbalanced", "bad-scheme",
-         "retry-without-proof", "not-a-bool", "unknown-key", "head-with-find", "bad-env-name"],
+    ids=[
+        "post",
+        "delete",
+        "unknown-intent-field",
+        "unknown-path-param",
+        "unbalanced",
+        "bad-scheme",
+        "retry-without-proof",
+        "not-a-bool",
+        "unknown-key",
+        "head-with-find",
+        "bad-env-name",
+    ],
 )
 def test_bad_specs_name_line_and_field(old, new, line, field, message):
     assert old in BASE
@@ -90,7 +136,9 @@ def test_bad_specs_name_line_and_field(old, new, line, field, message):
 
 
 def test_idempotency_key_spec():
-    text = BASE.replace("    external_id: id\n", "    external_id: id\n    idempotency_key: {header: Idempotency-Key}\n", 1)
+    text = BASE.replace(
+        "    external_id: id\n", "    external_id: id\n    idempotency_key: {header: Idempotency-Key}\n", 1
+    )
     assert op_of(text).idempotency_header == "Idempotency-Key"
     with pytest.raises(RulesError, match=r"idempotency_key.header"):
         load_rules(text.replace("{header: Idempotency-Key}", "{header: 'bad header'}"), "blog.yaml")
@@ -144,8 +192,13 @@ def test_judge_with_find(status, body, state, external_id, reason):
 
 def recovered(**kw) -> Receipt:
     """A receipt taken over from a proxy that went silent: nobody saw its attempt end (no completed_at)."""
-    fields = {"completed_at": None, "state": State.RECONCILING, "upstream_timeout": 300.0,
-              "submitted_at": "2026-11-29T10:00:00.000000Z", "in_flight_until": "2026-11-29T10:05:00.000000Z"}
+    fields = {
+        "completed_at": None,
+        "state": State.RECONCILING,
+        "upstream_timeout": 300.0,
+        "submitted_at": "2026-11-29T10:00:00.000000Z",
+        "in_flight_until": "2026-11-29T10:05:00.000000Z",
+    }
     return Receipt(**{**receipt(INTENT).__dict__, **fields, **kw})
 
 
@@ -161,23 +214,29 @@ def test_a_read_proves_absence_only_after_the_original_can_no_longer_land():
     assert (early.state, early.retry_after, early.failed) == (State.OUTCOME_UNKNOWN, lands_by, False)
     assert "the original request may still land until 2026-11-29T10:05:02" in early.reason
     assert "its upstream timeout: 300s, plus 2s" in early.reason
-    assert judge(op.reconcile, read, r, 200, answer(FOUND), now=lands_by - dt.timedelta(seconds=1)).state \
+    assert (
+        judge(op.reconcile, read, r, 200, answer(FOUND), now=lands_by - dt.timedelta(seconds=1)).state
         is State.SUCCEEDED
+    )
     assert judge(op.reconcile, read, r, 200, answer(), now=lands_by).state is State.SAFE_TO_RETRY
 
 
 def test_an_attempt_its_proxy_saw_end_is_judged_from_its_end_and_settle_counts_after_the_lifetime():
     op, r = op_of(), recovered(completed_at="2026-11-29T10:00:01.000000Z")  # its own proxy recorded the outcome
     read = plan_read(op, r)
-    assert judge(op.reconcile, read, r, 200, answer(), now=dt.datetime(2026, 11, 29, 10, 0, 2, tzinfo=dt.UTC)).state \
-        is State.SAFE_TO_RETRY  # the connection closed at completed_at: no lifetime to wait out
+    assert (
+        judge(op.reconcile, read, r, 200, answer(), now=dt.datetime(2026, 11, 29, 10, 0, 2, tzinfo=dt.UTC)).state
+        is State.SAFE_TO_RETRY
+    )  # the connection closed at completed_at: no lifetime to wait out
     settled = op_of(BASE.replace("retry_when_absent: true", "retry_when_absent: true\n      settle: 60s"))
     assert absence_provable_from(settled.reconcile, recovered()) == dt.datetime(2026, 11, 29, 10, 6, 2, tzinfo=dt.UTC)
     # a receipt an earlier version recorded, without a timeout: the default one (300 s)
     legacy = recovered(upstream_timeout=None, in_flight_until=None)
     assert landed_by(legacy) == dt.datetime(2026, 11, 29, 10, 5, 2, tzinfo=dt.UTC)
-    assert "its upstream timeout: unrecorded" in judge(op.reconcile, read, legacy, 200, answer(),
-                                                        now=dt.datetime(2026, 11, 29, 10, 1, tzinfo=dt.UTC)).reason
+    assert (
+        "its upstream timeout: unrecorded"
+        in judge(op.reconcile, read, legacy, 200, answer(), now=dt.datetime(2026, 11, 29, 10, 1, tzinfo=dt.UTC)).reason
+    )
 
 
 STATUS_ONLY = """\
@@ -195,8 +254,12 @@ operations:
 
 @pytest.mark.parametrize(
     "provable, status, state",
-    [("true", 200, State.SUCCEEDED), ("true", 404, State.MANUAL_REVIEW), ("false", 410, State.MANUAL_REVIEW),
-     ("true", 503, State.OUTCOME_UNKNOWN)],  # a failed read proves nothing
+    [
+        ("true", 200, State.SUCCEEDED),
+        ("true", 404, State.MANUAL_REVIEW),
+        ("false", 410, State.MANUAL_REVIEW),
+        ("true", 503, State.OUTCOME_UNKNOWN),
+    ],  # a failed read proves nothing
     ids=["2xx-found", "404-provable-but-no-retry", "410-not-provable", "503"],
 )
 def test_judge_by_status(provable, status, state):

@@ -49,11 +49,27 @@ def test_pages_load():
         ("      pages: {next: link, every: 2}\n", "reconcile.pages.every", "unknown key"),
         ("      complete_in_one_page: true\n", "reconcile.complete_in_one_page", "in a comment"),
         ("      complete_in_one_page: yes please\n", "reconcile.complete_in_one_page", "true or false"),
-        ("      pages: {next: link}\n      complete_in_one_page: true  # why\n",
-         "reconcile.complete_in_one_page", "leave one of them out"),
+        (
+            "      pages: {next: link}\n      complete_in_one_page: true  # why\n",
+            "reconcile.complete_in_one_page",
+            "leave one of them out",
+        ),
     ],
-    ids=["not-link", "max-0", "max-101", "max-word", "no-next", "no-param", "unknown-next-key", "bad-from",
-         "bad-param", "unknown-key", "one-page-without-reason", "one-page-not-bool", "one-page-and-pages"],
+    ids=[
+        "not-link",
+        "max-0",
+        "max-101",
+        "max-word",
+        "no-next",
+        "no-param",
+        "unknown-next-key",
+        "bad-from",
+        "bad-param",
+        "unknown-key",
+        "one-page-without-reason",
+        "one-page-not-bool",
+        "one-page-and-pages",
+    ],
 )
 def test_bad_pages_name_line_and_field(tail, field, message):
     with pytest.raises(RulesError) as e:
@@ -89,7 +105,8 @@ def test_rules_check_refuses_absence_provable_without_pages(tmp_path, tail, prob
         assert found[0].field == "operations.posts.create.reconcile.absence_provable"
         assert "declares no pages" in found[0].message
         not_provable = BASE.replace("absence_provable: true", "absence_provable: false").replace(
-            "      retry_when_absent: true\n", "")
+            "      retry_when_absent: true\n", ""
+        )
         path.write_text(not_provable)
         assert check_rules_path(path)[1] == []  # only a read that proves absence must say how its list ends
 
@@ -163,7 +180,8 @@ def test_a_list_that_says_more_without_declared_pages_proves_nothing(body, heade
     assert says in v.reason and "declares no pages" in v.reason and "nothing is proven" in v.reason
     # a read that never proves absence goes to manual review, as its "not found" always does
     not_provable = BASE.replace("absence_provable: true", "absence_provable: false").replace(
-        "      retry_when_absent: true\n", "")
+        "      retry_when_absent: true\n", ""
+    )
     _, v = run(not_provable, body, headers)
     assert v.state is State.MANUAL_REVIEW and says in v.reason
     _, v = run(BASE, page(OTHER, has_more=False))
@@ -198,8 +216,16 @@ def test_a_graphql_cursor_goes_in_the_body():
     r = receipt({"body": {"variables.input.title": "Bug"}})
     read = plan_read(op, r)
     assert read is not None and read.body is not None and op.reconcile is not None
-    body = json.dumps({"data": {"issues": {"nodes": [{"id": "1", "title": "Other"}],
-                                           "pageInfo": {"hasNextPage": True, "endCursor": "cur-2"}}}}).encode()
+    body = json.dumps(
+        {
+            "data": {
+                "issues": {
+                    "nodes": [{"id": "1", "title": "Other"}],
+                    "pageInfo": {"hasNextPage": True, "endCursor": "cur-2"},
+                }
+            }
+        }
+    ).encode()
     v = judge(op.reconcile, read, r, 200, body)
     assert v.next_read is not None and v.next_read.url == read.url and v.next_read.body is not None
     sent = json.loads(v.next_read.body)

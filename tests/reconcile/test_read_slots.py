@@ -27,13 +27,16 @@ from tests.gate.test_admission import CREDENTIALS, RULES, World, duplicates, for
 from tests.upstream import Upstream
 
 # tests/gate/test_admission.py's rules, and an API that deduplicates by a key and has no read (like Stripe's).
-KEYED_RULES = RULES + """\
+KEYED_RULES = (
+    RULES
+    + """\
   keyed.create:
     match: {method: POST, path: "/api/{bucket}/keyed"}
     fingerprint: {body: [title]}
     external_id: id
     idempotency_key: {header: Idempotency-Key}
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +115,11 @@ async def test_the_gate_runs_at_most_reads_max_reads_and_the_others_wait_their_t
     assert states(world) == {State.SUCCEEDED: 6}
     for _, receipt in made:
         assert transitions(world.events(receipt.operation_id)) == [
-            (None, "submitted"), ("submitted", "outcome_unknown"),
-            ("outcome_unknown", "reconciling"), ("reconciling", "succeeded")]
+            (None, "submitted"),
+            ("submitted", "outcome_unknown"),
+            ("outcome_unknown", "reconciling"),
+            ("reconciling", "succeeded"),
+        ]
     assert gate.reads_in_progress() == 0
 
 

@@ -53,5 +53,7 @@ def test_the_calls_revision_is_noted_with_its_intent_and_never_fingerprinted(hea
     plain = {"content-type": "application/json"}
     m0 = rules.match("mcp.example", 443, "POST", "/mcp", body=bare, headers=list(plain.items()))
     assert m0 is not None
-    assert fingerprint(m0, RequestView("POST", "https", "mcp.example", 443, "/mcp", plain, bare), b"k" * 32).fingerprint \
-        == got.fingerprint, "a retry in another revision is the same write"
+    assert (
+        fingerprint(m0, RequestView("POST", "https", "mcp.example", 443, "/mcp", plain, bare), b"k" * 32).fingerprint
+        == got.fingerprint
+    ), "a retry in another revision is the same write"

@@ -41,7 +41,9 @@ HEAD = "api: demo\nhosts: [api.demo.test]\n"
 
 # --- classify by body and headers ------------------------------------------------------------
 
-SLACKISH = HEAD + """\
+SLACKISH = (
+    HEAD
+    + """\
 operations:
   post:
     match: {method: POST, path: /api/chat.postMessage}
@@ -63,25 +65,34 @@ operations:
       items: messages
       find: {text: "{intent.text}"}
 """
+)
 
 
-@pytest.mark.parametrize("status, headers, body, expected", [
-    (200, {}, {"ok": True, "channel": "C1", "ts": "1.2"}, State.SUCCEEDED),
-    (200, {}, {"ok": False, "error": "internal_error"}, State.OUTCOME_UNKNOWN),
-    (200, {}, {"ok": False, "error": "fatal_error"}, State.OUTCOME_UNKNOWN),
-    (200, {}, {"ok": False, "error": "channel_not_found"}, State.REJECTED),
-    (200, {}, {"ok": 0, "error": "x"}, State.SUCCEEDED),  # JSON types: 0 is not false
-    (422, {}, {"errors": [{"code": "invalid"}, {"code": "already_exists"}]}, ALREADY_EXISTS),
-    (422, {}, {"errors": [{"code": "custom", "message": "A pull request already exists for o:b."}]}, ALREADY_EXISTS),
-    (422, {}, {"errors": [{"code": "missing_field"}]}, State.REJECTED),
-    (409, {}, {"name": "concurrent_idempotent_requests"}, ALREADY_EXISTS),
-    (409, {}, {"name": "invalid_idempotent_request"}, ALREADY_EXISTS),  # no rule fits: the 409 default, "maybe"
-    (201, {}, {"data": None, "errors": [{"message": "bad"}]}, State.REJECTED),
-    (201, {}, {"data": {}, "errors": []}, State.SUCCEEDED),  # an empty list is present: see next
-    (500, {"x-outcome": "unknown"}, {}, State.OUTCOME_UNKNOWN),
-    (200, {}, b"not json", State.SUCCEEDED),  # a body rule never fits a body that is not JSON
-    (503, {}, {"ok": False}, State.OUTCOME_UNKNOWN),  # status does not fit the rules: the defaults
-])
+@pytest.mark.parametrize(
+    "status, headers, body, expected",
+    [
+        (200, {}, {"ok": True, "channel": "C1", "ts": "1.2"}, State.SUCCEEDED),
+        (200, {}, {"ok": False, "error": "internal_error"}, State.OUTCOME_UNKNOWN),
+        (200, {}, {"ok": False, "error": "fatal_error"}, State.OUTCOME_UNKNOWN),
+        (200, {}, {"ok": False, "error": "channel_not_found"}, State.REJECTED),
+        (200, {}, {"ok": 0, "error": "x"}, State.SUCCEEDED),  # JSON types: 0 is not false
+        (422, {}, {"errors": [{"code": "invalid"}, {"code": "already_exists"}]}, ALREADY_EXISTS),
+        (
+            422,
+            {},
+            {"errors": [{"code": "custom", "message": "A pull request already exists for o:b."}]},
+            ALREADY_EXISTS,
+        ),
+        (422, {}, {"errors": [{"code": "missing_field"}]}, State.REJECTED),
+        (409, {}, {"name": "concurrent_idempotent_requests"}, ALREADY_EXISTS),
+        (409, {}, {"name": "invalid_idempotent_request"}, ALREADY_EXISTS),  # no rule fits: the 409 default, "maybe"
+        (201, {}, {"data": None, "errors": [{"message": "bad"}]}, State.REJECTED),
+        (201, {}, {"data": {}, "errors": []}, State.SUCCEEDED),  # an empty list is present: see next
+        (500, {"x-outcome": "unknown"}, {}, State.OUTCOME_UNKNOWN),
+        (200, {}, b"not json", State.SUCCEEDED),  # a body rule never fits a body that is not JSON
+        (503, {}, {"ok": False}, State.OUTCOME_UNKNOWN),  # status does not fit the rules: the defaults
+    ],
+)
 def test_classify_rules_by_status_body_and_headers(status, headers, body, expected):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     verdict, _ = classify_response(status, headers, raw, op_of(SLACKISH))
@@ -106,8 +117,10 @@ def test_composite_and_header_ids():
     op = op_of(SLACKISH)
     assert response_external_id(op, {}, json.dumps({"ok": True, "channel": "C1", "ts": "17.5"}).encode()) == "C1:17.5"
     assert response_external_id(op, {}, json.dumps({"ok": True, "channel": "C1"}).encode()) is None
-    sendgrid = op_of(HEAD + "operations:\n  send:\n    match: {method: POST, path: /v3/mail/send}\n"
-                            "    external_id: {header: X-Message-Id}\n")
+    sendgrid = op_of(
+        HEAD + "operations:\n  send:\n    match: {method: POST, path: /v3/mail/send}\n"
+        "    external_id: {header: X-Message-Id}\n"
+    )
     assert sendgrid.external_id_header == "x-message-id"
     assert response_external_id(sendgrid, {"x-message-id": "abc.123"}, b"") == "abc.123"
     assert response_external_id(sendgrid, {}, b"") is None
@@ -118,36 +131,113 @@ def test_composite_and_header_ids():
 OP = "operations.x"
 
 
-@pytest.mark.parametrize("body, line, field, message", [
-    ("    match: {method: PUT, path: /graphql, graphql: issueCreate}\n", 5, f"{OP}.match.graphql", "use method: POST"),
-    ("    match: {method: POST, path: /graphql, graphql: issue-create}\n", 5, f"{OP}.match.graphql", "not a GraphQL field name"),
-    ("    match: {method: POST, path: /x}\n    classify: [{state: rejected}]\n", 6, f"{OP}.classify[0]", "tests nothing"),
-    ("    match: {method: POST, path: /x}\n    classify: [{status: 200, body: {msg: {matches: '('}}, state: rejected}]\n",
-     6, f"{OP}.classify[0].body.msg.matches", "not a valid regular expression"),
-    ("    match: {method: POST, path: /x}\n    classify: [{status: 200, body: {msg: {contains: a, present: true}}, state: rejected}]\n",
-     6, f"{OP}.classify[0].body.msg", "expected one test"),
-    ("    match: {method: POST, path: /x}\n    classify: [{status: 4x, state: rejected}]\n", 6, f"{OP}.classify[0].status", "not a status code"),
-    ("    match: {method: POST, path: /x}\n    classify: [{status: 422, state: already_exists}]\n", 6, f"{OP}.classify",
-     "needs a reconcile read"),
-    ("    match: {method: POST, path: /x}\n    classify: {422: already_exists}\n", 6, f"{OP}.classify", "needs a reconcile read"),
-    ("    match: {method: POST, path: /x}\n    idempotency_key: {header: Idempotency-Key, body: id}\n", 6,
-     f"{OP}.idempotency_key", "exactly one place"),
-    ("    match: {method: POST, path: /x}\n    idempotency_key: {body: id, format: uuid7}\n", 6,
-     f"{OP}.idempotency_key.format", "not one of receipt, uuid4"),
-    ("    match: {method: POST, path: /graphql, graphql: issueCreate}\n    idempotency_key: {body: id}\n", 6,
-     f"{OP}.idempotency_key.body", "inside an argument"),
-    ("    match: {method: POST, path: /x}\n    external_id: {header: 'bad header'}\n", 6, f"{OP}.external_id.header", "not a valid header"),
-    ("    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: /x, body: {a: 1}}\n", 7,
-     f"{OP}.reconcile.read.body", "only a POST read does"),
-    ("    match: {method: POST, path: /x}\n    reconcile:\n      read: {method: POST, url: /search, body: {a: 1}}\n", 7,
-     f"{OP}.reconcile.read.method", "listed in post_reads (listed: none)"),
-    ("    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: /x}\n      settle: 5m\n", 8,
-     f"{OP}.reconcile.settle", "needs absence_provable: true"),
-    ("    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: /x}\n      absence_provable: true\n      settle: soon\n",
-     9, f"{OP}.reconcile.settle", "expected a duration"),
-    ("    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: '/x?k={idempotency_key}'}\n", 7,
-     f"{OP}.reconcile.read.url", "{idempotency_key} is not recorded"),
-])
+@pytest.mark.parametrize(
+    "body, line, field, message",
+    [
+        (
+            "    match: {method: PUT, path: /graphql, graphql: issueCreate}\n",
+            5,
+            f"{OP}.match.graphql",
+            "use method: POST",
+        ),
+        (
+            "    match: {method: POST, path: /graphql, graphql: issue-create}\n",
+            5,
+            f"{OP}.match.graphql",
+            "not a GraphQL field name",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    classify: [{state: rejected}]\n",
+            6,
+            f"{OP}.classify[0]",
+            "tests nothing",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    classify: [{status: 200, body: {msg: {matches: '('}}, state: rejected}]\n",
+            6,
+            f"{OP}.classify[0].body.msg.matches",
+            "not a valid regular expression",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    classify: [{status: 200, body: {msg: {contains: a, present: true}}, state: rejected}]\n",
+            6,
+            f"{OP}.classify[0].body.msg",
+            "expected one test",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    classify: [{status: 4x, state: rejected}]\n",
+            6,
+            f"{OP}.classify[0].status",
+            "not a status code",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    classify: [{status: 422, state: already_exists}]\n",
+            6,
+            f"{OP}.classify",
+            "needs a reconcile read",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    classify: {422: already_exists}\n",
+            6,
+            f"{OP}.classify",
+            "needs a reconcile read",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    idempotency_key: {header: Idempotency-Key, body: id}\n",
+            6,
+            f"{OP}.idempotency_key",
+            "exactly one place",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    idempotency_key: {body: id, format: uuid7}\n",
+            6,
+            f"{OP}.idempotency_key.format",
+            "not one of receipt, uuid4",
+        ),
+        (
+            "    match: {method: POST, path: /graphql, graphql: issueCreate}\n    idempotency_key: {body: id}\n",
+            6,
+            f"{OP}.idempotency_key.body",
+            "inside an argument",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    external_id: {header: 'bad header'}\n",
+            6,
+            f"{OP}.external_id.header",
+            "not a valid header",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: /x, body: {a: 1}}\n",
+            7,
+            f"{OP}.reconcile.read.body",
+            "only a POST read does",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {method: POST, url: /search, body: {a: 1}}\n",
+            7,
+            f"{OP}.reconcile.read.method",
+            "listed in post_reads (listed: none)",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: /x}\n      settle: 5m\n",
+            8,
+            f"{OP}.reconcile.settle",
+            "needs absence_provable: true",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: /x}\n      absence_provable: true\n      settle: soon\n",
+            9,
+            f"{OP}.reconcile.settle",
+            "expected a duration",
+        ),
+        (
+            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: '/x?k={idempotency_key}'}\n",
+            7,
+            f"{OP}.reconcile.read.url",
+            "{idempotency_key} is not recorded",
+        ),
+    ],
+)
 def test_new_features_refuse_bad_values_with_line_and_field(body, line, field, message):
     with pytest.raises(RulesError) as info:
         rules(HEAD + "operations:\n  x:\n" + body)
@@ -155,7 +245,9 @@ def test_new_features_refuse_bad_values_with_line_and_field(body, line, field, m
     assert message in info.value.message
 
 
-POST_READS = HEAD + """\
+POST_READS = (
+    HEAD
+    + """\
 post_reads: [/graphql, "/v1/data_sources/{id}/query"]
 operations:
   x:
@@ -175,39 +267,63 @@ operations:
       absence_provable: true
       retry_when_absent: true
 """
+)
 
 
 def test_a_post_read_to_a_listed_path_loads_and_renders_its_body():
     op = op_of(POST_READS)
-    r = Receipt(operation_id="r1", api="demo", operation="x", method="POST", target="https://api.demo.test/graphql",
-                state=State.RECONCILING, intent_fingerprint="sha256:x", intent={"body": {"input.title": "T"}},
-                principal="anonymous", submitted_at="2026-11-29T10:00:00.000000Z", updated_at="", completed_at=None,
-                http_status=None, error=None, external_id=None, flow_id=None, retry_of=None, instance=None,
-                idempotency_key="6f1c8a4e-1111-4222-8333-444455556666")
+    r = Receipt(
+        operation_id="r1",
+        api="demo",
+        operation="x",
+        method="POST",
+        target="https://api.demo.test/graphql",
+        state=State.RECONCILING,
+        intent_fingerprint="sha256:x",
+        intent={"body": {"input.title": "T"}},
+        principal="anonymous",
+        submitted_at="2026-11-29T10:00:00.000000Z",
+        updated_at="",
+        completed_at=None,
+        http_status=None,
+        error=None,
+        external_id=None,
+        flow_id=None,
+        retry_of=None,
+        instance=None,
+        idempotency_key="6f1c8a4e-1111-4222-8333-444455556666",
+    )
     read = plan_read(op, r)
     assert read is not None and read.body is not None
     assert (read.method, read.url) == ("POST", "https://api.demo.test/graphql")
     doc = json.loads(read.body)
     assert doc["query"].startswith("query Q")  # sent as written: its braces are GraphQL, not templates
-    assert doc["variables"] == {"id": "6f1c8a4e-1111-4222-8333-444455556666", "since": int(dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).timestamp())}
+    assert doc["variables"] == {
+        "id": "6f1c8a4e-1111-4222-8333-444455556666",
+        "since": int(dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).timestamp()),
+    }
     _check(read, rules(POST_READS).post_reads)  # a query to a listed path: allowed
     found = json.dumps({"data": {"issue": {"id": "6f1c8a4e-1111-4222-8333-444455556666"}}}).encode()
     assert judge(op.reconcile, read, r, 200, found).state is State.SUCCEEDED
-    missing = json.dumps({"data": None, "errors": [{"message": "Entity not found",
-                                                    "extensions": {"code": "ENTITY_NOT_FOUND"}}]}).encode()
+    missing = json.dumps(
+        {"data": None, "errors": [{"message": "Entity not found", "extensions": {"code": "ENTITY_NOT_FOUND"}}]}
+    ).encode()
     assert judge(op.reconcile, read, r, 200, missing).state is State.SAFE_TO_RETRY
-    other = json.dumps({"data": None, "errors": [{"message": "Rate limited", "extensions": {"code": "RATELIMITED"}}]}).encode()
+    other = json.dumps(
+        {"data": None, "errors": [{"message": "Rate limited", "extensions": {"code": "RATELIMITED"}}]}
+    ).encode()
     assert judge(op.reconcile, read, r, 200, other).state is State.OUTCOME_UNKNOWN  # a failed read proves nothing
 
 
 def test_a_graphql_read_holding_a_mutation_is_refused_when_loading_and_before_sending():
-    text = POST_READS.replace("query Q($id: String!) { issue(id: $id) { id } }",
-                              "mutation M { issueDelete(id: \\\"x\\\") { success } }")
+    text = POST_READS.replace(
+        "query Q($id: String!) { issue(id: $id) { id } }", 'mutation M { issueDelete(id: \\"x\\") { success } }'
+    )
     with pytest.raises(RulesError) as info:
         rules(text)
     assert info.value.field == "operations.x.reconcile.read.body.query" and "holds a mutation" in info.value.message
     post_reads = rules(POST_READS).post_reads
-    mutation = json.dumps({"query": "mutation { issueDelete(id: \"x\") { success } }"}).encode()
+    mutation = json.dumps({"query": 'mutation { issueDelete(id: "x") { success } }'}).encode()
     with pytest.raises(ReconcileError, match="mutation"):
         _check(ReadRequest("POST", "https://api.demo.test/graphql", mutation), post_reads)
     with pytest.raises(ReconcileError, match="never a write"):
@@ -218,7 +334,9 @@ def test_a_graphql_read_holding_a_mutation_is_refused_when_loading_and_before_se
 
 # --- settle ---------------------------------------------------------------------------------------
 
-SETTLE = HEAD + """\
+SETTLE = (
+    HEAD
+    + """\
 operations:
   x:
     match: {method: POST, path: /messages}
@@ -230,14 +348,30 @@ operations:
       settle: 30m
       retry_when_absent: true
 """
+)
 
 
 def _unknown(completed_at: str | None) -> Receipt:
-    return Receipt(operation_id="r2", api="demo", operation="x", method="POST", target="https://api.demo.test/messages",
-                   state=State.RECONCILING, intent_fingerprint="sha256:y", intent={"body": {"to": "a@b.test"}},
-                   principal="anonymous", submitted_at="2026-11-29T10:00:00.000000Z", updated_at="",
-                   completed_at=completed_at, http_status=None, error=None, external_id=None, flow_id=None,
-                   retry_of=None, instance=None)
+    return Receipt(
+        operation_id="r2",
+        api="demo",
+        operation="x",
+        method="POST",
+        target="https://api.demo.test/messages",
+        state=State.RECONCILING,
+        intent_fingerprint="sha256:y",
+        intent={"body": {"to": "a@b.test"}},
+        principal="anonymous",
+        submitted_at="2026-11-29T10:00:00.000000Z",
+        updated_at="",
+        completed_at=completed_at,
+        http_status=None,
+        error=None,
+        external_id=None,
+        flow_id=None,
+        retry_of=None,
+        instance=None,
+    )
 
 
 def test_before_settle_not_found_stays_unknown_and_says_when():
@@ -258,7 +392,9 @@ def test_before_settle_not_found_stays_unknown_and_says_when():
 
 # --- GraphQL ---------------------------------------------------------------------------------------
 
-LINEARISH = HEAD.replace("api.demo.test", "api.linear.test") + """\
+LINEARISH = (
+    HEAD.replace("api.demo.test", "api.linear.test")
+    + """\
 post_reads: [/graphql]
 operations:
   issues.create:
@@ -268,6 +404,7 @@ operations:
   comments.create:
     match: {method: POST, path: /graphql, graphql: commentCreate}
 """
+)
 
 WITH_VARIABLES: dict[str, Any] = {
     "query": "mutation createIssue($input: IssueCreateInput!) { issueCreate(input: $input) { success issue { id } } }",
@@ -290,7 +427,7 @@ def test_graphql_mutations_match_by_root_field_not_operation_name():
     assert m.operation.name == "issues.create" and m.graphql_args["input"]["title"] == "Crash on save"
     m = rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(INLINE))
     assert m is not None and m.operation.name == "issues.create"
-    comment = {"query": "mutation issueCreate { commentCreate(input: {body: \"x\"}) { success } }"}
+    comment = {"query": 'mutation issueCreate { commentCreate(input: {body: "x"}) { success } }'}
     m = rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(comment))
     assert m is not None and m.operation.name == "comments.create"
     query = {"query": "query issueCreate { issues { nodes { id } } }"}
@@ -298,10 +435,12 @@ def test_graphql_mutations_match_by_root_field_not_operation_name():
     not_json = rs.match("api.linear.test", 443, "POST", "/graphql", body=b"not json")
     assert not_json is not None and not_json.refused is not None
     assert not_json.refused_as == "bad_json" and "not JSON" in not_json.refused  # a server may read it otherwise: 400
-    two = {"query": "mutation A { issueCreate(input: {title: \"a\"}) { success } } query B { viewer { id } }",
-           "operationName": "B"}
+    two = {
+        "query": 'mutation A { issueCreate(input: {title: "a"}) { success } } query B { viewer { id } }',
+        "operationName": "B",
+    }
     assert rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(two)) is None  # B runs, a query
-    fragment = {"query": "mutation { ...F } fragment F on Mutation { issueCreate(input: {title: \"f\"}) { success } }"}
+    fragment = {"query": 'mutation { ...F } fragment F on Mutation { issueCreate(input: {title: "f"}) { success } }'}
     m = rs.match("api.linear.test", 443, "POST", "/graphql", body=_gql(fragment))
     assert m is not None and m.operation.name == "issues.create"
 
@@ -313,7 +452,9 @@ def test_graphql_variables_and_inline_arguments_fingerprint_alike():
         body = _gql(doc)
         m = rs.match("api.linear.test", 443, "POST", "/graphql", body=body)
         assert m is not None
-        view = RequestView("POST", "https", "api.linear.test", 443, "/graphql", {"content-type": "application/json"}, body)
+        view = RequestView(
+            "POST", "https", "api.linear.test", 443, "/graphql", {"content-type": "application/json"}, body
+        )
         prints.append(fingerprint(m, view, KEY))
     assert prints[0].fingerprint == prints[1].fingerprint
     assert prints[0].intent["body"] == {"input.title": "Crash on save", "input.teamId": "T1"}
@@ -337,12 +478,11 @@ def test_a_proxy_chosen_id_goes_into_the_variable_or_is_kept_from_the_agent():
     sent = json.loads(sent_body)
     fields = gql.mutation_fields(json.dumps(sent).encode())
     assert fields is not None
-    assert fields["issueCreate"]["input"] == {
-        "title": "Crash on save", "teamId": "T1", "id": "uuid-1"}
+    assert fields["issueCreate"]["input"] == {"title": "Crash on save", "teamId": "T1", "id": "uuid-1"}
     # No input at all, or one behind a fragment: no place for an id, the request goes as it is.
     bare = {"query": "mutation { issueCreate { success } }"}
     assert identity.body_key(op, _gql(bare), {}) == (None, False)
-    fragment = {"query": "mutation { ...F } fragment F on Mutation { issueCreate(input: {title: \"f\"}) { success } }"}
+    fragment = {"query": 'mutation { ...F } fragment F on Mutation { issueCreate(input: {title: "f"}) { success } }'}
     assert identity.with_body_key(op, _gql(fragment), "uuid-1") is None
 
 
@@ -356,8 +496,12 @@ def test_gql_read_is_query():
 
 
 def _multipart(purpose: str, content: bytes, filename: str = "batch.jsonl") -> tuple[str, bytes]:
-    req = httpx.Request("POST", "https://api.demo.test/v1/files", data={"purpose": purpose},
-                        files={"file": (filename, content, "application/jsonl")})
+    req = httpx.Request(
+        "POST",
+        "https://api.demo.test/v1/files",
+        data={"purpose": purpose},
+        files={"file": (filename, content, "application/jsonl")},
+    )
     return req.headers["content-type"], req.read()
 
 
@@ -373,8 +517,10 @@ def test_multipart_parts_hash_files_and_keep_text():
 
 
 def test_multipart_fingerprints_by_file_content_never_storing_it():
-    op = op_of(HEAD + "operations:\n  files:\n    match: {method: POST, path: /v1/files}\n"
-                      "    fingerprint: {body: [purpose, file.sha256]}\n")
+    op = op_of(
+        HEAD + "operations:\n  files:\n    match: {method: POST, path: /v1/files}\n"
+        "    fingerprint: {body: [purpose, file.sha256]}\n"
+    )
 
     def fp(purpose, content, filename="batch.jsonl"):
         ctype, body = _multipart(purpose, content, filename)
@@ -389,7 +535,9 @@ def test_multipart_fingerprints_by_file_content_never_storing_it():
 
 
 def test_a_read_sends_the_rules_own_headers_but_never_a_credential_written_in_the_file():
-    text = HEAD + """\
+    text = (
+        HEAD
+        + """\
 credentials: {header: api-key}
 operations:
   x:
@@ -399,6 +547,7 @@ operations:
       read: {url: /pages, headers: {Notion-Version: "2025-09-03", X-Title: "{intent.title}"}}
       find: {title: "{intent.title}"}
 """
+    )
     op = op_of(text)
     r = _unknown(None)
     r = Receipt(**{**r.__dict__, "intent": {"body": {"title": "Plan"}}})
@@ -407,12 +556,18 @@ operations:
     for name in ("Authorization", "api-key", "X-Api-Token"):
         with pytest.raises(RulesError) as info:
             rules(text.replace("Notion-Version", name))
-        assert info.value.field == f"operations.x.reconcile.read.headers.{name}" and "carries credentials" in info.value.message
+        assert (
+            info.value.field == f"operations.x.reconcile.read.headers.{name}"
+            and "carries credentials" in info.value.message
+        )
 
 
 def test_a_found_id_may_take_a_part_from_the_receipt():
-    text = SLACKISH.replace('''      find: {text: "{intent.text}"}''', '''      find: {text: "{intent.text}"}
-      external_id: ["{intent.channel}", ts]''')
+    text = SLACKISH.replace(
+        """      find: {text: "{intent.text}"}""",
+        """      find: {text: "{intent.text}"}
+      external_id: ["{intent.channel}", ts]""",
+    )
     op = op_of(text)
     r = _unknown(None)
     r = Receipt(**{**r.__dict__, "intent": {"body": {"channel": "C9", "text": "hi"}}})
@@ -428,8 +583,10 @@ def test_a_found_id_may_take_a_part_from_the_receipt():
 def test_an_idempotency_key_dedupes_only_while_the_api_remembers_it():
     from proxy_addon.reconcile.settle import key_dedupes
 
-    op = op_of(HEAD + "operations:\n  pay:\n    match: {method: POST, path: /pay}\n"
-                      "    idempotency_key: {header: Idempotency-Key, ttl: 24h}\n")
+    op = op_of(
+        HEAD + "operations:\n  pay:\n    match: {method: POST, path: /pay}\n"
+        "    idempotency_key: {header: Idempotency-Key, ttl: 24h}\n"
+    )
     assert op.idempotency_ttl == 86400
     r = Receipt(**{**_unknown(None).__dict__, "idempotency_key": "receipt-r2"})
     t0 = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
@@ -439,17 +596,27 @@ def test_an_idempotency_key_dedupes_only_while_the_api_remembers_it():
 
 
 def test_submitted_at_templates_are_whole_seconds_from_the_first_use_of_a_reused_key():
-    op = op_of(HEAD + "operations:\n  pay:\n    match: {method: POST, path: /pay}\n"
-                      "    idempotency_key: {header: Idempotency-Key}\n"
-                      "    reconcile:\n      read: {url: '/pay?created[gte]={submitted_at_unix}&since={submitted_at}'}\n")
-    r = Receipt(**{**_unknown(None).__dict__, "submitted_at": "2026-11-29T12:00:00.750000Z",
-                   "idempotency_key": "receipt-r1", "idempotency_key_at": "2026-11-29T10:00:00.250000Z"})
+    op = op_of(
+        HEAD + "operations:\n  pay:\n    match: {method: POST, path: /pay}\n"
+        "    idempotency_key: {header: Idempotency-Key}\n"
+        "    reconcile:\n      read: {url: '/pay?created[gte]={submitted_at_unix}&since={submitted_at}'}\n"
+    )
+    r = Receipt(
+        **{
+            **_unknown(None).__dict__,
+            "submitted_at": "2026-11-29T12:00:00.750000Z",
+            "idempotency_key": "receipt-r1",
+            "idempotency_key_at": "2026-11-29T10:00:00.250000Z",
+        }
+    )
     first = int(dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).timestamp())
     assert plan_read(op, r).url == f"https://api.demo.test/pay?created[gte]={first}&since=2026-11-29T10%3A00%3A00Z"
 
 
 def test_find_bounds_keep_an_older_identical_object_from_counting():
-    text = HEAD + """\
+    text = (
+        HEAD
+        + """\
 operations:
   files:
     match: {method: POST, path: /v1/files}
@@ -460,6 +627,7 @@ operations:
       find: {purpose: "{intent.purpose}", created_at: {gte: "{submitted_at_unix}"}}
       external_id: id
 """
+    )
     op = op_of(text)
     assert op.reconcile.bounds == (("created_at", "gte", "{submitted_at_unix}"),)
     r = Receipt(**{**_unknown(None).__dict__, "intent": {"body": {"purpose": "batch"}}})
@@ -477,4 +645,6 @@ operations:
     assert verdict({"id": "x", "purpose": "batch"}).state is State.MANUAL_REVIEW  # no created_at: no fit
     with pytest.raises(RulesError) as info:
         op_of(text.replace("{gte:", "{after:"))
-    assert info.value.field == "operations.files.reconcile.find.created_at.after" and "unknown key" in info.value.message
+    assert (
+        info.value.field == "operations.files.reconcile.find.created_at.after" and "unknown key" in info.value.message
+    )

@@ -49,7 +49,12 @@ BAD_FILES = [
     # the top level has no field name: the loader uses "" (str() then omits it)
     ("09-top-level-list.yaml", 1, "", "expected a mapping, got a list"),
     ("10-top-level-scalar.yaml", 1, "", "expected a mapping, got str 'just a sentence'"),
-    ("11-unknown-top-key.yaml", 5, "version", "unknown key 'version'; expected one of: api, hosts, credentials, post_reads, method_override, mcp, operations"),
+    (
+        "11-unknown-top-key.yaml",
+        5,
+        "version",
+        "unknown key 'version'; expected one of: api, hosts, credentials, post_reads, method_override, mcp, operations",
+    ),
     ("12-duplicate-top-key.yaml", 3, "api", "duplicate key"),
     ("13-unknown-operation-key.yaml", 8, f"{OP}.retries", "unknown key 'retries'"),
     ("14-unknown-match-key.yaml", 7, f"{OP}.match.host", "unknown key 'host'; expected one of: method, path, graphql"),
@@ -75,10 +80,20 @@ BAD_FILES = [
     ("28-path-no-slash.yaml", 7, f"{OP}.match.path", "path template 'items' must start with '/'"),
     ("29-path-unbalanced-brace.yaml", 7, f"{OP}.match.path", "unbalanced '{' or '}' in path template '/items/{id'"),
     ("30-path-duplicate-param.yaml", 7, f"{OP}.match.path", "parameter {id} appears twice"),
-    ("31-path-bad-param-name.yaml", 7, f"{OP}.match.path", "parameter {1x} in path template '/items/{1x}' is not a valid name"),
+    (
+        "31-path-bad-param-name.yaml",
+        7,
+        f"{OP}.match.path",
+        "parameter {1x} in path template '/items/{1x}' is not a valid name",
+    ),
     ("32-path-with-query.yaml", 7, f"{OP}.match.path", "contains a query or fragment"),
     # fingerprints
-    ("33-fingerprint-unknown-path-param.yaml", 10, f"{OP}.fingerprint.path", "'slug' is not a parameter of '/items/{id}' (it has: id)"),
+    (
+        "33-fingerprint-unknown-path-param.yaml",
+        10,
+        f"{OP}.fingerprint.path",
+        "'slug' is not a parameter of '/items/{id}' (it has: id)",
+    ),
     ("34-fingerprint-header-authorization.yaml", 8, f"{OP}.fingerprint.headers", "'Authorization' carries credentials"),
     ("35-fingerprint-header-credentials.yaml", 9, f"{OP}.fingerprint.headers", "'x-demo-account' carries credentials"),
     ("36-fingerprint-query-token.yaml", 11, f"{OP}.fingerprint.query", "'token' looks like a credential"),
@@ -88,33 +103,63 @@ BAD_FILES = [
     ("40-fingerprint-body-listed-twice.yaml", 10, f"{OP}.fingerprint.body[1]", "'item.title' is listed twice"),
     # after_success / classify / external_id
     ("41-bad-after-success.yaml", 8, f"{OP}.after_success", "'retry' is not one of replay, block, allow"),
-    ("42-classify-bad-status.yaml", 10, f"{OP}.classify.4x", "'4x' is not a status code (like 409) or class (like 4xx)"),
+    (
+        "42-classify-bad-status.yaml",
+        10,
+        f"{OP}.classify.4x",
+        "'4x' is not a status code (like 409) or class (like 4xx)",
+    ),
     ("43-classify-status-600.yaml", 9, f"{OP}.classify.600", "'600' is not a status code"),
-    ("44-classify-bad-state.yaml", 9, f"{OP}.classify.409", "'maybe' is not one of succeeded, rejected, outcome_unknown"),
-    ("45-classify-unclassifiable-state.yaml", 9, f"{OP}.classify.5xx", "'submitted' is not one of succeeded, rejected, outcome_unknown"),
+    (
+        "44-classify-bad-state.yaml",
+        9,
+        f"{OP}.classify.409",
+        "'maybe' is not one of succeeded, rejected, outcome_unknown",
+    ),
+    (
+        "45-classify-unclassifiable-state.yaml",
+        9,
+        f"{OP}.classify.5xx",
+        "'submitted' is not one of succeeded, rejected, outcome_unknown",
+    ),
     ("46-external-id-list.yaml", 8, f"{OP}.external_id[1]", "expected a non-empty string, got a mapping"),
 ]
 
 # Files that once crashed the loader or lost the line number (fixed; kept as regressions).
 BAD_FILES_BUGS = [
     pytest.param(
-        "90-bug-operations-list.yaml", 4, "operations", "expected a mapping of operation names, got a list",
+        "90-bug-operations-list.yaml",
+        4,
+        "operations",
+        "expected a mapping of operation names, got a list",
         id="90-bug-operations-list",
     ),
     pytest.param(
-        "91-bug-operations-scalar.yaml", 4, "operations", "expected a mapping of operation names, got str 'items.create'",
+        "91-bug-operations-scalar.yaml",
+        4,
+        "operations",
+        "expected a mapping of operation names, got str 'items.create'",
         id="91-bug-operations-scalar",
     ),
     pytest.param(
-        "92-bug-control-character.yaml", 3, None, "unacceptable character #x0007",
+        "92-bug-control-character.yaml",
+        3,
+        None,
+        "unacceptable character #x0007",
         id="92-bug-control-character",
     ),
     pytest.param(
-        "93-bug-port-out-of-range.yaml", 3, "hosts", "'api.demo.test:99999' is not a host name",
+        "93-bug-port-out-of-range.yaml",
+        3,
+        "hosts",
+        "'api.demo.test:99999' is not a host name",
         id="93-bug-port-out-of-range",
     ),
     pytest.param(
-        "94-alias-bomb.yaml", 14, None, "YAML aliases (*a) are not allowed in rules files",
+        "94-alias-bomb.yaml",
+        14,
+        None,
+        "YAML aliases (*a) are not allowed in rules files",
         id="94-alias-bomb",
     ),
 ]
@@ -259,7 +304,11 @@ MANY_PROBLEMS = [
     (7, "operations.posts.create.fingerprint.headers", "'api-key' carries credentials"),
     (8, "operations.posts.create.extrnal_id", "unknown key 'extrnal_id'"),
     (9, "operations.posts.create.classify.409", "'maybe' is not one of"),
-    (11, "operations.posts.create.reconcile.read.url", "unbalanced '{' or '}' in template '/posts?title={intent.title'"),
+    (
+        11,
+        "operations.posts.create.reconcile.read.url",
+        "unbalanced '{' or '}' in template '/posts?title={intent.title'",
+    ),
     (13, "operations.posts.create.reconcile.settle", "needs absence_provable: true"),
     (15, "operations.posts.update.match.method", "'PUTT' is not one of"),
     (16, "operations.posts.update.fingerprint.path", "'slug' is not a parameter of '/posts/{id}'"),
@@ -277,7 +326,7 @@ def test_rules_check_reports_every_problem_of_every_operation_in_one_run(tmp_pat
     assert [e[: len(x)] for e, x in zip(err, expected, strict=False)] == expected, "\n".join(err)
     for got, (_, _, message) in zip(err, MANY_PROBLEMS, strict=False):
         assert message in got
-    assert err[len(MANY_PROBLEMS):] == [f"{len(MANY_PROBLEMS)} problems"]  # the count agrees with the lines
+    assert err[len(MANY_PROBLEMS) :] == [f"{len(MANY_PROBLEMS)} problems"]  # the count agrees with the lines
     # The proxy (load_rules_path) refuses the file with the first problem it meets.
     with pytest.raises(RulesError) as info:
         load_rules_path(f)
@@ -298,12 +347,20 @@ operations:
 """
     problems = [(p.line, p.field, p.message) for p in check_rules(text, "blog.yaml")]
     assert problems == [
-        (5, "operations.posts.create.mtach", "unknown key 'mtach'; expected one of: description, match, credentials, fingerprint, "
-                                             "external_id, after_success, classify, reconcile, idempotency_key, approve, record"),
+        (
+            5,
+            "operations.posts.create.mtach",
+            "unknown key 'mtach'; expected one of: description, match, credentials, fingerprint, "
+            "external_id, after_success, classify, reconcile, idempotency_key, approve, record",
+        ),
         (5, "operations.posts.create.match", "is required"),
         (6, "operations.posts.create.fingerprint.body", "'a b' is not a dotted field path like 'article.title'"),
         (6, "operations.posts.create.fingerprint.body", "'c d' is not a dotted field path like 'article.title'"),
-        (6, "operations.posts.create.fingerprint.query", "'token' looks like a credential; secrets never enter a fingerprint"),
+        (
+            6,
+            "operations.posts.create.fingerprint.query",
+            "'token' looks like a credential; secrets never enter a fingerprint",
+        ),
     ]
 
 
@@ -327,9 +384,15 @@ operations:
         (6, "operations.posts.update.fingerprint.body"),
     ]
     # With the fingerprint fixed, a template naming what it does not record is reported again.
-    fixed = text.replace("'/posts/{id'", "'/posts/{id}'").replace(", 'x y'", "").replace("{intent.title}", "{intent.body}")
+    fixed = (
+        text.replace("'/posts/{id'", "'/posts/{id}'").replace(", 'x y'", "").replace("{intent.title}", "{intent.body}")
+    )
     assert [(p.line, p.field, p.message.split(";")[0]) for p in check_rules(fixed, "blog.yaml")] == [
-        (8, "operations.posts.update.reconcile.read.url", "{intent.body} is not recorded by this operation's fingerprint"),
+        (
+            8,
+            "operations.posts.update.reconcile.read.url",
+            "{intent.body} is not recorded by this operation's fingerprint",
+        ),
     ]
 
 
@@ -344,13 +407,27 @@ operations:
         ("/api/articles/{id}", ("id",), "/api/articles/42", {"id": "42"}),
         ("/api/articles/{id}", ("id",), "/api/articles/", None),
         ("/api/articles/{id}", ("id",), "/api/articles/42/extra", None),
-        ("/orgs/{org}/repos/{repo_name}", ("org", "repo_name"), "/orgs/acme/repos/web", {"org": "acme", "repo_name": "web"}),
+        (
+            "/orgs/{org}/repos/{repo_name}",
+            ("org", "repo_name"),
+            "/orgs/acme/repos/web",
+            {"org": "acme", "repo_name": "web"},
+        ),
         ("/v1.0/items+{id}", ("id",), "/v1.0/items+7", {"id": "7"}),  # '.' and '+' are literal
         ("/v1.0/items+{id}", ("id",), "/v1x0/items+7", None),
         ("/files/{name}.json", ("name",), "/files/report.json", {"name": "report"}),
     ],
-    ids=["literal", "literal-trailing-slash", "param", "param-empty", "param-extra-segment",
-         "two-params", "regex-chars-literal", "regex-dot-not-wildcard", "param-with-suffix"],
+    ids=[
+        "literal",
+        "literal-trailing-slash",
+        "param",
+        "param-empty",
+        "param-extra-segment",
+        "two-params",
+        "regex-chars-literal",
+        "regex-dot-not-wildcard",
+        "param-with-suffix",
+    ],
 )
 def test_parse_path_template(template, params, path, expected):
     t = parse_path_template(template)
@@ -374,8 +451,19 @@ def test_parse_path_template(template, params, path, expected):
         ("/api?x=1", "query or fragment"),
         ("/api#top", "query or fragment"),
     ],
-    ids=["no-slash", "empty", "open-brace", "close-brace", "double-brace", "dup-param", "digit-param",
-         "empty-param", "dash-param", "query", "fragment"],
+    ids=[
+        "no-slash",
+        "empty",
+        "open-brace",
+        "close-brace",
+        "double-brace",
+        "dup-param",
+        "digit-param",
+        "empty-param",
+        "dash-param",
+        "query",
+        "fragment",
+    ],
 )
 def test_parse_path_template_rejects(template, message):
     with pytest.raises(ValueError) as info:
@@ -398,7 +486,12 @@ def test_dev_to_rules_load(devto):
     assert [op.name for op in devto.operations] == ["articles.create", "articles.update"]
 
     create = devto.operation("dev.to", "articles.create")
-    assert (create.api, create.method, create.path.template, create.path.params) == ("dev.to", "POST", "/api/articles", ())
+    assert (create.api, create.method, create.path.template, create.path.params) == (
+        "dev.to",
+        "POST",
+        "/api/articles",
+        (),
+    )
     assert create.fingerprint == FingerprintSpec(path=(), body=("article.title", "article.body_markdown"))
     assert create.external_id == "id"
     assert create.after_success == "replay"
@@ -454,11 +547,31 @@ def test_operation_lookup_misses(devto):
         ("api.dev.to", 443, "POST", "/api/articles", None),
         ("xdev.to", 443, "POST", "/api/articles", None),
     ],
-    ids=["create", "create-query-ignored", "create-empty-query", "any-port", "host-case", "host-trailing-dot",
-         "update", "update-query-with-slash", "update-slug", "wrong-method-get", "wrong-method-delete",
-         "create-method-on-update-path", "update-method-on-create-path", "extra-segment", "update-trailing-slash",
-         "empty-param", "create-trailing-slash", "suffix-on-literal", "path-case", "prefix", "unknown-host",
-         "subdomain-of-exact-host", "host-suffix-without-dot"],
+    ids=[
+        "create",
+        "create-query-ignored",
+        "create-empty-query",
+        "any-port",
+        "host-case",
+        "host-trailing-dot",
+        "update",
+        "update-query-with-slash",
+        "update-slug",
+        "wrong-method-get",
+        "wrong-method-delete",
+        "create-method-on-update-path",
+        "update-method-on-create-path",
+        "extra-segment",
+        "update-trailing-slash",
+        "empty-param",
+        "create-trailing-slash",
+        "suffix-on-literal",
+        "path-case",
+        "prefix",
+        "unknown-host",
+        "subdomain-of-exact-host",
+        "host-suffix-without-dot",
+    ],
 )
 def test_dev_to_match(devto, host, port, method, path, expected):
     m = devto.match(host, port, method, path)
@@ -489,18 +602,18 @@ def hosts_rules() -> RuleSet:
     [
         ("api.example.com", 443, True),
         ("API.Example.COM", 443, True),
-        ("a.b.example.com", 443, True),       # '*.' covers every depth of subdomain
-        ("api.example.com", 8080, True),      # no port in the rule: any port
-        ("example.com", 443, False),          # the bare domain is not a subdomain
+        ("a.b.example.com", 443, True),  # '*.' covers every depth of subdomain
+        ("api.example.com", 8080, True),  # no port in the rule: any port
+        ("example.com", 443, False),  # the bare domain is not a subdomain
         ("badexample.com", 443, False),
         ("example.com.evil.test", 443, False),
         ("api.example.org", 443, False),
-        ("127.0.0.1", 8443, True),            # host:port matches that port only
+        ("127.0.0.1", 8443, True),  # host:port matches that port only
         ("127.0.0.1", 443, False),
         ("127.0.0.1", 844, False),
         ("127.0.0.1", 18443, False),
         ("127.0.0.2", 8443, False),
-        ("x.ports.test", 9000, True),         # wildcard with a port
+        ("x.ports.test", 9000, True),  # wildcard with a port
         ("x.ports.test", 900, False),
         ("x.ports.test", 19000, False),
         ("x.ports.test", 443, False),
@@ -508,11 +621,28 @@ def hosts_rules() -> RuleSet:
         ("plain.test", 1234, True),
         ("www.plain.test", 443, False),
     ],
-    ids=["wildcard", "wildcard-case", "wildcard-deep", "wildcard-any-port", "wildcard-bare-domain",
-         "wildcard-no-dot", "wildcard-suffix-elsewhere", "wildcard-other-tld",
-         "port-exact", "port-other", "port-prefix", "port-longer", "port-other-ip",
-         "wildcard-port", "wildcard-port-prefix", "wildcard-port-longer", "wildcard-port-other",
-         "wildcard-port-bare", "exact-any-port", "exact-subdomain"],
+    ids=[
+        "wildcard",
+        "wildcard-case",
+        "wildcard-deep",
+        "wildcard-any-port",
+        "wildcard-bare-domain",
+        "wildcard-no-dot",
+        "wildcard-suffix-elsewhere",
+        "wildcard-other-tld",
+        "port-exact",
+        "port-other",
+        "port-prefix",
+        "port-longer",
+        "port-other-ip",
+        "wildcard-port",
+        "wildcard-port-prefix",
+        "wildcard-port-longer",
+        "wildcard-port-other",
+        "wildcard-port-bare",
+        "exact-any-port",
+        "exact-subdomain",
+    ],
 )
 def test_host_matching(hosts_rules, host, port, matches):
     m = hosts_rules.match(host, port, "POST", "/things")
@@ -573,7 +703,10 @@ operations:
 @pytest.mark.parametrize(
     ("path", "message"),
     [
-        ('[/a, "/b/{id}"], fingerprint: {path: [id]}', "'id' is not a parameter of '/a | /b/{id}' in each of its paths"),
+        (
+            '[/a, "/b/{id}"], fingerprint: {path: [id]}',
+            "'id' is not a parameter of '/a | /b/{id}' in each of its paths",
+        ),
         ("[]", "must not be empty"),
         ("[/a, /a]", "operations.x.match.path[1]: '/a' is listed twice"),
         ('[/a, "/b/{id"]', "operations.x.match.path[1]: unbalanced"),
@@ -629,8 +762,17 @@ def _op(fingerprint_yaml: str | None, path: str = "/orgs/{org}/items/{id}", extr
         ("{query: [page, fields]}", FingerprintSpec(path=("org", "id"), body=None, query=("page", "fields"))),
         ("{headers: [X-Request-Kind]}", FingerprintSpec(path=("org", "id"), body=None, headers=("x-request-kind",))),
     ],
-    ids=["absent", "empty-mapping", "body-empty-list", "path-empty-list", "path-subset", "scalars",
-         "body-fields", "query", "headers-lowercased"],
+    ids=[
+        "absent",
+        "empty-mapping",
+        "body-empty-list",
+        "path-empty-list",
+        "path-subset",
+        "scalars",
+        "body-fields",
+        "query",
+        "headers-lowercased",
+    ],
 )
 def test_fingerprint_defaults(fingerprint, expected):
     op = _op(fingerprint)
@@ -647,7 +789,9 @@ def test_operation_defaults_and_normalisation():
     assert op.source == "fp.yaml"
 
 
-@pytest.mark.parametrize("header", ["X-Api-Key", "x-account", "Cookie", "Proxy-Authorization", "X-Auth-Token", "X-Session-Id"])
+@pytest.mark.parametrize(
+    "header", ["X-Api-Key", "x-account", "Cookie", "Proxy-Authorization", "X-Auth-Token", "X-Session-Id"]
+)
 def test_secret_headers_never_enter_a_fingerprint(header):
     with pytest.raises(RulesError) as info:
         _op(f"{{headers: [{header}]}}")
@@ -656,7 +800,9 @@ def test_secret_headers_never_enter_a_fingerprint(header):
     assert f"{header!r} carries credentials" in info.value.message
 
 
-@pytest.mark.parametrize("query", ["access_token", "api_key", "Signature", "sig", "key", "code", "password", "client_secret"])
+@pytest.mark.parametrize(
+    "query", ["access_token", "api_key", "Signature", "sig", "key", "code", "password", "client_secret"]
+)
 def test_secret_query_params_never_enter_a_fingerprint(query):
     with pytest.raises(RulesError) as info:
         _op(f"{{query: [{query}]}}")
@@ -675,8 +821,13 @@ def test_ordinary_query_params_are_allowed(query):
         ("{4xx: rejected, 409: outcome_unknown}", (("409", State.OUTCOME_UNKNOWN), ("4xx", State.REJECTED))),
         (
             "{5XX: outcome_unknown, 4xx: rejected, 429: outcome_unknown, 404: succeeded, 2xx: succeeded}",
-            (("429", State.OUTCOME_UNKNOWN), ("404", State.SUCCEEDED), ("5xx", State.OUTCOME_UNKNOWN),
-             ("4xx", State.REJECTED), ("2xx", State.SUCCEEDED)),
+            (
+                ("429", State.OUTCOME_UNKNOWN),
+                ("404", State.SUCCEEDED),
+                ("5xx", State.OUTCOME_UNKNOWN),
+                ("4xx", State.REJECTED),
+                ("2xx", State.SUCCEEDED),
+            ),
         ),
         ("{409: rejected}", (("409", State.REJECTED),)),
         ("{'409': rejected}", (("409", State.REJECTED),)),

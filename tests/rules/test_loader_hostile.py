@@ -24,19 +24,63 @@ TEST_API = (ROOT / "tests" / "rules_it" / "test-api.yaml").read_text()
 
 
 RULE_WORDS = [
-    "api", "hosts", "credentials", "operations", "header", "env", "description", "match", "method", "path",
-    "fingerprint", "body", "query", "headers", "external_id", "after_success", "classify", "reconcile", "read",
-    "url", "find", "items", "absence_provable", "retry_when_absent", "idempotency_key", "replay", "block",
-    "allow", "POST", "get", "/api/things", "/api/{id}", "/api/{id", "{intent.title}", "id", "title", "dev.to",
-    "*.example.com", "host:8443", "api-key", "Authorization", "4xx", "409", "succeeded", "rejected",
-    "outcome_unknown", "data.id", "items.0.sku", "true", "no",
+    "api",
+    "hosts",
+    "credentials",
+    "operations",
+    "header",
+    "env",
+    "description",
+    "match",
+    "method",
+    "path",
+    "fingerprint",
+    "body",
+    "query",
+    "headers",
+    "external_id",
+    "after_success",
+    "classify",
+    "reconcile",
+    "read",
+    "url",
+    "find",
+    "items",
+    "absence_provable",
+    "retry_when_absent",
+    "idempotency_key",
+    "replay",
+    "block",
+    "allow",
+    "POST",
+    "get",
+    "/api/things",
+    "/api/{id}",
+    "/api/{id",
+    "{intent.title}",
+    "id",
+    "title",
+    "dev.to",
+    "*.example.com",
+    "host:8443",
+    "api-key",
+    "Authorization",
+    "4xx",
+    "409",
+    "succeeded",
+    "rejected",
+    "outcome_unknown",
+    "data.id",
+    "items.0.sku",
+    "true",
+    "no",
 ]
 
 
 _words = st.sampled_from(RULE_WORDS)
 
 
-_scalars = (st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12) | _words)
+_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12) | _words
 
 
 _keys = _words | st.text(max_size=8) | st.integers(-5, 500) | st.none() | st.booleans()
@@ -92,7 +136,9 @@ def _mutated_docs(draw) -> str:
     return _dump(doc)
 
 
-_YAML_NOISE = st.sampled_from([*":{}[],-#&*!|>'\"%@`?\\\t\n ", "\r", "\x00", "\ufeff", "\u2028", "{{", "&a ", "*a", "!!str ", "!!map "])
+_YAML_NOISE = st.sampled_from(
+    [*":{}[],-#&*!|>'\"%@`?\\\t\n ", "\r", "\x00", "\ufeff", "\u2028", "{{", "&a ", "*a", "!!str ", "!!map "]
+)
 
 
 @st.composite
@@ -104,7 +150,7 @@ def _mutated_text(draw) -> str:
         lines = text.splitlines(keepends=True)
         if action in ("dup_line", "drop_line") and lines:
             i = draw(st.integers(0, len(lines) - 1))
-            lines[i:i + 1] = [lines[i]] * (2 if action == "dup_line" else 0)
+            lines[i : i + 1] = [lines[i]] * (2 if action == "dup_line" else 0)
             text = "".join(lines)
         else:
             pos = draw(st.integers(0, len(text)))
@@ -114,8 +160,24 @@ def _mutated_text(draw) -> str:
 
 
 _yaml_tokens = st.lists(
-    _YAML_NOISE | _words | st.sampled_from(["api: ", "hosts: ", "operations:\n", "  ", "- ", "---\n", "...\n",
-                                             "%YAML 1.1\n", "<<: *a\n", "? ", "!!binary ", "!custom "]),
+    _YAML_NOISE
+    | _words
+    | st.sampled_from(
+        [
+            "api: ",
+            "hosts: ",
+            "operations:\n",
+            "  ",
+            "- ",
+            "---\n",
+            "...\n",
+            "%YAML 1.1\n",
+            "<<: *a\n",
+            "? ",
+            "!!binary ",
+            "!custom ",
+        ]
+    ),
     max_size=40,
 ).map("".join)
 
@@ -154,15 +216,18 @@ def test_the_reference_rules_files_load():
 _RULES_HEAD = "api: x\nhosts: [example.com]\ncredentials: {header: api-key}\noperations:\n  things.create:\n"
 
 
-@pytest.mark.parametrize("text", [
-    pytest.param("[" * 600 + "]" * 600, id="nested-flow-lists"),
-    pytest.param("a:\n" + "".join(" " * i + "b:\n" for i in range(1, 600)), id="nested-block-mappings"),
-    pytest.param(_RULES_HEAD + '    match: {method: POST, path: "/api/{id\\n}"}\n', id="newline-in-path-parameter"),
-    pytest.param("&a [*a]", id="self-referencing-alias"),
-    pytest.param("!!python/object:os.system ls", id="python-tag"),
-    pytest.param("\ufeff\x00", id="nul"),
-    pytest.param("a: \ud800", id="lone-surrogate"),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("[" * 600 + "]" * 600, id="nested-flow-lists"),
+        pytest.param("a:\n" + "".join(" " * i + "b:\n" for i in range(1, 600)), id="nested-block-mappings"),
+        pytest.param(_RULES_HEAD + '    match: {method: POST, path: "/api/{id\\n}"}\n', id="newline-in-path-parameter"),
+        pytest.param("&a [*a]", id="self-referencing-alias"),
+        pytest.param("!!python/object:os.system ls", id="python-tag"),
+        pytest.param("\ufeff\x00", id="nul"),
+        pytest.param("a: \ud800", id="lone-surrogate"),
+    ],
+)
 def test_hostile_rules_text_is_a_rules_error(text):
     with pytest.raises(RulesError) as e:
         load_rules(text, "fuzz.yaml")
@@ -172,13 +237,20 @@ def test_hostile_rules_text_is_a_rules_error(text):
 _OPERATION = "    match: {method: POST, path: /api/things}\n"
 
 
-@pytest.mark.parametrize("text", [
-    pytest.param(_RULES_HEAD.replace("[example.com]", '["example.com\\n"]') + _OPERATION, id="host"),
-    pytest.param(_RULES_HEAD.replace("{header: api-key}", '{header: "api-key\\n"}') + _OPERATION, id="credentials-header"),
-    pytest.param(_RULES_HEAD.replace("things.create:", '"things.create\\n":') + _OPERATION, id="operation-name"),
-    pytest.param(_RULES_HEAD + _OPERATION + '    classify: {"409\\n": rejected}\n', id="classify-status"),
-    pytest.param(_RULES_HEAD + _OPERATION + '    idempotency_key: {header: "Idempotency-Key\\n"}\n', id="idempotency-header"),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(_RULES_HEAD.replace("[example.com]", '["example.com\\n"]') + _OPERATION, id="host"),
+        pytest.param(
+            _RULES_HEAD.replace("{header: api-key}", '{header: "api-key\\n"}') + _OPERATION, id="credentials-header"
+        ),
+        pytest.param(_RULES_HEAD.replace("things.create:", '"things.create\\n":') + _OPERATION, id="operation-name"),
+        pytest.param(_RULES_HEAD + _OPERATION + '    classify: {"409\\n": rejected}\n', id="classify-status"),
+        pytest.param(
+            _RULES_HEAD + _OPERATION + '    idempotency_key: {header: "Idempotency-Key\\n"}\n', id="idempotency-header"
+        ),
+    ],
+)
 def test_a_trailing_newline_in_a_name_is_refused(text):
     assert "\\n" in text  # a YAML escape: the loaded name ends with a newline
     with pytest.raises(RulesError) as e:

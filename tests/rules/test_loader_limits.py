@@ -27,5 +27,6 @@ def test_a_rules_file_past_the_size_bound_is_refused(tmp_path):
     f = tmp_path / "huge.yaml"
     f.write_text("# padding\n" * (MAX_RULES_BYTES // 10 + 1) + "api: x\n")
     _, problems = check_rules_path(tmp_path)
-    assert [str(p) for p in problems] == [f"{f}: the file is {f.stat().st_size} bytes; a rules file is at most "
-                                          f"{MAX_RULES_BYTES}"]
+    assert [str(p) for p in problems] == [
+        f"{f}: the file is {f.stat().st_size} bytes; a rules file is at most {MAX_RULES_BYTES}"
+    ]

@@ -40,8 +40,16 @@ PINNED = {
     ("127.0.0.1", "127.1", "/api/b/things"): BEFORE,
     ("127.0.0.1:8080", "127.0.0.1", "/api/b/things"): BEFORE,
     ('"0x7f000001"', "127.0.0.1", "/api/b/things"): BEFORE,
-    ("localhost", "localhost", "/api/b/things"): "sha256:18dfec0d61e480944730f1052f69e1cf15ece4a3800b076b111247f68671dd7c",
-    ("localhost", "LOCALHOST", "/api/b/things"): "sha256:18dfec0d61e480944730f1052f69e1cf15ece4a3800b076b111247f68671dd7c",
+    (
+        "localhost",
+        "localhost",
+        "/api/b/things",
+    ): "sha256:18dfec0d61e480944730f1052f69e1cf15ece4a3800b076b111247f68671dd7c",
+    (
+        "localhost",
+        "LOCALHOST",
+        "/api/b/things",
+    ): "sha256:18dfec0d61e480944730f1052f69e1cf15ece4a3800b076b111247f68671dd7c",
     ("127.0.0.1", "127.0.0.1", "/api/b%3Bx/things"): (
         "sha256:89a9e943046106ce8806f3afb80c9f5368e1d4655f90d2ab69700cac6a97078e"
     ),
@@ -74,24 +82,30 @@ def test_loopback_aliases_are_one_intent_with_the_host_the_rule_names():
         assert rules.match(other, 8080, "POST", "/api/b/things") is None, other
 
 
-@pytest.mark.parametrize(("path", "expected"), [
-    ("/api/b/things", ("/api/b/things",)),
-    ("/api/b/things?q=a;b", ("/api/b/things?q=a;b",)),  # a ';' in the query is no path parameter
-    ("/api/b/things#x", ("/api/b/things#x", "/api/b/things")),
-    ("/api/b/things?q=1#x", ("/api/b/things?q=1#x", "/api/b/things?q=1")),
-    ("/api/b;v=1/things;jsessionid=2?q=;", ("/api/b;v=1/things;jsessionid=2?q=;", "/api/b/things?q=;")),
-    ("/a/..;/b#f", ("/a/..;/b#f", "/a/..;/b", "/a/../b#f", "/a/../b")),
-])
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/api/b/things", ("/api/b/things",)),
+        ("/api/b/things?q=a;b", ("/api/b/things?q=a;b",)),  # a ';' in the query is no path parameter
+        ("/api/b/things#x", ("/api/b/things#x", "/api/b/things")),
+        ("/api/b/things?q=1#x", ("/api/b/things?q=1#x", "/api/b/things?q=1")),
+        ("/api/b;v=1/things;jsessionid=2?q=;", ("/api/b;v=1/things;jsessionid=2?q=;", "/api/b/things?q=;")),
+        ("/a/..;/b#f", ("/a/..;/b#f", "/a/..;/b", "/a/../b#f", "/a/../b")),
+    ],
+)
 def test_the_readings_of_a_request_target(path, expected):
     from proxy_addon.wire.canonical import readings
 
     assert readings(path) == expected
 
 
-MCP_RULES = RULES + """\
+MCP_RULES = (
+    RULES
+    + """\
   issues.create:
     match: {method: POST, path: /mcp, mcp: {tool: create_issue}}
 """
+)
 
 
 def test_a_target_servers_read_differently_is_refused_only_when_a_reading_is_a_write():
@@ -120,8 +134,14 @@ def test_rules_explain_shows_the_refusal_of_a_fragment():
     from proxy_addon.explain import explain, render
 
     rules = RuleSet.of([load_rules(RULES, "target.yaml")])
-    report = explain(rules, "POST", "http://127.0.0.1:8080/api/b/things#x", b'{"title": "t"}',
-                     {"content-type": "application/json"}, KEY)
+    report = explain(
+        rules,
+        "POST",
+        "http://127.0.0.1:8080/api/b/things#x",
+        b'{"title": "t"}',
+        {"content-type": "application/json"},
+        KEY,
+    )
     assert report["match"]["operation"] == "things.create" and "a fragment (#…)" in report["refused"]
     assert "fingerprint" not in report
     assert "a fragment" in render(report)

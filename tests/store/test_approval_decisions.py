@@ -25,26 +25,44 @@ def store(backend_store):
 
 
 def held(store: Store, fp: str = FP, instance: str = "inst-1") -> str:
-    d = store.begin_attempt(Attempt(api="shop", operation="refunds.create", method="POST",
-                                    target="https://api.shop.test/v1/refunds", intent_fingerprint=fp,
-                                    intent={"body": {"amount": 10}}, principal="hmac:1234", instance=instance,
-                                    approval=True))
+    d = store.begin_attempt(
+        Attempt(
+            api="shop",
+            operation="refunds.create",
+            method="POST",
+            target="https://api.shop.test/v1/refunds",
+            intent_fingerprint=fp,
+            intent={"body": {"amount": 10}},
+            principal="hmac:1234",
+            instance=instance,
+            approval=True,
+        )
+    )
     assert (d.kind, d.receipt.state) == ("forward", State.AWAITING_APPROVAL)
     return d.receipt.operation_id
 
 
 def tables(store: Store) -> tuple[list, list, list]:
     q = store._rows
-    return (q("SELECT * FROM receipts ORDER BY operation_id"),
-            q("SELECT * FROM receipt_events ORDER BY id"),
-            q("SELECT * FROM approval_decisions ORDER BY operation_id"))
+    return (
+        q("SELECT * FROM receipts ORDER BY operation_id"),
+        q("SELECT * FROM receipt_events ORDER BY id"),
+        q("SELECT * FROM approval_decisions ORDER BY operation_id"),
+    )
 
 
 def test_an_approval_is_recorded_then_used_once_with_the_transition(store, clock):
     rid = held(store)
     d = store.decide_approval(rid, approve=True, note="  ok by finance ", actor="cli:alice")
     assert (d.operation_id, d.intent_fingerprint, d.decision, d.note, d.actor, d.decided_at, d.consumed_at) == (
-        rid, FP, "approved", "ok by finance", "cli:alice", iso(clock.now), None)
+        rid,
+        FP,
+        "approved",
+        "ok by finance",
+        "cli:alice",
+        iso(clock.now),
+        None,
+    )
     assert store.get(rid).state is State.AWAITING_APPROVAL  # recorded; the proxy applies it
     assert store.approval_decisions([rid, "other"]) == {rid: d}
     t = clock.advance(1)
@@ -52,7 +70,12 @@ def test_an_approval_is_recorded_then_used_once_with_the_transition(store, clock
     assert (r.state, r.error) == (State.SUBMITTED, None)
     last = store.events(rid)[-1]
     assert (last.from_state, last.to_state, last.actor, last.reason, last.flow_id) == (
-        State.AWAITING_APPROVAL, State.SUBMITTED, "cli:alice", "approved by operator: ok by finance", "flow-9")
+        State.AWAITING_APPROVAL,
+        State.SUBMITTED,
+        "cli:alice",
+        "approved by operator: ok by finance",
+        "flow-9",
+    )
     assert store.approval_decision(rid).consumed_at == iso(t)
     assert store.approval_decisions([rid]) == {}  # used: no proxy looks at it again
     before = tables(store)
@@ -126,8 +149,9 @@ def test_a_decision_for_another_intent_is_never_applied(store):
         store.apply_approval(d, fingerprint="sha256:" + "cd" * 32, reason="approved")
     assert tables(store) == before
     # The row changed under the decision (a restore, a hand edit): refused as well.
-    store._execute("UPDATE approval_decisions SET intent_fingerprint = ? WHERE operation_id = ?",
-                       ("sha256:" + "cd" * 32, rid))
+    store._execute(
+        "UPDATE approval_decisions SET intent_fingerprint = ? WHERE operation_id = ?", ("sha256:" + "cd" * 32, rid)
+    )
     changed = store.approval_decisions([rid])[rid]
     before = tables(store)
     for decision in (d, changed):
@@ -141,8 +165,9 @@ def test_a_decision_that_lost_to_mitmweb_stays_unused(store):
     """mitmweb's Resume moved the receipt first: applying the CLI's decision fails and uses nothing."""
     rid = held(store)
     d = store.decide_approval(rid, approve=False, note="no", actor="cli:bob")
-    store.transition(rid, State.SUBMITTED, reason="approved by operator", actor="mitmweb operator",
-                     expect=[State.AWAITING_APPROVAL])
+    store.transition(
+        rid, State.SUBMITTED, reason="approved by operator", actor="mitmweb operator", expect=[State.AWAITING_APPROVAL]
+    )
     before = tables(store)
     with pytest.raises(IllegalTransition, match="is submitted"):
         store.apply_approval(d, fingerprint=FP, reason="denied by operator: no")
@@ -170,11 +195,22 @@ def race(path, rid: str, fp: str) -> list[str]:
             s.close()
 
     threads = [
-        threading.Thread(target=run, args=("cli", lambda s: s.apply_approval(
-            d, fingerprint=fp, reason="denied by operator: no"))),
-        threading.Thread(target=run, args=("mitmweb", lambda s: s.transition(
-            rid, State.SUBMITTED, reason="approved by operator", actor="mitmweb operator",
-            expect=[State.AWAITING_APPROVAL]))),
+        threading.Thread(
+            target=run, args=("cli", lambda s: s.apply_approval(d, fingerprint=fp, reason="denied by operator: no"))
+        ),
+        threading.Thread(
+            target=run,
+            args=(
+                "mitmweb",
+                lambda s: s.transition(
+                    rid,
+                    State.SUBMITTED,
+                    reason="approved by operator",
+                    actor="mitmweb operator",
+                    expect=[State.AWAITING_APPROVAL],
+                ),
+            ),
+        ),
     ]
     for t in threads:
         t.start()
@@ -202,11 +238,17 @@ def test_the_cli_and_mitmweb_racing_exactly_one_wins(tmp_path):
 
 def test_the_table_keeps_one_decision_per_receipt_of_two_kinds(store):
     rid = held(store)
-    q = "INSERT INTO approval_decisions (operation_id, intent_fingerprint, decision, note, actor, decided_at) " \
+    q = (
+        "INSERT INTO approval_decisions (operation_id, intent_fingerprint, decision, note, actor, decided_at) "
         "VALUES (?, ?, ?, '', 'x', 't')"
+    )
     # Through the store's own write transaction, on each backend: the database refuses each.
-    for params, refusal in (((rid, FP, "maybe"), "(?i)check"), (("no-such-receipt", FP, "approved"), "(?i)foreign key"),
-                            ((rid, FP, "approved"), None), ((rid, FP, "denied"), "(?i)unique")):
+    for params, refusal in (
+        ((rid, FP, "maybe"), "(?i)check"),
+        (("no-such-receipt", FP, "approved"), "(?i)foreign key"),
+        ((rid, FP, "approved"), None),
+        ((rid, FP, "denied"), "(?i)unique"),
+    ):
         if refusal is None:
             with store._write():
                 store._execute(q, params)

@@ -39,8 +39,15 @@ OP = load_rules(RULES, "pay.yaml").operations[0]
 
 def attempt(**more) -> Attempt:
     base = {"intent_fingerprint": "sha256:charge-500", "intent": {"form": {"amount": "500"}}}
-    return Attempt(api="pay", operation="charges.create", method="POST", target="https://api.pay.test/v1/charges",
-                   principal="p1", idempotency=True, **{**base, **more})
+    return Attempt(
+        api="pay",
+        operation="charges.create",
+        method="POST",
+        target="https://api.pay.test/v1/charges",
+        principal="p1",
+        idempotency=True,
+        **{**base, **more},
+    )
 
 
 def unknown(store: Store, r: Receipt) -> Receipt:
@@ -134,10 +141,28 @@ def test_a_receipt_from_before_versions_whose_agent_sent_its_own_key_does_not_de
 
     now = T0 + dt.timedelta(hours=1)
     base = Receipt(
-        operation_id="r1", api="pay", operation="charges.create", method="POST", target="t", state=State.OUTCOME_UNKNOWN,
-        intent_fingerprint="sha256:x", intent={}, principal="p1", submitted_at=iso(T0), updated_at=iso(T0),
-        completed_at=None, http_status=None, error=None, external_id=None, flow_id=None, retry_of=None, instance=None,
-        idempotency_key="receipt-r1", idempotency_key_at=iso(T0), fingerprint_scheme=3, client_key="hmac:agent",
+        operation_id="r1",
+        api="pay",
+        operation="charges.create",
+        method="POST",
+        target="t",
+        state=State.OUTCOME_UNKNOWN,
+        intent_fingerprint="sha256:x",
+        intent={},
+        principal="p1",
+        submitted_at=iso(T0),
+        updated_at=iso(T0),
+        completed_at=None,
+        http_status=None,
+        error=None,
+        external_id=None,
+        flow_id=None,
+        retry_of=None,
+        instance=None,
+        idempotency_key="receipt-r1",
+        idempotency_key_at=iso(T0),
+        fingerprint_scheme=3,
+        client_key="hmac:agent",
     )
     assert key_dedupes(OP, base, now)  # today: the recorded key is the one that went upstream
     assert key_dedupes(OP, dataclasses.replace(base, fingerprint_scheme=None, client_key=None), now)

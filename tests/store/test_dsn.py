@@ -10,8 +10,13 @@ from proxy_addon.store import is_postgres
 
 
 def test_what_names_postgresql():
-    for db in ("postgresql://u@h/db", "postgres://h", "postgresql://", "host=db.internal dbname=receipts",
-               "dbname=receipts"):
+    for db in (
+        "postgresql://u@h/db",
+        "postgres://h",
+        "postgresql://",
+        "host=db.internal dbname=receipts",
+        "dbname=receipts",
+    ):
         assert is_postgres(db), db
     for db in ("receipts.db", "./a=b.db", "/var/lib/receipts.db", "~/state/receipts.db", "weird=name.db"):
         assert not is_postgres(db), db
@@ -21,11 +26,18 @@ def test_a_password_is_taken_out_of_the_option_and_kept_for_connecting():
     from proxy_addon.store.dsn import without_password
 
     cases = {
-        "postgresql://proxy:s3cret-PW@db.internal:5433/receipts?sslmode=require":
-            ("postgresql://proxy@db.internal:5433/receipts?sslmode=require", True),
-        "postgres://proxy@db/r?password=s3cret-PW&sslmode=verify-full":
-            ("postgres://proxy@db/r?sslmode=verify-full", True),
-        "postgresql://:s3cret-PW@/receipts?host=/run/postgresql": ("postgresql:///receipts?host=%2Frun%2Fpostgresql", True),
+        "postgresql://proxy:s3cret-PW@db.internal:5433/receipts?sslmode=require": (
+            "postgresql://proxy@db.internal:5433/receipts?sslmode=require",
+            True,
+        ),
+        "postgres://proxy@db/r?password=s3cret-PW&sslmode=verify-full": (
+            "postgres://proxy@db/r?sslmode=verify-full",
+            True,
+        ),
+        "postgresql://:s3cret-PW@/receipts?host=/run/postgresql": (
+            "postgresql:///receipts?host=%2Frun%2Fpostgresql",
+            True,
+        ),
         "postgresql://proxy@db.internal/receipts": ("postgresql://proxy@db.internal/receipts", False),
         "/var/lib/receipt-proxy/receipts.db": ("/var/lib/receipt-proxy/receipts.db", False),
     }

@@ -47,8 +47,11 @@ def store(backend_store):
 
 def sql(store, statement: str, params=()):
     """Run raw SQL on a store's own connection, as a tool outside the proxy would (`?` placeholders)."""
-    return store._rows(statement, params) if statement.lstrip().upper().startswith("SELECT") \
+    return (
+        store._rows(statement, params)
+        if statement.lstrip().upper().startswith("SELECT")
         else store._execute(statement, params)
+    )
 
 
 def in_transaction(store) -> bool:
@@ -60,13 +63,17 @@ def in_transaction(store) -> bool:
     return conn is not None and not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
-def attempt(fp: str = "fp-1", *, flow_id: str | None = "flow-1", instance: str | None = "inst-1",
-            **kw) -> Attempt:
+def attempt(fp: str = "fp-1", *, flow_id: str | None = "flow-1", instance: str | None = "inst-1", **kw) -> Attempt:
     fields: dict[str, Any] = dict(
-        api="example", operation="articles.create", method="POST",
-        target="https://api.example/articles", intent_fingerprint=fp,
-        intent={"title": "hello", "tags": ["a", "b"]}, principal="agent-1",
-        flow_id=flow_id, instance=instance,
+        api="example",
+        operation="articles.create",
+        method="POST",
+        target="https://api.example/articles",
+        intent_fingerprint=fp,
+        intent={"title": "hello", "tags": ["a", "b"]},
+        principal="agent-1",
+        flow_id=flow_id,
+        instance=instance,
     )
     fields.update(kw)
     return Attempt(**fields)
@@ -146,14 +153,20 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
     s = Store.open(db_path, clock=clock)
     rows = s.conn.execute("SELECT migration_set, name, applied_at FROM _sqlite_migrations").fetchall()
     assert [(r[0], r[1]) for r in rows] == [
-        ("receipt-proxy", "m001_receipts"), ("receipt-proxy", "m002_prunable_events_and_idempotency_keys"),
+        ("receipt-proxy", "m001_receipts"),
+        ("receipt-proxy", "m002_prunable_events_and_idempotency_keys"),
         ("receipt-proxy", "m003_awaiting_approval_is_unresolved"),
         ("receipt-proxy", "m004_when_an_idempotency_key_was_first_sent"),
-        ("receipt-proxy", "m005_raw_target"), ("receipt-proxy", "m006_failed_reads"),
-        ("receipt-proxy", "m007_approval_decisions"), ("receipt-proxy", "m008_instance_leases"),
-        ("receipt-proxy", "m009_fingerprint_versions"), ("receipt-proxy", "m010_request_lifetime"),
-        ("receipt-proxy", "m011_key_check_and_sealed_answers"), ("receipt-proxy", "m012_read_principal"),
-            ("receipt-proxy", "m013_interim_answers")]
+        ("receipt-proxy", "m005_raw_target"),
+        ("receipt-proxy", "m006_failed_reads"),
+        ("receipt-proxy", "m007_approval_decisions"),
+        ("receipt-proxy", "m008_instance_leases"),
+        ("receipt-proxy", "m009_fingerprint_versions"),
+        ("receipt-proxy", "m010_request_lifetime"),
+        ("receipt-proxy", "m011_key_check_and_sealed_answers"),
+        ("receipt-proxy", "m012_read_principal"),
+        ("receipt-proxy", "m013_interim_answers"),
+    ]
     forward(s)
     s.close()
 
@@ -171,8 +184,11 @@ def test_schema_unique_index_covers_exactly_unresolved(store):
         text = sql(store, "SELECT sql FROM sqlite_master WHERE name = 'receipts_one_unresolved_per_fingerprint'")
         index = text[0]["sql"]
     else:
-        index = sql(store, "SELECT indexdef FROM pg_indexes WHERE indexname = "
-                           "'receipts_one_unresolved_per_fingerprint' AND schemaname = current_schema()")[0]["indexdef"]
+        index = sql(
+            store,
+            "SELECT indexdef FROM pg_indexes WHERE indexname = "
+            "'receipts_one_unresolved_per_fingerprint' AND schemaname = current_schema()",
+        )[0]["indexdef"]
     assert "UNIQUE" in index
     for s in State:
         assert (f"'{s}'" in index) == (s in UNRESOLVED), s
@@ -406,7 +422,8 @@ def test_expect_guard_lost_race_from_submitted(db, clock):
             s2.transition(op, State.OUTCOME_UNKNOWN, reason="proxy died", expect=[State.SUBMITTED])
         assert s2.get(op).state is State.SUCCEEDED
         assert [(e.from_state, e.to_state) for e in s2.events(op)] == [
-            (None, State.SUBMITTED), (State.SUBMITTED, State.SUCCEEDED),
+            (None, State.SUBMITTED),
+            (State.SUBMITTED, State.SUCCEEDED),
         ]
     finally:
         s1.close()
@@ -478,8 +495,9 @@ def test_unknown_field_is_a_type_error(store):
 def test_response_round_trips(db, clock, response):
     s = open_store(db, clock=clock)
     op = forward(s)
-    r = s.transition(op, State.SUCCEEDED, reason="HTTP", http_status=response.status,
-                     external_id="ext-42", response=response)
+    r = s.transition(
+        op, State.SUCCEEDED, reason="HTTP", http_status=response.status, external_id="ext-42", response=response
+    )
     assert s.answer_seal is not None and r.response is not None
     assert s.answer_seal.open(op, r.response) == response
     s.close()
@@ -488,7 +506,11 @@ def test_response_round_trips(db, clock, response):
         stored = s2.get(op).response
         assert stored is not None and s2.answer_seal is not None
         assert (stored.status, stored.truncated, stored.encryption, stored.clear) == (
-            response.status, response.truncated, "v1", None)
+            response.status,
+            response.truncated,
+            "v1",
+            None,
+        )
         got = s2.answer_seal.open(op, stored)
         assert got == response
         assert isinstance(got.body, bytes)
@@ -747,17 +769,38 @@ def test_duplicate_counts(store, clock):
     op = forward(store)
     assert store.begin_attempt(attempt()).kind == "blocked"
     assert store.begin_attempt(attempt()).kind == "blocked"
-    assert store.duplicate_counts([op, "missing"]) == {op: {"blocked": 2, "replayed": 0},
-                                                        "missing": {"blocked": 0, "replayed": 0}}
+    assert store.duplicate_counts([op, "missing"]) == {
+        op: {"blocked": 2, "replayed": 0},
+        "missing": {"blocked": 0, "replayed": 0},
+    }
     assert store.duplicate_counts([]) == {}
 
 
 def test_an_attempt_awaiting_approval_blocks_duplicates_and_settles(store, clock):
-    d = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://x/y",
-                                    intent_fingerprint="fp-approve", intent={}, principal="p", approval=True))
+    d = store.begin_attempt(
+        Attempt(
+            api="a",
+            operation="o",
+            method="POST",
+            target="https://x/y",
+            intent_fingerprint="fp-approve",
+            intent={},
+            principal="p",
+            approval=True,
+        )
+    )
     assert (d.kind, d.receipt.state) == ("forward", State.AWAITING_APPROVAL)
-    dup = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://x/y",
-                                      intent_fingerprint="fp-approve", intent={}, principal="p"))
+    dup = store.begin_attempt(
+        Attempt(
+            api="a",
+            operation="o",
+            method="POST",
+            target="https://x/y",
+            intent_fingerprint="fp-approve",
+            intent={},
+            principal="p",
+        )
+    )
     assert (dup.kind, dup.receipt.operation_id) == ("blocked", d.receipt.operation_id)
     store.transition(d.receipt.operation_id, State.SUBMITTED, reason="approved by operator", actor="mitmweb")
     assert store.get(d.receipt.operation_id).state is State.SUBMITTED
@@ -767,19 +810,36 @@ def test_a_success_settled_after_the_answer_is_never_replayed(db):
     """A 5xx recorded, then found by a read (or resolved by hand): a duplicate is blocked, not
     answered with the 5xx as if it were the success."""
     store = open_store(db)
-    a = Attempt(api="x", operation="create", method="POST", target="https://x.test/a",
-                intent_fingerprint="sha256:settled", intent={}, principal="anonymous")
+    a = Attempt(
+        api="x",
+        operation="create",
+        method="POST",
+        target="https://x.test/a",
+        intent_fingerprint="sha256:settled",
+        intent={},
+        principal="anonymous",
+    )
     r = store.begin_attempt(a).receipt
-    store.transition(r.operation_id, State.OUTCOME_UNKNOWN, reason="HTTP 502", http_status=502,
-                     response=RecordedResponse(status=502, headers=[], body=b'{"message": "Server Error"}'))
+    store.transition(
+        r.operation_id,
+        State.OUTCOME_UNKNOWN,
+        reason="HTTP 502",
+        http_status=502,
+        response=RecordedResponse(status=502, headers=[], body=b'{"message": "Server Error"}'),
+    )
     store.claim_for_reconcile(r.operation_id, actor="test")
     store.transition(r.operation_id, State.SUCCEEDED, reason="found by a read", external_id="7")
     d = store.begin_attempt(a)
     assert (d.kind, d.receipt.operation_id) == ("blocked_succeeded", r.operation_id)
     b = Attempt(**{**a.__dict__, "intent_fingerprint": "sha256:answered"})
     r2 = store.begin_attempt(b).receipt
-    store.transition(r2.operation_id, State.SUCCEEDED, reason="HTTP 201", http_status=201,
-                     response=RecordedResponse(status=201, headers=[], body=b'{"id": 8}'))
+    store.transition(
+        r2.operation_id,
+        State.SUCCEEDED,
+        reason="HTTP 201",
+        http_status=201,
+        response=RecordedResponse(status=201, headers=[], body=b'{"id": 8}'),
+    )
     assert store.begin_attempt(b).kind == "replay"
     assert store.begin_attempt(b).kind == "replay"  # and again: a replay's own event changes nothing
     store.close()
@@ -790,8 +850,16 @@ def test_a_reused_idempotency_key_keeps_the_time_it_was_first_sent(db):
     ttl counts) runs from the first receipt that sent it, not from the retry."""
     clock = FakeClock()
     store = open_store(db, clock=clock)
-    a = Attempt(api="x", operation="pay", method="POST", target="https://x.test/pay",
-                intent_fingerprint="sha256:keyed", intent={}, principal="anonymous", idempotency=True)
+    a = Attempt(
+        api="x",
+        operation="pay",
+        method="POST",
+        target="https://x.test/pay",
+        intent_fingerprint="sha256:keyed",
+        intent={},
+        principal="anonymous",
+        idempotency=True,
+    )
     first = store.begin_attempt(a).receipt
     assert first.idempotency_key_at == first.submitted_at
     store.transition(first.operation_id, State.OUTCOME_UNKNOWN, reason="dropped")
@@ -821,8 +889,11 @@ def commits(s: Store) -> list[tuple[str, str]]:
         elif st == "BEGIN IMMEDIATE":
             statements = []
         elif st == "COMMIT":
-            wrote = [w for w in ("INSERT INTO receipts ", "UPDATE receipts ", "INSERT INTO receipt_events ")
-                     if any(x.startswith(w) for x in statements)]
+            wrote = [
+                w
+                for w in ("INSERT INTO receipts ", "UPDATE receipts ", "INSERT INTO receipt_events ")
+                if any(x.startswith(w) for x in statements)
+            ]
             out.append((level, ",".join(w.split()[-1] if w.startswith("INSERT") else "update" for w in wrote)))
         else:
             statements.append(st)

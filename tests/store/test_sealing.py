@@ -30,13 +30,19 @@ def db_files(db: Path) -> list[Path]:
     return [db, Path(f"{db}-wal"), Path(f"{db}-shm")]
 
 
-ANSWER = RecordedResponse(201, [("Content-Type", "application/json"), ("X-Api-Token", MINTED_TOKEN)],
-                          json.dumps({"id": 1, "api_key": MINTED_KEY}).encode())
+ANSWER = RecordedResponse(
+    201,
+    [("Content-Type", "application/json"), ("X-Api-Token", MINTED_TOKEN)],
+    json.dumps({"id": 1, "api_key": MINTED_KEY}).encode(),
+)
 
 
 def succeeded(store: Store, fp: str) -> str:
-    d = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://a/x",
-                                    intent_fingerprint=fp, intent={}, principal="p"))
+    d = store.begin_attempt(
+        Attempt(
+            api="a", operation="o", method="POST", target="https://a/x", intent_fingerprint=fp, intent={}, principal="p"
+        )
+    )
     store.transition(d.receipt.operation_id, State.SUCCEEDED, reason="HTTP 201", http_status=201, response=ANSWER)
     return d.receipt.operation_id
 
@@ -55,14 +61,22 @@ def test_a_sealed_answer_does_not_open_in_another_receipt_or_with_another_key(tm
             AnswerSeal(b"another secret.key " * 4).open(a, stored_a)
         # b's row given a's sealed answer: its duplicate is blocked, never answered with a's
         store.conn.execute("UPDATE receipts SET response_body = ? WHERE operation_id = ?", (stored_a.sealed, b))
-        d = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://a/x",
-                                        intent_fingerprint="fp-b", intent={}, principal="p"))
+        d = store.begin_attempt(
+            Attempt(
+                api="a",
+                operation="o",
+                method="POST",
+                target="https://a/x",
+                intent_fingerprint="fp-b",
+                intent={},
+                principal="p",
+            )
+        )
         assert (d.kind, d.answer) == ("blocked_succeeded", None)
         assert "its recorded answer cannot be read" in store.events(b)[-1].reason
     finally:
         store.close()
-    assert MINTED_KEY.encode() not in b"".join(p.read_bytes() for p in db_files(tmp_path / "receipts.db")
-                                               if p.exists())
+    assert MINTED_KEY.encode() not in b"".join(p.read_bytes() for p in db_files(tmp_path / "receipts.db") if p.exists())
 
 
 def test_a_store_without_a_key_records_no_answer(tmp_path, monkeypatch):
@@ -86,8 +100,17 @@ def test_a_plaintext_row_replays_as_recorded(tmp_path):
             "response_encryption = NULL WHERE operation_id = ?",
             (json.dumps(clear.headers), clear.body, op),
         )
-        d = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="https://a/x",
-                                        intent_fingerprint="fp-a", intent={}, principal="p"))
+        d = store.begin_attempt(
+            Attempt(
+                api="a",
+                operation="o",
+                method="POST",
+                target="https://a/x",
+                intent_fingerprint="fp-a",
+                intent={},
+                principal="p",
+            )
+        )
         assert (d.kind, d.answer) == ("replay", clear)
         assert d.receipt.response is not None
         assert d.receipt.response.clear == clear and d.receipt.response.encryption is None

@@ -76,10 +76,16 @@ def test_canonical_host(sent, canonical):
     assert canonical_host(canonical) == canonical  # idempotent
 
 
-@pytest.mark.parametrize("host, ip", [
-    ("127.1", "127.0.0.1"), ("[::ffff:127.0.0.1]", "127.0.0.1"), ("[::1]", "::1"), ("api.test", None),
-    ("256.0.0.1", None),
-])
+@pytest.mark.parametrize(
+    "host, ip",
+    [
+        ("127.1", "127.0.0.1"),
+        ("[::ffff:127.0.0.1]", "127.0.0.1"),
+        ("[::1]", "::1"),
+        ("api.test", None),
+        ("256.0.0.1", None),
+    ],
+)
 def test_ip_literal(host, ip):
     assert ip_literal(host) == ip
 
@@ -151,25 +157,36 @@ def test_what_is_not_merged(a, b):
     assert canonical_path(a) != canonical_path(b)
 
 
-@pytest.mark.parametrize("sent, kept", [
-    ("/a%3a", "/a%3A"), ("/a%2f", "/a%2F"), ("/a%c3%a9", "/a%C3%A9"), ("/a%e9", "/a%E9"), ("/a%0a", "/a%0A"),
-    ("/a%7f", "/a%7F"), ("/a%20", "/a%20"),
-])
+@pytest.mark.parametrize(
+    "sent, kept",
+    [
+        ("/a%3a", "/a%3A"),
+        ("/a%2f", "/a%2F"),
+        ("/a%c3%a9", "/a%C3%A9"),
+        ("/a%e9", "/a%E9"),
+        ("/a%0a", "/a%0A"),
+        ("/a%7f", "/a%7F"),
+        ("/a%20", "/a%20"),
+    ],
+)
 def test_other_percent_encodings_are_kept_with_upper_case_hex(sent, kept):
     assert canonical_path(sent) == kept
 
 
-@pytest.mark.parametrize("segment, value", [
-    ("t5", "t5"),  # nothing to decode: as it was (fingerprints of plain requests do not change)
-    ("caf%C3%A9", "café"),
-    ("a%20b", "a b"),
-    ("a%2Fb", "a/b"),
-    ("a%3Ab", "a:b"),
-    ("50%25", "50%25"),  # a percent sign stays encoded...
-    ("%2541", "%2541"),  # ...so "%41" the text and "A" never meet
-    ("caf%E9", "caf%E9"),  # not UTF-8: the bytes stay encoded
-    ("%FF%C3%A9", "%FFé"),
-])
+@pytest.mark.parametrize(
+    "segment, value",
+    [
+        ("t5", "t5"),  # nothing to decode: as it was (fingerprints of plain requests do not change)
+        ("caf%C3%A9", "café"),
+        ("a%20b", "a b"),
+        ("a%2Fb", "a/b"),
+        ("a%3Ab", "a:b"),
+        ("50%25", "50%25"),  # a percent sign stays encoded...
+        ("%2541", "%2541"),  # ...so "%41" the text and "A" never meet
+        ("caf%E9", "caf%E9"),  # not UTF-8: the bytes stay encoded
+        ("%FF%C3%A9", "%FFé"),
+    ],
+)
 def test_param_value(segment, value):
     assert param_value(segment) == value
 
@@ -181,7 +198,12 @@ def test_param_values_of_different_bytes_differ():
 
 def test_target_keeps_the_raw_spelling():
     t = target("http", "127.1", 8080, "//api/./b/thing%73?q=1")
-    assert (t.host, t.path, t.raw_host, t.raw_path) == ("127.0.0.1", "/api/b/things?q=1", "127.1", "//api/./b/thing%73?q=1")
+    assert (t.host, t.path, t.raw_host, t.raw_path) == (
+        "127.0.0.1",
+        "/api/b/things?q=1",
+        "127.1",
+        "//api/./b/thing%73?q=1",
+    )
     assert t.changed and t.authority == "127.0.0.1:8080"
     same = target("https", "api.test", 443, "/v1/x")
     assert not same.changed and same.authority == "api.test"
@@ -204,25 +226,28 @@ operations:
 RULESET = RuleSet.of([load_rules(RULES, "canon.yaml")])
 
 
-@pytest.mark.parametrize("host, port, path, operation, params", [
-    ("api.test", 443, "/api/b/things", "things.create", {"bucket": "b"}),
-    ("API.TEST.", 443, "//api/%62/./thing%73?x=1", "things.create", {"bucket": "b"}),
-    ("api.test", 443, "/api/x/../b/things/", "things.create", {"bucket": "b"}),
-    ("api.test", 443, "/api/a%2fb/things", "things.create", {"bucket": "a%2Fb"}),  # one segment, not two
-    ("api.test", 443, "/api/a/b/things", None, None),
-    ("api.test", 443, "/API/b/things", None, None),  # case-sensitive by default
-    ("api.test", 443, "/api/b/Things", None, None),
-    ("api.test", 443, "/API/b/CASED", "cased.create", {"bucket": "b"}),  # case_insensitive: true
-    ("api.test", 443, "/Api/B/cased", "cased.create", {"bucket": "B"}),  # parameters keep their case
-    ("api.test", 443, "/api/~user/notes", "tilde.create", {}),  # the template's %7e is ~
-    ("api.test", 443, "/api/%7Euser/notes", "tilde.create", {}),
-    ("127.0.0.1", 8080, "/api/b/things", "things.create", {"bucket": "b"}),  # the rules' 0x7f000001
-    ("127.1", 8080, "/api/b/things", "things.create", {"bucket": "b"}),
-    ("2130706433", 8080, "/api/b/things", "things.create", {"bucket": "b"}),
-    ("::ffff:127.0.0.1", 8080, "/api/b/things", "things.create", {"bucket": "b"}),
-    ("127.0.0.1", 8081, "/api/b/things", None, None),
-    ("127.0.0.2", 8080, "/api/b/things", None, None),
-])
+@pytest.mark.parametrize(
+    "host, port, path, operation, params",
+    [
+        ("api.test", 443, "/api/b/things", "things.create", {"bucket": "b"}),
+        ("API.TEST.", 443, "//api/%62/./thing%73?x=1", "things.create", {"bucket": "b"}),
+        ("api.test", 443, "/api/x/../b/things/", "things.create", {"bucket": "b"}),
+        ("api.test", 443, "/api/a%2fb/things", "things.create", {"bucket": "a%2Fb"}),  # one segment, not two
+        ("api.test", 443, "/api/a/b/things", None, None),
+        ("api.test", 443, "/API/b/things", None, None),  # case-sensitive by default
+        ("api.test", 443, "/api/b/Things", None, None),
+        ("api.test", 443, "/API/b/CASED", "cased.create", {"bucket": "b"}),  # case_insensitive: true
+        ("api.test", 443, "/Api/B/cased", "cased.create", {"bucket": "B"}),  # parameters keep their case
+        ("api.test", 443, "/api/~user/notes", "tilde.create", {}),  # the template's %7e is ~
+        ("api.test", 443, "/api/%7Euser/notes", "tilde.create", {}),
+        ("127.0.0.1", 8080, "/api/b/things", "things.create", {"bucket": "b"}),  # the rules' 0x7f000001
+        ("127.1", 8080, "/api/b/things", "things.create", {"bucket": "b"}),
+        ("2130706433", 8080, "/api/b/things", "things.create", {"bucket": "b"}),
+        ("::ffff:127.0.0.1", 8080, "/api/b/things", "things.create", {"bucket": "b"}),
+        ("127.0.0.1", 8081, "/api/b/things", None, None),
+        ("127.0.0.2", 8080, "/api/b/things", None, None),
+    ],
+)
 def test_match_takes_the_canonical_target(host, port, path, operation, params):
     m = RULESET.match(host, port, "POST", path)
     assert (m.operation.name if m else None) == operation
@@ -230,12 +255,15 @@ def test_match_takes_the_canonical_target(host, port, path, operation, params):
         assert m.params == params
 
 
-@pytest.mark.parametrize("template, problem", [
-    ("/api//things", "empty, '.' or '..' segment"),
-    ("/api/./things", "empty, '.' or '..' segment"),
-    ("/api/{id}/../x", "empty, '.' or '..' segment"),
-    ("/api/%2e%2e/x", "empty, '.' or '..' segment"),
-])
+@pytest.mark.parametrize(
+    "template, problem",
+    [
+        ("/api//things", "empty, '.' or '..' segment"),
+        ("/api/./things", "empty, '.' or '..' segment"),
+        ("/api/{id}/../x", "empty, '.' or '..' segment"),
+        ("/api/%2e%2e/x", "empty, '.' or '..' segment"),
+    ],
+)
 def test_a_template_no_canonical_path_can_match_is_refused(template, problem):
     with pytest.raises(ValueError, match=re.escape(problem)):
         parse_path_template(template)
@@ -248,10 +276,13 @@ def test_case_insensitive_folds_ascii_letters_of_the_template_only():
     assert parse_path_template("/api/x").match("/API/x") is None
 
 
-@pytest.mark.parametrize("value, error", [
-    ("yes please", "operations.x.match.case_insensitive: expected true or false"),
-    ("1", "operations.x.match.case_insensitive: expected true or false"),
-])
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        ("yes please", "operations.x.match.case_insensitive: expected true or false"),
+        ("1", "operations.x.match.case_insensitive: expected true or false"),
+    ],
+)
 def test_case_insensitive_must_be_a_boolean(value, error):
     text = f"api: a\nhosts: [a.test]\noperations:\n  x:\n    match: {{method: POST, path: /x, case_insensitive: {value}}}\n"
     with pytest.raises(RulesError, match=re.escape(error)) as e:
@@ -261,14 +292,31 @@ def test_case_insensitive_must_be_a_boolean(value, error):
 
 # --- allow_hosts: a CONNECT to an alias of an IP host is intercepted too ----------------------
 
-@pytest.mark.parametrize("connect, intercepted", [
-    ("127.0.0.1:443", True), ("127.1:443", True), ("127.0.1:443", True), ("2130706433:443", True),
-    ("0x7f000001:443", True), ("0X7F000001:443", True), ("0177.0.0.1:443", True), ("0x7f.0.0.01:443", True),
-    ("127.0.0.1.:443", True), ("::ffff:127.0.0.1:443", True), ("[::ffff:127.0.0.1]:443", True),
-    ("::ffff:7f00:1:443", True), ("0:0:0:0:0:ffff:7f00:0001:443", True),
-    ("127.0.0.2:443", False), ("2130706434:443", False), ("0x7f000002:443", False), ("10.0.0.1:443", False),
-    ("127.0.0.1.example.com:443", False), ("api.test:443", False),
-])
+
+@pytest.mark.parametrize(
+    "connect, intercepted",
+    [
+        ("127.0.0.1:443", True),
+        ("127.1:443", True),
+        ("127.0.1:443", True),
+        ("2130706433:443", True),
+        ("0x7f000001:443", True),
+        ("0X7F000001:443", True),
+        ("0177.0.0.1:443", True),
+        ("0x7f.0.0.01:443", True),
+        ("127.0.0.1.:443", True),
+        ("::ffff:127.0.0.1:443", True),
+        ("[::ffff:127.0.0.1]:443", True),
+        ("::ffff:7f00:1:443", True),
+        ("0:0:0:0:0:ffff:7f00:0001:443", True),
+        ("127.0.0.2:443", False),
+        ("2130706434:443", False),
+        ("0x7f000002:443", False),
+        ("10.0.0.1:443", False),
+        ("127.0.0.1.example.com:443", False),
+        ("api.test:443", False),
+    ],
+)
 def test_host_pattern_of_an_ip_host_matches_its_aliases(connect, intercepted):
     # mitmproxy's next_layer: re.search(rex, "host:port", re.IGNORECASE) for each allow_hosts entry
     assert bool(re.search(host_pattern("127.0.0.1"), connect, re.IGNORECASE)) is intercepted
@@ -278,10 +326,12 @@ def test_host_pattern_of_a_name_is_unchanged():
     assert host_pattern("api.github.com") == r"^api\.github\.com\.?:[0-9]+$"
     assert host_pattern("*.x.com:8443") == r"^(?:[^.:]+\.)+x\.com\.?:8443$"
     assert re.search(host_pattern("127.0.0.1:8080"), "127.1:8080") and not re.search(
-        host_pattern("127.0.0.1:8080"), "127.1:8081")
+        host_pattern("127.0.0.1:8080"), "127.1:8081"
+    )
 
 
 # --- the fingerprint and the record ----------------------------------------------------------
+
 
 def _fp(host, path, port=443, rules=RULESET):
     m = rules.match(host, port, "POST", path)
@@ -309,29 +359,41 @@ def test_a_plain_request_keeps_its_fingerprint():
     from proxy_addon.intent.fingerprint import canonical_json
 
     got = _fp("api.test", "/api/b/things")
-    material = {"api": "canon", "operation": "things.create", "method": "POST", "host": "api.test",
-                "intent": got.intent, "principal": "anonymous"}
+    material = {
+        "api": "canon",
+        "operation": "things.create",
+        "method": "POST",
+        "host": "api.test",
+        "intent": got.intent,
+        "principal": "anonymous",
+    }
     assert got.intent["path"] == {"bucket": "b"}
     assert got.fingerprint == "sha256:" + hashlib.sha256(canonical_json(material).encode()).hexdigest()
 
 
-@pytest.mark.parametrize("a, b, same", [
-    ("/api/%745/things", "/api/t5/things", True),
-    ("/api/caf%C3%A9/things", "/api/caf%c3%a9/things", True),
-    ("/api/caf%C3%A9/things", "/api/café/things", True),
-    ("/api/a%20b/things", "/api/a b/things", True),
-    ("/api/a%2Fb/things", "/api/a%2fb/things", True),
-    ("/api/%2541/things", "/api/A/things", False),
-    ("/api/%FF/things", "/api/%25FF/things", False),
-    ("/api/B/things", "/api/b/things", False),
-])
+@pytest.mark.parametrize(
+    "a, b, same",
+    [
+        ("/api/%745/things", "/api/t5/things", True),
+        ("/api/caf%C3%A9/things", "/api/caf%c3%a9/things", True),
+        ("/api/caf%C3%A9/things", "/api/café/things", True),
+        ("/api/a%20b/things", "/api/a b/things", True),
+        ("/api/a%2Fb/things", "/api/a%2fb/things", True),
+        ("/api/%2541/things", "/api/A/things", False),
+        ("/api/%FF/things", "/api/%25FF/things", False),
+        ("/api/B/things", "/api/b/things", False),
+    ],
+)
 def test_path_parameters_are_fingerprinted_decoded(a, b, same):
     assert (_fp("api.test", a).fingerprint == _fp("api.test", b).fingerprint) is same
 
 
 def test_the_fingerprint_names_the_canonical_host():
     assert _fp("127.1", "/api/b/things", port=8080).fingerprint == _fp("127.0.0.1", "/api/b/things", 8080).fingerprint
-    assert _fp("::ffff:127.0.0.1", "/api/b/things", 8080).fingerprint == _fp("127.0.0.1", "/api/b/things", 8080).fingerprint
+    assert (
+        _fp("::ffff:127.0.0.1", "/api/b/things", 8080).fingerprint
+        == _fp("127.0.0.1", "/api/b/things", 8080).fingerprint
+    )
 
 
 def test_build_attempt_carries_the_raw_target():
@@ -347,6 +409,7 @@ def test_build_attempt_carries_the_raw_target():
 
 # --- rules explain: matches and fingerprints as the proxy does ---------------------------------
 
+
 def test_explain_matches_the_canonical_target_and_shows_it():
     report = explain(RULESET, "POST", "https://API.test//api/%62/./thing%73", b"{}", {}, KEY)
     assert report["match"]["operation"] == "things.create"
@@ -360,16 +423,18 @@ def test_explain_fingerprint_equals_the_proxys():
     assert m is not None
     view = RequestView("POST", "http", "127.1", 8080, "//api/b/things", {"content-type": "application/json"}, b"{}")
     proxy_fp = fingerprint(m, view, KEY).fingerprint
-    report = explain(RULESET, "POST", "http://127.1:8080//api/b/things", b"{}", {"content-type": "application/json"},
-                     KEY)
+    report = explain(
+        RULESET, "POST", "http://127.1:8080//api/b/things", b"{}", {"content-type": "application/json"}, KEY
+    )
     assert report["fingerprint"]["value"] == proxy_fp
 
 
 def test_explain_says_when_a_path_differs_in_case_only():
     report = explain(RULESET, "POST", "https://api.test/API/b/things", b"{}", {}, KEY)
     assert report["match"] is None
-    assert any("things.create" in line and "letter case only" in line and "case_insensitive" in line
-               for line in report["why"])
+    assert any(
+        "things.create" in line and "letter case only" in line and "case_insensitive" in line for line in report["why"]
+    )
 
 
 # --- canonical forms are fixed points ------------------------------------------------------------
@@ -395,36 +460,42 @@ def test_canonical_host_is_a_fixed_point(host):
 XO, XM, XMO = "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"
 
 
-@pytest.mark.parametrize("method, headers, effective", [
-    ("POST", [], "POST"),
-    ("POST", [("Content-Type", "application/json")], "POST"),
-    ("GET", [(XO, "POST")], "POST"),
-    ("POST", [(XO, "PUT")], "PUT"),
-    ("POST", [(XM, "DELETE")], "DELETE"),
-    ("POST", [(XMO, "PATCH")], "PATCH"),
-    ("GET", [("x-http-method-override", "post")], "POST"),  # header names and methods in any letter case
-    ("GET", [("X-Http-Method-Override", " Post ")], "POST"),
-    ("GET", [(b"X-HTTP-Method-Override", b"POST")], "POST"),  # mitmproxy's raw fields
-    ("GET", [(XO, "POST"), (XM, "post")], "POST"),  # several headers naming one method
-    ("GET", [(XO, "POST, POST")], "POST"),
-    ("GET", [(XO, "")], "GET"),  # an empty value names nothing
-    ("GET", [(XO, " , ")], "GET"),
-    ("POST", [(XO, "POST")], "POST"),
-    ("POST", [(XO, "NOT A METHOD")], "?"),  # names no method a rule can have; never stored as sent
-    ("POST", [(XO, "X" * 100)], "?"),
-    ("GET", [("X-HTTP-Method-Overrides", "POST"), ("Method-Override", "POST")], "GET"),  # other headers
-])
+@pytest.mark.parametrize(
+    "method, headers, effective",
+    [
+        ("POST", [], "POST"),
+        ("POST", [("Content-Type", "application/json")], "POST"),
+        ("GET", [(XO, "POST")], "POST"),
+        ("POST", [(XO, "PUT")], "PUT"),
+        ("POST", [(XM, "DELETE")], "DELETE"),
+        ("POST", [(XMO, "PATCH")], "PATCH"),
+        ("GET", [("x-http-method-override", "post")], "POST"),  # header names and methods in any letter case
+        ("GET", [("X-Http-Method-Override", " Post ")], "POST"),
+        ("GET", [(b"X-HTTP-Method-Override", b"POST")], "POST"),  # mitmproxy's raw fields
+        ("GET", [(XO, "POST"), (XM, "post")], "POST"),  # several headers naming one method
+        ("GET", [(XO, "POST, POST")], "POST"),
+        ("GET", [(XO, "")], "GET"),  # an empty value names nothing
+        ("GET", [(XO, " , ")], "GET"),
+        ("POST", [(XO, "POST")], "POST"),
+        ("POST", [(XO, "NOT A METHOD")], "?"),  # names no method a rule can have; never stored as sent
+        ("POST", [(XO, "X" * 100)], "?"),
+        ("GET", [("X-HTTP-Method-Overrides", "POST"), ("Method-Override", "POST")], "GET"),  # other headers
+    ],
+)
 def test_effective_method(method, headers, effective):
     assert effective_method(method, headers) == effective
 
 
-@pytest.mark.parametrize("method, headers", [
-    ("GET", [(XO, "POST"), (XM, "PUT")]),
-    ("POST", [(XO, "PUT"), (XO, "DELETE")]),  # the header repeated
-    ("POST", [(XO, "PUT, DELETE")]),  # a comma-separated value: Express takes the first, others the last
-    ("GET", [(XO, "POST"), (XMO, "GARBAGE VALUE")]),
-    ("POST", [(XO, "POST"), (XM, "PUT")]),  # one names the method sent, the other another one
-])
+@pytest.mark.parametrize(
+    "method, headers",
+    [
+        ("GET", [(XO, "POST"), (XM, "PUT")]),
+        ("POST", [(XO, "PUT"), (XO, "DELETE")]),  # the header repeated
+        ("POST", [(XO, "PUT, DELETE")]),  # a comma-separated value: Express takes the first, others the last
+        ("GET", [(XO, "POST"), (XMO, "GARBAGE VALUE")]),
+        ("POST", [(XO, "POST"), (XM, "PUT")]),  # one names the method sent, the other another one
+    ],
+)
 def test_conflicting_overrides_are_refused_never_guessed(method, headers):
     with pytest.raises(ConflictingOverrides, match="name different methods"):
         effective_method(method, headers)
@@ -432,7 +503,10 @@ def test_conflicting_overrides_are_refused_never_guessed(method, headers):
 
 def test_method_overrides_spells_each_header_as_documented():
     assert method_overrides([("x-http-method", "put"), ("X-METHOD-OVERRIDE", "Put, patch")]) == [
-        (XM, "PUT"), (XMO, "PUT"), (XMO, "PATCH")]
+        (XM, "PUT"),
+        (XMO, "PUT"),
+        (XMO, "PATCH"),
+    ]
     assert method_overrides([(XO, "DROP TABLE")]) == [(XO, "?")]  # a value that is no method is never kept
 
 
@@ -465,33 +539,43 @@ operations:
 OVERRIDES = RuleSet.of([load_rules(OVERRIDE_RULES, "over.yaml"), load_rules(REFUSING_RULES, "strict.yaml")])
 
 
-@pytest.mark.parametrize("host, method, path, headers, operation, refused", [
-    # honour (the default): the method the header names is matched
-    ("api.test", "GET", "/api/b/things", [(XO, "POST")], "things.create", None),
-    ("api.test", "POST", "/api/b/things/7", [(XO, "PUT")], "things.update", None),
-    ("api.test", "POST", "/api/b/things/7", [(XM, "put")], "things.update", None),
-    ("api.test", "PATCH", "/api/b/things/7", [(XMO, "PUT")], "things.update", None),
-    ("api.test", "GET", "/api/b/things/7", [(XO, "PUT")], "things.update", None),  # not the GET it was sent as
-    ("api.test", "POST", "/api/b/things", [(XO, "POST")], "things.create", None),  # names the method sent
-    # no operation has the method it names, but the method sent is a ruled write: a guess either way, refused
-    ("api.test", "POST", "/api/b/things", [(XO, "GET")], "things.create", "which one is a guess"),
-    ("api.test", "POST", "/api/b/things", [(XO, "NOT A METHOD")], "things.create", "which one is a guess"),
-    ("api.test", "GET", "/api/b/things/7", [(XO, "DELETE")], "thing.get", "which one is a guess"),
-    ("api.test", "GET", "/api/b/other", [(XO, "POST")], None, None),  # neither method matches: untouched
-    # several methods named: refused, whichever operation either reading matches
-    ("api.test", "GET", "/api/b/things", [(XO, "POST"), (XM, "PUT")], "things.create", "name different methods"),
-    ("api.test", "POST", "/api/b/things/7", [(XO, "PUT"), (XO, "DELETE")], "things.update", "name different methods"),
-    ("api.test", "GET", "/api/b/nothing", [(XO, "POST"), (XM, "PUT")], None, None),  # nothing ruled: untouched
-    # method_override: refuse, in an operation, or for the whole file
-    ("api.test", "GET", "/api/b/strict", [(XO, "POST")], "strict.create", "method_override: refuse"),
-    ("api.test", "POST", "/api/b/strict", [(XO, "GET")], "strict.create", "method_override: refuse"),
-    ("api.test", "POST", "/api/b/strict", [(XO, "POST")], "strict.create", None),  # names the method sent
-    ("api.test", "POST", "/api/b/strict", [], "strict.create", None),
-    ("strict.test", "GET", "/api/b/things", [(XO, "POST")], "things.create", "method_override: refuse"),
-    ("strict.test", "POST", "/api/b/things", [(XMO, "PUT")], "things.create", "method_override: refuse"),
-    ("strict.test", "POST", "/api/b/things", [], "things.create", None),
-    ("strict.test", "GET", "/api/b/lenient", [(XO, "POST")], "things.lenient", None),  # the operation says honour
-])
+@pytest.mark.parametrize(
+    "host, method, path, headers, operation, refused",
+    [
+        # honour (the default): the method the header names is matched
+        ("api.test", "GET", "/api/b/things", [(XO, "POST")], "things.create", None),
+        ("api.test", "POST", "/api/b/things/7", [(XO, "PUT")], "things.update", None),
+        ("api.test", "POST", "/api/b/things/7", [(XM, "put")], "things.update", None),
+        ("api.test", "PATCH", "/api/b/things/7", [(XMO, "PUT")], "things.update", None),
+        ("api.test", "GET", "/api/b/things/7", [(XO, "PUT")], "things.update", None),  # not the GET it was sent as
+        ("api.test", "POST", "/api/b/things", [(XO, "POST")], "things.create", None),  # names the method sent
+        # no operation has the method it names, but the method sent is a ruled write: a guess either way, refused
+        ("api.test", "POST", "/api/b/things", [(XO, "GET")], "things.create", "which one is a guess"),
+        ("api.test", "POST", "/api/b/things", [(XO, "NOT A METHOD")], "things.create", "which one is a guess"),
+        ("api.test", "GET", "/api/b/things/7", [(XO, "DELETE")], "thing.get", "which one is a guess"),
+        ("api.test", "GET", "/api/b/other", [(XO, "POST")], None, None),  # neither method matches: untouched
+        # several methods named: refused, whichever operation either reading matches
+        ("api.test", "GET", "/api/b/things", [(XO, "POST"), (XM, "PUT")], "things.create", "name different methods"),
+        (
+            "api.test",
+            "POST",
+            "/api/b/things/7",
+            [(XO, "PUT"), (XO, "DELETE")],
+            "things.update",
+            "name different methods",
+        ),
+        ("api.test", "GET", "/api/b/nothing", [(XO, "POST"), (XM, "PUT")], None, None),  # nothing ruled: untouched
+        # method_override: refuse, in an operation, or for the whole file
+        ("api.test", "GET", "/api/b/strict", [(XO, "POST")], "strict.create", "method_override: refuse"),
+        ("api.test", "POST", "/api/b/strict", [(XO, "GET")], "strict.create", "method_override: refuse"),
+        ("api.test", "POST", "/api/b/strict", [(XO, "POST")], "strict.create", None),  # names the method sent
+        ("api.test", "POST", "/api/b/strict", [], "strict.create", None),
+        ("strict.test", "GET", "/api/b/things", [(XO, "POST")], "things.create", "method_override: refuse"),
+        ("strict.test", "POST", "/api/b/things", [(XMO, "PUT")], "things.create", "method_override: refuse"),
+        ("strict.test", "POST", "/api/b/things", [], "things.create", None),
+        ("strict.test", "GET", "/api/b/lenient", [(XO, "POST")], "things.lenient", None),  # the operation says honour
+    ],
+)
 def test_match_takes_the_method_an_override_names(host, method, path, headers, operation, refused):
     m = OVERRIDES.match(host, 443, method, path, headers=headers)
     assert (m.operation.name if m else None) == operation
@@ -504,7 +588,8 @@ def test_a_refusal_says_what_to_do_and_never_echoes_a_value():
     assert m is not None
     assert m.refused == (
         "GET with X-HTTP-Method-Override: POST: strict things.create does not take method override headers "
-        "(method_override: refuse, strict.yaml:5); send the request with the method you mean and without them")
+        "(method_override: refuse, strict.yaml:5); send the request with the method you mean and without them"
+    )
     m = OVERRIDES.match("api.test", 443, "GET", "/api/b/things", headers=[(XO, "POST"), (XM, "SECRET TOKEN")])
     assert m is not None and m.refused is not None
     assert "SECRET" not in m.refused and "X-HTTP-Method: ?" in m.refused
@@ -516,11 +601,14 @@ def test_without_headers_match_is_as_before():
     assert m is not None and m.operation.name == "things.create"
 
 
-@pytest.mark.parametrize("text, error", [
-    ("method_override: sometimes\n", "method_override: 'sometimes' is not one of honour, refuse"),
-    ("method_override: honor\n", "method_override: 'honor' is not one of honour, refuse"),
-    ("method_override: true\n", "method_override: expected a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("method_override: sometimes\n", "method_override: 'sometimes' is not one of honour, refuse"),
+        ("method_override: honor\n", "method_override: 'honor' is not one of honour, refuse"),
+        ("method_override: true\n", "method_override: expected a non-empty string"),
+    ],
+)
 def test_method_override_is_honour_or_refuse(text, error):
     base = "api: a\nhosts: [a.test]\n{top}operations:\n  x:\n    match: {{method: POST, path: /x{op}}}\n"
     with pytest.raises(RulesError, match=re.escape(error)):
@@ -540,13 +628,16 @@ def _view(method, path, headers, body=b'{"title": "one"}'):
     return RequestView(method, "https", "api.test", 443, path, {"content-type": "application/json", **headers}, body)
 
 
-@pytest.mark.parametrize("method, headers", [
-    ("GET", {"x-http-method-override": "POST"}),
-    ("PUT", {"x-http-method": "post"}),
-    ("PATCH", {"x-method-override": "Post"}),
-    ("POST", {}),
-    ("POST", {"x-http-method-override": "post"}),  # names the method sent: a plain POST, nothing to note
-])
+@pytest.mark.parametrize(
+    "method, headers",
+    [
+        ("GET", {"x-http-method-override": "POST"}),
+        ("PUT", {"x-http-method": "post"}),
+        ("PATCH", {"x-method-override": "Post"}),
+        ("POST", {}),
+        ("POST", {"x-http-method-override": "post"}),  # names the method sent: a plain POST, nothing to note
+    ],
+)
 def test_an_overridden_method_is_one_intent_with_the_method_it_names(method, headers):
     post = OVERRIDES.match("api.test", 443, "POST", "/api/b/things")
     assert post is not None
@@ -562,8 +653,10 @@ def test_an_overridden_method_is_one_intent_with_the_method_it_names(method, hea
     else:  # and how it was sent
         header = next(iter(headers))
         assert got.intent["method_override"] == {
-            "sent": method, "override": f"{dict((h.lower(), h) for h in (XO, XM, XMO))[header]}: POST",
-            "matched": "POST"}
+            "sent": method,
+            "override": f"{dict((h.lower(), h) for h in (XO, XM, XMO))[header]}: POST",
+            "matched": "POST",
+        }
         (note,) = intent_notes(got.intent)
         assert note.startswith(f"sent as {method} with ") and "fingerprinted as POST" in note
 
@@ -588,7 +681,8 @@ def test_an_override_to_a_method_no_rule_has_is_refused_with_both_readings():
     assert m.refused == (
         "POST with X-HTTP-Method-Override: GET: over takes it as GET, which no operation matches, if it honours the "
         "header, or as the POST that things.create matches if it ignores it; which one is a guess, so send the "
-        "request with the method you mean and without the header")
+        "request with the method you mean and without the header"
+    )
 
 
 def test_explain_matches_the_method_an_override_names():
@@ -605,12 +699,19 @@ def test_explain_matches_the_method_an_override_names():
 
 
 def test_explain_shows_a_refusal():
-    report = explain(OVERRIDES, "GET", "https://strict.test/api/b/things", b"{}",
-                     {"x-http-method-override": "POST"}, KEY)
+    report = explain(
+        OVERRIDES, "GET", "https://strict.test/api/b/things", b"{}", {"x-http-method-override": "POST"}, KEY
+    )
     assert "method_override: refuse" in report["refused"]
     assert "the proxy refuses this request and sends nothing: GET with X-HTTP-Method-Override: POST" in render(report)
-    conflict = explain(OVERRIDES, "GET", "https://api.test/api/b/things", b"{}",
-                       {"x-http-method-override": "POST", "x-http-method": "PUT"}, KEY)
+    conflict = explain(
+        OVERRIDES,
+        "GET",
+        "https://api.test/api/b/things",
+        b"{}",
+        {"x-http-method-override": "POST", "x-http-method": "PUT"},
+        KEY,
+    )
     assert "name different methods" in conflict["refused"]
 
 
@@ -620,13 +721,20 @@ def test_explain_says_which_method_an_override_named_when_nothing_matches():
     assert "nor does POST, which its method override headers name" in report["why"]
 
 
-GRAPHQL_RULES = RuleSet.of([load_rules("""\
+GRAPHQL_RULES = RuleSet.of(
+    [
+        load_rules(
+            """\
 api: gql
 hosts: [gql.test]
 operations:
   issue.create:
     match: {method: POST, path: /graphql, graphql: issueCreate}
-""", "gql.yaml")])
+""",
+            "gql.yaml",
+        )
+    ]
+)
 MUTATION = b'{"query": "mutation { issueCreate(input: {title: \\"x\\"}) { id } }"}'
 
 

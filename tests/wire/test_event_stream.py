@@ -21,11 +21,19 @@ def message(**fields) -> bytes:
 
 STREAM = (
     b"\xef\xbb\xbf: ping\r\n\r\n"  # a BOM, then a comment block
-    + b"event: message\r\ndata: " + message(method="notifications/progress", params={"progress": 1}) + b"\r\n\r\n"
-    + b"data: " + message(id="s1", method="elicitation/create", params={}) + b"\n\n"  # the server's own request
+    + b"event: message\r\ndata: "
+    + message(method="notifications/progress", params={"progress": 1})
+    + b"\r\n\r\n"
+    + b"data: "
+    + message(id="s1", method="elicitation/create", params={})
+    + b"\n\n"  # the server's own request
     + b'data: {"jsonrpc": "2.0",\ndata: "id": 9, "result": {}}\n\n'  # another id's response, in two data lines
-    + b"id: 5\rdata: " + message(id=7, result={"content": []}) + b"\r\r"  # the call's response, CR line ends
-    + b"data: " + message(id=7, result={"second": True}) + b"\n\n"
+    + b"id: 5\rdata: "
+    + message(id=7, result={"content": []})
+    + b"\r\r"  # the call's response, CR line ends
+    + b"data: "
+    + message(id=7, result={"second": True})
+    + b"\n\n"
     + b"data: unfinished"
 )
 

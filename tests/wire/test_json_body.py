@@ -55,8 +55,10 @@ def mcp(tool: str, args: dict) -> str:
 
 
 def gql_vars(amount_text: str) -> str:
-    return ('{"query": "mutation($i: IssueInput!) { issueCreate(input: $i) { id } }", '
-            f'"variables": {{"i": {{"title": "t", "amount": {amount_text}}}}}}}')
+    return (
+        '{"query": "mutation($i: IssueInput!) { issueCreate(input: $i) { id } }", '
+        f'"variables": {{"i": {{"title": "t", "amount": {amount_text}}}}}}}'
+    )
 
 
 def gql_inline(amount_text: str) -> str:
@@ -117,8 +119,16 @@ CORPUS = {
     "gql inline 2e400": ("/graphql", J, gql_inline("2e400").encode()),
     "mcp 1": ("/mcp", J, mcp("create_issue", {"title": "t", "amount": 1}).encode()),
     "mcp 1.0": ("/mcp", J, mcp("create_issue", {"title": "t", "amount": 1.0}).encode()),
-    "mcp 1e400": ("/mcp", J, b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": {"title": "t", "amount": 1e400}}}'),
-    "mcp 2e400": ("/mcp", J, b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": {"title": "t", "amount": 2e400}}}'),
+    "mcp 1e400": (
+        "/mcp",
+        J,
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": {"title": "t", "amount": 1e400}}}',
+    ),
+    "mcp 2e400": (
+        "/mcp",
+        J,
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": {"title": "t", "amount": 2e400}}}',
+    ),
     "mcp all 1": ("/mcp", J, mcp("anything", {"n": 1, "o": {"x": 2}}).encode()),
     "mcp all 1.0": ("/mcp", J, mcp("anything", {"n": 1.0, "o": {"x": 2.0}}).encode()),
 }
@@ -126,62 +136,62 @@ CORPUS = {
 
 # What the code before issue 24 gave each request (scheme 2, then unversioned), key KEY: sha256:<these>.
 SCHEME_2 = {
-    'json 1': '416d7bc300ee816388dea3c9a5bd535b4f7e679ab4f6a23f131e6ea4563c325e',
-    'json 1.0': '565f82749d1d684c5d04d578424e0c95d787453deddfb46e9d0c33b5d00f7f23',
-    'json 100': '7af299d24a96b0d3e68409c7410113d66e1e1cd603fa54c64f5f7ac35e06ddb6',
-    'json 1e2': '3949e9f9f3f01791d70b3a20573a0325e3c694c9d20a1bb823e651bee834b7d5',
-    'json 1E+2': '3949e9f9f3f01791d70b3a20573a0325e3c694c9d20a1bb823e651bee834b7d5',
-    'json 0': 'b85e3998036d7e2cd00ec872bcd6f99a9fa2777c192737be4279b3240e511a64',
-    'json -0.0': 'd8c24f787191fa17dfe5bd0f2eaf1ab6b9ccd68a8f3237d0bedc710df9fef821',
-    'json 0.1': '694e1e03ffd84e3f426e525aa2d74b474a963a7eb1ade36f919a438de518c33b',
-    'json 0.10': '694e1e03ffd84e3f426e525aa2d74b474a963a7eb1ade36f919a438de518c33b',
-    'json 0.1000000000000000000001': '694e1e03ffd84e3f426e525aa2d74b474a963a7eb1ade36f919a438de518c33b',
-    'json 1e400': '3ab6979601e8020846e93a25f291ae99e0bbdf371926cefe345c9ada5bcca1c8',
-    'json 10e399': '3ab6979601e8020846e93a25f291ae99e0bbdf371926cefe345c9ada5bcca1c8',
-    'json 2e400': '3ab6979601e8020846e93a25f291ae99e0bbdf371926cefe345c9ada5bcca1c8',
-    'json -1e400': 'bf0b6e74b9f678c5d4a21f462c1acc74a44586e7d2e2181fceff4c7af8397111',
-    'json 1e-400': '83f121301240b1026f4b29d99682d6805872033b12a6ad6d3ccb01379c92caac',
-    'json 2e-400': '83f121301240b1026f4b29d99682d6805872033b12a6ad6d3ccb01379c92caac',
-    'json big int': 'ab4659e1265204fcd99b09c4047fd031e439005ce1e1ad51f66b8ab08833900d',
-    'json big int as float': '4832dbee75103fbd8b8212f88e41d1e5a79500bd332bd7f63abeb34e19f69735',
-    'json meta 1.0': '13f7a21537fe01222e68961e688cf71a2458c54d4af021bb32e2c391e8b193a0',
-    'json meta 1': '84a24b12d903c9f5ec38786f643e2e3c7345e19c6137de57dae3ade6f8c0ab99',
-    'json tags 1.0': '0d26f38626669284964ef4125968d125d6e8596c2a79d67feecc3d2854478582',
-    'json tags 1': '39d1a7e3f09f8c7c27de84e5c159fb366039a80f465470942de86eee8e991b45',
-    'json 45-digit int': '287899775c4c0acd28a7bb0afbf761da11d4f3ae576386bce6e393ca447c19e2',
-    'json 1e45': 'b7cfc9f245b51d487a86483c69828620e47d5d9f1e6910df28dead5fd822d4d9',
-    'json Infinity': '3ab6979601e8020846e93a25f291ae99e0bbdf371926cefe345c9ada5bcca1c8',
-    'json NaN': '5cfd993ebb4ec3a7f5aed0c323bb8fc3e37aca085d73c46a8bca278bb33ef2c8',
-    'json 0e99': '83f121301240b1026f4b29d99682d6805872033b12a6ad6d3ccb01379c92caac',
-    'json string 1': 'c69d42261ba5c9490f1c8c054b59e03771ff2b21465b7977efeca30548002790',
-    'json cafe utf-8': 'fecfa7fd3196871b168c8e53d752f4f57281928582ec2fa305f00aa7b7f2d7a5',
-    'json cafe utf-8 declared': 'fecfa7fd3196871b168c8e53d752f4f57281928582ec2fa305f00aa7b7f2d7a5',
-    'json cafe latin-1': 'e5cd6a41a78ebd41a12c91adb0ea2fcfb319d10f62668c2fddefeeb4ad5f72f1',
-    'json cafe iso-8859-1 quoted': 'e5cd6a41a78ebd41a12c91adb0ea2fcfb319d10f62668c2fddefeeb4ad5f72f1',
-    'json cafe utf-16': 'fecfa7fd3196871b168c8e53d752f4f57281928582ec2fa305f00aa7b7f2d7a5',
-    'json cafe unknown charset': 'fecfa7fd3196871b168c8e53d752f4f57281928582ec2fa305f00aa7b7f2d7a5',
-    'json cafe bad utf-8': 'e5cd6a41a78ebd41a12c91adb0ea2fcfb319d10f62668c2fddefeeb4ad5f72f1',
-    'form cafe utf-8': '20f767c23c79d37dd40597b35e1d0b0c8f5414269698879ae8e02212c152f2e5',
-    'form cafe utf-8 raw': '20f767c23c79d37dd40597b35e1d0b0c8f5414269698879ae8e02212c152f2e5',
-    'form cafe latin-1': 'dd9d7585543f059351262bc7bb09e19efd0082e93494f77ede4b51d9d6ccd69f',
-    'form cafe latin-1 raw': '3408dbbdeac2745007721d1e39ff1ab4bc4295847276c900768f45c69679735c',
-    'form ff': '6aab5f6fd3daeda74ad5bd9d9f42b9c892d9de3992a6c9e0c4cb2936d14d60e5',
-    'form fe': '6aab5f6fd3daeda74ad5bd9d9f42b9c892d9de3992a6c9e0c4cb2936d14d60e5',
-    'json as form': 'cd6d6dfffa4a86284b926c4919c94a00bd17e46bdd52dbbae5fe6ee3d83e3e31',
-    'gql vars 1': '34afc4edc7817089dde9b22d170a47221b150e9ceff16ce91aa36a3113f31917',
-    'gql vars 1.0': 'ef018cc8b34e3e4b0b466ed6fe270b12db82a1a20e066a22f9f571d934a852da',
-    'gql vars 1e400': '6bf782a00827ccfbbd16d9bd834354c80b0e789b99ad60efff4db4909e637821',
-    'gql vars 2e400': '6bf782a00827ccfbbd16d9bd834354c80b0e789b99ad60efff4db4909e637821',
-    'gql inline 1': '34afc4edc7817089dde9b22d170a47221b150e9ceff16ce91aa36a3113f31917',
-    'gql inline 1.0': 'ef018cc8b34e3e4b0b466ed6fe270b12db82a1a20e066a22f9f571d934a852da',
-    'gql inline 1e400': '6bf782a00827ccfbbd16d9bd834354c80b0e789b99ad60efff4db4909e637821',
-    'gql inline 2e400': '6bf782a00827ccfbbd16d9bd834354c80b0e789b99ad60efff4db4909e637821',
-    'mcp 1': '367d98d6f97b0c04774aee56e20d71ea2fe1cc86539b37038a6926917dd7339f',
-    'mcp 1.0': '0c396d84dde2cf71cfb2174f480e4fdf07ac9ea1642a5f57cb363d39059431af',
-    'mcp 1e400': '37a78af10dfca3be5626894c56fd66de551db0b7203f7d90f538049acdee819e',
-    'mcp 2e400': '37a78af10dfca3be5626894c56fd66de551db0b7203f7d90f538049acdee819e',
-    'mcp all 1': '1625f828b3a8df13cc807fcd26d8391ab17e0b4f160bcb7bffe82e74769c01e4',
-    'mcp all 1.0': '06ce86c903c7b8c916a12cdcc744a8f5a98a26a39f6dae4f6e62cdda19039152',
+    "json 1": "416d7bc300ee816388dea3c9a5bd535b4f7e679ab4f6a23f131e6ea4563c325e",
+    "json 1.0": "565f82749d1d684c5d04d578424e0c95d787453deddfb46e9d0c33b5d00f7f23",
+    "json 100": "7af299d24a96b0d3e68409c7410113d66e1e1cd603fa54c64f5f7ac35e06ddb6",
+    "json 1e2": "3949e9f9f3f01791d70b3a20573a0325e3c694c9d20a1bb823e651bee834b7d5",
+    "json 1E+2": "3949e9f9f3f01791d70b3a20573a0325e3c694c9d20a1bb823e651bee834b7d5",
+    "json 0": "b85e3998036d7e2cd00ec872bcd6f99a9fa2777c192737be4279b3240e511a64",
+    "json -0.0": "d8c24f787191fa17dfe5bd0f2eaf1ab6b9ccd68a8f3237d0bedc710df9fef821",
+    "json 0.1": "694e1e03ffd84e3f426e525aa2d74b474a963a7eb1ade36f919a438de518c33b",
+    "json 0.10": "694e1e03ffd84e3f426e525aa2d74b474a963a7eb1ade36f919a438de518c33b",
+    "json 0.1000000000000000000001": "694e1e03ffd84e3f426e525aa2d74b474a963a7eb1ade36f919a438de518c33b",
+    "json 1e400": "3ab6979601e8020846e93a25f291ae99e0bbdf371926cefe345c9ada5bcca1c8",
+    "json 10e399": "3ab6979601e8020846e93a25f291ae99e0bbdf371926cefe345c9ada5bcca1c8",
+    "json 2e400": "3ab6979601e8020846e93a25f291ae99e0bbdf371926cefe345c9ada5bcca1c8",
+    "json -1e400": "bf0b6e74b9f678c5d4a21f462c1acc74a44586e7d2e2181fceff4c7af8397111",
+    "json 1e-400": "83f121301240b1026f4b29d99682d6805872033b12a6ad6d3ccb01379c92caac",
+    "json 2e-400": "83f121301240b1026f4b29d99682d6805872033b12a6ad6d3ccb01379c92caac",
+    "json big int": "ab4659e1265204fcd99b09c4047fd031e439005ce1e1ad51f66b8ab08833900d",
+    "json big int as float": "4832dbee75103fbd8b8212f88e41d1e5a79500bd332bd7f63abeb34e19f69735",
+    "json meta 1.0": "13f7a21537fe01222e68961e688cf71a2458c54d4af021bb32e2c391e8b193a0",
+    "json meta 1": "84a24b12d903c9f5ec38786f643e2e3c7345e19c6137de57dae3ade6f8c0ab99",
+    "json tags 1.0": "0d26f38626669284964ef4125968d125d6e8596c2a79d67feecc3d2854478582",
+    "json tags 1": "39d1a7e3f09f8c7c27de84e5c159fb366039a80f465470942de86eee8e991b45",
+    "json 45-digit int": "287899775c4c0acd28a7bb0afbf761da11d4f3ae576386bce6e393ca447c19e2",
+    "json 1e45": "b7cfc9f245b51d487a86483c69828620e47d5d9f1e6910df28dead5fd822d4d9",
+    "json Infinity": "3ab6979601e8020846e93a25f291ae99e0bbdf371926cefe345c9ada5bcca1c8",
+    "json NaN": "5cfd993ebb4ec3a7f5aed0c323bb8fc3e37aca085d73c46a8bca278bb33ef2c8",
+    "json 0e99": "83f121301240b1026f4b29d99682d6805872033b12a6ad6d3ccb01379c92caac",
+    "json string 1": "c69d42261ba5c9490f1c8c054b59e03771ff2b21465b7977efeca30548002790",
+    "json cafe utf-8": "fecfa7fd3196871b168c8e53d752f4f57281928582ec2fa305f00aa7b7f2d7a5",
+    "json cafe utf-8 declared": "fecfa7fd3196871b168c8e53d752f4f57281928582ec2fa305f00aa7b7f2d7a5",
+    "json cafe latin-1": "e5cd6a41a78ebd41a12c91adb0ea2fcfb319d10f62668c2fddefeeb4ad5f72f1",
+    "json cafe iso-8859-1 quoted": "e5cd6a41a78ebd41a12c91adb0ea2fcfb319d10f62668c2fddefeeb4ad5f72f1",
+    "json cafe utf-16": "fecfa7fd3196871b168c8e53d752f4f57281928582ec2fa305f00aa7b7f2d7a5",
+    "json cafe unknown charset": "fecfa7fd3196871b168c8e53d752f4f57281928582ec2fa305f00aa7b7f2d7a5",
+    "json cafe bad utf-8": "e5cd6a41a78ebd41a12c91adb0ea2fcfb319d10f62668c2fddefeeb4ad5f72f1",
+    "form cafe utf-8": "20f767c23c79d37dd40597b35e1d0b0c8f5414269698879ae8e02212c152f2e5",
+    "form cafe utf-8 raw": "20f767c23c79d37dd40597b35e1d0b0c8f5414269698879ae8e02212c152f2e5",
+    "form cafe latin-1": "dd9d7585543f059351262bc7bb09e19efd0082e93494f77ede4b51d9d6ccd69f",
+    "form cafe latin-1 raw": "3408dbbdeac2745007721d1e39ff1ab4bc4295847276c900768f45c69679735c",
+    "form ff": "6aab5f6fd3daeda74ad5bd9d9f42b9c892d9de3992a6c9e0c4cb2936d14d60e5",
+    "form fe": "6aab5f6fd3daeda74ad5bd9d9f42b9c892d9de3992a6c9e0c4cb2936d14d60e5",
+    "json as form": "cd6d6dfffa4a86284b926c4919c94a00bd17e46bdd52dbbae5fe6ee3d83e3e31",
+    "gql vars 1": "34afc4edc7817089dde9b22d170a47221b150e9ceff16ce91aa36a3113f31917",
+    "gql vars 1.0": "ef018cc8b34e3e4b0b466ed6fe270b12db82a1a20e066a22f9f571d934a852da",
+    "gql vars 1e400": "6bf782a00827ccfbbd16d9bd834354c80b0e789b99ad60efff4db4909e637821",
+    "gql vars 2e400": "6bf782a00827ccfbbd16d9bd834354c80b0e789b99ad60efff4db4909e637821",
+    "gql inline 1": "34afc4edc7817089dde9b22d170a47221b150e9ceff16ce91aa36a3113f31917",
+    "gql inline 1.0": "ef018cc8b34e3e4b0b466ed6fe270b12db82a1a20e066a22f9f571d934a852da",
+    "gql inline 1e400": "6bf782a00827ccfbbd16d9bd834354c80b0e789b99ad60efff4db4909e637821",
+    "gql inline 2e400": "6bf782a00827ccfbbd16d9bd834354c80b0e789b99ad60efff4db4909e637821",
+    "mcp 1": "367d98d6f97b0c04774aee56e20d71ea2fe1cc86539b37038a6926917dd7339f",
+    "mcp 1.0": "0c396d84dde2cf71cfb2174f480e4fdf07ac9ea1642a5f57cb363d39059431af",
+    "mcp 1e400": "37a78af10dfca3be5626894c56fd66de551db0b7203f7d90f538049acdee819e",
+    "mcp 2e400": "37a78af10dfca3be5626894c56fd66de551db0b7203f7d90f538049acdee819e",
+    "mcp all 1": "1625f828b3a8df13cc807fcd26d8391ab17e0b4f160bcb7bffe82e74769c01e4",
+    "mcp all 1.0": "06ce86c903c7b8c916a12cdcc744a8f5a98a26a39f6dae4f6e62cdda19039152",
 }
 
 # Under scheme 3, the requests of a group are one intent, and no two groups are.
@@ -203,8 +213,13 @@ SCHEME_3_GROUPS = [
     ["json meta 1.0", "json meta 1"],
     ["json tags 1.0", "json tags 1"],
     ["json string 1"],
-    ["json cafe utf-8", "json cafe utf-8 declared", "json cafe latin-1", "json cafe iso-8859-1 quoted",
-     "json cafe utf-16"],
+    [
+        "json cafe utf-8",
+        "json cafe utf-8 declared",
+        "json cafe latin-1",
+        "json cafe iso-8859-1 quoted",
+        "json cafe utf-16",
+    ],
     ["json cafe unknown charset"],
     ["json cafe bad utf-8"],
     ["form cafe utf-8", "form cafe utf-8 raw", "form cafe latin-1", "form cafe latin-1 raw"],
@@ -260,8 +275,15 @@ def test_the_stored_intent_shows_numbers_by_value_and_hashes_what_no_double_hold
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("1.0", 1), ("1e2", 100), ("-0.0", 0), ("0e99", 0), ("2.5", 2.5), ("25e-1", 2.5), ("1e-7", 1e-07),
-        ("1e39", 10**39), ("1.2345678901234567890e19", 12345678901234567890),
+        ("1.0", 1),
+        ("1e2", 100),
+        ("-0.0", 0),
+        ("0e99", 0),
+        ("2.5", 2.5),
+        ("25e-1", 2.5),
+        ("1e-7", 1e-07),
+        ("1e39", 10**39),
+        ("1.2345678901234567890e19", 12345678901234567890),
     ],
 )
 def test_canonical_number(text, expected):
@@ -311,8 +333,11 @@ def test_a_rest_write_with_a_key_twice_is_refused_before_any_receipt():
     m = RS.match("api.spell.test", 443, "POST", "/v1/things")
     assert m is not None
     view = RequestView("POST", "https", "api.spell.test", 443, "/v1/things", {"content-type": J}, body)
-    for call in (lambda: fingerprint(m, view, KEY), lambda: fingerprint(m, view, KEY, scheme=2),
-                 lambda: build_attempt(m, view, KEY)):
+    for call in (
+        lambda: fingerprint(m, view, KEY),
+        lambda: fingerprint(m, view, KEY, scheme=2),
+        lambda: build_attempt(m, view, KEY),
+    ):
         with pytest.raises(BadJson, match="'id' twice in the object at meta"):
             call()
     answer = bad_json("spell", "things.create", "the JSON body has the key 'id' twice")
@@ -333,7 +358,7 @@ def test_a_rest_write_with_a_key_twice_is_refused_before_any_receipt():
         (b'{"a": {"k": 1, "K": 2}}', "the keys 'k' and 'K', which differ only by case, in the object at a"),
         ('{"params": 1, "param\u017f": 2}'.encode(), "differ only by case"),  # U+017F folds to s, as Go folds it
         (b'{"a": 1, "a": 1}', "the key 'a' twice in the object at the top level"),
-        (b'not json', "is not JSON (Expecting value at offset 0)"),
+        (b"not json", "is not JSON (Expecting value at offset 0)"),
     ],
 )
 def test_read_strict_refuses_what_servers_read_otherwise(body, says):
@@ -352,11 +377,15 @@ def test_read_strict_takes_strict_json():
     [
         (b'{"jsonrpc": "2.0", "id": 1, "Method": "tools/call", "params": {"name": "x"}}', "'Method' at the top level"),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "METHOD": "tools/call"}', "differ only by case"),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x", "Arguments": {}}}',
-         "'Arguments' at params"),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x", "Arguments": {}}}',
+            "'Arguments' at params",
+        ),
         (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping", "Params": {}}]', "'Params' at 0"),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x", "arguments": {"a": "\xff"}}}',
-         "not UTF-8"),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x", "arguments": {"a": "\xff"}}}',
+            "not UTF-8",
+        ),
     ],
 )
 def test_mcp_bodies_read_two_ways_are_refused_as_bad_json(body, says):
@@ -393,12 +422,16 @@ def test_a_clients_answer_to_the_server_passes_whatever_its_result_holds(body):
 @pytest.mark.parametrize(
     "body, says",
     [
-        (b'{"jsonrpc": "2.0", "id": 0, "result": {}, "Method": "tools/call", "params": {"name": "create_issue"}}',
-         "'Method' at the top level"),
+        (
+            b'{"jsonrpc": "2.0", "id": 0, "result": {}, "Method": "tools/call", "params": {"name": "create_issue"}}',
+            "'Method' at the top level",
+        ),
         (b'{"jsonrpc": "2.0", "id": 0, "result": {"a": 1, "a": 2}, "method": "tools/call"}', "twice"),
         (b'{"jsonrpc": "2.0", "id": 0, "result": {"note": "\xff"}}', "not UTF-8"),
-        (b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "RequestId": 2}}',
-         "differ only by case"),
+        (
+            b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "RequestId": 2}}',
+            "differ only by case",
+        ),
     ],
 )
 def test_an_answer_that_may_be_a_request_is_still_refused(body, says):
@@ -425,8 +458,12 @@ def test_graphql_bodies_read_two_ways_are_refused_as_bad_json(doc, says):
 
 def test_graphql_variables_are_maps_read_exactly():
     """A variables object is a map to every server (gqlgen too): keys in two cases are two variables, not refused."""
-    body = json.dumps({"query": "mutation($a: String, $A: String) { issueCreate(input: {title: $a}) { id } }",
-                       "variables": {"a": "x", "A": "y"}}).encode()
+    body = json.dumps(
+        {
+            "query": "mutation($a: String, $A: String) { issueCreate(input: {title: $a}) { id } }",
+            "variables": {"a": "x", "A": "y"},
+        }
+    ).encode()
     assert read_mutation(body) == {"issueCreate": {"input": {"title": "x"}}}
     twice = body.replace(b'"A": "y"', b'"a": "y"')
     got = read_mutation(twice)
@@ -434,8 +471,9 @@ def test_graphql_variables_are_maps_read_exactly():
 
 
 def test_a_refused_mcp_call_is_answered_with_a_json_rpc_error_under_its_own_id():
-    answer = as_tool_answer(bad_json("spell", "tool.create", "the JSON-RPC body is not UTF-8"), ToolCall(7, "x"),
-                            "application/json")
+    answer = as_tool_answer(
+        bad_json("spell", "tool.create", "the JSON-RPC body is not UTF-8"), ToolCall(7, "x"), "application/json"
+    )
     doc = json.loads(answer.body)
     assert answer.status == 400 and doc["id"] == 7 and doc["error"]["code"] == -32600
     assert "not UTF-8" in doc["error"]["message"]
@@ -444,12 +482,19 @@ def test_a_refused_mcp_call_is_answered_with_a_json_rpc_error_under_its_own_id()
 def test_rules_explain_says_a_body_with_a_key_twice_is_refused():
     from proxy_addon.explain import explain
 
-    report = explain(RS, "POST", "https://api.spell.test/v1/things", b'{"title": "a", "title": "b"}',
-                     {"content-type": J}, KEY)
+    report = explain(
+        RS, "POST", "https://api.spell.test/v1/things", b'{"title": "a", "title": "b"}', {"content-type": J}, KEY
+    )
     assert report["match"]["operation"] == "things.create"
     assert "'title' twice in the object at the top level" in report["refused"]
-    mcp_report = explain(RS, "POST", "https://api.spell.test/mcp", b'{"jsonrpc": "2.0", "Method": "tools/call"}',
-                         {"content-type": J}, KEY)
+    mcp_report = explain(
+        RS,
+        "POST",
+        "https://api.spell.test/mcp",
+        b'{"jsonrpc": "2.0", "Method": "tools/call"}',
+        {"content-type": J},
+        KEY,
+    )
     assert "'Method'" in mcp_report["refused"]
 
 
@@ -491,11 +536,26 @@ def test_a_number_stored_as_a_keyed_hash_is_no_value_a_read_can_look_for():
     intent = fp("json 1e400", 3).intent
     assert intent["hashed"] == ["amount"] and fp("json 1", 3).intent.get("hashed") is None
     assert fp("json 2e400", 2).intent.get("hashed") is None  # scheme 2 stored it as the float inf
-    r = Receipt(operation_id="r1", api="spell", operation="things.create", method="POST",
-                target="https://api.spell.test/v1/things", state=State.OUTCOME_UNKNOWN, intent_fingerprint="sha256:x",
-                intent=intent, principal="anonymous", submitted_at="2026-11-29T10:00:00.000000Z", updated_at="",
-                completed_at=None, http_status=None, error=None, external_id=None, flow_id=None, retry_of=None,
-                instance=None)
+    r = Receipt(
+        operation_id="r1",
+        api="spell",
+        operation="things.create",
+        method="POST",
+        target="https://api.spell.test/v1/things",
+        state=State.OUTCOME_UNKNOWN,
+        intent_fingerprint="sha256:x",
+        intent=intent,
+        principal="anonymous",
+        submitted_at="2026-11-29T10:00:00.000000Z",
+        updated_at="",
+        completed_at=None,
+        http_status=None,
+        error=None,
+        external_id=None,
+        flow_id=None,
+        retry_of=None,
+        instance=None,
+    )
     assert value_of("intent.title", r) == "t"
     with pytest.raises(ReconcileError, match=r"intent.amount"):
         value_of("intent.amount", r)
@@ -541,11 +601,26 @@ def test_a_reconcile_read_finds_a_number_by_its_value(sent, answered, found):
     m = rules.match("api.shop.test", 443, "POST", "/v1/orders")
     assert m is not None and m.operation.reconcile is not None
     view = RequestView("POST", "https", "api.shop.test", 443, "/v1/orders", {"content-type": J}, body)
-    r = Receipt(operation_id="r1", api="shop", operation="orders.create", method="POST",
-                target="https://api.shop.test/v1/orders", state=State.RECONCILING, intent_fingerprint="sha256:x",
-                intent=fingerprint(m, view, KEY).intent, principal="anonymous", submitted_at="2026-01-01T00:00:00Z",
-                updated_at="2026-01-01T00:00:01Z", completed_at="2026-01-01T00:00:01Z", http_status=None, error=None, external_id=None, flow_id=None, retry_of=None,
-                instance=None)
+    r = Receipt(
+        operation_id="r1",
+        api="shop",
+        operation="orders.create",
+        method="POST",
+        target="https://api.shop.test/v1/orders",
+        state=State.RECONCILING,
+        intent_fingerprint="sha256:x",
+        intent=fingerprint(m, view, KEY).intent,
+        principal="anonymous",
+        submitted_at="2026-01-01T00:00:00Z",
+        updated_at="2026-01-01T00:00:01Z",
+        completed_at="2026-01-01T00:00:01Z",
+        http_status=None,
+        error=None,
+        external_id=None,
+        flow_id=None,
+        retry_of=None,
+        instance=None,
+    )
     answer = b'[{"title": "mug", "amount": ' + answered + b"}]"
     verdict = judge(m.operation.reconcile, plan_read(m.operation, r), r, 200, answer)
     assert verdict.state is (State.SUCCEEDED if found else State.SAFE_TO_RETRY), verdict.reason

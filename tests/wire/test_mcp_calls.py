@@ -110,7 +110,10 @@ def test_a_batch_holding_a_tool_call_is_refused(rules):
     "body, why",
     [
         (call_body("create_issue", ["t"]), "not an object"),
-        (json.dumps({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "x"}}).encode(), "without a JSON-RPC id"),
+        (
+            json.dumps({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "x"}}).encode(),
+            "without a JSON-RPC id",
+        ),
         (json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {}}).encode(), "without a tool name"),
     ],
     ids=["arguments-list", "no-id", "no-name"],
@@ -273,8 +276,10 @@ def test_framing_follows_accept():
 
 def test_a_body_with_a_key_twice_is_refused_not_guessed(rules):
     # Python's json takes the last "name", other parsers the first: the proxy would see a read, a server a write.
-    twice = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
-             b'"params":{"name":"create_issue","name":"list_issues","arguments":{"title":"t"}}}')
+    twice = (
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+        b'"params":{"name":"create_issue","name":"list_issues","arguments":{"title":"t"}}}'
+    )
     m = match(rules, twice)
     assert m is not None and "twice" in m.refused and "'name'" in m.refused
     inner = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_issue","arguments":{"a":1,"a":2}}}'
@@ -285,8 +290,9 @@ def test_a_body_with_a_key_twice_is_refused_not_guessed(rules):
 def test_explain_shows_what_from_server_derived_and_why_a_call_did_not_match():
     from proxy_addon.explain import explain, render
 
-    derived = RuleSet.of([load_rules(RULES.replace("operations:", "mcp: {path: /mcp, tools: from_server}\noperations:"),
-                                     "mcp.yaml")])
+    derived = RuleSet.of(
+        [load_rules(RULES.replace("operations:", "mcp: {path: /mcp, tools: from_server}\noperations:"), "mcp.yaml")]
+    )
     body = call_body("delete_repo", {"name": "r", "token": "sk-SECRET"})
     report = explain(derived, "POST", "https://mcp.example/mcp", body, {"content-type": "application/json"}, KEY)
     assert report["match"]["operation"] == "from_server" and report["match"]["mcp"]["derived"]
@@ -296,13 +302,21 @@ def test_explain_shows_what_from_server_derived_and_why_a_call_did_not_match():
     assert "SECRET" not in shown  # an argument with a credential's name enters as a keyed hash
     assert "isError tool result" in shown
     rules = RuleSet.of([load_rules(RULES, "mcp.yaml")])
-    missed = explain(rules, "POST", "https://mcp.example/mcp", call_body("file_write", {"mode": "update"}),
-                     {"content-type": "application/json"}, KEY)
+    missed = explain(
+        rules,
+        "POST",
+        "https://mcp.example/mcp",
+        call_body("file_write", {"mode": "update"}),
+        {"content-type": "application/json"},
+        KEY,
+    )
     assert missed["match"] is None
     assert any("not a tools/call of file_write with mode=create" in line for line in missed["why"])
 
 
-FROM_SERVER = RULES.replace("operations:", "mcp: {path: /mcp, tools: from_server, read_only_tools: [list_issues]}\noperations:")
+FROM_SERVER = RULES.replace(
+    "operations:", "mcp: {path: /mcp, tools: from_server, read_only_tools: [list_issues]}\noperations:"
+)
 
 
 def test_from_server_takes_every_tool_but_the_reads_the_rules_name():
@@ -311,25 +325,40 @@ def test_from_server_takes_every_tool_but_the_reads_the_rules_name():
     assert (op.mcp_read_tools, op.mcp_trusts_annotations) == (("list_issues",), False)
     assert match(derived, call_body("list_issues")) is None  # named a read: none of the rules' business
     assert match(derived, call_body("get_issue", {"number": 1})).operation.name == "from_server"
-    report = explain(derived, "POST", "https://mcp.example/mcp", call_body("list_issues"),
-                     {"content-type": "application/json"}, KEY)
+    report = explain(
+        derived, "POST", "https://mcp.example/mcp", call_body("list_issues"), {"content-type": "application/json"}, KEY
+    )
     assert report["match"] is None
     assert any("the tool list_issues is named a read in mcp.read_only_tools" in line for line in report["why"])
-    trusting = RuleSet.of([load_rules(FROM_SERVER.replace("read_only_tools: [list_issues]", "annotations: trusted"),
-                                      "mcp.yaml")])
-    shown = render(explain(trusting, "POST", "https://mcp.example/mcp", call_body("get_issue"),
-                           {"content-type": "application/json"}, KEY))
+    trusting = RuleSet.of(
+        [load_rules(FROM_SERVER.replace("read_only_tools: [list_issues]", "annotations: trusted"), "mcp.yaml")]
+    )
+    shown = render(
+        explain(
+            trusting,
+            "POST",
+            "https://mcp.example/mcp",
+            call_body("get_issue"),
+            {"content-type": "application/json"},
+            KEY,
+        )
+    )
     assert "declares get_issue readOnlyHint: true, in which case the call passes untouched" in shown
 
 
-@pytest.mark.parametrize(("mcp", "problem"), [
-    ("{path: /mcp, tools: from_server, annotations: always}", "'always' is not one of untrusted, trusted"),
-    ("{path: /mcp, annotations: trusted}", "mcp.annotations: is read only with tools: from_server"),
-    ("{path: /mcp, read_only_tools: [list_issues]}", "mcp.read_only_tools: is read only with tools: from_server"),
-    ("{path: /mcp, tools: from_server, read_only_tools: [create_issue]}",
-     "names create_issue, which an operation of this file names a write"),
-    ("{path: /mcp, tools: from_server, read_only_tools: {a: 1}}", "expected a list of strings"),
-])
+@pytest.mark.parametrize(
+    ("mcp", "problem"),
+    [
+        ("{path: /mcp, tools: from_server, annotations: always}", "'always' is not one of untrusted, trusted"),
+        ("{path: /mcp, annotations: trusted}", "mcp.annotations: is read only with tools: from_server"),
+        ("{path: /mcp, read_only_tools: [list_issues]}", "mcp.read_only_tools: is read only with tools: from_server"),
+        (
+            "{path: /mcp, tools: from_server, read_only_tools: [create_issue]}",
+            "names create_issue, which an operation of this file names a write",
+        ),
+        ("{path: /mcp, tools: from_server, read_only_tools: {a: 1}}", "expected a list of strings"),
+    ],
+)
 def test_the_from_server_keys_are_checked(mcp, problem):
     with pytest.raises(RulesError, match=re.escape(problem)):
         load_rules(RULES.replace("operations:", f"mcp: {mcp}\noperations:"), "mcp.yaml")

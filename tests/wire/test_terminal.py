@@ -16,14 +16,17 @@ from proxy_addon.wire.terminal import escape_controls
 RAW = "\x1b[2J\x1b[31mFAKE\x9b2J\x07\x00\x7f"
 
 
-@pytest.mark.parametrize("text, shown", [
-    ("plain text\nnext\tline", "plain text\nnext\tline"),
-    ("\x1b[2J", "\\x1b[2J"),
-    ("bell\x07 nul\x00 del\x7f", "bell\\x07 nul\\x00 del\\x7f"),
-    ("c1 csi \x9b2J nel \x85", "c1 csi \\x9b2J nel \\x85"),
-    ("café ✓", "café ✓"),
-    ("cr\rlf", "cr\\x0dlf"),
-])
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("plain text\nnext\tline", "plain text\nnext\tline"),
+        ("\x1b[2J", "\\x1b[2J"),
+        ("bell\x07 nul\x00 del\x7f", "bell\\x07 nul\\x00 del\\x7f"),
+        ("c1 csi \x9b2J nel \x85", "c1 csi \\x9b2J nel \\x85"),
+        ("café ✓", "café ✓"),
+        ("cr\rlf", "cr\\x0dlf"),
+    ],
+)
 def test_escape_controls(text, shown):
     assert escape_controls(text) == shown
 
@@ -31,11 +34,26 @@ def test_escape_controls(text, shown):
 def test_receipts_show_and_list_print_no_raw_controls(tmp_path, capsys):
     db = tmp_path / "r.db"
     store = Store.open(db)
-    d = store.begin_attempt(Attempt(api="a", operation="o", method="POST", target="http://x.test/y",
-                                    intent_fingerprint="sha256:1", intent={"body": {"title": RAW}}, principal="p"))
-    store.transition(d.receipt.operation_id, State.SUCCEEDED, reason=f"upstream answered HTTP 201 {RAW}",
-                     http_status=201, external_id=RAW, error=None,
-                     response=RecordedResponse(201, [], b"{}"))
+    d = store.begin_attempt(
+        Attempt(
+            api="a",
+            operation="o",
+            method="POST",
+            target="http://x.test/y",
+            intent_fingerprint="sha256:1",
+            intent={"body": {"title": RAW}},
+            principal="p",
+        )
+    )
+    store.transition(
+        d.receipt.operation_id,
+        State.SUCCEEDED,
+        reason=f"upstream answered HTTP 201 {RAW}",
+        http_status=201,
+        external_id=RAW,
+        error=None,
+        response=RecordedResponse(201, [], b"{}"),
+    )
     store.close()
     capsys.readouterr()
     for argv in (["show", d.receipt.operation_id], ["list"], ["blocked"], ["export"], ["show", "nope"]):

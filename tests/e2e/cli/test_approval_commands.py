@@ -27,8 +27,14 @@ from tests.e2e.processes import Proxy
 
 def receipts(db: Path, *args: str) -> subprocess.CompletedProcess:
     """The CLI in a process of its own, as an operator runs it (this checkout's code)."""
-    return subprocess.run([sys.executable, "-m", "proxy_addon.cli", "--db", str(db), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=deadline(30), env={**os.environ, "LOGNAME": "carol"})
+    return subprocess.run(
+        [sys.executable, "-m", "proxy_addon.cli", "--db", str(db), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=deadline(30),
+        env={**os.environ, "LOGNAME": "carol"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +50,9 @@ def send_held(proxy: Proxy, url: str, amount: int) -> tuple[threading.Thread, li
 
     def agent():
         try:
-            got.append(requests.post(url, json={"amount": amount}, timeout=30,
-                                     proxies={"http": proxy.url, "https": proxy.url}))
+            got.append(
+                requests.post(url, json={"amount": amount}, timeout=30, proxies={"http": proxy.url, "https": proxy.url})
+            )
         except requests.RequestException as e:
             got.append(e)
 
@@ -61,6 +68,7 @@ def held_id(db: Path, bucket: str) -> str:
             return next((r.operation_id for r in s.list(states=[State.AWAITING_APPROVAL]) if bucket in r.target), None)
         finally:
             s.close()
+
     return wait_for(find, timeout=15, what="the write to be held")
 
 
@@ -72,20 +80,33 @@ def test_an_approval_from_another_process_sends_one_write(proxy_holding, upstrea
     assert shown.returncode == 0, shown.stderr
     (row,) = [r for r in table(shown.stdout, PENDING_HEADERS) if r["ID"] == rid]
     assert (row["PROXY"], row["OPERATION"], row["DECISION"], row["INTENT"]) == (
-        f"pid:{proxy_holding.proc.pid}", "test-api/refunds.create", "-",
-        f'{{"body":{{"amount":10}},"path":{{"bucket":"{bucket}"}}}}')
+        f"pid:{proxy_holding.proc.pid}",
+        "test-api/refunds.create",
+        "-",
+        f'{{"body":{{"amount":10}},"path":{{"bucket":"{bucket}"}}}}',
+    )
     refused = receipts(proxy_holding.db, "approve", rid, "--fingerprint", "sha256:00000000")
     assert (refused.returncode, refused.stdout) == (1, "") and "not the write you meant" in refused.stderr
     assert upstream.seen(path) == 0  # still held
 
     started = time.monotonic()
-    approved = receipts(proxy_holding.db, "approve", rid, "--note", "refund agreed",
-                        "--fingerprint", row["FINGERPRINT"], "--wait", f"{deadline(5):.0f}")
+    approved = receipts(
+        proxy_holding.db,
+        "approve",
+        rid,
+        "--note",
+        "refund agreed",
+        "--fingerprint",
+        row["FINGERPRINT"],
+        "--wait",
+        f"{deadline(5):.0f}",
+    )
     wait_for(lambda: upstream.commits(path) == 1, timeout=5, what="the approved write upstream")
     took = time.monotonic() - started
     assert approved.returncode == 0, approved.stderr
     assert approved.stdout.startswith(f"{rid} is now ") and approved.stdout.endswith(
-        "(was awaiting_approval): approved by cli:carol: refund agreed\n")
+        "(was awaiting_approval): approved by cli:carol: refund agreed\n"
+    )
     agent.join(timeout=30)
     (answer,) = got
     assert (answer.status_code, answer.headers["x-receipt-id"]) == (201, rid)
@@ -95,12 +116,15 @@ def test_an_approval_from_another_process_sends_one_write(proxy_holding, upstrea
 
     again = receipts(proxy_holding.db, "approve", rid)
     assert again.returncode == 1 and again.stdout == ""
-    assert again.stderr == (f"Error: receipt {rid} is succeeded, not awaiting_approval: only a write held for "
-                            "approval can be approved or denied\n")
+    assert again.stderr == (
+        f"Error: receipt {rid} is succeeded, not awaiting_approval: only a write held for "
+        "approval can be approved or denied\n"
+    )
     s = Store.open(proxy_holding.db, create=False)
     ev = [e for e in s.events(rid) if e.from_state == "awaiting_approval"]
     assert [(e.to_state, e.actor, e.reason) for e in ev] == [
-        ("submitted", "cli:carol", "approved by operator: refund agreed")]
+        ("submitted", "cli:carol", "approved by operator: refund agreed")
+    ]
     decision = s.approval_decision(rid)
     assert s.get(rid).state == "succeeded" and decision is not None and decision.consumed_at is not None
     s.close()
@@ -118,8 +142,11 @@ def test_a_denial_from_another_process_answers_403_and_sends_nothing(proxy_holdi
     (answer,) = got
     assert answer.status_code == 403
     assert {k: answer.json()[k] for k in ("error", "operation_id", "reason", "sent")} == {
-        "error": "denied_by_operator", "operation_id": rid, "reason": "denied by operator: amount too high",
-        "sent": False}
+        "error": "denied_by_operator",
+        "operation_id": rid,
+        "reason": "denied by operator: amount too high",
+        "sent": False,
+    }
     assert upstream.seen(path) == 0
     s = Store.open(proxy_holding.db, create=False)
     r, last = s.get(rid), s.events(rid)[-1]
@@ -144,8 +171,10 @@ def test_a_write_whose_proxy_is_gone_is_not_held_by_anyone(tmp_path, confdir, up
         assert [r["PROXY"] for r in table(shown.stdout, PENDING_HEADERS) if r["ID"] == rid] == ["stopped"]
         before = everything(proxy.db)
         refused = receipts(proxy.db, "approve", rid)
-        assert refused.returncode == 1 and "has stopped; nothing was sent, and the next proxy start records it " \
-                                           "not_sent" in refused.stderr
+        assert (
+            refused.returncode == 1
+            and "has stopped; nothing was sent, and the next proxy start records it not_sent" in refused.stderr
+        )
         assert everything(proxy.db) == before
         proxy.start()  # recovery
         s = Store.open(proxy.db, create=False)

@@ -91,8 +91,9 @@ def children() -> set[int]:
 def test_the_story_and_nothing_left_running(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_PROXY_")}
     env["HOME"] = str(tmp_path)
-    done = subprocess.run([str(RECEIPTS), "demo"], capture_output=True, text=True, env=env, timeout=RUN_WAIT,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [str(RECEIPTS), "demo"], capture_output=True, text=True, env=env, timeout=RUN_WAIT, stdin=subprocess.DEVNULL
+    )
     assert (done.returncode, done.stderr) == (0, ""), done.stdout
     assert in_order(done.stdout, STEPS) == [], done.stdout
     counts = re.findall(r"the API's writes: (\d+)", done.stdout)

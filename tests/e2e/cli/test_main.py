@@ -19,11 +19,23 @@ def test_installed_script_help_of_every_command(tmp_path):
     assert RECEIPTS.exists(), f"{RECEIPTS} is not installed; run scripts/test to create the venv"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIPT_PROXY_")}
     env["HOME"] = str(tmp_path)
-    runs = {name: subprocess.Popen([str(RECEIPTS), *([name] if name else []), "--help"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, env=env)
-            for name in ["", *COMMANDS]}
-    missing = subprocess.Popen([str(RECEIPTS), "--db", str(tmp_path / "none.db"), "list"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
+    runs = {
+        name: subprocess.Popen(
+            [str(RECEIPTS), *([name] if name else []), "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name in ["", *COMMANDS]
+    }
+    missing = subprocess.Popen(
+        [str(RECEIPTS), "--db", str(tmp_path / "none.db"), "list"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         check_help(runs, missing, tmp_path)
     finally:

@@ -26,8 +26,13 @@ PEAK = (
 
 def peak_kib(db, *argv: str) -> tuple[int, int]:
     """`receipts --db DB list ARGV` in its own process, its output thrown away: (lines printed, peak RSS in KiB)."""
-    p = subprocess.run([sys.executable, "-c", PEAK, "--db", str(db), "list", *argv], capture_output=True,
-                       timeout=300, cwd=ROOT, env={**os.environ, "HOME": str(db.parent)})
+    p = subprocess.run(
+        [sys.executable, "-c", PEAK, "--db", str(db), "list", *argv],
+        capture_output=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(db.parent)},
+    )
     assert p.returncode == 0, p.stderr.decode()
     return p.stdout.count(b"\n"), int(p.stderr.decode().split()[-1])
 

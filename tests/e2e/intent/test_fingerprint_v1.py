@@ -31,15 +31,36 @@ NFD = unicodedata.normalize("NFD", "café")
 
 # (name, method, host, port, path, headers, body): requests scheme 1 reads, many of them otherwise than today.
 CORPUS = [
-    ("plain", "POST", "api.shop.test", 443, "/v1/stores/s1/orders", {**JSON, "api-key": "k1"},
-     b'{"order": {"title": "t"}, "items": [{"sku": "a"}]}'),
-    ("bearer", "POST", "api.shop.test", 443, "/v1/stores/s1/orders", {**JSON, "authorization": "Bearer tok"},
-     b'{"order": {"title": "t"}}'),
+    (
+        "plain",
+        "POST",
+        "api.shop.test",
+        443,
+        "/v1/stores/s1/orders",
+        {**JSON, "api-key": "k1"},
+        b'{"order": {"title": "t"}, "items": [{"sku": "a"}]}',
+    ),
+    (
+        "bearer",
+        "POST",
+        "api.shop.test",
+        443,
+        "/v1/stores/s1/orders",
+        {**JSON, "authorization": "Bearer tok"},
+        b'{"order": {"title": "t"}}',
+    ),
     ("nfd", "POST", "api.shop.test", 443, "/v1/stores/s1/orders", JSON, f'{{"order": {{"title": "{NFD}"}}}}'.encode()),
     ("object", "POST", "api.shop.test", 443, "/v1/stores/s1/orders", JSON, b'{"meta": {"a": [1, 2]}}'),
     ("encoded path", "POST", "api.shop.test", 443, "/v1/stores/%73%31/orders", JSON, b'{"order": {"title": "t"}}'),
-    ("query and header", "POST", "API.shop.test.", 8443, "/v1/stores/s1/orders?dry_run=1&token=x",
-     {**JSON, "x-tenant": "acme", "cookie": "c=1"}, b"{}"),
+    (
+        "query and header",
+        "POST",
+        "API.shop.test.",
+        8443,
+        "/v1/stores/s1/orders?dry_run=1&token=x",
+        {**JSON, "x-tenant": "acme", "cookie": "c=1"},
+        b"{}",
+    ),
     ("raw body", "POST", "api.shop.test", 443, "/v1/raw", {"content-type": "text/plain"}, b"hello"),
     ("form", "POST", "api.shop.test", 443, "/v1/form", FORM, b"title=a&sku=b&sku=c"),
     ("curl -d", "POST", "api.shop.test", 443, "/v1/form", FORM, b'{"title": "a", "sku": "b"}'),
@@ -88,7 +109,9 @@ def test_scheme_1_is_what_dc97d6d_computed(case, dc97d6d_fingerprints):
     rules = RuleSet.of([load_rules(RULES, "t.yaml")])
     m = rules.match(host, port, method, path, body, headers=list(headers.items()))
     assert m is not None
-    ours = fingerprint_v1(m, KEY, method=method, scheme="https", host=host, port=port, path=path, headers=headers, sent=body)
+    ours = fingerprint_v1(
+        m, KEY, method=method, scheme="https", host=host, port=port, path=path, headers=headers, sent=body
+    )
     assert ours == dc97d6d_fingerprints[name]
 
 
@@ -97,7 +120,9 @@ def test_most_of_the_corpus_is_read_otherwise_today(dc97d6d_fingerprints):
     rules = RuleSet.of([load_rules(RULES, "t.yaml")])
     differ = set()
     for name, method, host, port, path, headers, body in CORPUS:
-        today = fingerprint(match(rules, method, host, port, path, headers, body), view(method, host, port, path, headers, body), KEY)
+        today = fingerprint(
+            match(rules, method, host, port, path, headers, body), view(method, host, port, path, headers, body), KEY
+        )
         if today.fingerprint != dc97d6d_fingerprints[name]:
             differ.add(name)
     assert {"bearer", "nfd", "object", "encoded path", "query and header", "curl -d"} <= differ

@@ -70,25 +70,55 @@ REVISIONS = ("legacy", "2026-07-28")
 INTERESTING = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version", "accept", "content-type")
 
 
-def run_client(url: str, ops: list[tuple], *, revision: str, proxy: str | None = None, ca: Path | str | None = None,
-               timeout: float = 5.0, env: dict[str, str] | None = None,
-               headers: dict[str, str] | None = None, answers: dict[str, Any] | None = None,
-               log_level: str | None = None, release: str | None = None) -> dict[str, Any]:
+def run_client(
+    url: str,
+    ops: list[tuple],
+    *,
+    revision: str,
+    proxy: str | None = None,
+    ca: Path | str | None = None,
+    timeout: float = 5.0,
+    env: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    answers: dict[str, Any] | None = None,
+    log_level: str | None = None,
+    release: str | None = None,
+) -> dict[str, Any]:
     """Run the SDK client in a subprocess (see the module docstring); return its JSON report."""
     assert revision in REVISIONS, revision
-    child_env = {k: v for k, v in os.environ.items()
-                 if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "ssl_cert_file")}
+    child_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "ssl_cert_file")
+    }
     if proxy:
-        child_env.update(HTTP_PROXY=proxy, HTTPS_PROXY=proxy, http_proxy=proxy, https_proxy=proxy,
-                         NO_PROXY="", no_proxy="")
+        child_env.update(
+            HTTP_PROXY=proxy, HTTPS_PROXY=proxy, http_proxy=proxy, https_proxy=proxy, NO_PROXY="", no_proxy=""
+        )
     if ca:
         child_env["SSL_CERT_FILE"] = str(ca)
     child_env.update(env or {})
-    plan = json.dumps({"url": url, "ops": ops, "revision": revision, "timeout": timeout, "headers": headers or {},
-                       "answers": answers or {}, "log_level": log_level, "release": release})
+    plan = json.dumps(
+        {
+            "url": url,
+            "ops": ops,
+            "revision": revision,
+            "timeout": timeout,
+            "headers": headers or {},
+            "answers": answers or {},
+            "log_level": log_level,
+            "release": release,
+        }
+    )
     budget = 20 + timeout * (len(ops) + 2)
-    p = subprocess.run([sys.executable, "-m", "tests.e2e.mcp.client"], input=plan.encode(), capture_output=True,
-                       env=child_env, cwd=ROOT, timeout=budget)
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.e2e.mcp.client"],
+        input=plan.encode(),
+        capture_output=True,
+        env=child_env,
+        cwd=ROOT,
+        timeout=budget,
+    )
     lines = p.stdout.decode(errors="replace").strip().splitlines()
     if p.returncode != 0 or not lines:
         raise AssertionError(f"the MCP client exited with {p.returncode}:\n{p.stderr.decode(errors='replace')}")
@@ -119,36 +149,63 @@ async def _run(plan: dict[str, Any]) -> dict[str, Any]:
         except (ValueError, httpx2.RequestNotRead):
             message = {}
         message = message if isinstance(message, dict) else {}
-        http.append({"method": request.method, "url": str(request.url), "status": None, "content_type": None,
-                     "jsonrpc_method": message.get("method"), "id": message.get("id"),
-                     "request_headers": {h: request.headers[h] for h in INTERESTING if h in request.headers}})
+        http.append(
+            {
+                "method": request.method,
+                "url": str(request.url),
+                "status": None,
+                "content_type": None,
+                "jsonrpc_method": message.get("method"),
+                "id": message.get("id"),
+                "request_headers": {h: request.headers[h] for h in INTERESTING if h in request.headers},
+            }
+        )
 
     async def on_response(response: httpx2.Response) -> None:
         i = response.request.extensions.get("report_index")
         if i is not None:
-            http[i].update(status=response.status_code, content_type=response.headers.get("content-type"),
-                           session_id=response.headers.get("mcp-session-id"))
+            http[i].update(
+                status=response.status_code,
+                content_type=response.headers.get("content-type"),
+                session_id=response.headers.get("mcp-session-id"),
+            )
 
     elicitations: list[str] = []  # the messages of the elicitation requests the user was asked
     report_tasks: list[str] = []
 
     timeout = float(plan["timeout"])
     # trust_env (the default): the proxy from HTTP(S)_PROXY, the CA from SSL_CERT_FILE (httpcore2 reads it).
-    http_client = httpx2.AsyncClient(timeout=httpx2.Timeout(timeout + 5, read=timeout + 5),
-                                     headers=plan.get("headers") or {},
-                                     event_hooks={"request": [on_request], "response": [on_response]})
+    http_client = httpx2.AsyncClient(
+        timeout=httpx2.Timeout(timeout + 5, read=timeout + 5),
+        headers=plan.get("headers") or {},
+        event_hooks={"request": [on_request], "response": [on_response]},
+    )
     revision = plan["revision"]
-    report: dict[str, Any] = {"revision": revision, "protocol_version": None, "results": [], "http": http,
-                              "asked": [], "logs": [], "elicitations": elicitations, "tasks": report_tasks}
+    report: dict[str, Any] = {
+        "revision": revision,
+        "protocol_version": None,
+        "results": [],
+        "http": http,
+        "asked": [],
+        "logs": [],
+        "elicitations": elicitations,
+        "tasks": report_tasks,
+    }
     try:
         async with http_client:
             from tests.e2e.mcp.tasks import TasksClient
 
             tasks = TasksClient()
             transport = streamable_http_client(plan["url"], http_client=http_client)
-            client = Client(transport, mode="legacy" if revision == "legacy" else "auto",
-                            read_timeout_seconds=timeout, cache=None, log_level=plan.get("log_level"),
-                            extensions=[tasks], **_callbacks(plan.get("answers") or {}, report))
+            client = Client(
+                transport,
+                mode="legacy" if revision == "legacy" else "auto",
+                read_timeout_seconds=timeout,
+                cache=None,
+                log_level=plan.get("log_level"),
+                extensions=[tasks],
+                **_callbacks(plan.get("answers") or {}, report),
+            )
             async with client:
                 report["protocol_version"] = client.protocol_version
                 for op in plan["ops"]:
@@ -176,8 +233,9 @@ def _callbacks(answers: dict[str, Any], report: dict[str, Any]) -> dict[str, Any
     async def sample(_context, params):
         asked = params.messages[0].content
         report["asked"].append({"kind": "sample", "op": op(), "message": getattr(asked, "text", None)})
-        return types.CreateMessageResult(role="assistant", model="test-model",
-                                         content=types.TextContent(type="text", text=answers["sample"]))
+        return types.CreateMessageResult(
+            role="assistant", model="test-model", content=types.TextContent(type="text", text=answers["sample"])
+        )
 
     async def roots(_context):
         report["asked"].append({"kind": "roots", "op": op()})
@@ -186,16 +244,23 @@ def _callbacks(answers: dict[str, Any], report: dict[str, Any]) -> dict[str, Any
     async def log(params):
         report["logs"].append({"level": params.level, "data": params.data, "op": op()})
 
-    given = {"elicitation_callback": elicit if "elicit" in answers else None,
-             "sampling_callback": sample if "sample" in answers else None,
-             "list_roots_callback": roots if "roots" in answers else None}
+    given = {
+        "elicitation_callback": elicit if "elicit" in answers else None,
+        "sampling_callback": sample if "sample" in answers else None,
+        "list_roots_callback": roots if "roots" in answers else None,
+    }
     return {"logging_callback": log, **{k: v for k, v in given.items() if v is not None}}
 
 
 def _dumped(result) -> dict[str, Any]:
     dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return {"ok": True, "is_error": bool(getattr(result, "is_error", False)), "content": dumped.get("content"),
-            "structured": dumped.get("structuredContent"), "result": dumped}
+    return {
+        "ok": True,
+        "is_error": bool(getattr(result, "is_error", False)),
+        "content": dumped.get("content"),
+        "structured": dumped.get("structuredContent"),
+        "result": dumped,
+    }
 
 
 async def _op(client, op: list, tasks: list[str], release: str | None = None) -> dict[str, Any]:
@@ -208,7 +273,8 @@ async def _op(client, op: list, tasks: list[str], release: str | None = None) ->
         if kind == "call_task" and legacy:  # 2025-11-25: a task-augmented call, polled to its end
             _, name, arguments = op
             created = await client.session._dispatcher.send_raw_request(
-                "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": 600000}})
+                "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": 600000}}
+            )
             if not isinstance(created.get("task"), dict):  # answered at once (a replay, the proxy's refusal)
                 from mcp_types import CallToolResult
 
@@ -223,7 +289,8 @@ async def _op(client, op: list, tasks: list[str], release: str | None = None) ->
             _, name, arguments = op
             if legacy:
                 created = await client.session._dispatcher.send_raw_request(
-                    "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": 600000}})
+                    "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": 600000}}
+                )
                 handle = created["task"]
             else:
                 result = await client.session.call_tool(name, arguments, allow_claimed=True)
@@ -243,15 +310,26 @@ async def _op(client, op: list, tasks: list[str], release: str | None = None) ->
             from mcp_types import ElicitResult
 
             responses = {k: ElicitResult(action="accept", content={"confirm": True}) for k in keys}
-            result = await client.session.call_tool(name, arguments, input_responses=responses,
-                                                    request_state=request_state, allow_input_required=True)
+            result = await client.session.call_tool(
+                name, arguments, input_responses=responses, request_state=request_state, allow_input_required=True
+            )
             dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             return {"op": kind, "tool": name, "result_type": dumped.get("resultType"), **_dumped(result)}
         if kind == "list_tools":
             listed = await client.list_tools()
-            return {"op": kind, "ok": True, "tools": [
-                {"name": t.name, "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True)
-                 if t.annotations else None} for t in listed.tools]}
+            return {
+                "op": kind,
+                "ok": True,
+                "tools": [
+                    {
+                        "name": t.name,
+                        "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True)
+                        if t.annotations
+                        else None,
+                    }
+                    for t in listed.tools
+                ],
+            }
         if kind == "call":
             _, name, arguments = op
 
@@ -262,9 +340,16 @@ async def _op(client, op: list, tasks: list[str], release: str | None = None) ->
 
             result = await client.call_tool(name, arguments, progress_callback=on_progress)
             dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-            return {"op": kind, "tool": name, "ok": True, "is_error": bool(getattr(result, "is_error", False)),
-                    "content": dumped.get("content"), "structured": dumped.get("structuredContent"), "result": dumped,
-                    "progress": progress}
+            return {
+                "op": kind,
+                "tool": name,
+                "ok": True,
+                "is_error": bool(getattr(result, "is_error", False)),
+                "content": dumped.get("content"),
+                "structured": dumped.get("structuredContent"),
+                "result": dumped,
+                "progress": progress,
+            }
         raise ValueError(f"unknown operation {op!r}")
     except Exception as exc:
         return {"op": kind, "ok": False, "error": _error(exc), "progress": progress}
@@ -277,8 +362,9 @@ async def _release(url: str, title: Any) -> None:
     import anyio
 
     def post() -> None:
-        req = urllib.request.Request(url, data=json.dumps({"title": title}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url, data=json.dumps({"title": title}).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=10) as r:
             r.read()
 

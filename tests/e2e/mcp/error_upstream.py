@@ -47,12 +47,14 @@ class ErrorUpstream:
         assert self.server is not None
         return f"http://127.0.0.1:{self.server.server_address[1]}/mcp"
 
-    def answer(self, code: int, *, framing: str = "json", status: int = 200, with_id: bool = True,
-               commit: bool = False) -> None:
+    def answer(
+        self, code: int, *, framing: str = "json", status: int = 200, with_id: bool = True, commit: bool = False
+    ) -> None:
         assert framing in ("json", "sse"), framing
         with self.lock:
-            self.queued.append({"code": code, "framing": framing, "status": status, "with_id": with_id,
-                                "commit": commit})
+            self.queued.append(
+                {"code": code, "framing": framing, "status": status, "with_id": with_id, "commit": commit}
+            )
 
     def requests(self, title: str) -> int:
         with self.lock:
@@ -86,9 +88,20 @@ class ErrorUpstream:
                     number = sum(upstream.ran.values())
                 if planned is None:
                     structured = {"number": number, "title": title}
-                    self.send(200, "json", {"jsonrpc": "2.0", "id": msg["id"], "result": {
-                        "content": [{"type": "text", "text": json.dumps(structured)}],
-                        "structuredContent": structured, "isError": False, "resultType": "complete"}})
+                    self.send(
+                        200,
+                        "json",
+                        {
+                            "jsonrpc": "2.0",
+                            "id": msg["id"],
+                            "result": {
+                                "content": [{"type": "text", "text": json.dumps(structured)}],
+                                "structuredContent": structured,
+                                "isError": False,
+                                "resultType": "complete",
+                            },
+                        },
+                    )
                     return
                 error = {"code": planned["code"], "message": f"{planned['code']} from the test upstream"}
                 rid = msg["id"] if planned["with_id"] else None

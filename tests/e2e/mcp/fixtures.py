@@ -39,8 +39,16 @@ MODES = ("json", "sse")
 class McpServer:
     """`python -m tests.e2e.mcp.server --port 0 --json|--sse` in `workdir`; its URL read from its ready line."""
 
-    def __init__(self, mode: str, workdir: Path, *, hang: float = 3.0, tls: bool = False, speaks: str | None = None,
-                 extra_tools: bool = False):
+    def __init__(
+        self,
+        mode: str,
+        workdir: Path,
+        *,
+        hang: float = 3.0,
+        tls: bool = False,
+        speaks: str | None = None,
+        extra_tools: bool = False,
+    ):
         assert mode in MODES, mode
         self.mode, self.hang, self.tls = mode, hang, tls
         self.speaks = speaks  # the one revision it speaks (--speaks), or None: each
@@ -55,10 +63,24 @@ class McpServer:
 
         tls = ["--tls", str(self.log_path.parent)] if self.tls else []
         with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.mcp.server", "--port", "0", f"--{self.mode}",
-                                          "--hang", str(self.hang), *tls, *self.options], stdout=out,
-                                         stderr=subprocess.STDOUT,
-                                         cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.e2e.mcp.server",
+                    "--port",
+                    "0",
+                    f"--{self.mode}",
+                    "--hang",
+                    str(self.hang),
+                    *tls,
+                    *self.options,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         match = until_ready(self.proc, self.log_path, self._ready, "the MCP server to listen")
         self.url = match.group(1)
         self.base = self.url.removesuffix("/mcp")
@@ -88,8 +110,9 @@ class McpServer:
         import ssl
 
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         handlers: list = [urllib.request.ProxyHandler({})]  # direct, never through a proxy
         if self.cert_path:
             handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=self.cert_path)))
@@ -103,8 +126,11 @@ class McpServer:
 
     def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
         """The tools/call requests the server saw (of `tool`, if given), in order."""
-        return [r for r in self.effects()["requests"]
-                if r["jsonrpc_method"] == "tools/call" and (tool is None or r["tool"] == tool)]
+        return [
+            r
+            for r in self.effects()["requests"]
+            if r["jsonrpc_method"] == "tools/call" and (tool is None or r["tool"] == tool)
+        ]
 
     def reset(self) -> None:
         self._control("POST", "/_reset")
@@ -130,8 +156,17 @@ class BareMitmdump:
     def start(self) -> BareMitmdump:
         from tests.e2e.processes import BIN, LISTENING, until_ready
 
-        args = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", "0",
-                "--set", f"confdir={self.confdir}", "--set", "flow_detail=0"]
+        args = [
+            str(BIN / "mitmdump"),
+            "--listen-host",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "--set",
+            f"confdir={self.confdir}",
+            "--set",
+            "flow_detail=0",
+        ]
         if self.upstream_ca:
             args += ["--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}"]
         with open(self.log_path, "wb") as out:

@@ -228,8 +228,15 @@ from tests.e2e.mcp.tasks import TASK_FAULTS, TASK_TOOL, TaskRuntime, TasksExtens
 FAULTS = ("commit_then_drop", "commit_then_hang", "tool_error", "internal_error", "invalid_params", *TASK_FAULTS)
 FAULTED_TOOLS = ("create_issue", "log_issue", TASK_TOOL)  # the tools a queued fault reaches
 RESPONSE_KEPT = 4000
-HEADERS_OF_INTEREST = ("mcp-method", "mcp-name", "mcp-session-id", "mcp-protocol-version", "accept", "content-type",
-                       "mcp-param-title")
+HEADERS_OF_INTEREST = (
+    "mcp-method",
+    "mcp-name",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "accept",
+    "content-type",
+    "mcp-param-title",
+)
 MODERN, LEGACY = "2026-07-28", "2025-11-25"
 HANDSHAKE_REVISIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 
@@ -276,9 +283,13 @@ class Effects:
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            return {"created": len(self.issues), "issues": [dict(i) for i in self.issues],
-                    "requests": [dict(r) for r in self.requests], "queued": list(self.queued),
-                    "counters": dict(self.counters)}
+            return {
+                "created": len(self.issues),
+                "issues": [dict(i) for i in self.issues],
+                "requests": [dict(r) for r in self.requests],
+                "queued": list(self.queued),
+                "counters": dict(self.counters),
+            }
 
 
 EFFECTS = Effects()
@@ -292,6 +303,8 @@ class Confirmation(BaseModel):
 async def ask_to_confirm(title: str) -> Elicit[Confirmation]:
     """create_confirmed_issue's resolver (module level: the SDK evaluates the tool's annotations here)."""
     return Elicit(f"Create the issue {title!r}?", Confirmation)
+
+
 SSE_WINDOW = 0.05  # --sse: the 2026-07-28 handler's window before it commits to SSE (the SDK's is 15 s)
 TOOL_DELAY = [0.0]  # --sse: every tool takes 2 * SSE_WINDOW, so its answer is SSE in both revisions
 
@@ -304,11 +317,22 @@ TASKS = TaskRuntime(lambda title, body: EFFECTS.record_issue(title, body))
 
 
 def build_server(extra_tools: bool = False) -> MCPServer:
-    server = MCPServer("receipts-test-issues", instructions="A test issue tracker with fault injection.",
-                       extensions=[TasksExtension(TASKS, task_fault)], middleware=[legacy_tasks(TASKS, task_fault)])
+    server = MCPServer(
+        "receipts-test-issues",
+        instructions="A test issue tracker with fault injection.",
+        extensions=[TasksExtension(TASKS, task_fault)],
+        middleware=[legacy_tasks(TASKS, task_fault)],
+    )
 
-    @server.tool(annotations=ToolAnnotations(title="Create an issue", read_only_hint=False, destructive_hint=False,
-                                             idempotent_hint=False, open_world_hint=False))
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Create an issue",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        )
+    )
     async def create_issue(title: str, body: str = "", fault: str = "") -> dict[str, Any]:
         """Create an issue. `fault` (tests only) injects a failure; see tests/e2e/mcp/server.py."""
         await asyncio.sleep(TOOL_DELAY[0])
@@ -343,10 +367,18 @@ def build_server(extra_tools: bool = False) -> MCPServer:
                 return issue
         raise ToolError(f"issue {number} not found")
 
-    @server.tool(annotations=ToolAnnotations(title="Create an issue once confirmed", read_only_hint=False,
-                                             destructive_hint=False, idempotent_hint=False, open_world_hint=False))
-    async def create_issue_confirmed(confirmation: Annotated[Confirmation, Resolve(ask_to_confirm)], title: str,
-                                     body: str = "") -> dict[str, Any]:
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Create an issue once confirmed",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        )
+    )
+    async def create_issue_confirmed(
+        confirmation: Annotated[Confirmation, Resolve(ask_to_confirm)], title: str, body: str = ""
+    ) -> dict[str, Any]:
         """Create an issue after the user confirms it (elicitation)."""
         await asyncio.sleep(TOOL_DELAY[0])
         if not confirmation.confirm:
@@ -358,21 +390,30 @@ def build_server(extra_tools: bool = False) -> MCPServer:
         """2026-07-28: answers input_required on every round, never runs (a server that keeps asking)."""
         await asyncio.sleep(TOOL_DELAY[0])
         n = EFFECTS.count("asked")
-        question = ElicitRequest(params=ElicitRequestFormParams(
-            message=f"Really create {title!r}? (asked {n} times)",
-            requested_schema={"type": "object", "properties": {"confirm": {"type": "boolean"}}}))
+        question = ElicitRequest(
+            params=ElicitRequestFormParams(
+                message=f"Really create {title!r}? (asked {n} times)",
+                requested_schema={"type": "object", "properties": {"confirm": {"type": "boolean"}}},
+            )
+        )
         return InputRequiredResult(input_requests={f"again-{n}": question}, request_state=f"round-{n}")
 
-    @server.tool(name=TASK_TOOL, annotations=ToolAnnotations(title="Create an issue, as a task", read_only_hint=False,
-                                                             destructive_hint=False, idempotent_hint=False,
-                                                             open_world_hint=False))
+    @server.tool(
+        name=TASK_TOOL,
+        annotations=ToolAnnotations(
+            title="Create an issue, as a task",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    )
     async def create_issue_later(title: str, body: str = "", fault: str = "") -> dict[str, Any]:
         """Create an issue; run as a task when the client asks for one (tests/e2e/mcp/tasks.py), else at once."""
         await asyncio.sleep(TOOL_DELAY[0])
         return EFFECTS.record_issue(title, body)
 
-    write = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                            open_world_hint=False)
+    write = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 
     @server.tool(annotations=write)
     async def confirm_issue(title: str, ctx: Context, body: str = "", draft: bool = False) -> dict[str, Any]:
@@ -396,8 +437,9 @@ def build_server(extra_tools: bool = False) -> MCPServer:
     async def rooted_issue(title: str, ctx: Context, channel: str = "call") -> dict[str, Any]:
         """Create an issue that names the client's roots (a roots/list request while the call runs)."""
         if channel == "call":  # the SDK's list_roots() has no related_request_id: sent as it would send one
-            roots = await ctx.session.send_request(ListRootsRequest(), ListRootsResult,
-                                                   metadata=ServerMessageMetadata(related_request_id=ctx.request_id))
+            roots = await ctx.session.send_request(
+                ListRootsRequest(), ListRootsResult, metadata=ServerMessageMetadata(related_request_id=ctx.request_id)
+            )
         else:
             roots = await ctx.session.list_roots()
         return EFFECTS.record_issue(title, " ".join(str(r.uri) for r in roots.roots))
@@ -414,27 +456,42 @@ def build_server(extra_tools: bool = False) -> MCPServer:
         return {**EFFECTS.record_issue(title, ""), "released": title in EFFECTS.released}
 
     if extra_tools:
+
         @server.tool(annotations=ToolAnnotations(title="Find issues", read_only_hint=True, open_world_hint=False))
-        async def find_issues(title: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Title"})]
-                              ) -> dict[str, Any]:
+        async def find_issues(
+            title: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Title"})],
+        ) -> dict[str, Any]:
             """The issues with this title, oldest first."""
             await asyncio.sleep(TOOL_DELAY[0])
             return {"issues": [i for i in EFFECTS.snapshot()["issues"] if i["title"] == title]}
 
-        @server.tool(annotations=ToolAnnotations(title="Create an issue, once confirmed", read_only_hint=False,
-                                                 destructive_hint=False, idempotent_hint=False,
-                                                 open_world_hint=False))
-        async def create_confirmed_issue(title: str, confirmed: Annotated[Confirmation, Resolve(ask_to_confirm)],
-                                         body: str = "") -> dict[str, Any]:
+        @server.tool(
+            annotations=ToolAnnotations(
+                title="Create an issue, once confirmed",
+                read_only_hint=False,
+                destructive_hint=False,
+                idempotent_hint=False,
+                open_world_hint=False,
+            )
+        )
+        async def create_confirmed_issue(
+            title: str, confirmed: Annotated[Confirmation, Resolve(ask_to_confirm)], body: str = ""
+        ) -> dict[str, Any]:
             """Create an issue once the user confirms it."""
             await asyncio.sleep(TOOL_DELAY[0])
             if not confirmed.confirm:
                 raise ToolError("the user did not confirm the issue")
             return EFFECTS.record_issue(title, body)
 
-        @server.tool(annotations=ToolAnnotations(title="Create an issue, then confirm", read_only_hint=False,
-                                                 destructive_hint=False, idempotent_hint=False,
-                                                 open_world_hint=False))
+        @server.tool(
+            annotations=ToolAnnotations(
+                title="Create an issue, then confirm",
+                read_only_hint=False,
+                destructive_hint=False,
+                idempotent_hint=False,
+                open_world_hint=False,
+            )
+        )
         async def create_issue_then_confirm(title: str, ctx: Context, body: str = "") -> dict[str, Any]:
             """Create an issue, then ask the user whether it is right."""
             await asyncio.sleep(TOOL_DELAY[0])
@@ -448,11 +505,13 @@ def build_server(extra_tools: bool = False) -> MCPServer:
 def _json_response(send_status: int, payload: Any):
     body = json.dumps(payload).encode()
     return [
-        {"type": "http.response.start", "status": send_status,
-         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]},
+        {
+            "type": "http.response.start",
+            "status": send_status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        },
         {"type": "http.response.body", "body": body, "more_body": False},
     ]
-
 
 
 # --- ASGI helpers, shared with the GitHub fake (tests/e2e/packs/github_mcp_server.py) ---------------
@@ -536,12 +595,22 @@ class FaultsAndEffects:
             msg = json.loads(raw)
         except ValueError:
             msg = None
-        entry: dict[str, Any] = {"http_method": method, "jsonrpc_method": None, "id": None, "tool": None,
-                                 "arguments": None, "fault": "", "headers": seen,
-                                 "body": raw[:RESPONSE_KEPT].decode(errors="replace")}
+        entry: dict[str, Any] = {
+            "http_method": method,
+            "jsonrpc_method": None,
+            "id": None,
+            "tool": None,
+            "arguments": None,
+            "fault": "",
+            "headers": seen,
+            "body": raw[:RESPONSE_KEPT].decode(errors="replace"),
+        }
         if (refusal := self.other_revision(headers.get("mcp-protocol-version"), msg)) is not None:
-            entry.update(jsonrpc_method=msg.get("method") if isinstance(msg, dict) else None,
-                         id=msg.get("id") if isinstance(msg, dict) else None, fault="other_revision")
+            entry.update(
+                jsonrpc_method=msg.get("method") if isinstance(msg, dict) else None,
+                id=msg.get("id") if isinstance(msg, dict) else None,
+                fault="other_revision",
+            )
             with EFFECTS.lock:
                 EFFECTS.requests.append(entry)
             return await self.refuse(refusal, entry, send)
@@ -576,8 +645,10 @@ class FaultsAndEffects:
 
         async def watch(message):  # what the answer was, for the record (its first RESPONSE_KEPT bytes)
             if message["type"] == "http.response.start":
-                response.update(status=message["status"],
-                                content_type=dict(message.get("headers", [])).get(b"content-type", b"").decode())
+                response.update(
+                    status=message["status"],
+                    content_type=dict(message.get("headers", [])).get(b"content-type", b"").decode(),
+                )
             elif message["type"] == "http.response.body" and len(response["body"]) < RESPONSE_KEPT:
                 response["body"] += message.get("body", b"").decode(errors="replace")[:RESPONSE_KEPT]
             await send(message)
@@ -616,12 +687,21 @@ class FaultsAndEffects:
             if not isinstance(params, dict):
                 params = {}
             requested = version or params.get("protocolVersion") or "none"
-            return {"jsonrpc": "2.0", "id": rid, "error": {
-                "code": -32022, "message": "Unsupported protocol version",
-                "data": {"supported": [MODERN], "requested": requested}}}
+            return {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "error": {
+                    "code": -32022,
+                    "message": "Unsupported protocol version",
+                    "data": {"supported": [MODERN], "requested": requested},
+                },
+            }
         if self.speaks == LEGACY and version is not None and version not in HANDSHAKE_REVISIONS:
-            return {"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32600, "message": f"Bad Request: Unsupported protocol version: {version}"}}
+            return {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {"code": -32600, "message": f"Bad Request: Unsupported protocol version: {version}"},
+            }
         return None
 
     async def refuse(self, message: dict[str, Any], entry: dict[str, Any], send) -> None:
@@ -641,8 +721,13 @@ class FaultsAndEffects:
         else:
             body, ctype = data.encode(), b"application/json"
         entry["response"] = {"status": canned.get("status", 200), "content_type": ctype.decode(), "body": body.decode()}
-        await send({"type": "http.response.start", "status": canned.get("status", 200),
-                    "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": canned.get("status", 200),
+                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def control(self, path, method, receive, send):
@@ -696,8 +781,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hang", type=float, default=3.0, help="seconds commit_then_hang holds its answer")
     parser.add_argument("--speaks", choices=(MODERN, LEGACY), help="serve this revision only (the docstring)")
     parser.add_argument("--extra-tools", action="store_true", help="serve find_issues too (an x-mcp-header argument)")
-    parser.add_argument("--tls", metavar="CERTDIR", help="serve https with a self-signed certificate for 127.0.0.1 "
-                        "written in CERTDIR (upstream-cert.pem: the CA a proxy must trust upstream)")
+    parser.add_argument(
+        "--tls",
+        metavar="CERTDIR",
+        help="serve https with a self-signed certificate for 127.0.0.1 "
+        "written in CERTDIR (upstream-cert.pem: the CA a proxy must trust upstream)",
+    )
     args = parser.parse_args(argv)
 
     if args.sse:
@@ -716,8 +805,13 @@ def main(argv: list[str] | None = None) -> None:
 
         cert, key = make_self_signed_cert(Path(args.tls))
         tls = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
-    serve(app, port=args.port, ready=f"mcp_server: ready {'https' if args.tls else 'http'}://127.0.0.1:{{port}}/mcp",
-          tls=tls)
+    serve(
+        app,
+        port=args.port,
+        ready=f"mcp_server: ready {'https' if args.tls else 'http'}://127.0.0.1:{{port}}/mcp",
+        tls=tls,
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -102,9 +102,18 @@ class SseUpstream:
                         self.flood(int(args["n"]), int(args.get("size", 200)))
                     elif shape == "other":
                         other = str(msg["id"]) if isinstance(msg["id"], int) else f"{msg['id']}-other"
-                        self.chunk(event({"jsonrpc": "2.0", "id": other, "result": {
-                            "content": [{"type": "text", "text": "an answer to another request"}],
-                            "isError": False}}))
+                        self.chunk(
+                            event(
+                                {
+                                    "jsonrpc": "2.0",
+                                    "id": other,
+                                    "result": {
+                                        "content": [{"type": "text", "text": "an answer to another request"}],
+                                        "isError": False,
+                                    },
+                                }
+                            )
+                        )
                         if args.get("then") == "end":
                             self.wfile.write(b"0\r\n\r\n")
                             self.wfile.flush()
@@ -114,15 +123,32 @@ class SseUpstream:
                             release.wait(0.05)
                         structured["released"] = release.is_set()
                     elif shape == "held":
-                        self.chunk(event({"jsonrpc": "2.0", "method": "notifications/message",
-                                          "params": {"level": "info", "data": "working on it"}}))
+                        self.chunk(
+                            event(
+                                {
+                                    "jsonrpc": "2.0",
+                                    "method": "notifications/message",
+                                    "params": {"level": "info", "data": "working on it"},
+                                }
+                            )
+                        )
                         ends = time.monotonic() + HOLD_SECONDS
                         while not release.is_set() and not upstream.stopping.is_set() and time.monotonic() < ends:
                             release.wait(0.05)
                         structured["released"] = release.is_set()
-                    self.chunk(event({"jsonrpc": "2.0", "id": msg["id"], "result": {
-                        "content": [{"type": "text", "text": json.dumps(structured)}],
-                        "structuredContent": structured, "isError": False}}))
+                    self.chunk(
+                        event(
+                            {
+                                "jsonrpc": "2.0",
+                                "id": msg["id"],
+                                "result": {
+                                    "content": [{"type": "text", "text": json.dumps(structured)}],
+                                    "structuredContent": structured,
+                                    "isError": False,
+                                },
+                            }
+                        )
+                    )
                     if shape == "broken":  # half an event, then the connection is cut: no last chunk
                         self.chunk(b": ping\r\n\r\n")
                         self.wfile.write(b"40\r\nevent: message\r\ndata: {")
@@ -147,8 +173,11 @@ class SseUpstream:
                 method, extra = msg.get("method"), {}
                 if method == "initialize":
                     extra = {"Mcp-Session-Id": "sse-upstream-session"}
-                    result: dict[str, Any] = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                                              "serverInfo": {"name": "sse-upstream", "version": "1"}}
+                    result: dict[str, Any] = {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "sse-upstream", "version": "1"},
+                    }
                 elif method == "tools/list":
                     result = {"tools": [{"name": "create_issue", "inputSchema": {"type": "object"}}]}
                 elif method is None or "id" not in msg:  # a notification, or a response: accepted
@@ -178,8 +207,13 @@ class SseUpstream:
                 pad = "x" * max(0, size - 120)
                 batch = bytearray()
                 for i in range(n):
-                    batch += event({"jsonrpc": "2.0", "method": "notifications/progress",
-                                    "params": {"progressToken": 1, "progress": i, "total": n, "message": pad}})
+                    batch += event(
+                        {
+                            "jsonrpc": "2.0",
+                            "method": "notifications/progress",
+                            "params": {"progressToken": 1, "progress": i, "total": n, "message": pad},
+                        }
+                    )
                     if len(batch) >= BATCH:
                         self.chunk(bytes(batch))
                         batch.clear()

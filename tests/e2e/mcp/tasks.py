@@ -72,8 +72,15 @@ class TaskRuntime:
     def start(self, arguments: dict[str, Any], fault: str, ttl: int | None) -> dict[str, Any]:
         task_id = str(uuid.uuid4())
         now = _now()
-        task = {"taskId": task_id, "status": "working", "createdAt": now, "lastUpdatedAt": now, "ttl": ttl,
-                "pollInterval": 50, "done": asyncio.Event()}
+        task = {
+            "taskId": task_id,
+            "status": "working",
+            "createdAt": now,
+            "lastUpdatedAt": now,
+            "ttl": ttl,
+            "pollInterval": 50,
+            "done": asyncio.Event(),
+        }
         self._forget_old()
         self.tasks[task_id] = task
         runner = asyncio.get_running_loop().create_task(self._run(task, arguments, fault))
@@ -108,12 +115,21 @@ class TaskRuntime:
             self._end(task, "cancelled", message="cancelled after it started (fault task_cancelled)")
         else:
             text = f'{{"number": {issue["number"]}, "title": {title!r}}}'.replace("'", '"')
-            self._end(task, "completed", result={"content": [{"type": "text", "text": text}],
-                                                  "structuredContent": issue, "isError": False})
+            self._end(
+                task,
+                "completed",
+                result={"content": [{"type": "text", "text": text}], "structuredContent": issue, "isError": False},
+            )
 
     @staticmethod
-    def _end(task: dict[str, Any], status: str, *, result: dict | None = None, error: dict | None = None,
-             message: str | None = None) -> None:
+    def _end(
+        task: dict[str, Any],
+        status: str,
+        *,
+        result: dict | None = None,
+        error: dict | None = None,
+        message: str | None = None,
+    ) -> None:
         task.update(status=status, lastUpdatedAt=_now())
         if result is not None:
             task["result"] = result
@@ -142,8 +158,14 @@ class TaskRuntime:
     @staticmethod
     def modern_task(task: dict[str, Any], *, detailed: bool) -> dict[str, Any]:
         """SEP-2663's Task (ttlMs, pollIntervalMs), with `result`/`error` inline when `detailed` (tasks/get)."""
-        out = {"taskId": task["taskId"], "status": task["status"], "createdAt": task["createdAt"],
-               "lastUpdatedAt": task["lastUpdatedAt"], "ttlMs": task["ttl"], "pollIntervalMs": task["pollInterval"]}
+        out = {
+            "taskId": task["taskId"],
+            "status": task["status"],
+            "createdAt": task["createdAt"],
+            "lastUpdatedAt": task["lastUpdatedAt"],
+            "ttlMs": task["ttl"],
+            "pollIntervalMs": task["pollInterval"],
+        }
         if "statusMessage" in task:
             out["statusMessage"] = task["statusMessage"]
         if detailed:
@@ -153,8 +175,14 @@ class TaskRuntime:
     @staticmethod
     def legacy_task(task: dict[str, Any]) -> dict[str, Any]:
         """2025-11-25's Task (ttl, pollInterval): never the result (that is tasks/result's)."""
-        out = {"taskId": task["taskId"], "status": task["status"], "createdAt": task["createdAt"],
-               "lastUpdatedAt": task["lastUpdatedAt"], "ttl": task["ttl"], "pollInterval": task["pollInterval"]}
+        out = {
+            "taskId": task["taskId"],
+            "status": task["status"],
+            "createdAt": task["createdAt"],
+            "lastUpdatedAt": task["lastUpdatedAt"],
+            "ttl": task["ttl"],
+            "pollInterval": task["pollInterval"],
+        }
         if "statusMessage" in task:
             out["statusMessage"] = task["statusMessage"]
         return out
@@ -227,8 +255,12 @@ def legacy_tasks(runtime: TaskRuntime, fault_of: Callable[[dict[str, Any]], str]
 
     async def middleware(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         params = ctx.params if isinstance(ctx.params, dict) else {}
-        if (ctx.method != "tools/call" or ctx.protocol_version != LEGACY or params.get("name") != TASK_TOOL
-                or not isinstance(params.get("task"), dict)):
+        if (
+            ctx.method != "tools/call"
+            or ctx.protocol_version != LEGACY
+            or params.get("name") != TASK_TOOL
+            or not isinstance(params.get("task"), dict)
+        ):
             return await call_next(ctx)
         arguments = dict(params.get("arguments") or {})
         ttl = params["task"].get("ttl")
@@ -239,6 +271,7 @@ def legacy_tasks(runtime: TaskRuntime, fault_of: Callable[[dict[str, Any]], str]
 
 
 # --- the client side ------------------------------------------------------------------------
+
 
 class CreatedTask(Result):
     """SEP-2663's CreateTaskResult, as the client's claim parses it."""

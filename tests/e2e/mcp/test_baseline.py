@@ -68,8 +68,14 @@ def text_of(result: dict) -> str:
 
 @pytest.mark.parametrize("revision", REVISIONS)
 def test_a_call_through_a_bare_proxy_makes_one_effect(mcp_server, bare_mitmdump, revision):
-    report = run_client(mcp_server.url, [("list_tools",), ("call", "create_issue", ISSUE)], revision=revision,
-                        proxy=bare_mitmdump.url, ca=bare_mitmdump.ca, timeout=5)
+    report = run_client(
+        mcp_server.url,
+        [("list_tools",), ("call", "create_issue", ISSUE)],
+        revision=revision,
+        proxy=bare_mitmdump.url,
+        ca=bare_mitmdump.ca,
+        timeout=5,
+    )
     listed, created = ok_calls(report)
     assert report["protocol_version"] == ("2025-11-25" if revision == "legacy" else "2026-07-28")
     tools = {t["name"]: t["annotations"] for t in listed["tools"]}
@@ -106,8 +112,14 @@ def test_a_call_through_a_bare_proxy_makes_one_effect(mcp_server, bare_mitmdump,
 def test_a_retry_after_a_dropped_answer_makes_a_second_effect(mcp_server, bare_mitmdump, revision):
     """The problem: the client cannot tell a lost answer from a failed call, and its retry writes again."""
     mcp_server.queue("commit_then_drop")
-    report = run_client(mcp_server.url, [("call", "create_issue", ISSUE), ("call", "create_issue", ISSUE)],
-                        revision=revision, proxy=bare_mitmdump.url, ca=bare_mitmdump.ca, timeout=5)
+    report = run_client(
+        mcp_server.url,
+        [("call", "create_issue", ISSUE), ("call", "create_issue", ISSUE)],
+        revision=revision,
+        proxy=bare_mitmdump.url,
+        ca=bare_mitmdump.ca,
+        timeout=5,
+    )
     dropped, retried = ok_calls(report)
     # mitmproxy answers the cut connection with a 502; the SDK turns any status >= 400 without a
     # JSON-RPC body into this error.
@@ -130,8 +142,9 @@ def test_the_faults_as_the_client_sees_them_through_a_bare_proxy(mcp_server, bar
     ops = [("call", "create_issue", {**ISSUE, "fault": f}) for f in ("tool_error", "internal_error", "invalid_params")]
     mcp_server.queue("commit_then_hang")
     ops.insert(0, ("call", "create_issue", ISSUE))
-    report = run_client(mcp_server.url, ops, revision=revision, proxy=bare_mitmdump.url, ca=bare_mitmdump.ca,
-                        timeout=1.5)
+    report = run_client(
+        mcp_server.url, ops, revision=revision, proxy=bare_mitmdump.url, ca=bare_mitmdump.ca, timeout=1.5
+    )
     hung, tool_error, internal, invalid = ok_calls(report)
     assert hung["error"] == {"type": "MCPError", "code": -32001, "message": "Request 'tools/call' timed out"}
     if revision == "legacy":  # the legacy client says it gave up; the 2026 one closes the POST's connection
@@ -150,15 +163,31 @@ def test_the_faults_as_the_client_sees_them_through_a_bare_proxy(mcp_server, bar
 
 @pytest.mark.parametrize("revision", REVISIONS)
 def test_mcp_passes_the_addon_untouched_when_no_rule_matches(mcp_server, receipts_proxy, revision):
-    ops = [("list_tools",), ("call", "create_issue", ISSUE), ("call", "create_issue", ISSUE),
-           ("call", "list_issues", {}), ("call", "get_issue", {"number": 1})]
-    report = run_client(mcp_server.url, ops, revision=revision, proxy=receipts_proxy.url, ca=receipts_proxy.ca,
-                        timeout=5)
+    ops = [
+        ("list_tools",),
+        ("call", "create_issue", ISSUE),
+        ("call", "create_issue", ISSUE),
+        ("call", "list_issues", {}),
+        ("call", "get_issue", {"number": 1}),
+    ]
+    report = run_client(
+        mcp_server.url, ops, revision=revision, proxy=receipts_proxy.url, ca=receipts_proxy.ca, timeout=5
+    )
     listed, first, second, listing, got = ok_calls(report)
     assert report["protocol_version"] == ("2025-11-25" if revision == "legacy" else "2026-07-28")
-    assert {t["name"] for t in listed["tools"]} == {"create_issue", "log_issue", "list_issues", "get_issue",
-                                                    "confirm_issue", "drafted_issue", "rooted_issue", "reported_issue",
-                                                    "create_issue_confirmed", "ask_forever", "create_issue_later"}
+    assert {t["name"] for t in listed["tools"]} == {
+        "create_issue",
+        "log_issue",
+        "list_issues",
+        "get_issue",
+        "confirm_issue",
+        "drafted_issue",
+        "rooted_issue",
+        "reported_issue",
+        "create_issue_confirmed",
+        "ask_forever",
+        "create_issue_later",
+    }
     assert [first["structured"]["number"], second["structured"]["number"]] == [1, 2], "no rule: both calls go out"
     assert listing["structured"] == {"issues": [{"number": 1, **ISSUE}, {"number": 2, **ISSUE}]}
     assert got["structured"] == {"number": 1, **ISSUE}
@@ -194,8 +223,14 @@ def test_https_through_a_bare_proxy_and_through_the_addon(mcp_tls_server, tmp_pa
     addon = Proxy(tmp_path, confdir, upstream_ca=mcp_tls_server.cert_path).start()  # tests/rules_it: 127.0.0.1
     try:
         for proxy in (bare, addon):
-            report = run_client(mcp_tls_server.url, [("list_tools",), ("call", "create_issue", ISSUE)],
-                                revision=revision, proxy=proxy.url, ca=proxy.ca, timeout=5)
+            report = run_client(
+                mcp_tls_server.url,
+                [("list_tools",), ("call", "create_issue", ISSUE)],
+                revision=revision,
+                proxy=proxy.url,
+                ca=proxy.ca,
+                timeout=5,
+            )
             listed, created = ok_calls(report)
             assert listed["ok"] and created["ok"] and not created["is_error"], report["results"]
             assert report["http"][0]["url"].startswith("https://127.0.0.1:")
@@ -215,18 +250,41 @@ DONE = {"content": TEXT, "structuredContent": LISTED, "isError": False, "resultT
 Reported = str | tuple[str, int | None, str]
 ANSWERS: list[tuple[str, dict[str, Any], Reported | dict[str, Reported]]] = [
     ("complete", {"message": {"result": DONE}}, "ok"),
-    ("no resultType", {"message": {"result": {k: v for k, v in DONE.items() if k != "resultType"}}},
-     {"legacy": "ok", "2026-07-28": ("ValidationError", None, "resultType")}),
+    (
+        "no resultType",
+        {"message": {"result": {k: v for k, v in DONE.items() if k != "resultType"}}},
+        {"legacy": "ok", "2026-07-28": ("ValidationError", None, "resultType")},
+    ),
     ("sse framing", {"message": {"result": DONE}, "framing": "sse"}, "ok"),
     ("sse, another id", {"message": {"result": DONE}, "framing": "sse", "id": 999}, "ok"),  # SSE: id rewritten
-    ("no structuredContent", {"message": {"result": {"content": TEXT, "isError": False, "resultType": "complete"}}},
-     ("RuntimeError", None, "output schema")),
-    ("isError", {"message": {"result": {"content": [{"type": "text", "text": "a duplicate"}], "isError": True,
-                                        "resultType": "complete"}}}, "is_error"),
-    ("409 with a JSON-RPC error", {"message": {"error": {"code": -32001, "message": "a duplicate"}}, "status": 409},
-     ("MCPError", -32001, "a duplicate")),
-    ("409 without one", {"message": {"note": "refused"}, "status": 409},
-     ("MCPError", -32603, "Server returned an error response")),
+    (
+        "no structuredContent",
+        {"message": {"result": {"content": TEXT, "isError": False, "resultType": "complete"}}},
+        ("RuntimeError", None, "output schema"),
+    ),
+    (
+        "isError",
+        {
+            "message": {
+                "result": {
+                    "content": [{"type": "text", "text": "a duplicate"}],
+                    "isError": True,
+                    "resultType": "complete",
+                }
+            }
+        },
+        "is_error",
+    ),
+    (
+        "409 with a JSON-RPC error",
+        {"message": {"error": {"code": -32001, "message": "a duplicate"}}, "status": 409},
+        ("MCPError", -32001, "a duplicate"),
+    ),
+    (
+        "409 without one",
+        {"message": {"note": "refused"}, "status": 409},
+        ("MCPError", -32603, "Server returned an error response"),
+    ),
     ("json, another id", {"message": {"result": DONE}, "id": 999}, ("MCPError", -32001, "timed out")),
     ("json, the id as a string", {"message": {"result": DONE}, "id": "$string"}, "ok"),  # "3" answers 3
 ]

@@ -97,7 +97,9 @@ def upstream() -> Iterator[ErrorUpstream]:
 def mine(proxy: Proxy, title: str) -> list[Receipt]:
     store = Store.open(proxy.db, create=False)
     try:
-        found = [r for r in store.list(limit=None) if (r.intent.get("body") or {}).get("params.arguments.title") == title]
+        found = [
+            r for r in store.list(limit=None) if (r.intent.get("body") or {}).get("params.arguments.title") == title
+        ]
         return sorted(found, key=lambda r: r.submitted_at)
     finally:
         store.close()
@@ -116,8 +118,10 @@ def tool_call(rid: object, args: dict, *, revision: str, tool: str = "create_iss
     params: dict = {"name": tool, "arguments": args}
     headers = {"Accept": ACCEPT, "Content-Type": "application/json", "MCP-Protocol-Version": revision}
     if revision == MODERN:
-        params["_meta"] = {"io.modelcontextprotocol/protocolVersion": MODERN,
-                           "io.modelcontextprotocol/clientCapabilities": {}}
+        params["_meta"] = {
+            "io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
         headers.update({"Mcp-Method": "tools/call", "Mcp-Name": tool})
     body = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params, **envelope}
     return body, headers
@@ -167,18 +171,30 @@ class Cell:
 
 
 CELLS = [
-    *(c for code in (-32700, -32600) for c in (Cell(code, "json", 200, with_id=False),
-                                               Cell(code, "json", 400, with_id=False))),
+    *(
+        c
+        for code in (-32700, -32600)
+        for c in (Cell(code, "json", 200, with_id=False), Cell(code, "json", 400, with_id=False))
+    ),
     Cell(-32700, "sse", 200),
-    Cell(-32601, "json", 200), Cell(-32601, "json", 404), Cell(-32601, "sse", 200),
-    *(c for code in (-32602, -32020, -32021, -32022)
-      for c in (Cell(code, "json", 200), Cell(code, "json", 400), Cell(code, "sse", 200))),
+    Cell(-32601, "json", 200),
+    Cell(-32601, "json", 404),
+    Cell(-32601, "sse", 200),
+    *(
+        c
+        for code in (-32602, -32020, -32021, -32022)
+        for c in (Cell(code, "json", 200), Cell(code, "json", 400), Cell(code, "sse", 200))
+    ),
     # -32600 under the call's id: the server had read the call (the SDK raises it from a running tool)
-    Cell(-32600, "json", 200, state="outcome_unknown"), Cell(-32600, "json", 400, state="outcome_unknown"),
+    Cell(-32600, "json", 200, state="outcome_unknown"),
+    Cell(-32600, "json", 400, state="outcome_unknown"),
     Cell(-32600, "sse", 200, state="outcome_unknown"),
-    *(Cell(-32603, f, s, state="outcome_unknown") for f, s in (("json", 200), ("json", 400), ("json", 500),
-                                                              ("sse", 200))),
-    Cell(-32000, "json", 200, state="outcome_unknown"), Cell(-32000, "sse", 200, state="outcome_unknown"),
+    *(
+        Cell(-32603, f, s, state="outcome_unknown")
+        for f, s in (("json", 200), ("json", 400), ("json", 500), ("sse", 200))
+    ),
+    Cell(-32000, "json", 200, state="outcome_unknown"),
+    Cell(-32000, "sse", 200, state="outcome_unknown"),
 ]
 
 
@@ -234,8 +250,9 @@ def test_invalid_params_from_the_sdk_is_rejected_in_its_words_and_the_retry_goes
     server.reset()
     args = issue()
     server.queue("invalid_params")
-    refused, retry = call(server, proxy, revision, ("call", "create_issue", args),
-                          ("call", "create_issue", args))["results"]
+    refused, retry = call(server, proxy, revision, ("call", "create_issue", args), ("call", "create_issue", args))[
+        "results"
+    ]
     assert not refused["ok"] and refused["error"]["code"] == -32602
     assert retry["ok"] and not retry["is_error"] and retry["structured"]["title"] == args["title"]
     check_refused(proxy, args["title"], -32602)
@@ -247,8 +264,9 @@ def test_an_internal_error_from_the_sdk_stays_unknown_and_the_retry_is_blocked(s
     server.reset()
     args = issue()
     server.queue("internal_error")  # the issue is recorded, then -32603
-    failed, retry = call(server, proxy, revision, ("call", "create_issue", args),
-                         ("call", "create_issue", args))["results"]
+    failed, retry = call(server, proxy, revision, ("call", "create_issue", args), ("call", "create_issue", args))[
+        "results"
+    ]
     assert not failed["ok"] and failed["error"]["code"] == -32603
     assert retry["is_error"] and text(retry).startswith("NOT SENT")
     check_unknown(proxy, args["title"], WORDS[-32603])
@@ -265,8 +283,9 @@ def test_a_missing_client_capability_is_rejected_and_each_retry_goes_out(server,
     """
     server.reset()
     args = issue()
-    first, retry = call(server, proxy, revision, ("call", "create_confirmed_issue", args),
-                        ("call", "create_confirmed_issue", args))["results"]
+    first, retry = call(
+        server, proxy, revision, ("call", "create_confirmed_issue", args), ("call", "create_confirmed_issue", args)
+    )["results"]
     if revision == "legacy" and server.mode == "json":
         assert not first["ok"] and first["error"]["code"] == -32600
         assert retry["is_error"] and text(retry).startswith("NOT SENT")
@@ -292,8 +311,13 @@ def test_invalid_request_raised_by_a_running_tool_after_its_effect_is_unknown(se
     """
     server.reset()
     args = issue()
-    failed, retry = call(server, proxy, revision, ("call", "create_issue_then_confirm", args),
-                         ("call", "create_issue_then_confirm", args))["results"]
+    failed, retry = call(
+        server,
+        proxy,
+        revision,
+        ("call", "create_issue_then_confirm", args),
+        ("call", "create_issue_then_confirm", args),
+    )["results"]
     assert not failed["ok"] and failed["error"]["code"] == -32600
     assert retry["is_error"] and text(retry).startswith("NOT SENT")
     check_unknown(proxy, args["title"], "under the call's id")

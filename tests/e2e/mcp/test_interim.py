@@ -195,7 +195,11 @@ def test_a_server_that_keeps_asking_for_input_is_stopped_at_receipts_mcp_rounds(
     (r,) = receipts(proxy, title)
     assert (r.state, r.mcp_rounds) == ("outcome_unknown", ROUNDS + 1)
     assert history(proxy, r.operation_id) == [
-        "→submitted", *["input_required", "continued"] * ROUNDS, "input_required", "→outcome_unknown", "blocked",
+        "→submitted",
+        *["input_required", "continued"] * ROUNDS,
+        "input_required",
+        "→outcome_unknown",
+        "blocked",
     ]
 
 
@@ -251,12 +255,16 @@ def test_a_task_that_completes_makes_its_receipt_succeeded_and_a_retry_is_replay
 @pytest.mark.parametrize("revision", REVISIONS)
 @pytest.mark.parametrize(
     "fault, state, retried",
-    [("task_fails", "outcome_unknown", False), ("task_cancelled", "outcome_unknown", False),
-     ("task_invalid", "rejected", True)],
+    [
+        ("task_fails", "outcome_unknown", False),
+        ("task_cancelled", "outcome_unknown", False),
+        ("task_invalid", "rejected", True),
+    ],
     ids=["failed-after-acting", "cancelled", "refused-its-parameters"],
 )
-def test_a_task_that_does_not_complete_settles_its_receipt_by_the_rules(proxy, mcp_json_server, revision, fault,
-                                                                       state, retried):
+def test_a_task_that_does_not_complete_settles_its_receipt_by_the_rules(
+    proxy, mcp_json_server, revision, fault, state, retried
+):
     mcp_json_server.reset()
     args = issue()
     mcp_json_server.queue(fault)
@@ -305,8 +313,11 @@ def test_a_retry_while_the_task_works_is_refused_with_its_id_and_replayed_once_t
     assert history(proxy, r.operation_id) == ["→submitted", "task", "blocked", "→succeeded", "replayed"]
     # the proxy read the task itself, in the task's revision
     own = [q for q in mcp_json_server.effects()["requests"] if "receipt-proxy-task-read" in (q.get("body") or "")]
-    assert own and all(q["headers"].get("mcp-protocol-version", "2025-11-25") == (
-        "2026-07-28" if revision == MODERN else "2025-11-25") for q in own if q["jsonrpc_method"] == "tasks/get")
+    assert own and all(
+        q["headers"].get("mcp-protocol-version", "2025-11-25") == ("2026-07-28" if revision == MODERN else "2025-11-25")
+        for q in own
+        if q["jsonrpc_method"] == "tasks/get"
+    )
 
 
 def test_the_task_id_is_never_stored_in_clear(proxy, mcp_json_server):
@@ -381,13 +392,27 @@ def test_a_next_round_that_never_leaves_leaves_the_outcome_unknown(proxy, tmp_pa
     finally:
         server.stop()  # the next round finds nobody listening: its connection is refused, nothing leaves
     # the SDK client would first discover the (stopped) server: the next round is sent as it sends one
-    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
-        "name": "create_issue_confirmed", "arguments": args, "requestState": state,
-        "inputResponses": {k: {"action": "accept", "content": {"confirm": True}} for k in keys},
-        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                  "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}}}}
-    headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "create_issue_confirmed",
-               "accept": "application/json, text/event-stream"}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {
+            "name": "create_issue_confirmed",
+            "arguments": args,
+            "requestState": state,
+            "inputResponses": {k: {"action": "accept", "content": {"confirm": True}} for k in keys},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+            },
+        },
+    }
+    headers = {
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "create_issue_confirmed",
+        "accept": "application/json, text/event-stream",
+    }
     with httpx.Client(proxy=proxy.url, timeout=30, trust_env=False) as http:
         lost = http.post(server.url, json=body, headers=headers)
     said = lost.json()["result"]

@@ -246,8 +246,11 @@ def test_an_answer_that_outlives_the_client_is_recorded_and_replayed(mcp_sse_ser
     server.queue("commit_then_hang")  # the answer comes after 3 s; the client waits 1 s
     first = call(server, proxy, "2026-07-28", ("call", "create_issue", args), timeout=1.0)["results"][0]
     assert not first["ok"]
-    wait_for(lambda: [r for r in receipts(proxy, args["title"]) if r.state == "succeeded"], timeout=15,
-             what="the proxy to record the late answer")
+    wait_for(
+        lambda: [r for r in receipts(proxy, args["title"]) if r.state == "succeeded"],
+        timeout=15,
+        what="the proxy to record the late answer",
+    )
     retry = call(server, proxy, "2026-07-28", ("call", "create_issue", args))["results"][0]
     assert retry["ok"] and not retry["is_error"] and retry["structured"]["title"] == args["title"]
     assert server.effects()["created"] == 1
@@ -257,8 +260,9 @@ def test_an_answer_that_outlives_the_client_is_recorded_and_replayed(mcp_sse_ser
 def test_a_lost_answer_is_settled_by_a_read_only_tool(mcp_server, reconciling_proxy, revision):
     args = issue()
     mcp_server.queue("commit_then_drop")
-    report = call(mcp_server, reconciling_proxy, revision, ("call", "create_issue", args),
-                  ("call", "create_issue", args))
+    report = call(
+        mcp_server, reconciling_proxy, revision, ("call", "create_issue", args), ("call", "create_issue", args)
+    )
     first, retry = report["results"]
     assert first["is_error"] and "answer was lost" in text(first)
     assert mcp_server.effects()["created"] == 1
@@ -279,8 +283,15 @@ def test_from_server_treats_tools_by_their_annotations_when_the_rules_trust_them
     server = mcp_json_server
     server.reset()
     args = issue()
-    report = call(server, trusting_proxy, revision, ("list_tools",), ("call", "list_issues", {}),
-                  ("call", "create_issue", args), ("call", "create_issue", args))
+    report = call(
+        server,
+        trusting_proxy,
+        revision,
+        ("list_tools",),
+        ("call", "list_issues", {}),
+        ("call", "create_issue", args),
+        ("call", "create_issue", args),
+    )
     listed, read, created, replayed = report["results"]
     assert listed["ok"] and read["ok"] and created["ok"] and replayed["ok"]
     assert replayed["structured"] == created["structured"]
@@ -305,8 +316,9 @@ def test_from_server_records_a_tool_a_lying_server_declares_read_only(mcp_json_s
     server.reset()
     args = issue()
     server.queue("commit_then_drop")
-    report = call(server, from_server_proxy, revision, ("list_tools",), ("call", "log_issue", args),
-                  ("call", "log_issue", args))
+    report = call(
+        server, from_server_proxy, revision, ("list_tools",), ("call", "log_issue", args), ("call", "log_issue", args)
+    )
     listed, lost, retry = report["results"]
     assert listed["ok"] and {t["name"]: t["annotations"]["readOnlyHint"] for t in listed["tools"]}["log_issue"]
     assert server.effects()["created"] == 1, "the retry must not make a second issue"
@@ -328,8 +340,9 @@ def test_from_server_takes_as_reads_the_tools_the_rules_name(mcp_json_server, fr
     made = call(server, from_server_proxy, revision, ("call", "create_issue", issue()))["results"][0]
     number = made["structured"]["number"]
     before = {r.operation_id for r in receipts(from_server_proxy)}
-    report = call(server, from_server_proxy, revision, ("call", "list_issues", {}), ("call", "get_issue",
-                  {"number": number}))
+    report = call(
+        server, from_server_proxy, revision, ("call", "list_issues", {}), ("call", "get_issue", {"number": number})
+    )
     listed, got = report["results"]
     assert listed["ok"] and got["ok"] and not got["is_error"], report
     new = [r for r in receipts(from_server_proxy) if r.operation_id not in before]
@@ -343,8 +356,15 @@ def test_from_server_stores_a_large_argument_as_a_hash_and_fingerprints_it_whole
     server.reset()
     big = {"title": f"Large {uuid.uuid4().hex[:8]}", "body": "x" * (256 * 1024)}
     other = {**big, "body": big["body"][:-1] + "y"}
-    report = call(server, from_server_proxy, "legacy", ("call", "create_issue", big), ("call", "create_issue", big),
-                  ("call", "create_issue", other), timeout=30)
+    report = call(
+        server,
+        from_server_proxy,
+        "legacy",
+        ("call", "create_issue", big),
+        ("call", "create_issue", big),
+        ("call", "create_issue", other),
+        timeout=30,
+    )
     first, again, second = report["results"]
     assert first["ok"] and again["ok"] and second["ok"]
     assert server.effects()["created"] == 2
@@ -364,10 +384,13 @@ def test_from_server_stores_a_large_argument_as_a_hash_and_fingerprints_it_whole
 def test_routing_headers_that_disagree_with_the_body_are_refused(mcp_json_server, proxy):
     server = mcp_json_server
     server.reset()
-    body = {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-            "params": {"name": "create_issue", "arguments": issue()}}
-    headers = {"Mcp-Method": "tools/call", "Mcp-Name": "list_issues", "Accept": "application/json, text/event-stream",
-               "MCP-Protocol-Version": "2026-07-28"}
+    body = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "create_issue", "arguments": issue()}}
+    headers = {
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "list_issues",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+    }
     with httpx.Client(proxy=proxy.url, trust_env=False, timeout=10) as client:
         r = client.post(server.url, json=body, headers=headers)
     assert r.status_code == 400
@@ -379,8 +402,9 @@ def test_routing_headers_that_disagree_with_the_body_are_refused(mcp_json_server
 def test_a_batch_holding_a_tool_call_is_refused(mcp_json_server, proxy):
     server = mcp_json_server
     server.reset()
-    batch = [{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue",
-                                                                            "arguments": issue()}}]
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": issue()}}
+    ]
     with httpx.Client(proxy=proxy.url, trust_env=False, timeout=10) as client:
         r = client.post(server.url, json=batch, headers={"Accept": "application/json, text/event-stream"})
     assert r.status_code == 400 and "batch" in r.json()["error"]["message"]
@@ -402,9 +426,21 @@ def test_the_cli_reconciles_a_tool_call_through_its_read_tool(mcp_json_server, r
     [receipt] = receipts(reconciling_proxy, args["title"])
     assert receipt.state == "outcome_unknown"
     receipts_cli = Path(sys.executable).parent / "receipts"
-    done = subprocess.run([str(receipts_cli), "--db", str(reconciling_proxy.db), "reconcile", receipt.operation_id,
-                           "--rules", str(reconciling_proxy.rules)], capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()})
+    done = subprocess.run(
+        [
+            str(receipts_cli),
+            "--db",
+            str(reconciling_proxy.db),
+            "reconcile",
+            receipt.operation_id,
+            "--rules",
+            str(reconciling_proxy.rules),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [settled] = receipts(reconciling_proxy, args["title"])
     assert settled.state == "succeeded" and settled.external_id is not None
@@ -426,8 +462,14 @@ def test_an_https_mcp_server_gets_receipts_too(tmp_path_factory, confdir, revisi
         try:
             args = issue()
             server.queue("commit_then_drop")
-            report = call(server, proxy, revision, ("call", "create_issue", args), ("call", "create_issue", args),
-                          ("call", "create_issue", {**args, "body": "Fourth floor"}))
+            report = call(
+                server,
+                proxy,
+                revision,
+                ("call", "create_issue", args),
+                ("call", "create_issue", args),
+                ("call", "create_issue", {**args, "body": "Fourth floor"}),
+            )
             lost, blocked, other = report["results"]
             assert lost["is_error"] and "answer was lost" in text(lost)
             assert blocked["is_error"] and text(blocked).startswith("NOT SENT")

@@ -87,7 +87,9 @@ def issue() -> dict[str, str]:
 def mine(proxy: Proxy, title: str) -> list[Receipt]:
     store = Store.open(proxy.db, create=False)
     try:
-        found = [r for r in store.list(limit=None) if (r.intent.get("body") or {}).get("params.arguments.title") == title]
+        found = [
+            r for r in store.list(limit=None) if (r.intent.get("body") or {}).get("params.arguments.title") == title
+        ]
         return sorted(found, key=lambda r: r.submitted_at)
     finally:
         store.close()
@@ -167,8 +169,9 @@ def endpoints(tmp_path_factory) -> Iterator[dict[str, McpServer]]:
     started = {}
     try:
         for name, speaks in (("modern", MODERN), ("legacy", LEGACY), ("both", None)):
-            started[name] = McpServer("json", tmp_path_factory.mktemp(f"read-{name}"), speaks=speaks,
-                                      extra_tools=True).start()
+            started[name] = McpServer(
+                "json", tmp_path_factory.mktemp(f"read-{name}"), speaks=speaks, extra_tools=True
+            ).start()
         yield started
     finally:
         for s in started.values():
@@ -184,32 +187,48 @@ READS = [
     ("modern", None, False, ["server/discover", "tools/list", "tools/call"]),
     ("modern", LEGACY, False, ["initialize", "tools/list", "tools/call"]),  # 400 -32022 naming 2026-07-28
     ("legacy", LEGACY, False, ["initialize", "notifications/initialized", "tools/list", "tools/call", "DELETE"]),
-    ("legacy", None, False, ["server/discover", "initialize", "notifications/initialized", "tools/list", "tools/call",
-                             "DELETE"]),
-    ("legacy", MODERN, False, ["tools/list", "initialize", "notifications/initialized", "tools/list", "tools/call",
-                               "DELETE"]),  # 400 without a modern error: the endpoint may speak legacy, and does
+    (
+        "legacy",
+        None,
+        False,
+        ["server/discover", "initialize", "notifications/initialized", "tools/list", "tools/call", "DELETE"],
+    ),
+    (
+        "legacy",
+        MODERN,
+        False,
+        ["tools/list", "initialize", "notifications/initialized", "tools/list", "tools/call", "DELETE"],
+    ),  # 400 without a modern error: the endpoint may speak legacy, and does
     ("both", None, False, ["server/discover", "tools/list", "tools/call"]),
     ("both", LEGACY, False, ["initialize", "notifications/initialized", "tools/list", "tools/call", "DELETE"]),
 ]
 
 
-@pytest.mark.parametrize("kind, revision, declared, sent", READS,
-                         ids=[f"{k}-server-{r or 'unrecorded'}{'-read_only' if d else ''}" for k, r, d, _ in READS])
+@pytest.mark.parametrize(
+    "kind, revision, declared, sent",
+    READS,
+    ids=[f"{k}-server-{r or 'unrecorded'}{'-read_only' if d else ''}" for k, r, d, _ in READS],
+)
 def test_a_read_speaks_the_writes_revision_and_falls_back_only_where_the_endpoint_speaks_another(
-        endpoints, kind, revision, declared, sent):
+    endpoints, kind, revision, declared, sent
+):
     server = endpoints[kind]
     server.reset()
     title = f"Drucker brennt ü {uuid.uuid4().hex[:8]}"
     # an issue to find, made straight on the server (no proxy) in its own revision
-    made = run_client(server.url, [("call", "create_issue", {"title": title, "body": "b"})],
-                      revision="legacy" if kind == "legacy" else MODERN)
+    made = run_client(
+        server.url,
+        [("call", "create_issue", {"title": title, "body": "b"})],
+        revision="legacy" if kind == "legacy" else MODERN,
+    )
     assert made["results"][0]["ok"], made
     before = len(server.effects()["requests"])
 
     async def read() -> tuple[int, dict, bytes]:
         async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
-            return await read_tool(client, server.url, "find_issues", {"title": title}, {},
-                                   declared_read_only=declared, revision=revision)
+            return await read_tool(
+                client, server.url, "find_issues", {"title": title}, {}, declared_read_only=declared, revision=revision
+            )
 
     status, _, body = asyncio.run(read())
     assert status == 200 and [i["title"] for i in json.loads(body)["issues"]] == [title]

@@ -37,7 +37,7 @@ from tests.e2e.mcp.test_mcp import events, receipts
 from tests.e2e.processes import Proxy
 
 TOOLS = ("confirm_issue", "drafted_issue", "rooted_issue", "reported_issue")
-RULES = "api: tracker\nhosts: [\"127.0.0.1\"]\noperations:\n" + "".join(
+RULES = 'api: tracker\nhosts: ["127.0.0.1"]\noperations:\n' + "".join(
     f"  issues.{tool}:\n    match: {{method: POST, path: /mcp, mcp: {{tool: {tool}}}}}\n"
     f"    fingerprint: {{body: [params.arguments.title]}}\n    external_id: number\n"
     for tool in TOOLS
@@ -75,8 +75,7 @@ def the_receipt(proxy: Proxy, name: str):
 
 
 def run(server, proxy: Proxy, *ops: tuple, revision: str = "legacy", **how) -> dict:
-    report = run_client(server.url, list(ops), revision=revision, proxy=proxy.url, ca=proxy.ca, timeout=TIMEOUT,
-                        **how)
+    report = run_client(server.url, list(ops), revision=revision, proxy=proxy.url, ca=proxy.ca, timeout=TIMEOUT, **how)
     assert "connect_error" not in report, report
     assert report["protocol_version"] == ("2025-11-25" if revision == "legacy" else "2026-07-28"), report
     return report
@@ -91,7 +90,9 @@ def test_an_elicitation_reaches_the_client_and_its_answer_the_tool(server, proxy
     args = {"title": title(), "body": "Third floor"}
     yes = {"action": "accept", "content": {"confirm": True, "note": "the user said yes"}}
     before = len(receipts(proxy))
-    report = run(server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args), answers={"elicit": yes})
+    report = run(
+        server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args), answers={"elicit": yes}
+    )
     first, retry = report["results"]
     assert first["ok"] and not first["is_error"], first
     assert first["structured"]["body"] == "Third floor / the user said yes"
@@ -114,7 +115,9 @@ def test_a_declined_elicitation_is_the_tools_refusal(server, proxy):
     """The user says no: the tool reports an error and makes nothing (rejected); the retry is sent, and asks again."""
     args = {"title": title(), "body": "Roof"}
     no = {"action": "decline"}
-    report = run(server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args), answers={"elicit": no})
+    report = run(
+        server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args), answers={"elicit": no}
+    )
     for result in report["results"]:
         assert result["ok"] and result["is_error"] and "not confirmed: decline" in result["content"][0]["text"], result
     assert [(a["kind"], a["op"]) for a in report["asked"]] == [("elicit", 0), ("elicit", 1)]
@@ -126,8 +129,13 @@ def test_a_declined_elicitation_is_the_tools_refusal(server, proxy):
 def test_a_sampling_request_and_a_roots_request_reach_the_client_during_the_call(server, proxy, channel):
     drafted, rooted = {"title": title(), "channel": channel}, {"title": title(), "channel": channel}
     before = len(receipts(proxy))
-    report = run(server, proxy, ("call", "drafted_issue", drafted), ("call", "rooted_issue", rooted),
-                 answers={"sample": "Smoke on the third floor", "roots": ["file:///srv/repo", "file:///srv/docs"]})
+    report = run(
+        server,
+        proxy,
+        ("call", "drafted_issue", drafted),
+        ("call", "rooted_issue", rooted),
+        answers={"sample": "Smoke on the third floor", "roots": ["file:///srv/repo", "file:///srv/docs"]},
+    )
     sampled, listed = report["results"]
     assert sampled["ok"] and not sampled["is_error"], sampled
     assert sampled["structured"]["body"] == "Smoke on the third floor"
@@ -144,8 +152,15 @@ def test_a_sampling_request_and_a_roots_request_reach_the_client_during_the_call
 @pytest.mark.parametrize("revision", ["legacy", "2026-07-28"])
 def test_progress_and_log_notifications_reach_the_client_while_the_call_runs(server, proxy, revision):
     args: dict[str, Any] = {"title": title(), "steps": 3}
-    report = run(server, proxy, ("call", "reported_issue", args), ("call", "reported_issue", args),
-                 revision=revision, log_level="info", release=server.base + "/_release")
+    report = run(
+        server,
+        proxy,
+        ("call", "reported_issue", args),
+        ("call", "reported_issue", args),
+        revision=revision,
+        log_level="info",
+        release=server.base + "/_release",
+    )
     first, retry = report["results"]
     assert first["ok"] and not first["is_error"], first
     assert first["progress"] == [[i, 3, f"step {i} of 3"] for i in (1, 2, 3)]
@@ -182,19 +197,33 @@ def test_the_clients_cancellation_passes_to_the_server(server, proxy):
     answer (the SDK's server does either): outcome_unknown both ways, since a cancelled tool may have run
     (here it had not: no issue).
     """
-    args: dict[str, Any] = {"title": title(), "steps": 1, "hold": 30.0}  # never released: the client's timeout passes first
+    args: dict[str, Any] = {
+        "title": title(),
+        "steps": 1,
+        "hold": 30.0,
+    }  # never released: the client's timeout passes first
     before = len(receipts(proxy))
     # Then a call the session waits for: closed at once, the session could end before the cancellation lands.
-    report = run_client(server.url, [("call", "reported_issue", args), ("call", "get_issue", {"number": 1})],
-                        revision="legacy", proxy=proxy.url, ca=proxy.ca, timeout=1.5)
+    report = run_client(
+        server.url,
+        [("call", "reported_issue", args), ("call", "get_issue", {"number": 1})],
+        revision="legacy",
+        proxy=proxy.url,
+        ca=proxy.ca,
+        timeout=1.5,
+    )
     result = report["results"][0]
     assert not result["ok"] and result["error"]["code"] == -32001, result
     [call] = server.calls("reported_issue")
     cancelled = [r for r in server.effects()["requests"] if r["jsonrpc_method"] == "notifications/cancelled"]
     assert [(json.loads(r["body"])["params"]["requestId"], r["response"]["status"]) for r in cancelled] == [
-        (call["id"], 202)]
-    receipt = wait_for(lambda: next((r for r in receipts(proxy, args["title"]) if r.state != "submitted"), None),
-                       timeout=20, what="the call's outcome")
+        (call["id"], 202)
+    ]
+    receipt = wait_for(
+        lambda: next((r for r in receipts(proxy, args["title"]) if r.state != "submitted"), None),
+        timeout=20,
+        what="the call's outcome",
+    )
     assert receipt.state == "outcome_unknown", (receipt.state, receipt.error)
     assert len(receipts(proxy)) == before + 1 and server.effects()["created"] == 0
 
@@ -208,8 +237,13 @@ def test_in_json_mode_a_tool_that_wrote_then_asks_fails_and_is_not_taken_as_refu
     mcp_json_server.reset()
     args: dict[str, Any] = {"title": title(), "body": "draft", "draft": True}
     yes = {"action": "accept", "content": {"confirm": True}}
-    first, retry = run(mcp_json_server, proxy, ("call", "confirm_issue", args), ("call", "confirm_issue", args),
-                       answers={"elicit": yes})["results"]
+    first, retry = run(
+        mcp_json_server,
+        proxy,
+        ("call", "confirm_issue", args),
+        ("call", "confirm_issue", args),
+        answers={"elicit": yes},
+    )["results"]
     assert not first["ok"] and first["error"]["code"] == -32600 and "back-channel" in first["error"]["message"]
     assert mcp_json_server.effects()["created"] == 1 and len(mcp_json_server.calls("confirm_issue")) == 1
     receipt = the_receipt(proxy, args["title"])

@@ -142,7 +142,11 @@ def test_a_result_after_100000_notifications_is_succeeded_and_memory_stays_bound
     grown = vm(proxy.proc.pid)["VmHWM"] - before
     print(f"\n{n} notifications, {size / MiB:.0f} MiB through the proxy: its peak RSS grew by {grown} MiB")
     assert notifications == n and size > 30 * MiB
-    assert len(results) == 1 and results[0]["id"] == 2 and results[0]["result"]["structuredContent"]["title"] == args["title"]
+    assert (
+        len(results) == 1
+        and results[0]["id"] == 2
+        and results[0]["result"]["structuredContent"]["title"] == args["title"]
+    )
     receipt = the_receipt(proxy, args["title"])
     assert receipt.state == "succeeded", (receipt.state, receipt.error)
     assert receipt.external_id == str(results[0]["result"]["structuredContent"]["number"])
@@ -163,9 +167,11 @@ def test_a_result_then_a_stream_that_never_ends_is_succeeded_at_the_result(upstr
                 first = next(stream)
                 assert first["id"] == 7 and first["result"]["structuredContent"]["title"] == args["title"]
                 # While the stream goes on (pings keep coming), the receipt says succeeded.
-                receipt = wait_for(lambda: next((x for x in receipts(proxy, args["title"])
-                                                 if x.state == "succeeded"), None),
-                                   timeout=20, what="the receipt to be succeeded while the stream goes on")
+                receipt = wait_for(
+                    lambda: next((x for x in receipts(proxy, args["title"]) if x.state == "succeeded"), None),
+                    timeout=20,
+                    what="the receipt to be succeeded while the stream goes on",
+                )
                 assert receipt.external_id == str(first["result"]["structuredContent"]["number"])
                 pings = upstream.pings[args["title"]]
                 wait_for(lambda: upstream.pings[args["title"]] > pings + 2, timeout=20, what="more pings")
@@ -203,7 +209,10 @@ def test_a_stream_that_breaks_after_its_result_leaves_it_succeeded(upstream, pro
 def test_a_notification_reaches_the_client_before_a_slow_result(upstream, proxy):
     args = {"title": f"held {uuid.uuid4().hex[:8]}", "shape": "held"}
     try:
-        with client(proxy) as c, c.stream("POST", upstream.url, json=tool_call(3, args), headers={"Accept": ACCEPT}) as r:
+        with (
+            client(proxy) as c,
+            c.stream("POST", upstream.url, json=tool_call(3, args), headers={"Accept": ACCEPT}) as r,
+        ):
             stream = events(r)
             first = next(stream)
             assert first.get("method") == "notifications/message", first
@@ -211,8 +220,11 @@ def test_a_notification_reaches_the_client_before_a_slow_result(upstream, proxy)
             upstream.release(args["title"])  # the result is sent only now that the client has the notification
             result = next(stream)
         assert result["id"] == 3 and result["result"]["structuredContent"]["released"] is True
-        assert wait_for(lambda: the_receipt(proxy, args["title"]).state == "succeeded", timeout=20,
-                        what="the receipt to be succeeded")
+        assert wait_for(
+            lambda: the_receipt(proxy, args["title"]).state == "succeeded",
+            timeout=20,
+            what="the receipt to be succeeded",
+        )
     finally:
         upstream.release(args["title"])
 
@@ -237,8 +249,10 @@ def test_a_stream_cut_by_the_drain_before_its_result_is_unknown_and_says_so(upst
     args = {"title": f"drained {uuid.uuid4().hex[:8]}", "shape": "held"}
     try:
         proxy.start()
-        with client(proxy) as c, c.stream("POST", upstream.url, json=tool_call(4, args),
-                                          headers={"Accept": ACCEPT}) as r:
+        with (
+            client(proxy) as c,
+            c.stream("POST", upstream.url, json=tool_call(4, args), headers={"Accept": ACCEPT}) as r,
+        ):
             stream = events(r)
             assert next(stream).get("method") == "notifications/message"
             proxy.process.send_signal(signal.SIGTERM)  # the result is held: the drain's timeout passes first
@@ -269,15 +283,22 @@ def test_the_sdk_over_https_gets_its_event_streams_through_the_relay(tmp_path, c
             proxy.start()
             args, lost = {"title": f"tls {uuid.uuid4().hex[:8]}"}, {"title": f"tls lost {uuid.uuid4().hex[:8]}"}
             server.queue("commit_then_drop")
-            report = run_client(server.url, [("call", "create_issue", lost), ("call", "create_issue", args),
-                                             ("call", "create_issue", args)],
-                                revision="2026-07-28", proxy=proxy.url, ca=proxy.ca, timeout=10)
+            report = run_client(
+                server.url,
+                [("call", "create_issue", lost), ("call", "create_issue", args), ("call", "create_issue", args)],
+                revision="2026-07-28",
+                proxy=proxy.url,
+                ca=proxy.ca,
+                timeout=10,
+            )
             dropped, first, retry = report["results"]
             assert dropped["ok"] and dropped["is_error"] and "answer was lost" in dropped["content"][0]["text"]
             assert first["ok"] and not first["is_error"] and first["structured"]["title"] == args["title"]
             assert retry["ok"] and retry["structured"] == first["structured"]
             assert [h["content_type"] for h in report["http"] if h["jsonrpc_method"] == "tools/call"][:2] == [
-                "text/event-stream", "text/event-stream"]
+                "text/event-stream",
+                "text/event-stream",
+            ]
             assert server.effects()["created"] == 2
             receipt = the_receipt(proxy, args["title"])
             assert receipt.state == "succeeded" and receipt.external_id == str(first["structured"]["number"])
@@ -298,8 +319,10 @@ def test_a_stream_whose_result_outlives_the_upstream_timeout_is_unknown_and_says
     args = {"title": f"late {uuid.uuid4().hex[:8]}", "shape": "held"}
     try:
         proxy.start()
-        with client(proxy) as c, c.stream("POST", upstream.url, json=tool_call(5, args),
-                                          headers={"Accept": ACCEPT}) as r:
+        with (
+            client(proxy) as c,
+            c.stream("POST", upstream.url, json=tool_call(5, args), headers={"Accept": ACCEPT}) as r,
+        ):
             got = list(events(r))  # the notification at once; then, at the deadline, the proxy's words
         assert [m.get("method") for m in got] == ["notifications/message", None]
         said = got[1]
@@ -328,14 +351,18 @@ def test_a_response_with_another_id_is_passed_on_and_the_call_waits_for_its_own(
                 assert list(stream) == []
             retry = c.post(upstream.url, json=tool_call(22, args), headers={"Accept": ACCEPT})
         assert result["id"] == 21 and result["result"]["structuredContent"]["released"] is True
-        receipt = wait_for(lambda: next((x for x in receipts(proxy, args["title"]) if x.state == "succeeded"), None),
-                           timeout=20, what="the receipt to be succeeded")
+        receipt = wait_for(
+            lambda: next((x for x in receipts(proxy, args["title"]) if x.state == "succeeded"), None),
+            timeout=20,
+            what="the receipt to be succeeded",
+        )
         assert receipt.external_id == str(result["result"]["structuredContent"]["number"])
         recorded = recorded_answer(proxy.db, receipt).body
         assert recorded.count(b"data:") == 1 and b"another request" not in recorded
         assert retry.headers.get("x-receipt-replayed") == "true"
         assert [(m["id"], m["result"]["structuredContent"]) for m in events_of(retry)] == [
-            (22, result["result"]["structuredContent"])]
+            (22, result["result"]["structuredContent"])
+        ]
         assert [m["params"]["arguments"] for m in upstream.calls].count(args) == 1
     finally:
         upstream.release(args["title"])

@@ -60,9 +60,18 @@ from tests.e2e.packs.github_mcp_tools import TOOLS
 PATH = "/mcp/"
 TOOLSET = re.compile(r"/mcp/x/[a-z_]+/?")  # the remote server's toolset URLs, served here as PATH
 API = "https://api.github.com"
-MESSAGES = {400: "Bad Request", 401: "Bad credentials", 403: "Resource not accessible by integration",
-            404: "Not Found", 409: "Conflict", 410: "Issues are disabled for this repo",
-            422: "Validation Failed", 500: "Internal Server Error", 502: "Server Error", 503: "Service Unavailable"}
+MESSAGES = {
+    400: "Bad Request",
+    401: "Bad credentials",
+    403: "Resource not accessible by integration",
+    404: "Not Found",
+    409: "Conflict",
+    410: "Issues are disabled for this repo",
+    422: "Validation Failed",
+    500: "Internal Server Error",
+    502: "Server Error",
+    503: "Service Unavailable",
+}
 
 
 class State:
@@ -95,8 +104,10 @@ class State:
         return None
 
     def snapshot(self) -> dict[str, Any]:
-        return {k: json.loads(json.dumps(getattr(self, k)))
-                for k in ("issues", "comments", "pulls", "files", "updates", "reactions", "calls", "faults")}
+        return {
+            k: json.loads(json.dumps(getattr(self, k)))
+            for k in ("issues", "comments", "pulls", "files", "updates", "reactions", "calls", "faults")
+        }
 
 
 STATE = State()
@@ -118,9 +129,17 @@ def github_error(what: str, method: str, url: str, status: int, errors: str = "[
 # What each write does: (the error prefix, the method, the GitHub path, the effect).
 def _create_issue(a: dict[str, Any]) -> dict[str, Any]:
     n = len([i for i in STATE.issues if (i["owner"], i["repo"]) == (a["owner"], a["repo"])]) + 1
-    issue = {"owner": a["owner"], "repo": a["repo"], "number": n, "id": STATE.new_id(), "title": a.get("title", ""),
-             "body": a.get("body", ""), "state": "OPEN", "user": {"login": "octo-bot"},
-             "created_at": f"2026-11-30T10:{n % 60:02d}:00Z"}
+    issue = {
+        "owner": a["owner"],
+        "repo": a["repo"],
+        "number": n,
+        "id": STATE.new_id(),
+        "title": a.get("title", ""),
+        "body": a.get("body", ""),
+        "state": "OPEN",
+        "user": {"login": "octo-bot"},
+        "created_at": f"2026-11-30T10:{n % 60:02d}:00Z",
+    }
     STATE.issues.append(issue)
     return {"id": str(issue["id"]), "url": f"https://github.com/{a['owner']}/{a['repo']}/issues/{n}"}
 
@@ -128,19 +147,39 @@ def _create_issue(a: dict[str, Any]) -> dict[str, Any]:
 def _create_comment(a: dict[str, Any]) -> dict[str, Any]:
     cid = STATE.new_id()
     url = f"https://github.com/{a['owner']}/{a['repo']}/issues/{a['issue_number']}#issuecomment-{cid}"
-    STATE.comments.append({"owner": a["owner"], "repo": a["repo"], "issue_number": a["issue_number"], "id": cid,
-                           "body": a.get("body", ""), "html_url": url, "user": {"login": "octo-bot"},
-                           "created_at": "2026-11-30T10:05:00Z"})
+    STATE.comments.append(
+        {
+            "owner": a["owner"],
+            "repo": a["repo"],
+            "issue_number": a["issue_number"],
+            "id": cid,
+            "body": a.get("body", ""),
+            "html_url": url,
+            "user": {"login": "octo-bot"},
+            "created_at": "2026-11-30T10:05:00Z",
+        }
+    )
     return {"id": str(cid), "url": url}
 
 
 def _create_pull(a: dict[str, Any]) -> dict[str, Any]:
     n = 100 + len(STATE.pulls) + 1
     pid = STATE.new_id()
-    STATE.pulls.append({"owner": a["owner"], "repo": a["repo"], "number": n, "id": pid, "title": a["title"],
-                        "state": "open", "draft": bool(a.get("draft")), "merged": False,
-                        "html_url": f"https://github.com/{a['owner']}/{a['repo']}/pull/{n}",
-                        "head": {"ref": a["head"], "sha": "d" * 40}, "base": {"ref": a["base"], "sha": "e" * 40}})
+    STATE.pulls.append(
+        {
+            "owner": a["owner"],
+            "repo": a["repo"],
+            "number": n,
+            "id": pid,
+            "title": a["title"],
+            "state": "open",
+            "draft": bool(a.get("draft")),
+            "merged": False,
+            "html_url": f"https://github.com/{a['owner']}/{a['repo']}/pull/{n}",
+            "head": {"ref": a["head"], "sha": "d" * 40},
+            "base": {"ref": a["base"], "sha": "e" * 40},
+        }
+    )
     return {"id": str(pid), "url": f"https://github.com/{a['owner']}/{a['repo']}/pull/{n}"}
 
 
@@ -157,33 +196,54 @@ def current_file(a: dict[str, Any]) -> dict[str, Any] | None:
 
 def _put_file(a: dict[str, Any]) -> dict[str, Any]:
     commit = f"{STATE.new_id():040x}"
-    STATE.files.append({k: a.get(k) for k in ("owner", "repo", "branch", "path", "content", "message", "sha")}
-                       | {"commit": commit, "blob": blob_sha(a["content"])})
+    STATE.files.append(
+        {k: a.get(k) for k in ("owner", "repo", "branch", "path", "content", "message", "sha")}
+        | {"commit": commit, "blob": blob_sha(a["content"])}
+    )
     name = a["path"].rsplit("/", 1)[-1]
-    return {"content": {"name": name, "path": a["path"], "sha": blob_sha(a["content"]),
-                        "html_url": f"https://github.com/{a['owner']}/{a['repo']}/blob/{a['branch']}/{a['path']}"},
-            "commit": {"sha": commit, "html_url": f"https://github.com/{a['owner']}/{a['repo']}/commit/{commit}"}}
+    return {
+        "content": {
+            "name": name,
+            "path": a["path"],
+            "sha": blob_sha(a["content"]),
+            "html_url": f"https://github.com/{a['owner']}/{a['repo']}/blob/{a['branch']}/{a['path']}",
+        },
+        "commit": {"sha": commit, "html_url": f"https://github.com/{a['owner']}/{a['repo']}/commit/{commit}"},
+    }
 
 
 def _update_issue(a: dict[str, Any]) -> dict[str, Any]:
     STATE.updates.append(dict(a))
-    return {"id": str(STATE.new_id()),
-            "url": f"https://github.com/{a['owner']}/{a['repo']}/issues/{a.get('issue_number')}"}
+    return {
+        "id": str(STATE.new_id()),
+        "url": f"https://github.com/{a['owner']}/{a['repo']}/issues/{a.get('issue_number')}",
+    }
 
 
 WRITES = {
     "create_issue": ("failed to create issue", "POST", "/repos/{owner}/{repo}/issues", _create_issue),
-    "add_issue_comment": ("failed to create comment", "POST", "/repos/{owner}/{repo}/issues/{issue_number}/comments",
-                          _create_comment),
+    "add_issue_comment": (
+        "failed to create comment",
+        "POST",
+        "/repos/{owner}/{repo}/issues/{issue_number}/comments",
+        _create_comment,
+    ),
     "create_pull_request": ("failed to create pull request", "POST", "/repos/{owner}/{repo}/pulls", _create_pull),
-    "create_or_update_file": ("failed to create/update file", "PUT", "/repos/{owner}/{repo}/contents/{path}",
-                              _put_file),
+    "create_or_update_file": (
+        "failed to create/update file",
+        "PUT",
+        "/repos/{owner}/{repo}/contents/{path}",
+        _put_file,
+    ),
     "update_issue": ("failed to update issue", "PATCH", "/repos/{owner}/{repo}/issues/{issue_number}", _update_issue),
 }
-REQUIRED = {"create_issue": ("owner", "repo", "title"), "add_issue_comment": ("owner", "repo", "issue_number"),
-            "create_pull_request": ("owner", "repo", "title", "head", "base"),
-            "create_or_update_file": ("owner", "repo", "path", "content", "message", "branch"),
-            "update_issue": ("owner", "repo", "issue_number")}
+REQUIRED = {
+    "create_issue": ("owner", "repo", "title"),
+    "add_issue_comment": ("owner", "repo", "issue_number"),
+    "create_pull_request": ("owner", "repo", "title", "head", "base"),
+    "create_or_update_file": ("owner", "repo", "path", "content", "message", "branch"),
+    "update_issue": ("owner", "repo", "issue_number"),
+}
 
 
 def _comment(a: dict[str, Any], fault: dict[str, Any] | None) -> CallToolResult:
@@ -220,11 +280,20 @@ def _write(kind: str, a: dict[str, Any], fault: dict[str, Any] | None) -> CallTo
     what, method, path, effect = WRITES[kind]
     url = API + path.format(**{k: a.get(k) for k in ("owner", "repo", "issue_number", "path")})
     if kind == "create_pull_request" and any(
-        p["state"] == "open" and (p["owner"], p["repo"], p["head"]["ref"], p["base"]["ref"])
-        == (a["owner"], a["repo"], a["head"], a["base"]) for p in STATE.pulls
+        p["state"] == "open"
+        and (p["owner"], p["repo"], p["head"]["ref"], p["base"]["ref"]) == (a["owner"], a["repo"], a["head"], a["base"])
+        for p in STATE.pulls
     ):
-        return _error(github_error(what, method, url, 422, "[{Resource:PullRequest Field: Code:custom "
-                                   f"Message:A pull request already exists for {a['owner']}:{a['head']}.}}]"))
+        return _error(
+            github_error(
+                what,
+                method,
+                url,
+                422,
+                "[{Resource:PullRequest Field: Code:custom "
+                f"Message:A pull request already exists for {a['owner']}:{a['head']}.}}]",
+            )
+        )
     if fault and fault["kind"] == "github":
         if fault.get("commit"):
             effect(a)
@@ -234,14 +303,20 @@ def _write(kind: str, a: dict[str, Any], fault: dict[str, Any] | None) -> CallTo
     if kind == "create_or_update_file" and (existing := current_file(a)):
         # repositories.go @ 803f9803: a given sha is checked first; none: the file is overwritten, with a warning.
         if a.get("sha") and a["sha"] != existing["blob"]:
-            return _error(f"SHA mismatch: provided SHA {a['sha']} is stale. Current file SHA is {existing['blob']}. "
-                          "Use get_file_contents or compare commits to review changes before updating.")
+            return _error(
+                f"SHA mismatch: provided SHA {a['sha']} is stale. Current file SHA is {existing['blob']}. "
+                "Use get_file_contents or compare commits to review changes before updating."
+            )
         if not a.get("sha"):
-            return _text(effect(a), prefix=(
-                f"Warning: File updated without SHA validation. Previous file SHA was {existing['blob']}. "
-                "Verify no unintended changes were overwritten: \n1. Extract the SHA of the local version using "
-                f"git ls-tree HEAD {a['path']}.\n2. Compare with the previous SHA above.\n3. Revert changes if shas "
-                "do not match.\n\n"))
+            return _text(
+                effect(a),
+                prefix=(
+                    f"Warning: File updated without SHA validation. Previous file SHA was {existing['blob']}. "
+                    "Verify no unintended changes were overwritten: \n1. Extract the SHA of the local version using "
+                    f"git ls-tree HEAD {a['path']}.\n2. Compare with the previous SHA above.\n3. Revert changes if shas "
+                    "do not match.\n\n"
+                ),
+            )
     return _text(effect(a))
 
 
@@ -252,13 +327,22 @@ def _read(tool: str, a: dict[str, Any]) -> CallToolResult:
         found.sort(key=lambda i: i["number"], reverse=a.get("direction", "DESC") == "DESC")
         found = found[: int(a.get("perPage", 30))]
         shown = [{k: i[k] for k in ("number", "title", "body", "state", "user", "created_at")} for i in found]
-        return _text({"issues": shown, "totalCount": len(shown),
-                      "pageInfo": {"hasNextPage": False, "hasPreviousPage": False, "startCursor": "", "endCursor": ""}})
+        return _text(
+            {
+                "issues": shown,
+                "totalCount": len(shown),
+                "pageInfo": {"hasNextPage": False, "hasPreviousPage": False, "startCursor": "", "endCursor": ""},
+            }
+        )
     if tool == "list_pull_requests":
-        found = [p for p in STATE.pulls if (p["owner"], p["repo"]) == repo
-                 and a.get("state", "open") in ("all", p["state"])
-                 and (not a.get("head") or a["head"] == f"{p['owner']}:{p['head']['ref']}")
-                 and (not a.get("base") or a["base"] == p["base"]["ref"])]
+        found = [
+            p
+            for p in STATE.pulls
+            if (p["owner"], p["repo"]) == repo
+            and a.get("state", "open") in ("all", p["state"])
+            and (not a.get("head") or a["head"] == f"{p['owner']}:{p['head']['ref']}")
+            and (not a.get("base") or a["base"] == p["base"]["ref"])
+        ]
         return _text([{k: v for k, v in p.items() if k not in ("owner", "repo", "id")} for p in found])
     if tool == "issue_read":
         if a.get("method") != "get_comments":
@@ -274,8 +358,9 @@ class GitHubMCP(MCPServer):
     """The published tools (TOOLS) served as they are: list_tools and call_tool overridden."""
 
     async def list_tools(self) -> list[MCPTool]:
-        return [MCPTool.model_validate({k: v for k, v in t.items() if k not in ("source", "note")})
-                for t in TOOLS.values()]
+        return [
+            MCPTool.model_validate({k: v for k, v in t.items() if k not in ("source", "note")}) for t in TOOLS.values()
+        ]
 
     def _tool_input_schema(self, name: str) -> dict[str, Any] | None:
         return TOOLS[name]["inputSchema"] if name in TOOLS else None
@@ -336,8 +421,11 @@ class FaultsAndEffects:
         body = b"".join(m.get("body", b"") for m in held if m["type"] == "http.response.body")
         ctype = dict(start.get("headers", [])).get(b"content-type", b"application/json")
         headers = [(b"content-type", ctype)]
-        headers += [(b"cache-control", b"no-cache")] if ctype.startswith(b"text/event-stream") else \
-            [(b"content-length", str(len(body)).encode())]
+        headers += (
+            [(b"cache-control", b"no-cache")]
+            if ctype.startswith(b"text/event-stream")
+            else [(b"content-length", str(len(body)).encode())]
+        )
         await send({"type": "http.response.start", "status": start["status"], "headers": headers})
         await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
         raise ConnectionAbortedError("drop: the connection cut after the effect")  # uvicorn closes it
@@ -360,18 +448,26 @@ class FaultsAndEffects:
         else:
             status, doc = 405, {"error": f"{method} {path} is not served"}
         body = json.dumps(doc).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="A fake of GitHub's MCP server (see tests/e2e/packs/github_mcp_server.py)")
+    parser = argparse.ArgumentParser(
+        description="A fake of GitHub's MCP server (see tests/e2e/packs/github_mcp_server.py)"
+    )
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     server = GitHubMCP("github-mcp-server", instructions="A fake of GitHub's MCP server for the pack's tests.")
     app = FaultsAndEffects(server.streamable_http_app(streamable_http_path=PATH))
     serve(app, port=args.port, ready=f"github_mcp_server: ready http://127.0.0.1:{{port}}{PATH}")
+
 
 if __name__ == "__main__":
     main()

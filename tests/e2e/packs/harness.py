@@ -84,8 +84,15 @@ class FakeAPI:
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
-    def on(self, method: str, path: str, status: int | Callable[[Seen], Answer], body: Any = None,
-           headers: dict[str, str] | None = None, times: int | None = None) -> None:
+    def on(
+        self,
+        method: str,
+        path: str,
+        status: int | Callable[[Seen], Answer],
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        times: int | None = None,
+    ) -> None:
         answer = status if callable(status) else (status, headers or {}, body)
         with self.lock:
             self.routes.append(_Route(method.upper(), re.compile(path), answer, times))
@@ -190,12 +197,29 @@ class PackRun:
     proxy: Proxy
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request (credentials)
 
-    def send(self, method: str, path: str, *, json: Any = None, data: Any = None, files: Any = None,
-             content: bytes | None = None, headers: dict[str, str] | None = None, timeout: float = 10.0) -> httpx.Response:
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: Any = None,
+        files: Any = None,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 10.0,
+    ) -> httpx.Response:
         """One request through the proxy to the fake API; `path` is relative to the API's origin."""
         with httpx.Client(proxy=self.proxy.url, trust_env=False, timeout=timeout) as c:
-            return c.request(method, self.api.origin + path, json=json, data=data, files=files, content=content,
-                             headers={**self.headers, **(headers or {})})
+            return c.request(
+                method,
+                self.api.origin + path,
+                json=json,
+                data=data,
+                files=files,
+                content=content,
+                headers={**self.headers, **(headers or {})},
+            )
 
     def store(self) -> Store:
         return Store.open(self.proxy.db, create=False)
@@ -223,8 +247,11 @@ class PackRun:
         operation_id = answer if isinstance(answer, str) else answer.headers["x-receipt-id"]
         store = self.store()
         try:
-            return [(e.from_state and str(e.from_state), str(e.to_state), e.reason)
-                    for e in store.events(operation_id) if e.event == "transition"]
+            return [
+                (e.from_state and str(e.from_state), str(e.to_state), e.reason)
+                for e in store.events(operation_id)
+                if e.event == "transition"
+            ]
         finally:
             store.close()
 
@@ -240,8 +267,9 @@ class PackRun:
             store.close()
 
 
-def pack_run(pack: str, workdir: Path, confdir: Path, *, headers: dict[str, str] | None = None,
-             extra: tuple[str, ...] = ()):
+def pack_run(
+    pack: str, workdir: Path, confdir: Path, *, headers: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+):
     """
     A generator for a module-scoped fixture: the fake API, then the proxy with `rules/<pack>`
     pointed at it.
@@ -255,8 +283,12 @@ def pack_run(pack: str, workdir: Path, confdir: Path, *, headers: dict[str, str]
         rules = workdir / "rules"
         rules.mkdir()
         (rules / pack).write_text(pointed_at(PACKS / pack, api.port))
-        proxy = Proxy(workdir, confdir, rules=rules,
-                      extra=("--set", "receipts_wait_submitted=0", "--set", "receipts_read_timeout=5", *extra))
+        proxy = Proxy(
+            workdir,
+            confdir,
+            rules=rules,
+            extra=("--set", "receipts_wait_submitted=0", "--set", "receipts_read_timeout=5", *extra),
+        )
         try:
             proxy.start()  # inside: a start that fails stops its process too (Proxy.ready), and so does this
             yield PackRun(api, proxy, dict(headers or {}))

@@ -36,10 +36,18 @@ class FakeForem:
 
     def add(self, title: str, body: str, published: bool = False) -> dict[str, Any]:
         with self.lock:
-            article = {"type_of": "article", "id": 1000 + len(self.articles), "title": title,
-                       "body_markdown": body, "published": published, "user_id": 7,
-                       "published_at": "2026-11-29T21:00:00Z" if published else None,
-                       "slug": f"{title.lower().replace(' ', '-')}-x1", "path": "/u/x1", "url": "https://dev.to/u/x1"}
+            article = {
+                "type_of": "article",
+                "id": 1000 + len(self.articles),
+                "title": title,
+                "body_markdown": body,
+                "published": published,
+                "user_id": 7,
+                "published_at": "2026-11-29T21:00:00Z" if published else None,
+                "slug": f"{title.lower().replace(' ', '-')}-x1",
+                "path": "/u/x1",
+                "url": "https://dev.to/u/x1",
+            }
             self.articles.append(article)
             return article
 
@@ -50,7 +58,9 @@ class FakeForem:
         with self.lock:
             steps = self.plans.get(art["title"]) or ["ok"]
             step = steps.pop(0) if len(steps) > 1 else steps[0]
-            taken = any(a["title"] == art["title"] and a["body_markdown"] == art["body_markdown"] for a in self.articles)
+            taken = any(
+                a["title"] == art["title"] and a["body_markdown"] == art["body_markdown"] for a in self.articles
+            )
         if step == "blank":
             return 422, {}, {"error": "Title can't be blank", "status": 422}
         if step == "http500":
@@ -113,6 +123,7 @@ to_states = PackRun.states
 
 # --- outcomes of the write ---------------------------------------------------------------------
 
+
 def test_a_new_article_succeeds_with_its_id(devto):
     title, body = fresh()
     r = devto.send("POST", ARTICLES, json=article(title, body))
@@ -143,14 +154,15 @@ def test_5xx_and_lost_connections_are_unknown(devto, step):
 
 # --- "has already been taken": evidence, decided by the read --------------------------------------
 
+
 def test_already_taken_goes_through_reconciling_and_ends_succeeded_with_the_existing_article(devto):
     title, body = fresh()
-    existing = devto.fake.add(title, body)                  # an earlier attempt whose answer was lost
+    existing = devto.fake.add(title, body)  # an earlier attempt whose answer was lost
     reads_before = len(reads(devto))
     r = devto.send("POST", ARTICLES, json=article(title, body))
-    assert r.status_code == 422                             # the agent gets Forem's answer...
+    assert r.status_code == 422  # the agent gets Forem's answer...
     assert r.json() == {"error": "Body markdown has already been taken", "status": 422}
-    assert r.headers["x-receipt-state"] == "succeeded"      # ...and the receipt's verdict
+    assert r.headers["x-receipt-state"] == "succeeded"  # ...and the receipt's verdict
     receipt = devto.receipt(r)
     assert receipt.state is State.SUCCEEDED and receipt.external_id == str(existing["id"])
     assert State.RECONCILING in to_states(devto, receipt.operation_id)
@@ -163,21 +175,24 @@ def test_already_taken_but_not_in_the_list_is_proven_absent(devto):
     """The read decides, not the 422: a list without the article proves it absent."""
     title, body = fresh()
     devto.fake.add(title, body)
+
     def hide(seen):
         return 200, {}, []
-    devto.api.on("GET", ME_ALL, hide, times=1)              # the next read sees no articles
+
+    devto.api.on("GET", ME_ALL, hide, times=1)  # the next read sees no articles
     try:
         r = devto.send("POST", ARTICLES, json=article(title, body))
-    finally:                                                 # never leak the one-shot answer to other tests
+    finally:  # never leak the one-shot answer to other tests
         with devto.api.lock:
             devto.api.routes = [route for route in devto.api.routes if route.answer is not hide]
     assert r.status_code == 422
     assert devto.receipt(r).state is State.SAFE_TO_RETRY
     assert State.RECONCILING in to_states(devto, r.headers["x-receipt-id"])
-    assert len(writes(devto, title)) == 1                   # the proxy never resends by itself
+    assert len(writes(devto, title)) == 1  # the proxy never resends by itself
 
 
 # --- reconcile after an unknown outcome --------------------------------------------------------------
+
 
 def test_unknown_then_a_draft_is_found_in_me_all(devto):
     """A draft: GET /api/articles/{id} would answer 404 (published only); /me/all lists it."""
@@ -215,7 +230,7 @@ def test_an_article_with_the_same_title_but_another_body_is_not_taken_for_it(dev
     devto.fake.plan(title, "drop", "ok")
     first = devto.send("POST", ARTICLES, json=article(title, body))
     devto.send("POST", ARTICLES, json=article(title, body))
-    assert devto.receipt(first).state is State.SAFE_TO_RETRY     # not succeeded with the older one's id
+    assert devto.receipt(first).state is State.SAFE_TO_RETRY  # not succeeded with the older one's id
     assert devto.receipt(first).external_id is None
 
 
@@ -233,6 +248,9 @@ def test_an_update_answered_409_may_have_been_applied_so_it_is_never_sent_again(
     assert State.REJECTED not in to_states(devto, r)
     retry = devto.send("PUT", path, json=body)
     assert (retry.status_code, retry.json()["error"], retry.json()["state"]) == (
-        409, "duplicate_unresolved", "manual_review")
+        409,
+        "duplicate_unresolved",
+        "manual_review",
+    )
     assert retry.headers["x-receipt-id"] == r.headers["x-receipt-id"]
     assert devto.api.count("PUT", path) == 1

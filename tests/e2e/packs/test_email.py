@@ -55,18 +55,33 @@ EMAILS = "/emails"
 
 @pytest.fixture(scope="module")
 def resend(tmp_path_factory, confdir):
-    yield from pack_run("resend.yaml", tmp_path_factory.mktemp("resend"), confdir, headers={"Authorization": RESEND_KEY})
+    yield from pack_run(
+        "resend.yaml", tmp_path_factory.mktemp("resend"), confdir, headers={"Authorization": RESEND_KEY}
+    )
 
 
 def resend_email(t: str) -> dict:
-    return {"from": "Acme <onboarding@acme.test>", "to": [f"user-{t}@example.com"],
-            "subject": f"Your order {t}", "html": f"<p>order {t} confirmed</p>"}
+    return {
+        "from": "Acme <onboarding@acme.test>",
+        "to": [f"user-{t}@example.com"],
+        "subject": f"Your order {t}",
+        "html": f"<p>order {t} confirmed</p>",
+    }
 
 
 def resend_listing(email: dict, email_id: str, *others: dict) -> dict:
-    item = {"id": email_id, "to": email["to"], "from": email["from"], "created_at": "2026-03-01T12:00:01.000000+00:00",
-            "subject": email["subject"], "bcc": None, "cc": None, "reply_to": None, "last_event": "sent",
-            "scheduled_at": None}
+    item = {
+        "id": email_id,
+        "to": email["to"],
+        "from": email["from"],
+        "created_at": "2026-03-01T12:00:01.000000+00:00",
+        "subject": email["subject"],
+        "bcc": None,
+        "cc": None,
+        "reply_to": None,
+        "last_event": "sent",
+        "scheduled_at": None,
+    }
     return {"object": "list", "has_more": False, "data": [*others, item]}
 
 
@@ -96,12 +111,16 @@ def test_resend_gets_the_receipts_idempotency_key_in_place_of_the_agents(resend)
     assert sent.headers["idempotency-key"] == key == r.headers["x-receipt-idempotency-key"] != f"welcome-user/{t}"
 
 
-@pytest.mark.parametrize("error", [
-    resend_error(422, "missing_required_field", "Missing `to` field."),
-    resend_error(400, "validation_error", "Invalid `to` field."),
-    resend_error(429, "rate_limit_exceeded", "Too many requests."),
-    resend_error(429, "daily_quota_exceeded", "You have reached your daily email sending quota."),
-], ids=lambda e: e[1]["name"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        resend_error(422, "missing_required_field", "Missing `to` field."),
+        resend_error(400, "validation_error", "Invalid `to` field."),
+        resend_error(429, "rate_limit_exceeded", "Too many requests."),
+        resend_error(429, "daily_quota_exceeded", "You have reached your daily email sending quota."),
+    ],
+    ids=lambda e: e[1]["name"],
+)
 def test_resend_rejections(resend, error):
     t = tag()
     status, body = error
@@ -137,15 +156,27 @@ def test_resend_unknown_outcome_is_retried_with_the_same_key_without_a_read(rese
 
 
 INVALID_IDEMPOTENT = ("invalid_idempotent_request", "Same idempotency key used with a different request payload.")
-CONCURRENT = ("concurrent_idempotent_requests", "Same idempotency key used while original request is still in progress.")
+CONCURRENT = (
+    "concurrent_idempotent_requests",
+    "Same idempotency key used while original request is still in progress.",
+)
 
 
 def test_resend_invalid_idempotent_request_reconciles_and_finds_the_email(resend):
     t = tag()
     email = resend_email(t)
     resend.api.on("POST", EMAILS, *resend_error(409, *INVALID_IDEMPOTENT), times=1)
-    resend.api.on("GET", EMAILS, 200, resend_listing(email, f"email-{t}", {
-        "id": "someone-else", "to": ["other@example.com"], "from": email["from"], "subject": email["subject"]}), times=1)
+    resend.api.on(
+        "GET",
+        EMAILS,
+        200,
+        resend_listing(
+            email,
+            f"email-{t}",
+            {"id": "someone-else", "to": ["other@example.com"], "from": email["from"], "subject": email["subject"]},
+        ),
+        times=1,
+    )
     r = resend.send("POST", EMAILS, json=email)
     assert r.status_code == 409 and r.json()["name"] == "invalid_idempotent_request"  # the API's answer
 
@@ -231,8 +262,10 @@ def test_resend_email_on_the_second_page_of_the_list_is_found_without_a_second_s
     has_more was not followed and proved nothing: manual review.)"""
     t = tag()
     email = resend_email(t)
-    others = [{"id": f"other-{t}-{i:03d}", "to": ["other@example.com"], "from": email["from"],
-               "subject": "something else"} for i in range(100)]
+    others = [
+        {"id": f"other-{t}-{i:03d}", "to": ["other@example.com"], "from": email["from"], "subject": "something else"}
+        for i in range(100)
+    ]
 
     def page(seen: Seen):
         after = parse_qs(urlsplit(seen.path).query).get("after", [None])[0]
@@ -255,6 +288,7 @@ def test_resend_email_on_the_second_page_of_the_list_is_found_without_a_second_s
     assert again.status_code == 409 and again.json()["error"] == "duplicate_succeeded"
     assert len(writes(resend, EMAILS, t)) == 1  # no second email
 
+
 # =============================================================================================
 # Postmark
 # =============================================================================================
@@ -266,18 +300,32 @@ PM_SEARCH = "/messages/outbound"
 
 @pytest.fixture(scope="module")
 def postmark(tmp_path_factory, confdir):
-    yield from pack_run("postmark.yaml", tmp_path_factory.mktemp("postmark"), confdir,
-                        headers={"X-Postmark-Server-Token": POSTMARK_TOKEN, "Accept": "application/json"})
+    yield from pack_run(
+        "postmark.yaml",
+        tmp_path_factory.mktemp("postmark"),
+        confdir,
+        headers={"X-Postmark-Server-Token": POSTMARK_TOKEN, "Accept": "application/json"},
+    )
 
 
 def pm_email(t: str) -> dict:
-    return {"From": "sender@acme.test", "To": f"rcpt-{t}@example.com", "Subject": f"Invoice {t}",
-            "TextBody": f"invoice {t}", "MessageStream": "outbound"}
+    return {
+        "From": "sender@acme.test",
+        "To": f"rcpt-{t}@example.com",
+        "Subject": f"Invoice {t}",
+        "TextBody": f"invoice {t}",
+        "MessageStream": "outbound",
+    }
 
 
 def pm_sent(email: dict, message_id: str) -> dict:
-    return {"To": email["To"], "SubmittedAt": "2026-03-01T07:00:01.1794748-05:00", "MessageID": message_id,
-            "ErrorCode": 0, "Message": "OK"}
+    return {
+        "To": email["To"],
+        "SubmittedAt": "2026-03-01T07:00:01.1794748-05:00",
+        "MessageID": message_id,
+        "ErrorCode": 0,
+        "Message": "OK",
+    }
 
 
 def pm_search(*messages: dict) -> dict:
@@ -285,11 +333,24 @@ def pm_search(*messages: dict) -> dict:
 
 
 def pm_item(email: dict, message_id: str, subject: str | None = None) -> dict:
-    return {"Tag": "", "MessageID": message_id, "MessageStream": "outbound",
-            "To": [{"Email": email["To"], "Name": None}], "Cc": [], "Bcc": [], "Recipients": [email["To"]],
-            "ReceivedAt": "2026-03-01T07:00:01-05:00", "From": email["From"], "Subject": subject or email["Subject"],
-            "Attachments": [], "Status": "Sent", "TrackOpens": False, "TrackLinks": "None", "Metadata": {},
-            "Sandboxed": False}
+    return {
+        "Tag": "",
+        "MessageID": message_id,
+        "MessageStream": "outbound",
+        "To": [{"Email": email["To"], "Name": None}],
+        "Cc": [],
+        "Bcc": [],
+        "Recipients": [email["To"]],
+        "ReceivedAt": "2026-03-01T07:00:01-05:00",
+        "From": email["From"],
+        "Subject": subject or email["Subject"],
+        "Attachments": [],
+        "Status": "Sent",
+        "TrackOpens": False,
+        "TrackLinks": "None",
+        "Metadata": {},
+        "Sandboxed": False,
+    }
 
 
 def test_postmark_success_records_message_id(postmark):
@@ -303,12 +364,15 @@ def test_postmark_success_records_message_id(postmark):
     assert len(writes(postmark, PM_EMAIL, t)) == 1
 
 
-@pytest.mark.parametrize("code,message,reason", [
-    (406, "You tried to send to recipient(s) that have been marked as inactive.", "inactive recipient"),
-    (300, "Invalid 'To' address: 'not-an-address'.", "invalid email request"),
-    (405, "Not allowed to send: you have run out of credits.", "422 with an API error code"),
-    (401, "Sender signature not confirmed.", "422 with an API error code"),
-])
+@pytest.mark.parametrize(
+    "code,message,reason",
+    [
+        (406, "You tried to send to recipient(s) that have been marked as inactive.", "inactive recipient"),
+        (300, "Invalid 'To' address: 'not-an-address'.", "invalid email request"),
+        (405, "Not allowed to send: you have run out of credits.", "422 with an API error code"),
+        (401, "Sender signature not confirmed.", "422 with an API error code"),
+    ],
+)
 def test_postmark_422_error_codes_are_rejections(postmark, code, message, reason):
     t = tag()
     postmark.api.on("POST", PM_EMAIL, 422, {"ErrorCode": code, "Message": message}, times=1)
@@ -378,14 +442,18 @@ SEND = "/v3/mail/send"
 
 @pytest.fixture(scope="module")
 def sendgrid(tmp_path_factory, confdir):
-    yield from pack_run("sendgrid.yaml", tmp_path_factory.mktemp("sendgrid"), confdir,
-                        headers={"Authorization": SENDGRID_KEY})
+    yield from pack_run(
+        "sendgrid.yaml", tmp_path_factory.mktemp("sendgrid"), confdir, headers={"Authorization": SENDGRID_KEY}
+    )
 
 
 def sg_mail(t: str) -> dict:
-    return {"personalizations": [{"to": [{"email": f"rcpt-{t}@example.com"}]}],
-            "from": {"email": "sender@acme.test"}, "subject": f"Report {t}",
-            "content": [{"type": "text/plain", "value": f"report {t}"}]}
+    return {
+        "personalizations": [{"to": [{"email": f"rcpt-{t}@example.com"}]}],
+        "from": {"email": "sender@acme.test"},
+        "subject": f"Report {t}",
+        "content": [{"type": "text/plain", "value": f"report {t}"}],
+    }
 
 
 def test_sendgrid_202_empty_body_takes_the_id_from_x_message_id(sendgrid):
@@ -431,8 +499,9 @@ def test_sendgrid_unknown_outcome_blocks_retries_without_any_read(sendgrid, faul
 
 def test_sendgrid_two_subusers_are_two_principals_and_one_subuser_twice_is_one_send(sendgrid):
     t = tag()
-    sendgrid.api.on("POST", SEND, lambda seen: (202, {"X-Message-Id": f"sgid-{seen.headers.get('on-behalf-of')}-{t}"},
-                                                b""), times=2)
+    sendgrid.api.on(
+        "POST", SEND, lambda seen: (202, {"X-Message-Id": f"sgid-{seen.headers.get('on-behalf-of')}-{t}"}, b""), times=2
+    )
     a1 = sendgrid.send("POST", SEND, json=sg_mail(t), headers={"on-behalf-of": "subuser-a"})
     b1 = sendgrid.send("POST", SEND, json=sg_mail(t), headers={"on-behalf-of": "subuser-b"})
     assert (a1.headers["x-receipt-state"], b1.headers["x-receipt-state"]) == ("succeeded", "succeeded")

@@ -18,8 +18,12 @@ LOGIN = "octo-bot"
 
 @pytest.fixture(scope="module")
 def gh(tmp_path_factory, confdir):
-    yield from pack_run("github.yaml", tmp_path_factory.mktemp("github"), confdir,
-                        headers={"Authorization": TOKEN, "Accept": "application/vnd.github+json"})
+    yield from pack_run(
+        "github.yaml",
+        tmp_path_factory.mktemp("github"),
+        confdir,
+        headers={"Authorization": TOKEN, "Accept": "application/vnd.github+json"},
+    )
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -49,17 +53,28 @@ def validation_failed(*errors: dict, doc: str = "https://docs.github.com/rest") 
 
 
 def issue(number: int, title: str, body: str | None, repo: str, login: str = LOGIN) -> dict:
-    return {"id": 900000 + number, "node_id": f"I_kw{number}", "number": number, "title": title, "body": body,
-            "state": "open", "user": {"login": login, "id": 1},
-            "url": f"https://api.github.com/repos/octo/{repo}/issues/{number}",
-            "html_url": f"https://github.com/octo/{repo}/issues/{number}"}
+    return {
+        "id": 900000 + number,
+        "node_id": f"I_kw{number}",
+        "number": number,
+        "title": title,
+        "body": body,
+        "state": "open",
+        "user": {"login": login, "id": 1},
+        "url": f"https://api.github.com/repos/octo/{repo}/issues/{number}",
+        "html_url": f"https://github.com/octo/{repo}/issues/{number}",
+    }
 
 
 def created_issue(number: int, repo: str):
     def answer(seen: Seen):
         body = seen.json()
-        return 201, {"Location": f"https://api.github.com/repos/octo/{repo}/issues/{number}"}, \
-            issue(number, body["title"], body.get("body"), repo)
+        return (
+            201,
+            {"Location": f"https://api.github.com/repos/octo/{repo}/issues/{number}"},
+            issue(number, body["title"], body.get("body"), repo),
+        )
+
     return answer
 
 
@@ -103,23 +118,44 @@ def test_issue_created_records_its_number(gh):
 REFUSALS = [
     # (status, headers, body, a reason the receipt's history must hold, or None)
     (401, {}, {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"}, None),
-    (403, {"retry-after": "60"},
-     {"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
-      "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"},
-     "secondary limit"),
-    (403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "1893456000"},
-     {"message": "API rate limit exceeded for user ID 1.", "documentation_url": "https://docs.github.com/rest"},
-     "primary limit"),
+    (
+        403,
+        {"retry-after": "60"},
+        {
+            "message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+            "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits",
+        },
+        "secondary limit",
+    ),
+    (
+        403,
+        {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "1893456000"},
+        {"message": "API rate limit exceeded for user ID 1.", "documentation_url": "https://docs.github.com/rest"},
+        "primary limit",
+    ),
     (429, {"retry-after": "30"}, {"message": "You have exceeded a secondary rate limit."}, "secondary limit"),
     (403, {}, {"message": "Resource not accessible by personal access token"}, None),
-    (404, {}, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest/issues/issues#create-an-issue"}, None),
-    (410, {}, {"message": "Issues are disabled for this repo", "documentation_url": "https://docs.github.com/rest"}, None),
+    (
+        404,
+        {},
+        {"message": "Not Found", "documentation_url": "https://docs.github.com/rest/issues/issues#create-an-issue"},
+        None,
+    ),
+    (
+        410,
+        {},
+        {"message": "Issues are disabled for this repo", "documentation_url": "https://docs.github.com/rest"},
+        None,
+    ),
     (422, {}, validation_failed({"resource": "Issue", "field": "title", "code": "missing_field"}), None),
 ]
 
 
-@pytest.mark.parametrize("status, headers, body, reason", REFUSALS,
-                         ids=["401", "403-secondary", "403-primary", "429", "403-forbidden", "404", "410", "422"])
+@pytest.mark.parametrize(
+    "status, headers, body, reason",
+    REFUSALS,
+    ids=["401", "403-secondary", "403-primary", "429", "403-forbidden", "404", "410", "422"],
+)
 def test_issue_refusals_are_rejected(gh, status, headers, body, reason):
     path = f"/repos/octo/refused-{status}-{len(headers)}-{reason and reason.split()[0]}/issues"
     gh.api.on("POST", path, status, body, headers=headers)
@@ -151,9 +187,16 @@ def test_issue_lost_answer_found_by_the_read_is_succeeded(gh):
     path = "/repos/octo/issues-found/issues"
     body = {"title": "Flaky test: test_upload", "body": "seen in run 77"}
     first = lose_answer(gh, path, body)
-    gh.api.on("GET", path, 200, [issue(12, "Something else", "other", "issues-found"),
-                                 issue(11, body["title"], body["body"], "issues-found"),
-                                 issue(3, body["title"], "an older issue, other body", "issues-found")])
+    gh.api.on(
+        "GET",
+        path,
+        200,
+        [
+            issue(12, "Something else", "other", "issues-found"),
+            issue(11, body["title"], body["body"], "issues-found"),
+            issue(3, body["title"], "an older issue, other body", "issues-found"),
+        ],
+    )
     retry = gh.send("POST", path, json=body)
     # The read found it: the retry is not sent again, and is told the outcome.
     assert retry.status_code == 409
@@ -161,8 +204,7 @@ def test_issue_lost_answer_found_by_the_read_is_succeeded(gh):
     assert retry.headers["x-receipt-id"] == first.headers["x-receipt-id"]
     assert gh.api.count("POST", path) == 1
     (read,) = gets(gh, path)
-    assert query_of(read) == {"state": ["all"], "sort": ["created"], "direction": ["desc"],
-                              "per_page": ["100"]}
+    assert query_of(read) == {"state": ["all"], "sort": ["created"], "direction": ["desc"], "per_page": ["100"]}
     assert read.headers["authorization"] == TOKEN  # the retrying request's own token
     receipt = gh.receipt(first)
     assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "11")
@@ -207,9 +249,14 @@ def test_issue_not_found_goes_to_manual_review_and_the_retry_is_blocked(gh):
 
 
 def comment(cid: int, repo: str, number: int, body: str, origin: str) -> dict:
-    return {"id": cid, "node_id": f"IC_{cid}", "body": body, "user": {"login": LOGIN},
-            "issue_url": f"{origin}/repos/octo/{repo}/issues/{number}",
-            "html_url": f"https://github.com/octo/{repo}/issues/{number}#issuecomment-{cid}"}
+    return {
+        "id": cid,
+        "node_id": f"IC_{cid}",
+        "body": body,
+        "user": {"login": LOGIN},
+        "issue_url": f"{origin}/repos/octo/{repo}/issues/{number}",
+        "html_url": f"https://github.com/octo/{repo}/issues/{number}#issuecomment-{cid}",
+    }
 
 
 def test_comment_created_records_its_id(gh):
@@ -227,9 +274,16 @@ def test_comment_lost_answer_found_on_its_issue_only(gh):
     first = lose_answer(gh, path, {"body": "Build passed"})
     listing = f"/repos/octo/{repo}/issues/comments"
     # Newest first: the same text on another issue (no), then on this issue (yes).
-    gh.api.on("GET", listing, 200, [comment(30, repo, 8, "Build passed", gh.api.origin),
-                                    comment(29, repo, 7, "Build passed", gh.api.origin),
-                                    comment(5, repo, 7, "Build failed", gh.api.origin)])
+    gh.api.on(
+        "GET",
+        listing,
+        200,
+        [
+            comment(30, repo, 8, "Build passed", gh.api.origin),
+            comment(29, repo, 7, "Build passed", gh.api.origin),
+            comment(5, repo, 7, "Build failed", gh.api.origin),
+        ],
+    )
     retry = gh.send("POST", path, json={"body": "Build passed"})
     assert (retry.status_code, retry.json()["external_id"]) == (409, "29")
     assert gh.receipt(first).state is State.SUCCEEDED
@@ -242,8 +296,9 @@ def test_comment_not_found_goes_to_manual_review(gh):
     repo = "comments-absent"
     path = f"/repos/octo/{repo}/issues/9/comments"
     first = lose_answer(gh, path, {"body": "Deployed to staging"})
-    gh.api.on("GET", f"/repos/octo/{repo}/issues/comments", 200,
-              [comment(40, repo, 10, "Deployed to staging", gh.api.origin)])  # another issue
+    gh.api.on(
+        "GET", f"/repos/octo/{repo}/issues/comments", 200, [comment(40, repo, 10, "Deployed to staging", gh.api.origin)]
+    )  # another issue
     retry = gh.send("POST", path, json={"body": "Deployed to staging"})
     assert (retry.status_code, retry.json()["state"]) == (409, "manual_review")
     assert gh.receipt(first).state is State.MANUAL_REVIEW
@@ -254,10 +309,15 @@ def test_comment_not_found_goes_to_manual_review(gh):
 
 
 def pull(number: int, repo: str, head: str, base: str, title: str) -> dict:
-    return {"id": 700000 + number, "number": number, "state": "open", "title": title,
-            "head": {"ref": head, "label": f"octo:{head}", "repo": {"full_name": f"octo/{repo}"}},
-            "base": {"ref": base, "label": f"octo:{base}"},
-            "html_url": f"https://github.com/octo/{repo}/pull/{number}"}
+    return {
+        "id": 700000 + number,
+        "number": number,
+        "state": "open",
+        "title": title,
+        "head": {"ref": head, "label": f"octo:{head}", "repo": {"full_name": f"octo/{repo}"}},
+        "base": {"ref": base, "label": f"octo:{base}"},
+        "html_url": f"https://github.com/octo/{repo}/pull/{number}",
+    }
 
 
 def test_pull_request_created_records_its_number(gh):
@@ -268,9 +328,10 @@ def test_pull_request_created_records_its_number(gh):
     assert (gh.receipt(r).state, gh.receipt(r).external_id) == (State.SUCCEEDED, "31")
 
 
-PR_EXISTS = validation_failed({"resource": "PullRequest", "code": "custom",
-                               "message": "A pull request already exists for octo:feature-dup."},
-                              doc="https://docs.github.com/rest/pulls/pulls#create-a-pull-request")
+PR_EXISTS = validation_failed(
+    {"resource": "PullRequest", "code": "custom", "message": "A pull request already exists for octo:feature-dup."},
+    doc="https://docs.github.com/rest/pulls/pulls#create-a-pull-request",
+)
 
 
 def test_pull_request_already_exists_is_reconciled_to_the_open_one(gh):
@@ -280,13 +341,15 @@ def test_pull_request_already_exists_is_reconciled_to_the_open_one(gh):
     gh.api.on("GET", path, 200, [pull(44, repo, "feature-dup", "main", "an earlier title")])
     r = gh.send("POST", path, json={"title": "Add dup", "head": "feature-dup", "base": "main"})
     assert r.status_code == 422 and r.json() == PR_EXISTS  # the agent gets GitHub's answer...
-    assert r.headers["x-receipt-state"] == "succeeded"    # ...and what the proxy made of it
+    assert r.headers["x-receipt-state"] == "succeeded"  # ...and what the proxy made of it
     receipt = gh.receipt(r)
     assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "44")
     steps = went_through_reconciling(gh, r, "succeeded")
     # The answer itself moved it: 422 → already_exists, with the pack's reason.
-    assert any(b == "outcome_unknown" and "open pull request for this head and base already exists" in why
-               for _, b, why in steps), steps
+    assert any(
+        b == "outcome_unknown" and "open pull request for this head and base already exists" in why
+        for _, b, why in steps
+    ), steps
     (read,) = gets(gh, path)
     assert query_of(read) == {"state": ["open"], "head": ["octo:feature-dup"], "base": ["main"], "per_page": ["100"]}
     assert gh.api.count("POST", path) == 1
@@ -297,8 +360,9 @@ def test_pull_request_from_a_fork_already_exists_but_is_not_found_so_a_retry_mee
     # "proves" absence, and the retry is refused by GitHub again: no second pull request.
     repo = "pulls-fork"
     path = f"/repos/octo/{repo}/pulls"
-    exists = validation_failed({"resource": "PullRequest", "code": "custom",
-                                "message": "A pull request already exists for someone:patch-1."})
+    exists = validation_failed(
+        {"resource": "PullRequest", "code": "custom", "message": "A pull request already exists for someone:patch-1."}
+    )
     gh.api.on("POST", path, 422, exists)
     gh.api.on("GET", path, 200, [])
     body = {"title": "Fork fix", "head": "someone:patch-1", "base": "main"}
@@ -314,8 +378,9 @@ def test_pull_request_from_a_fork_already_exists_but_is_not_found_so_a_retry_mee
 
 def test_pull_request_other_validation_failures_are_rejected(gh):
     path = "/repos/octo/pulls-422/pulls"
-    no_commits = validation_failed({"resource": "PullRequest", "code": "custom",
-                                    "message": "No commits between main and feature-empty"})
+    no_commits = validation_failed(
+        {"resource": "PullRequest", "code": "custom", "message": "No commits between main and feature-empty"}
+    )
     gh.api.on("POST", path, 422, no_commits)
     r = gh.send("POST", path, json={"title": "Empty", "head": "feature-empty", "base": "main"})
     assert (r.status_code, r.headers["x-receipt-state"]) == (422, "rejected")
@@ -355,12 +420,20 @@ def test_pull_request_lost_answer_found_open_is_succeeded(gh):
 
 
 def release(rid: int, tag: str, draft: bool = False) -> dict:
-    return {"id": rid, "tag_name": tag, "name": tag, "draft": draft, "prerelease": False,
-            "html_url": f"https://github.com/octo/r/releases/tag/{tag}"}
+    return {
+        "id": rid,
+        "tag_name": tag,
+        "name": tag,
+        "draft": draft,
+        "prerelease": False,
+        "html_url": f"https://github.com/octo/r/releases/tag/{tag}",
+    }
 
 
-RELEASE_EXISTS = validation_failed({"resource": "Release", "code": "already_exists", "field": "tag_name"},
-                                   doc="https://docs.github.com/rest/releases/releases#create-a-release")
+RELEASE_EXISTS = validation_failed(
+    {"resource": "Release", "code": "already_exists", "field": "tag_name"},
+    doc="https://docs.github.com/rest/releases/releases#create-a-release",
+)
 
 
 def test_release_created_records_its_id(gh):
@@ -401,7 +474,9 @@ def test_release_already_exists_but_not_listed_goes_to_manual_review(gh):
 
 def test_release_other_validation_failures_are_rejected(gh):
     path = "/repos/octo/releases-invalid/releases"
-    gh.api.on("POST", path, 422, validation_failed({"resource": "Release", "code": "invalid", "field": "target_commitish"}))
+    gh.api.on(
+        "POST", path, 422, validation_failed({"resource": "Release", "code": "invalid", "field": "target_commitish"})
+    )
     r = gh.send("POST", path, json={"tag_name": "v3.0.0", "target_commitish": "nope"})
     assert (r.status_code, r.headers["x-receipt-state"]) == (422, "rejected")
     assert gets(gh, path) == []
@@ -422,8 +497,16 @@ def test_release_lost_answer_found_is_succeeded(gh):
 
 def test_gist_created_records_its_id(gh):
     gist = {"description": "repro for #12", "public": False, "files": {"repro.py": {"content": "print(1)"}}}
-    gh.api.on("POST", "/gists", 201, {"id": "aa5a315d61ae9438b18d", "description": gist["description"],
-                                      "files": {"repro.py": {"filename": "repro.py", "size": 8}}})
+    gh.api.on(
+        "POST",
+        "/gists",
+        201,
+        {
+            "id": "aa5a315d61ae9438b18d",
+            "description": gist["description"],
+            "files": {"repro.py": {"filename": "repro.py", "size": 8}},
+        },
+    )
     r = gh.send("POST", "/gists", json=gist)
     assert (r.status_code, gh.receipt(r).external_id) == (201, "aa5a315d61ae9438b18d")
     # Same description, other file: another gist, not a duplicate.
@@ -487,7 +570,10 @@ def test_pull_request_lost_answer_then_a_full_page_with_a_next_link_makes_no_sec
     assert gh.api.count("POST", path) == 1  # no second write
     if ending == "on-page-2":
         assert (retry.status_code, retry.json()["error"], retry.json()["external_id"]) == (
-            409, "duplicate_succeeded", "5000")
+            409,
+            "duplicate_succeeded",
+            "5000",
+        )
         assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "5000")
         assert len(walked) == 2
         assert query_of(walked[1])["page"] == ["2"]

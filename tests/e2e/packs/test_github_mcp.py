@@ -55,9 +55,13 @@ class FakeGitHubMCP:
 
     def start(self) -> FakeGitHubMCP:
         with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.packs.github_mcp_server", "--port", "0"],
-                                         stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.e2e.packs.github_mcp_server", "--port", "0"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
 
         def ready():
             assert self.proc is not None
@@ -74,8 +78,9 @@ class FakeGitHubMCP:
 
     def _control(self, method: str, path: str, body: dict | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=10) as r:
             return json.loads(r.read())
 
@@ -92,30 +97,67 @@ class Op:
 
     operation: str
     tool: str
-    key: str            # the argument that tells the scenarios apart (it is in the fingerprint)
+    key: str  # the argument that tells the scenarios apart (it is in the fingerprint)
     refused_status: int  # a GitHub 4xx the pack calls a refusal
-    effects: str        # the fake's list the effect goes to
-    read: str | None    # the pack's reconcile read tool
+    effects: str  # the fake's list the effect goes to
+    read: str | None  # the pack's reconcile read tool
     commit_on_5xx: bool  # the 5xx came after GitHub acted
     extra: tuple[tuple[str, Any], ...] = ()
 
     def arguments(self, tag: str, scenario: str) -> dict[str, Any]:
-        value = {"title": f"Build broke {tag} {scenario}", "body": f"Fixed in {tag} {scenario}",
-                 "head": f"fix-{tag}-{scenario}", "path": f"docs/{tag}-{scenario}.md"}[self.key]
+        value = {
+            "title": f"Build broke {tag} {scenario}",
+            "body": f"Fixed in {tag} {scenario}",
+            "head": f"fix-{tag}-{scenario}",
+            "path": f"docs/{tag}-{scenario}.md",
+        }[self.key]
         return {"owner": "octo", "repo": "hello", **dict(self.extra), self.key: value}
 
 
 OPS = {
-    "issues.create": Op("issues.create", "issue_write", "title", 422, "issues", "list_issues", False,
-                        (("method", "create"), ("body", "on main"))),
-    "issues.create_granular": Op("issues.create_granular", "create_issue", "title", 410, "issues", "list_issues",
-                                 False, (("body", "on main"),)),
-    "issue_comments.create": Op("issue_comments.create", "add_issue_comment", "body", 404, "comments", "issue_read",
-                                False, (("issue_number", 42),)),
-    "pulls.create": Op("pulls.create", "create_pull_request", "head", 422, "pulls", "list_pull_requests", True,
-                       (("title", "Fix the build"), ("base", "main"))),
-    "files.put": Op("files.put", "create_or_update_file", "path", 403, "files", None, True,
-                    (("branch", "main"), ("content", "hello\n"), ("message", "Add a doc"))),
+    "issues.create": Op(
+        "issues.create",
+        "issue_write",
+        "title",
+        422,
+        "issues",
+        "list_issues",
+        False,
+        (("method", "create"), ("body", "on main")),
+    ),
+    "issues.create_granular": Op(
+        "issues.create_granular", "create_issue", "title", 410, "issues", "list_issues", False, (("body", "on main"),)
+    ),
+    "issue_comments.create": Op(
+        "issue_comments.create",
+        "add_issue_comment",
+        "body",
+        404,
+        "comments",
+        "issue_read",
+        False,
+        (("issue_number", 42),),
+    ),
+    "pulls.create": Op(
+        "pulls.create",
+        "create_pull_request",
+        "head",
+        422,
+        "pulls",
+        "list_pull_requests",
+        True,
+        (("title", "Fix the build"), ("base", "main")),
+    ),
+    "files.put": Op(
+        "files.put",
+        "create_or_update_file",
+        "path",
+        403,
+        "files",
+        None,
+        True,
+        (("branch", "main"), ("content", "hello\n"), ("message", "Add a doc")),
+    ),
 }
 
 
@@ -132,7 +174,7 @@ class Run:
 
     def results(self, scenario: str) -> tuple[dict, dict]:
         i = 2 * SCENARIOS.index(scenario)
-        first, retry = self.report["results"][i:i + 2]
+        first, retry = self.report["results"][i : i + 2]
         return first, retry
 
     def value(self, scenario: str) -> Any:
@@ -140,8 +182,10 @@ class Run:
 
     def made(self, scenario: str) -> list[dict]:
         """The effects the fake recorded for this scenario."""
+
         def key(e: dict) -> Any:
             return e["head"]["ref"] if self.op.key == "head" else e.get(self.op.key)
+
         return [e for e in self.effects[self.op.effects] if key(e) == self.value(scenario)]
 
     def calls(self, scenario: str | None = None, tool: str | None = None) -> list[dict]:
@@ -149,8 +193,11 @@ class Run:
         if tool is not None:
             return [c for c in self.effects["calls"] if c["tool"] == tool and self.tag in json.dumps(c["arguments"])]
         assert scenario is not None, "the write's calls are those of a scenario"
-        return [c for c in self.effects["calls"]
-                if c["tool"] == self.op.tool and c["arguments"].get(self.op.key) == self.value(scenario)]
+        return [
+            c
+            for c in self.effects["calls"]
+            if c["tool"] == self.op.tool and c["arguments"].get(self.op.key) == self.value(scenario)
+        ]
 
     def receipts(self, scenario: str) -> list[Receipt]:
         store = Store.open(self.proxy.db, create=False)
@@ -209,8 +256,15 @@ def runs(fake, proxy):
         fake.fault(op.tool, {op.key: value["refused"]}, kind="github", status=op.refused_status)
         fake.fault(op.tool, {op.key: value["unknown"]}, kind="github", status=502, commit=op.commit_on_5xx)
         plan = [("call", op.tool, op.arguments(tag, s)) for s in SCENARIOS for _ in (1, 2)]
-        report = run_client(fake.url, plan, revision=revision, proxy=proxy.url, ca=proxy.ca, timeout=8.0,
-                            headers={"Authorization": TOKEN})
+        report = run_client(
+            fake.url,
+            plan,
+            revision=revision,
+            proxy=proxy.url,
+            ca=proxy.ca,
+            timeout=8.0,
+            headers={"Authorization": TOKEN},
+        )
         assert "connect_error" not in report, report
         assert all(r["ok"] for r in report["results"]), report["results"]
         effects = fake.effects()
@@ -297,8 +351,14 @@ def test_a_github_5xx_is_unknown_and_the_retry_makes_no_second_effect(runs, oper
 def test_issue_write_update_is_not_a_create(fake, proxy, revision):
     tag = uuid.uuid4().hex[:8]
     update = {"method": "update", "owner": "octo", "repo": "hello", "issue_number": 42, "title": f"Renamed {tag}"}
-    report = run_client(fake.url, [("call", "issue_write", update)] * 2, revision=revision, proxy=proxy.url,
-                        ca=proxy.ca, headers={"Authorization": TOKEN})
+    report = run_client(
+        fake.url,
+        [("call", "issue_write", update)] * 2,
+        revision=revision,
+        proxy=proxy.url,
+        ca=proxy.ca,
+        headers={"Authorization": TOKEN},
+    )
     assert all(r["ok"] and not r["is_error"] for r in report["results"]), report
     assert len([u for u in fake.effects()["updates"] if u.get("title") == update["title"]]) == 2, "both passed"
     store = Store.open(proxy.db, create=False)
@@ -314,10 +374,17 @@ def test_a_toolset_url_is_the_same_endpoint(fake, proxy, revision):
     tag = uuid.uuid4().hex[:8]
     create = {"method": "create", "owner": "octo", "repo": "hello", "title": f"Toolset {tag}", "body": "on main"}
     plan = [("call", "issue_write", create)] * 2
-    at_toolset = run_client(f"{fake.base}/mcp/x/issues", plan, revision=revision, proxy=proxy.url, ca=proxy.ca,
-                            headers={"Authorization": TOKEN})
-    at_root = run_client(fake.url, plan[:1], revision=revision, proxy=proxy.url, ca=proxy.ca,
-                         headers={"Authorization": TOKEN})
+    at_toolset = run_client(
+        f"{fake.base}/mcp/x/issues",
+        plan,
+        revision=revision,
+        proxy=proxy.url,
+        ca=proxy.ca,
+        headers={"Authorization": TOKEN},
+    )
+    at_root = run_client(
+        fake.url, plan[:1], revision=revision, proxy=proxy.url, ca=proxy.ca, headers={"Authorization": TOKEN}
+    )
     results = at_toolset["results"] + at_root["results"]
     assert all(r["ok"] and not r["is_error"] for r in results), (at_toolset, at_root)
     assert len([i for i in fake.effects()["issues"] if i.get("title") == create["title"]]) == 1, "one issue"
@@ -344,21 +411,40 @@ def reactions(fake, proxy):
     reaction_first = {**base, "body": f"Thanks {tag} (reaction first)", "reaction": "heart"}
     fake.fault("add_issue_comment", {"body": comment_first["body"]}, kind="reaction_fails", comment_first=True)
     fake.fault("add_issue_comment", {"body": reaction_first["body"]}, kind="reaction_fails", comment_first=False)
-    plan = [("call", "add_issue_comment", a) for a in
-            (*on_comments, comment_first, comment_first, reaction_first, reaction_first)]
-    report = run_client(fake.url, plan, revision="2026-07-28", proxy=proxy.url, ca=proxy.ca, timeout=8.0,
-                        headers={"Authorization": TOKEN})
+    plan = [
+        ("call", "add_issue_comment", a)
+        for a in (*on_comments, comment_first, comment_first, reaction_first, reaction_first)
+    ]
+    report = run_client(
+        fake.url,
+        plan,
+        revision="2026-07-28",
+        proxy=proxy.url,
+        ca=proxy.ca,
+        timeout=8.0,
+        headers={"Authorization": TOKEN},
+    )
     assert "connect_error" not in report and all(r["ok"] for r in report["results"]), report
     effects = fake.effects()
     store = Store.open(proxy.db, create=False)
     try:
         mine = [r for r in store.list(limit=None) if base["repo"] in json.dumps(r.intent)]
-        history = {r.operation_id: [str(e.to_state) for e in store.events(r.operation_id) if e.event == "transition"]
-                   for r in mine}
+        history = {
+            r.operation_id: [str(e.to_state) for e in store.events(r.operation_id) if e.event == "transition"]
+            for r in mine
+        }
     finally:
         store.close()
-    return {"tag": tag, "repo": base["repo"], "report": report, "effects": effects, "receipts": mine,
-            "history": history, "comment_first": comment_first["body"], "reaction_first": reaction_first["body"]}
+    return {
+        "tag": tag,
+        "repo": base["repo"],
+        "report": report,
+        "effects": effects,
+        "receipts": mine,
+        "history": history,
+        "comment_first": comment_first["body"],
+        "reaction_first": reaction_first["body"],
+    }
 
 
 def test_a_reaction_to_another_comment_is_another_write(reactions):
@@ -371,7 +457,7 @@ def test_a_reaction_to_another_comment_is_another_write(reactions):
 @pytest.mark.parametrize("order", ["comment_first", "reaction_first"])
 def test_a_failed_reaction_leaves_the_comment_to_the_read(reactions, order):
     i = 2 if order == "comment_first" else 4
-    first, retry = reactions["report"]["results"][i:i + 2]
+    first, retry = reactions["report"]["results"][i : i + 2]
     body = reactions[order]
     assert first["is_error"] and "failed to add reaction to issue: POST " in text(first), first
     comments = [c for c in reactions["effects"]["comments"] if c["body"] == body]
@@ -400,34 +486,80 @@ def edges(fake, proxy):
     bodyless = {**repo, "method": "create", "title": f"No body {tag}"}
     fake.fault("issue_write", {"title": bodyless["title"]}, kind="drop")
     calls = {
-        "pr_a": {**pr, "title": "Fix it (A)"}, "pr_b": {**pr, "title": "Fix it (B)"},
-        "file_1": {**file, "content": "one\n"}, "file_2": {**file, "content": "two\n"},
+        "pr_a": {**pr, "title": "Fix it (A)"},
+        "pr_b": {**pr, "title": "Fix it (B)"},
+        "file_1": {**file, "content": "one\n"},
+        "file_2": {**file, "content": "two\n"},
         "file_3": {**file, "content": "three\n", "sha": "a" * 40},
     }
-    plan = [("call", "create_pull_request", calls["pr_a"]), ("call", "create_pull_request", calls["pr_b"]),
-            ("call", "create_pull_request", calls["pr_b"]),
-            ("call", "create_or_update_file", calls["file_1"]), ("call", "create_or_update_file", calls["file_2"]),
-            ("call", "create_or_update_file", calls["file_2"]), ("call", "create_or_update_file", calls["file_3"]),
-            ("call", "create_or_update_file", calls["file_3"]),
-            ("call", "issue_write", form), ("call", "issue_write", form),
-            ("call", "issue_write", bodyless), ("call", "issue_write", bodyless)]
-    report = run_client(fake.url, plan, revision="2026-07-28", proxy=proxy.url, ca=proxy.ca, timeout=8.0,
-                        headers={"Authorization": TOKEN})
+    plan = [
+        ("call", "create_pull_request", calls["pr_a"]),
+        ("call", "create_pull_request", calls["pr_b"]),
+        ("call", "create_pull_request", calls["pr_b"]),
+        ("call", "create_or_update_file", calls["file_1"]),
+        ("call", "create_or_update_file", calls["file_2"]),
+        ("call", "create_or_update_file", calls["file_2"]),
+        ("call", "create_or_update_file", calls["file_3"]),
+        ("call", "create_or_update_file", calls["file_3"]),
+        ("call", "issue_write", form),
+        ("call", "issue_write", form),
+        ("call", "issue_write", bodyless),
+        ("call", "issue_write", bodyless),
+    ]
+    report = run_client(
+        fake.url,
+        plan,
+        revision="2026-07-28",
+        proxy=proxy.url,
+        ca=proxy.ca,
+        timeout=8.0,
+        headers={"Authorization": TOKEN},
+    )
     assert "connect_error" not in report and all(r["ok"] for r in report["results"]), report
-    results = dict(zip(("pr_a", "pr_b", "pr_b_retry", "file_1", "file_2", "file_2_retry", "file_3", "file_3_retry",
-                        "form", "form_retry", "bodyless", "bodyless_retry"), report["results"], strict=True))
+    results = dict(
+        zip(
+            (
+                "pr_a",
+                "pr_b",
+                "pr_b_retry",
+                "file_1",
+                "file_2",
+                "file_2_retry",
+                "file_3",
+                "file_3_retry",
+                "form",
+                "form_retry",
+                "bodyless",
+                "bodyless_retry",
+            ),
+            report["results"],
+            strict=True,
+        )
+    )
     store = Store.open(proxy.db, create=False)
     try:
-        mine = sorted((r for r in store.list(limit=None) if repo["repo"] in json.dumps(r.intent)),
-                      key=lambda r: r.submitted_at)
-        history = {r.operation_id: [str(e.to_state) for e in store.events(r.operation_id) if e.event == "transition"]
-                   for r in mine}
+        mine = sorted(
+            (r for r in store.list(limit=None) if repo["repo"] in json.dumps(r.intent)), key=lambda r: r.submitted_at
+        )
+        history = {
+            r.operation_id: [str(e.to_state) for e in store.events(r.operation_id) if e.event == "transition"]
+            for r in mine
+        }
     finally:
         store.close()
     effects = fake.effects()
     sent = [c for c in effects["calls"] if c["arguments"].get("repo") == repo["repo"]]
-    return {"results": results, "receipts": mine, "history": history, "effects": effects, "sent": sent,
-            "repo": repo["repo"], "calls": calls, "form": form, "bodyless": bodyless}
+    return {
+        "results": results,
+        "receipts": mine,
+        "history": history,
+        "effects": effects,
+        "sent": sent,
+        "repo": repo["repo"],
+        "calls": calls,
+        "form": form,
+        "bodyless": bodyless,
+    }
 
 
 def test_a_second_pull_request_for_the_same_branches_is_settled_by_the_read(edges):

@@ -54,16 +54,27 @@ class FakeLinear:
         ops = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)]
         op = next(o for o in ops if not doc.get("operationName") or (o.name and o.name.value == doc["operationName"]))
         field = next(s for s in op.selection_set.selections if isinstance(s, FieldNode))
-        args = {a.name.value: value_from_ast_untyped(a.value, doc.get("variables") or {}) for a in field.arguments or ()}
+        args = {
+            a.name.value: value_from_ast_untyped(a.value, doc.get("variables") or {}) for a in field.arguments or ()
+        }
         if op.operation is OperationType.QUERY:
             if field.name.value == "issues" and "filter" in args:
                 wanted = args["filter"]["id"]["eq"]
                 if wanted in self.lookup_fails:
-                    return 200, {}, {"errors": [{"message": "Internal server error",
-                                                 "extensions": {"type": "internal error"}}], "data": None}
+                    return (
+                        200,
+                        {},
+                        {
+                            "errors": [{"message": "Internal server error", "extensions": {"type": "internal error"}}],
+                            "data": None,
+                        },
+                    )
                 with self.lock:
-                    nodes = [{"id": i["id"], "identifier": i["identifier"]} for i in self.issues.values()
-                             if i["id"] == wanted and wanted not in self.lagging]
+                    nodes = [
+                        {"id": i["id"], "identifier": i["identifier"]}
+                        for i in self.issues.values()
+                        if i["id"] == wanted and wanted not in self.lagging
+                    ]
                 return 200, {}, {"data": {"issues": {"nodes": nodes}}}
             return 200, {}, {"data": {"viewer": {"id": "user-1", "name": "Test User"}}}
         if field.name.value != "issueCreate":
@@ -73,11 +84,39 @@ class FakeLinear:
             steps = self.plans.get(inp["title"]) or ["ok"]
             step = steps.pop(0) if len(steps) > 1 else steps[0]
         if step == "invalid":
-            return 400, {}, {"errors": [{"message": "Argument Validation Error", "extensions": {
-                "type": "invalid input", "userError": True, "userPresentableMessage": "teamId must be a UUID."}}]}
+            return (
+                400,
+                {},
+                {
+                    "errors": [
+                        {
+                            "message": "Argument Validation Error",
+                            "extensions": {
+                                "type": "invalid input",
+                                "userError": True,
+                                "userPresentableMessage": "teamId must be a UUID.",
+                            },
+                        }
+                    ]
+                },
+            )
         if step == "ratelimited":
-            return 400, {}, {"errors": [{"message": "Rate limit exceeded", "extensions": {
-                "code": "RATELIMITED", "type": "ratelimited", "userPresentableMessage": "Rate limit exceeded."}}]}
+            return (
+                400,
+                {},
+                {
+                    "errors": [
+                        {
+                            "message": "Rate limit exceeded",
+                            "extensions": {
+                                "code": "RATELIMITED",
+                                "type": "ratelimited",
+                                "userPresentableMessage": "Rate limit exceeded.",
+                            },
+                        }
+                    ]
+                },
+            )
         if step == "success_false":
             return 200, {}, {"data": {"issueCreate": {"success": False, "lastSyncId": 0, "issue": None}}}
         if step == "http500":
@@ -88,13 +127,52 @@ class FakeLinear:
         if step == "commit_drop":
             return 0, {}, None
         if step.startswith("commit_type:"):  # the issue was made, then the answer is an error of this type
-            return 200, {}, {"errors": [{"message": "Something went wrong", "extensions": {
-                "type": step.partition(":")[2], "userPresentableMessage": "Something went wrong."}}], "data": None}
+            return (
+                200,
+                {},
+                {
+                    "errors": [
+                        {
+                            "message": "Something went wrong",
+                            "extensions": {
+                                "type": step.partition(":")[2],
+                                "userPresentableMessage": "Something went wrong.",
+                            },
+                        }
+                    ],
+                    "data": None,
+                },
+            )
         if step == "commit_internal":
-            return 200, {}, {"errors": [{"message": "Internal server error", "extensions": {
-                "type": "internal error", "userPresentableMessage": "An unexpected error occurred."}}], "data": None}
-        return 200, {}, {"data": {"issueCreate": {"success": True, "lastSyncId": 42, "issue": {
-            "id": issue["id"], "identifier": issue["identifier"], "title": issue["title"]}}}}
+            return (
+                200,
+                {},
+                {
+                    "errors": [
+                        {
+                            "message": "Internal server error",
+                            "extensions": {
+                                "type": "internal error",
+                                "userPresentableMessage": "An unexpected error occurred.",
+                            },
+                        }
+                    ],
+                    "data": None,
+                },
+            )
+        return (
+            200,
+            {},
+            {
+                "data": {
+                    "issueCreate": {
+                        "success": True,
+                        "lastSyncId": 42,
+                        "issue": {"id": issue["id"], "identifier": issue["identifier"], "title": issue["title"]},
+                    }
+                }
+            },
+        )
 
     def _create(self, inp: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
@@ -117,23 +195,33 @@ def fresh() -> str:
 
 
 def sdk_body(title: str, description: str = "Steps to reproduce: click it.") -> dict:
-    return {"operationName": "createIssue", "query": SDK_MUTATION,
-            "variables": {"input": {"title": title, "teamId": TEAM, "description": description}}}
+    return {
+        "operationName": "createIssue",
+        "query": SDK_MUTATION,
+        "variables": {"input": {"title": title, "teamId": TEAM, "description": description}},
+    }
 
 
 def inline_body(title: str, description: str = "Steps to reproduce: click it.") -> dict:
-    return {"query": f"mutation {{ issueCreate(input: {{title: {json.dumps(title)}, teamId: {json.dumps(TEAM)}, "
-                     f"description: {json.dumps(description)}}}) {{ success issue {{ id identifier }} }} }}"}
+    return {
+        "query": f"mutation {{ issueCreate(input: {{title: {json.dumps(title)}, teamId: {json.dumps(TEAM)}, "
+        f"description: {json.dumps(description)}}}) {{ success issue {{ id identifier }} }} }}"
+    }
 
 
 def mutations(run: PackRun, title: str) -> list[Seen]:
     """The issueCreate requests the fake received for this title."""
-    return [s for s in run.api.requests("POST") if s.path == GQL and b"issueCreate" in s.body and title.encode() in s.body]
+    return [
+        s for s in run.api.requests("POST") if s.path == GQL and b"issueCreate" in s.body and title.encode() in s.body
+    ]
 
 
 def lookups(run: PackRun, issue_id: str) -> list[Seen]:
-    return [s for s in run.api.requests("POST") if s.path == GQL and b"ReceiptIssueById" in s.body
-            and s.json()["variables"]["id"] == issue_id]
+    return [
+        s
+        for s in run.api.requests("POST")
+        if s.path == GQL and b"ReceiptIssueById" in s.body and s.json()["variables"]["id"] == issue_id
+    ]
 
 
 def sent_input(seen: Seen) -> dict:
@@ -148,6 +236,7 @@ receipt_count = PackRun.receipt_count
 
 # --- matching and fingerprints -----------------------------------------------------------------
 
+
 def test_sdk_mutation_named_createIssue_gets_a_receipt_and_a_proxy_chosen_uuid4_id(linear):
     title = fresh()
     r = linear.send("POST", GQL, json=sdk_body(title))
@@ -155,14 +244,17 @@ def test_sdk_mutation_named_createIssue_gets_a_receipt_and_a_proxy_chosen_uuid4_
     assert r.headers["x-receipt-state"] == "succeeded"
     [write] = mutations(linear, title)
     issue_id = sent_input(write)["id"]
-    assert uuid.UUID(issue_id).version == 4          # the proxy wrote a UUID v4 into input.id
-    assert sent_input(write)["title"] == title       # and left the agent's fields alone
+    assert uuid.UUID(issue_id).version == 4  # the proxy wrote a UUID v4 into input.id
+    assert sent_input(write)["title"] == title  # and left the agent's fields alone
     receipt = linear.receipt(r)
     assert receipt.state is State.SUCCEEDED
     assert receipt.idempotency_key == issue_id
     assert receipt.external_id == issue_id == r.json()["data"]["issueCreate"]["issue"]["id"]
-    assert receipt.intent["body"] == {"input.title": title, "input.teamId": TEAM,
-                                      "input.description": "Steps to reproduce: click it."}
+    assert receipt.intent["body"] == {
+        "input.title": title,
+        "input.teamId": TEAM,
+        "input.description": "Steps to reproduce: click it.",
+    }
 
 
 def test_an_agents_own_issue_id_is_kept_and_becomes_the_key(linear):
@@ -200,25 +292,33 @@ def test_a_different_description_is_a_different_intent(linear):
     assert len(mutations(linear, title)) == 2
 
 
-@pytest.mark.parametrize("body", [
-    pytest.param({"query": "query { viewer { id name } }"}, id="query"),
-    pytest.param({"operationName": "me", "query": "query me { viewer { id } }"}, id="named-query"),
-    pytest.param({"operationName": "createIssue", "query": "query createIssue { viewer { id } }"},
-                 id="query-named-like-the-sdk-mutation"),
-    pytest.param({"query": 'mutation { issueUpdate(id: "ENG-1", input: {title: "x"}) { success } }'}, id="other-mutation"),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"query": "query { viewer { id name } }"}, id="query"),
+        pytest.param({"operationName": "me", "query": "query me { viewer { id } }"}, id="named-query"),
+        pytest.param(
+            {"operationName": "createIssue", "query": "query createIssue { viewer { id } }"},
+            id="query-named-like-the-sdk-mutation",
+        ),
+        pytest.param(
+            {"query": 'mutation { issueUpdate(id: "ENG-1", input: {title: "x"}) { success } }'}, id="other-mutation"
+        ),
+    ],
+)
 def test_reads_and_other_mutations_pass_through_without_a_receipt(linear, body):
     before = receipt_count(linear)
     seen_before = len(linear.api.requests("POST"))
     r = linear.send("POST", GQL, json=body)
     assert r.status_code == 200
     assert "x-receipt-id" not in r.headers and "x-receipt-state" not in r.headers
-    assert len(linear.api.requests("POST")) == seen_before + 1     # forwarded, once
-    assert linear.api.requests("POST")[-1].json() == body           # untouched
+    assert len(linear.api.requests("POST")) == seen_before + 1  # forwarded, once
+    assert linear.api.requests("POST")[-1].json() == body  # untouched
     assert receipt_count(linear) == before
 
 
 # --- outcomes of the write ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("step", ["invalid", "ratelimited", "success_false"])
 def test_graphql_refusals_are_rejected_and_a_retry_is_sent(linear, step):
@@ -228,7 +328,7 @@ def test_graphql_refusals_are_rejected_and_a_retry_is_sent(linear, step):
     assert r.headers["x-receipt-state"] == "rejected"
     assert linear.receipt(r).state is State.REJECTED
     assert not linear.fake.issues.get(sent_input(mutations(linear, title)[0])["id"])
-    retry = linear.send("POST", GQL, json=sdk_body(title))           # a rejection blocks nothing
+    retry = linear.send("POST", GQL, json=sdk_body(title))  # a rejection blocks nothing
     assert retry.headers["x-receipt-state"] == "succeeded"
     assert len(mutations(linear, title)) == 2
 
@@ -246,20 +346,21 @@ def test_internal_errors_5xx_and_lost_connections_are_unknown(linear, step):
 @pytest.mark.parametrize("error_type", ["network error", "unknown", "other"])
 def test_errors_that_do_not_say_refused_are_unknown_and_never_make_a_second_issue(linear, error_type):
     title = fresh()
-    linear.fake.plan(title, f"commit_type:{error_type}", "ok")      # Linear made the issue, then answered an error
+    linear.fake.plan(title, f"commit_type:{error_type}", "ok")  # Linear made the issue, then answered an error
     r = linear.send("POST", GQL, json=sdk_body(title))
     assert r.headers["x-receipt-state"] == "outcome_unknown"
-    assert linear.receipt(r).state is State.OUTCOME_UNKNOWN         # not rejected: no new id for the retry
+    assert linear.receipt(r).state is State.OUTCOME_UNKNOWN  # not rejected: no new id for the retry
     issue_id = sent_input(mutations(linear, title)[0])["id"]
     assert issue_id in linear.fake.issues
-    retry = linear.send("POST", GQL, json=sdk_body(title))           # the read by id finds it
+    retry = linear.send("POST", GQL, json=sdk_body(title))  # the read by id finds it
     assert retry.headers["x-receipt-state"] == "succeeded"
     assert retry.headers["x-receipt-id"] == r.headers["x-receipt-id"]
-    assert len(mutations(linear, title)) == 1                        # never a second issueCreate
+    assert len(mutations(linear, title)) == 1  # never a second issueCreate
     assert [i for i in linear.fake.issues.values() if i["title"] == title] == [linear.fake.issues[issue_id]]
 
 
 # --- reconcile: a read by the proxy-chosen id ---------------------------------------------------
+
 
 def test_unknown_then_the_read_finds_the_issue_by_its_id(linear):
     title = fresh()
@@ -267,17 +368,21 @@ def test_unknown_then_the_read_finds_the_issue_by_its_id(linear):
     first = linear.send("POST", GQL, json=sdk_body(title))
     assert first.headers["x-receipt-state"] == "outcome_unknown"
     issue_id = sent_input(mutations(linear, title)[0])["id"]
-    assert issue_id in linear.fake.issues                             # it did happen
+    assert issue_id in linear.fake.issues  # it did happen
 
     retry = linear.send("POST", GQL, json=sdk_body(title))
     assert retry.headers["x-receipt-state"] == "succeeded"
     assert retry.headers["x-receipt-id"] == first.headers["x-receipt-id"]
-    assert len(lookups(linear, issue_id)) == 1                        # one read, a POST query
-    assert len(mutations(linear, title)) == 1                         # never a second write
+    assert len(lookups(linear, issue_id)) == 1  # one read, a POST query
+    assert len(mutations(linear, title)) == 1  # never a second write
     receipt = linear.receipt(first)
     assert receipt.state is State.SUCCEEDED and receipt.external_id == issue_id
     assert to_states(linear, receipt.operation_id) == [
-        State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.SUCCEEDED]
+        State.SUBMITTED,
+        State.OUTCOME_UNKNOWN,
+        State.RECONCILING,
+        State.SUCCEEDED,
+    ]
 
 
 def test_unknown_then_absence_is_proven_and_the_retry_reuses_the_same_id(linear):
@@ -293,7 +398,7 @@ def test_unknown_then_absence_is_proven_and_the_retry_reuses_the_same_id(linear)
     assert len(lookups(linear, issue_id)) == 1
     writes = mutations(linear, title)
     assert len(writes) == 2
-    assert sent_input(writes[1])["id"] == issue_id                    # same id: Linear would refuse a twin
+    assert sent_input(writes[1])["id"] == issue_id  # same id: Linear would refuse a twin
     assert linear.receipt(first).state is State.SAFE_TO_RETRY
     assert linear.receipt(retry).retry_of == first.headers["x-receipt-id"]
     assert linear.receipt(retry).external_id == issue_id
@@ -330,11 +435,11 @@ def test_a_failed_read_proves_nothing_and_the_retry_is_blocked(linear):
     linear.fake.plan(title, "drop")
     first = linear.send("POST", GQL, json=sdk_body(title))
     issue_id = sent_input(mutations(linear, title)[0])["id"]
-    linear.fake.lookup_fails.add(issue_id)                            # the read answers a GraphQL error
+    linear.fake.lookup_fails.add(issue_id)  # the read answers a GraphQL error
 
     retry = linear.send("POST", GQL, json=sdk_body(title))
     assert retry.status_code == 409
-    assert retry.headers["x-receipt-state"] == "outcome_unknown"     # nothing proven: still unknown, read later
+    assert retry.headers["x-receipt-state"] == "outcome_unknown"  # nothing proven: still unknown, read later
     assert int(retry.headers["retry-after"]) >= 1
     assert len(lookups(linear, issue_id)) == 1
     assert len(mutations(linear, title)) == 1
@@ -354,8 +459,8 @@ def test_an_inline_mutation_gets_the_proxy_chosen_id_written_into_its_document(l
     assert key is not None and str(uuid.UUID(key, version=4)) == key
     [sent] = mutations(linear, title)
     assert "variables" not in sent.json() or not sent.json()["variables"]  # still inline...
-    assert f'id: "{key}"' in sent.json()["query"]                            # ...with the proxy's id in it
-    assert key in linear.fake.issues                                        # the issue Linear made has that id
+    assert f'id: "{key}"' in sent.json()["query"]  # ...with the proxy's id in it
+    assert key in linear.fake.issues  # the issue Linear made has that id
 
     retry = linear.send("POST", GQL, json=inline_body(title))
     assert (retry.status_code, retry.headers["x-receipt-state"]) == (409, "succeeded")

@@ -32,9 +32,22 @@ QUERY_PATH = re.compile(r"/v1/data_sources/([^/]+)/query")
 
 
 def rich_text(text: str) -> list[dict[str, Any]]:
-    return [{"type": "text", "text": {"content": text, "link": None}, "plain_text": text, "href": None,
-             "annotations": {"bold": False, "italic": False, "strikethrough": False, "underline": False,
-                             "code": False, "color": "default"}}]
+    return [
+        {
+            "type": "text",
+            "text": {"content": text, "link": None},
+            "plain_text": text,
+            "href": None,
+            "annotations": {
+                "bold": False,
+                "italic": False,
+                "strikethrough": False,
+                "underline": False,
+                "code": False,
+                "color": "default",
+            },
+        }
+    ]
 
 
 def error(status: int, code: str, message: str):
@@ -72,10 +85,16 @@ class FakeNotion:
         if step == "drop":
             return 0, {}, None
         parent = doc["parent"]
-        page = {"object": "page", "id": str(uuid.uuid4()), "created_time": "2026-11-29T21:10:00.000Z",
-                "parent": {"type": next(iter(parent)), **parent}, "in_trash": False,
-                "properties": {("Name" if "Name" in props else "title"): {"id": "title", "type": "title",
-                                                                           "title": rich_text(title)}}}
+        page = {
+            "object": "page",
+            "id": str(uuid.uuid4()),
+            "created_time": "2026-11-29T21:10:00.000Z",
+            "parent": {"type": next(iter(parent)), **parent},
+            "in_trash": False,
+            "properties": {
+                ("Name" if "Name" in props else "title"): {"id": "title", "type": "title", "title": rich_text(title)}
+            },
+        }
         with self.lock:
             self.pages.append(page)
         if step == "commit_drop":
@@ -95,20 +114,48 @@ class FakeNotion:
         flt = seen.json().get("filter") or {}
         wanted = flt.get("title", {}).get("equals")
         with self.lock:
-            results = [p for p in self.pages if p["parent"].get("data_source_id") == ds
-                       and (wanted is None or p["properties"]["Name"]["title"][0]["plain_text"] == wanted)]
-        return 200, {}, {"object": "list", "results": results, "next_cursor": None, "has_more": False,
-                         "type": "page_or_database", "page_or_database": {}}
+            results = [
+                p
+                for p in self.pages
+                if p["parent"].get("data_source_id") == ds
+                and (wanted is None or p["properties"]["Name"]["title"][0]["plain_text"] == wanted)
+            ]
+        return (
+            200,
+            {},
+            {
+                "object": "list",
+                "results": results,
+                "next_cursor": None,
+                "has_more": False,
+                "type": "page_or_database",
+                "page_or_database": {},
+            },
+        )
 
     def search(self, seen: Seen):
-        return 200, {}, {"object": "list", "results": [], "next_cursor": None, "has_more": False,
-                         "type": "page_or_data_source", "page_or_data_source": {}}
+        return (
+            200,
+            {},
+            {
+                "object": "list",
+                "results": [],
+                "next_cursor": None,
+                "has_more": False,
+                "type": "page_or_data_source",
+                "page_or_data_source": {},
+            },
+        )
 
 
 @pytest.fixture(scope="module")
 def notion(tmp_path_factory, confdir):
-    for run in pack_run("notion.yaml", tmp_path_factory.mktemp("notion"), confdir,
-                        headers={"Authorization": TOKEN, "Notion-Version": VERSION}):
+    for run in pack_run(
+        "notion.yaml",
+        tmp_path_factory.mktemp("notion"),
+        confdir,
+        headers={"Authorization": TOKEN, "Notion-Version": VERSION},
+    ):
         run.fake = FakeNotion()
         run.api.on("POST", PAGES, run.fake.create)
         run.api.on("POST", QUERY_PATH.pattern, run.fake.query)
@@ -122,9 +169,13 @@ def fresh() -> tuple[str, str]:
 
 
 def in_data_source(ds: str, title: str) -> dict:
-    return {"parent": {"data_source_id": ds},
-            "properties": {"Name": {"title": [{"text": {"content": title}}]},
-                           "Status": {"status": {"name": "Not started"}}}}
+    return {
+        "parent": {"data_source_id": ds},
+        "properties": {
+            "Name": {"title": [{"text": {"content": title}}]},
+            "Status": {"status": {"name": "Not started"}},
+        },
+    }
 
 
 def writes(run: PackRun, title: str) -> list[Seen]:
@@ -142,6 +193,7 @@ receipt_count = PackRun.receipt_count
 
 
 # --- outcomes of the write ---------------------------------------------------------------------
+
 
 def test_a_page_in_a_data_source_succeeds_with_its_id(notion):
     ds, title = fresh()
@@ -165,7 +217,7 @@ def test_the_same_title_in_another_data_source_is_another_intent(notion):
     two = notion.send("POST", PAGES, json=in_data_source(str(uuid.uuid4()), title))
     assert one.headers["x-receipt-id"] != two.headers["x-receipt-id"]
     assert len(writes(notion, title)) == 2
-    again = notion.send("POST", PAGES, json=in_data_source(ds, title))   # the first one again: replayed
+    again = notion.send("POST", PAGES, json=in_data_source(ds, title))  # the first one again: replayed
     assert again.headers["x-receipt-id"] == one.headers["x-receipt-id"]
     assert len(writes(notion, title)) == 2
 
@@ -216,6 +268,7 @@ def test_409_conflict_error_is_not_a_refusal_the_query_decides_and_nothing_is_se
     assert retry.json()["error"] == ("duplicate_succeeded" if created else "duplicate_unresolved")
     assert len(writes(notion, title)) == 1
 
+
 def test_529_service_overload_is_unknown_by_the_packs_own_rule_and_never_sent_twice(notion):
     ds, title = fresh()
     notion.fake.plan(title, "commit_529")
@@ -224,11 +277,14 @@ def test_529_service_overload_is_unknown_by_the_packs_own_rule_and_never_sent_tw
     assert notion.receipt(r).state is State.OUTCOME_UNKNOWN
     assert any("service_overload" in why for _, _, why in notion.history(r))  # the pack says so, not a default
     retry = notion.send("POST", PAGES, json=in_data_source(ds, title))  # the page exists: the query finds it
-    assert retry.headers["x-receipt-state"] == "succeeded" and retry.headers["x-receipt-id"] == r.headers["x-receipt-id"]
+    assert (
+        retry.headers["x-receipt-state"] == "succeeded" and retry.headers["x-receipt-id"] == r.headers["x-receipt-id"]
+    )
     assert len(writes(notion, title)) == 1
 
 
 # --- reconcile: the data source query by title ----------------------------------------------------
+
 
 def test_unknown_then_the_query_finds_the_page(notion):
     ds, title = fresh()
@@ -242,13 +298,17 @@ def test_unknown_then_the_query_finds_the_page(notion):
     assert retry.headers["x-receipt-id"] == first.headers["x-receipt-id"]
     [read] = queries(notion, ds)
     assert read.json()["filter"] == {"property": "Name", "title": {"equals": title}}
-    assert read.headers["notion-version"] == VERSION                # Notion answers 400 without it
-    assert read.headers["authorization"] == TOKEN                   # the retrying request's own key
+    assert read.headers["notion-version"] == VERSION  # Notion answers 400 without it
+    assert read.headers["authorization"] == TOKEN  # the retrying request's own key
     assert len(writes(notion, title)) == 1
     receipt = notion.receipt(first)
     assert receipt.state is State.SUCCEEDED and receipt.external_id == page_id
     assert to_states(notion, receipt.operation_id) == [
-        State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.SUCCEEDED]
+        State.SUBMITTED,
+        State.OUTCOME_UNKNOWN,
+        State.RECONCILING,
+        State.SUCCEEDED,
+    ]
 
 
 def test_unknown_and_not_found_proves_nothing_the_retry_is_blocked(notion):
@@ -260,7 +320,7 @@ def test_unknown_and_not_found_proves_nothing_the_retry_is_blocked(notion):
     retry = notion.send("POST", PAGES, json=in_data_source(ds, title))
     assert retry.status_code == 409 and retry.headers["x-receipt-state"] == "manual_review"
     assert len(queries(notion, ds)) == 1
-    assert len(writes(notion, title)) == 1                          # never resent on a guess
+    assert len(writes(notion, title)) == 1  # never resent on a guess
     assert notion.receipt(first).state is State.MANUAL_REVIEW
 
 
@@ -280,11 +340,20 @@ def test_a_page_under_a_page_has_no_read_and_goes_to_manual_review(notion):
 
 # --- POST reads pass through; only post_reads paths may be used by a reconcile -------------------
 
-@pytest.mark.parametrize("path, body", [
-    pytest.param("/v1/search", {"query": "Q3 planning", "filter": {"value": "page", "property": "object"}}, id="search"),
-    pytest.param(f"/v1/data_sources/{uuid.uuid4()}/query", {"filter": {"property": "Name", "title": {"equals": "x"}}},
-                 id="data-source-query"),
-])
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        pytest.param(
+            "/v1/search", {"query": "Q3 planning", "filter": {"value": "page", "property": "object"}}, id="search"
+        ),
+        pytest.param(
+            f"/v1/data_sources/{uuid.uuid4()}/query",
+            {"filter": {"property": "Name", "title": {"equals": "x"}}},
+            id="data-source-query",
+        ),
+    ],
+)
 def test_post_reads_pass_through_without_a_receipt(notion, path, body):
     before, seen_before = receipt_count(notion), len(notion.api.requests("POST"))
     r = notion.send("POST", path, json=body)
@@ -306,10 +375,13 @@ def _bad_pack(tmp_path: Path, post_reads: str) -> tuple[Path, int]:
     return path, method_line
 
 
-@pytest.mark.parametrize("post_reads", [
-    pytest.param("post_reads: [/v1/search]\n", id="only-search-listed"),
-    pytest.param("", id="no-post-reads"),
-])
+@pytest.mark.parametrize(
+    "post_reads",
+    [
+        pytest.param("post_reads: [/v1/search]\n", id="only-search-listed"),
+        pytest.param("", id="no-post-reads"),
+    ],
+)
 def test_a_post_read_to_a_path_not_in_post_reads_is_refused_when_the_rules_load(tmp_path, post_reads):
     path, line = _bad_pack(tmp_path, post_reads)
     with pytest.raises(RulesError) as info:
@@ -338,8 +410,18 @@ def test_the_query_follows_next_cursor_and_finds_the_page_on_page_2(notion):
     def paged(seen: Seen):
         if seen.json().get("start_cursor") == "cursor-2":
             return notion.fake.query(seen)
-        return 200, {}, {"object": "list", "results": [], "next_cursor": "cursor-2", "has_more": True,
-                         "type": "page_or_database", "page_or_database": {}}
+        return (
+            200,
+            {},
+            {
+                "object": "list",
+                "results": [],
+                "next_cursor": "cursor-2",
+                "has_more": True,
+                "type": "page_or_database",
+                "page_or_database": {},
+            },
+        )
 
     notion.api.on("POST", f"/v1/data_sources/{ds}/query", paged, times=2)
     retry = notion.send("POST", PAGES, json=in_data_source(ds, title))

@@ -85,41 +85,82 @@ class FakeOpenAI:
         filename, content = parts["file"]
 
         def create():
-            f = {"id": f"file-{uuid.uuid4().hex[:22]}", "object": "file", "bytes": len(content),
-                 "created_at": int(time.time()), "filename": filename, "purpose": parts["purpose"],
-                 "status": "processed", "expires_at": None, "status_details": None}
+            f = {
+                "id": f"file-{uuid.uuid4().hex[:22]}",
+                "object": "file",
+                "bytes": len(content),
+                "created_at": int(time.time()),
+                "filename": filename,
+                "purpose": parts["purpose"],
+                "status": "processed",
+                "expires_at": None,
+                "status_details": None,
+            }
             with self.lock:
                 self.files.append(f)
             return f
-        return self._outcome(self._step(filename), create, "'purpose' must be one of assistants, batch, fine-tune, vision, user_data, evals")
+
+        return self._outcome(
+            self._step(filename),
+            create,
+            "'purpose' must be one of assistants, batch, fine-tune, vision, user_data, evals",
+        )
 
     def list_files(self, seen: Seen):
         q = parse_qs(urlsplit(seen.path).query)
         with self.lock:
             data = [f for f in reversed(self.files) if f["purpose"] == q.get("purpose", [f["purpose"]])[0]]
-        return 200, {}, {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                         "last_id": data[-1]["id"] if data else None, "has_more": False}
+        return (
+            200,
+            {},
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": False,
+            },
+        )
 
     # batches
     def create_batch(self, seen: Seen):
         doc = seen.json()
 
         def create():
-            b = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": doc["endpoint"], "errors": None,
-                 "input_file_id": doc["input_file_id"], "completion_window": doc["completion_window"],
-                 "status": "validating", "output_file_id": None, "error_file_id": None,
-                 "created_at": int(time.time()), "metadata": doc.get("metadata"),
-                 "request_counts": {"total": 0, "completed": 0, "failed": 0}}
+            b = {
+                "id": f"batch_{uuid.uuid4().hex}",
+                "object": "batch",
+                "endpoint": doc["endpoint"],
+                "errors": None,
+                "input_file_id": doc["input_file_id"],
+                "completion_window": doc["completion_window"],
+                "status": "validating",
+                "output_file_id": None,
+                "error_file_id": None,
+                "created_at": int(time.time()),
+                "metadata": doc.get("metadata"),
+                "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            }
             with self.lock:
                 self.batches.append(b)
             return b
+
         return self._outcome(self._step(doc["input_file_id"]), create, "Invalid 'endpoint'")
 
     def list_batches(self, seen: Seen):
         with self.lock:
             data = list(reversed(self.batches))[:100]
-        return 200, {}, {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                         "last_id": data[-1]["id"] if data else None, "has_more": len(self.batches) > 100}
+        return (
+            200,
+            {},
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": len(self.batches) > 100,
+            },
+        )
 
     # vector store files
     def attach(self, seen: Seen):
@@ -127,13 +168,23 @@ class FakeOpenAI:
         file_id = seen.json()["file_id"]
 
         def create():
-            vf = {"id": file_id, "object": "vector_store.file", "usage_bytes": 0, "created_at": int(time.time()),
-                  "vector_store_id": vs, "status": "in_progress", "last_error": None,
-                  "chunking_strategy": {"type": "static", "static": {"max_chunk_size_tokens": 800,
-                                                                     "chunk_overlap_tokens": 400}}}
+            vf = {
+                "id": file_id,
+                "object": "vector_store.file",
+                "usage_bytes": 0,
+                "created_at": int(time.time()),
+                "vector_store_id": vs,
+                "status": "in_progress",
+                "last_error": None,
+                "chunking_strategy": {
+                    "type": "static",
+                    "static": {"max_chunk_size_tokens": 800, "chunk_overlap_tokens": 400},
+                },
+            }
             with self.lock:
                 self.vs_files[(vs, file_id)] = vf
             return vf
+
         return self._outcome(self._step(file_id), create, f"No file found with id '{file_id}'.")
 
     def retrieve_vs_file(self, seen: Seen):
@@ -150,12 +201,26 @@ class FakeOpenAI:
         items = seen.json()["items"]
 
         def create():
-            made = [{"id": f"msg_{uuid.uuid4().hex}", "type": "message", "status": "completed",
-                     "role": item["role"], "content": item["content"]} for item in items]
+            made = [
+                {
+                    "id": f"msg_{uuid.uuid4().hex}",
+                    "type": "message",
+                    "status": "completed",
+                    "role": item["role"],
+                    "content": item["content"],
+                }
+                for item in items
+            ]
             with self.lock:
                 self.items.setdefault(conv, []).extend(made)
-            return {"object": "list", "data": made, "first_id": made[0]["id"], "last_id": made[-1]["id"],
-                    "has_more": False}
+            return {
+                "object": "list",
+                "data": made,
+                "first_id": made[0]["id"],
+                "last_id": made[-1]["id"],
+                "has_more": False,
+            }
+
         return self._outcome(self._step(items[0]["content"][0]["text"]), create, "Invalid 'items[0].role'")
 
     def list_items(self, seen: Seen):
@@ -167,14 +232,27 @@ class FakeOpenAI:
         if q.get("order", ["desc"])[0] == "desc":
             data.reverse()
         data = data[:limit]
-        return 200, {}, {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                         "last_id": data[-1]["id"] if data else None, "has_more": False}
+        return (
+            200,
+            {},
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": False,
+            },
+        )
 
 
 @pytest.fixture(scope="module")
 def openai(tmp_path_factory, confdir):
-    for run in pack_run("openai.yaml", tmp_path_factory.mktemp("openai"), confdir,
-                        headers={"Authorization": KEY, "OpenAI-Project": PROJECT}):
+    for run in pack_run(
+        "openai.yaml",
+        tmp_path_factory.mktemp("openai"),
+        confdir,
+        headers={"Authorization": KEY, "OpenAI-Project": PROJECT},
+    ):
         fake = run.fake = FakeOpenAI()
         run.api.on("POST", "/v1/files", fake.upload)
         run.api.on("GET", "/v1/files", fake.list_files)
@@ -195,7 +273,9 @@ def seen(run: PackRun, method: str, path: str | re.Pattern, marker: str | None =
     out = []
     for s in run.api.requests(method):
         p = s.path.split("?")[0]
-        if (path.fullmatch(p) if isinstance(path, re.Pattern) else p == path) and (marker is None or marker.encode() in s.body + s.path.encode()):
+        if (path.fullmatch(p) if isinstance(path, re.Pattern) else p == path) and (
+            marker is None or marker.encode() in s.body + s.path.encode()
+        ):
             out.append(s)
     return out
 
@@ -205,14 +285,18 @@ to_states = PackRun.states
 
 # --- files: multipart upload -----------------------------------------------------------------------
 
+
 def upload(run: PackRun, filename: str, content: bytes, purpose: str = "batch"):
-    return run.send("POST", "/v1/files", data={"purpose": purpose},
-                    files={"file": (filename, content, "application/jsonl")})
+    return run.send(
+        "POST", "/v1/files", data={"purpose": purpose}, files={"file": (filename, content, "application/jsonl")}
+    )
 
 
 def jsonl(marker: str, lines: int = 40) -> bytes:
-    return b"".join(b'{"custom_id": "req-%d-%s", "method": "POST", "url": "/v1/chat/completions"}\n'
-                    % (i, marker.encode()) for i in range(lines))
+    return b"".join(
+        b'{"custom_id": "req-%d-%s", "method": "POST", "url": "/v1/chat/completions"}\n' % (i, marker.encode())
+        for i in range(lines)
+    )
 
 
 def test_an_upload_is_fingerprinted_by_its_content_hash_and_the_content_is_never_stored(openai):
@@ -237,7 +321,9 @@ def test_the_same_name_with_other_content_is_another_upload(openai):
     two = upload(openai, name, jsonl("two"))
     again = upload(openai, name, jsonl("one"))
     assert one.headers["x-receipt-id"] != two.headers["x-receipt-id"]
-    assert again.headers["x-receipt-id"] == one.headers["x-receipt-id"] and again.headers["x-receipt-replayed"] == "true"
+    assert (
+        again.headers["x-receipt-id"] == one.headers["x-receipt-id"] and again.headers["x-receipt-replayed"] == "true"
+    )
     assert len(seen(openai, "POST", "/v1/files", name)) == 2
 
 
@@ -259,8 +345,10 @@ def test_an_unknown_upload_found_in_the_files_list_succeeds(openai):
 
     retry = upload(openai, name, content)
     assert retry.headers["x-receipt-state"] == "succeeded"
-    [read] = [s for s in seen(openai, "GET", "/v1/files") if s.path.endswith("purpose=batch&order=desc&limit=10000")][-1:]
-    assert read.headers["authorization"] == KEY and read.headers["openai-project"] == PROJECT   # the agent's project
+    [read] = [s for s in seen(openai, "GET", "/v1/files") if s.path.endswith("purpose=batch&order=desc&limit=10000")][
+        -1:
+    ]
+    assert read.headers["authorization"] == KEY and read.headers["openai-project"] == PROJECT  # the agent's project
     assert len(seen(openai, "POST", "/v1/files", name)) == 1
     receipt = openai.receipt(first)
     assert receipt.state is State.SUCCEEDED and receipt.external_id == file_id
@@ -284,9 +372,19 @@ def test_an_older_identical_upload_is_not_taken_for_an_unknown_one(openai):
     name = f"requests-{tag()}.jsonl"
     content = jsonl(name)
     with openai.fake.lock:
-        openai.fake.files.append({"id": "file-older", "object": "file", "bytes": len(content),
-                                  "created_at": int(time.time()) - 3600, "filename": name, "purpose": "batch",
-                                  "status": "processed", "expires_at": None, "status_details": None})
+        openai.fake.files.append(
+            {
+                "id": "file-older",
+                "object": "file",
+                "bytes": len(content),
+                "created_at": int(time.time()) - 3600,
+                "filename": name,
+                "purpose": "batch",
+                "status": "processed",
+                "expires_at": None,
+                "status_details": None,
+            }
+        )
     openai.fake.plan(name, "drop")
     first = upload(openai, name, content)
     assert first.headers["x-receipt-state"] == "outcome_unknown"
@@ -313,8 +411,11 @@ def test_an_unknown_upload_on_the_second_page_of_the_files_list_succeeds_without
     def page(s: Seen):
         after = parse_qs(urlsplit(s.path).query).get("after", [None])[0]
         data, more = (others, True) if after is None else ([mine], False)
-        return 200, {}, {"object": "list", "data": data, "first_id": data[0]["id"], "last_id": data[-1]["id"],
-                         "has_more": more}
+        return (
+            200,
+            {},
+            {"object": "list", "data": data, "first_id": data[0]["id"], "last_id": data[-1]["id"], "has_more": more},
+        )
 
     reads_before = len(seen(openai, "GET", "/v1/files"))
     openai.api.on("GET", "/v1/files", page, times=2)
@@ -323,8 +424,12 @@ def test_an_unknown_upload_on_the_second_page_of_the_files_list_succeeds_without
     assert retry.json()["external_id"] == mine["id"]
     walked = seen(openai, "GET", "/v1/files")[reads_before:]
     assert len(walked) == 2
-    assert parse_qs(urlsplit(walked[1].path).query) == {"purpose": ["batch"], "order": ["desc"], "limit": ["10000"],
-                                                        "after": ["file-other0099"]}
+    assert parse_qs(urlsplit(walked[1].path).query) == {
+        "purpose": ["batch"],
+        "order": ["desc"],
+        "limit": ["10000"],
+        "after": ["file-other0099"],
+    }
     assert walked[1].headers["authorization"] == KEY and walked[1].headers["openai-project"] == PROJECT
     assert len(seen(openai, "POST", "/v1/files", name)) == 1  # no second upload
     receipt = openai.receipt(first)
@@ -333,8 +438,13 @@ def test_an_unknown_upload_on_the_second_page_of_the_files_list_succeeds_without
 
 # --- batches: a receipt key in metadata -----------------------------------------------------------
 
+
 def batch(input_file_id: str, **metadata: str) -> dict:
-    body: dict[str, Any] = {"input_file_id": input_file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    body: dict[str, Any] = {
+        "input_file_id": input_file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
     if metadata:
         body["metadata"] = metadata
     return body
@@ -348,7 +458,7 @@ def test_a_batch_carries_the_receipt_key_in_its_metadata(openai):
     [write] = seen(openai, "POST", "/v1/batches", file_id)
     assert write.json()["metadata"] == {"project": "nightly-evals", "receipt_key": receipt.idempotency_key}
     assert receipt.idempotency_key and receipt.external_id == r.json()["id"]
-    assert "metadata" not in str(receipt.intent)                      # the key is not part of the intent
+    assert "metadata" not in str(receipt.intent)  # the key is not part of the intent
 
 
 def test_an_unknown_batch_is_found_by_its_receipt_key(openai):
@@ -369,9 +479,17 @@ def test_an_unknown_batch_is_found_by_its_receipt_key(openai):
 def test_an_older_batch_of_the_same_file_is_not_taken_for_this_one(openai):
     """Found means this receipt's key, not merely the same input file: absence is never assumed either."""
     file_id = f"file-{tag()}"
-    openai.fake.batches.append({"id": f"batch_old{tag()}", "object": "batch", "input_file_id": file_id,
-                                "endpoint": "/v1/chat/completions", "completion_window": "24h",
-                                "status": "completed", "metadata": None})
+    openai.fake.batches.append(
+        {
+            "id": f"batch_old{tag()}",
+            "object": "batch",
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "status": "completed",
+            "metadata": None,
+        }
+    )
     openai.fake.plan(file_id, "drop")
     first = openai.send("POST", "/v1/batches", json=batch(file_id))
     retry = openai.send("POST", "/v1/batches", json=batch(file_id))
@@ -382,6 +500,7 @@ def test_an_older_batch_of_the_same_file_is_not_taken_for_this_one(openai):
 
 # --- vector store files: the file id is the object's id ---------------------------------------------
 
+
 def test_an_attach_succeeds_with_the_file_id_as_its_id(openai):
     vs, file_id = f"vs_{tag()}", f"file-{tag()}"
     r = openai.send("POST", f"/v1/vector_stores/{vs}/files", json={"file_id": file_id})
@@ -389,7 +508,10 @@ def test_an_attach_succeeds_with_the_file_id_as_its_id(openai):
     assert openai.receipt(r).external_id == file_id
     missing = f"file-{tag()}"
     openai.fake.plan(missing, "invalid")
-    assert openai.send("POST", f"/v1/vector_stores/{vs}/files", json={"file_id": missing}).headers["x-receipt-state"] == "rejected"
+    assert (
+        openai.send("POST", f"/v1/vector_stores/{vs}/files", json={"file_id": missing}).headers["x-receipt-state"]
+        == "rejected"
+    )
 
 
 def test_an_unknown_attach_found_by_retrieve_succeeds(openai):
@@ -405,7 +527,11 @@ def test_an_unknown_attach_found_by_retrieve_succeeds(openai):
     receipt = openai.receipt(first)
     assert receipt.state is State.SUCCEEDED and receipt.external_id == file_id
     assert to_states(openai, receipt.operation_id) == [
-        State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING, State.SUCCEEDED]
+        State.SUBMITTED,
+        State.OUTCOME_UNKNOWN,
+        State.RECONCILING,
+        State.SUCCEEDED,
+    ]
 
 
 def test_an_unknown_attach_answered_404_is_provably_absent_and_resent(openai):
@@ -423,6 +549,7 @@ def test_an_unknown_attach_answered_404_is_provably_absent_and_resent(openai):
 
 
 # --- conversation items: the newest item -----------------------------------------------------------
+
 
 def message(text: str, role: str = "user") -> dict:
     return {"items": [{"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}]}

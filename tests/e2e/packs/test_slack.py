@@ -40,16 +40,22 @@ def posts(run: PackRun, marker: str) -> list[Seen]:
 
 
 def reads(run: PackRun, channel: str) -> list[Seen]:
-    return [s for s in run.api.requests("GET") if s.path.startswith(HISTORY + "?")
-            and parse_qs(urlsplit(s.path).query).get("channel") == [channel]]
+    return [
+        s
+        for s in run.api.requests("GET")
+        if s.path.startswith(HISTORY + "?") and parse_qs(urlsplit(s.path).query).get("channel") == [channel]
+    ]
 
 
 to_states = PackRun.states
 
 
 def answer_ok(channel: str, ts: str):
-    return lambda seen: (200, {}, {"ok": True, "channel": channel, "ts": ts,
-                                   "message": {"type": "message", "text": "x", "ts": ts}})
+    return lambda seen: (
+        200,
+        {},
+        {"ok": True, "channel": channel, "ts": ts, "message": {"type": "message", "text": "x", "ts": ts}},
+    )
 
 
 def history(*messages: dict, ok: bool = True):
@@ -57,6 +63,7 @@ def history(*messages: dict, ok: bool = True):
 
 
 # --- outcomes of the write -------------------------------------------------------------------
+
 
 def test_ok_true_succeeds_with_channel_and_ts_as_external_id(slack):
     channel, text = fresh()
@@ -86,8 +93,19 @@ def test_form_encoded_post_is_fingerprinted_by_its_fields(slack):
     assert len(posts(slack, text.replace(" ", "+"))) == 2  # the replay was not sent
 
 
-@pytest.mark.parametrize("error", ["channel_not_found", "not_in_channel", "is_archived", "msg_too_long",
-                                   "no_text", "invalid_auth", "ratelimited", "request_timeout"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "msg_too_long",
+        "no_text",
+        "invalid_auth",
+        "ratelimited",
+        "request_timeout",
+    ],
+)
 def test_ok_false_errors_are_rejections(slack, error):
     channel, text = fresh()
     slack.api.on("POST", POST, 200, {"ok": False, "error": error}, times=1)
@@ -151,15 +169,21 @@ def test_dropped_connection_is_unknown(slack):
 
 # --- reconcile -------------------------------------------------------------------------------
 
+
 def test_retry_after_internal_error_finds_the_message_and_does_not_post_again(slack):
     channel, text = fresh()
     slack.api.on("POST", POST, 200, {"ok": False, "error": "internal_error"}, times=1)
     first = slack.send("POST", POST, json={"channel": channel, "text": text})
     assert first.headers["x-receipt-state"] == "outcome_unknown"
-    slack.api.on("GET", HISTORY, 200, history(
-        {"type": "message", "text": f"not {text}", "ts": "1712345678.000401"},
-        {"type": "message", "text": text, "ts": "1712345678.000402", "bot_id": "B0FAKE"},
-    ))
+    slack.api.on(
+        "GET",
+        HISTORY,
+        200,
+        history(
+            {"type": "message", "text": f"not {text}", "ts": "1712345678.000401"},
+            {"type": "message", "text": text, "ts": "1712345678.000402", "bot_id": "B0FAKE"},
+        ),
+    )
     retry = slack.send("POST", POST, json={"channel": channel, "text": text})
 
     assert len(posts(slack, text)) == 1  # the retry was not sent
@@ -223,11 +247,14 @@ def test_not_found_is_not_proof_of_absence_manual_review_blocks_retries(slack):
     assert len(reads(slack, channel)) == 1  # manual_review waits for a human: no second read
 
 
-@pytest.mark.parametrize("answer", [
-    (200, {"ok": False, "error": "missing_scope", "needed": "channels:history"}),
-    (200, {"ok": False, "error": "ratelimited"}),
-    (429, {"ok": False, "error": "ratelimited"}),
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (200, {"ok": False, "error": "missing_scope", "needed": "channels:history"}),
+        (200, {"ok": False, "error": "ratelimited"}),
+        (429, {"ok": False, "error": "ratelimited"}),
+    ],
+)
 def test_a_failed_history_read_is_never_taken_as_absence(slack, answer):
     channel, text = fresh()
     slack.api.drop("POST", POST)

@@ -46,11 +46,23 @@ class FakeStripe:
             if key in self.saved:
                 first, answer = self.saved[key]
                 if first != params:
-                    return 400, {}, error("idempotency_error", None, "Keys for idempotent requests can only be used "
-                                          "with the same parameters they were first used with.")
+                    return (
+                        400,
+                        {},
+                        error(
+                            "idempotency_error",
+                            None,
+                            "Keys for idempotent requests can only be used "
+                            "with the same parameters they were first used with.",
+                        ),
+                    )
                 return answer
-            obj = {"id": f"{self.prefix}_{next(self.ids):04d}FakeObj", "created": int(time.time()), "livemode": False,
-                   "metadata": {k[9:-1]: v for k, v in params.items() if k.startswith("metadata[")}}
+            obj = {
+                "id": f"{self.prefix}_{next(self.ids):04d}FakeObj",
+                "created": int(time.time()),
+                "livemode": False,
+                "metadata": {k[9:-1]: v for k, v in params.items() if k.startswith("metadata[")},
+            }
             for name in ("amount",):
                 if name in params:
                     obj[name] = int(params[name])
@@ -73,8 +85,11 @@ class FakeStripe:
         since = int(q.pop("created[gte]", 0))
         limit = int(q.pop("limit", 10))
         with self.lock:
-            data = [o for o in reversed(self.objects)
-                    if o["created"] >= since and all(str(o.get(k)) == v for k, v in q.items())][:limit]
+            data = [
+                o
+                for o in reversed(self.objects)
+                if o["created"] >= since and all(str(o.get(k)) == v for k, v in q.items())
+            ][:limit]
         return 200, {}, {"object": "list", "url": urlsplit(seen.path).path, "has_more": False, "data": data}
 
 
@@ -85,8 +100,15 @@ def _get(obj: Any, dotted: str) -> Any:
 
 
 def error(type_: str, code: str | None, message: str, **more) -> dict:
-    return {"error": {"type": type_, "code": code, "message": message,
-                      "doc_url": f"https://docs.stripe.com/error-codes/{code}" if code else None, **more}}
+    return {
+        "error": {
+            "type": type_,
+            "code": code,
+            "message": message,
+            "doc_url": f"https://docs.stripe.com/error-codes/{code}" if code else None,
+            **more,
+        }
+    }
 
 
 @pytest.fixture(scope="module")
@@ -136,14 +158,21 @@ def backdate(run: PackRun, answer, hours: float) -> None:
     shift = dt.timedelta(hours=hours)
     key_at = receipt.idempotency_key_at and iso(dt.datetime.fromisoformat(receipt.idempotency_key_at) - shift)
     with sqlite3.connect(run.proxy.db, timeout=10) as db:
-        db.execute("UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
-                   (iso(dt.datetime.fromisoformat(receipt.submitted_at) - shift), key_at, operation_id))
+        db.execute(
+            "UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
+            (iso(dt.datetime.fromisoformat(receipt.submitted_at) - shift), key_at, operation_id),
+        )
     db.close()
 
 
 def pi_form(order: str, amount: int = 2000, **more) -> dict:
-    return {"amount": str(amount), "currency": "usd", "metadata[order_id]": order,
-            "payment_method_types[]": "card", **more}
+    return {
+        "amount": str(amount),
+        "currency": "usd",
+        "metadata[order_id]": order,
+        "payment_method_types[]": "card",
+        **more,
+    }
 
 
 # --- payment_intents.create: success, fingerprint, the proxy's key -----------------------------
@@ -157,8 +186,12 @@ def test_payment_intent_created_with_the_proxys_idempotency_key(stripe, fakes):
     assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, obj["id"])
     assert r.headers["x-receipt-state"] == "succeeded"
     # Form fields, taken literally: the fingerprinted ones only.
-    assert receipt.intent["form"] == {"amount": "2000", "currency": "usd", "customer": "cus_Fake1",
-                                      "metadata[order_id]": "ord_ok"}
+    assert receipt.intent["form"] == {
+        "amount": "2000",
+        "currency": "usd",
+        "customer": "cus_Fake1",
+        "metadata[order_id]": "ord_ok",
+    }
     (sent,) = posts(stripe, PI, **{"metadata[order_id]": "ord_ok"})
     assert sent.headers["content-type"].startswith("application/x-www-form-urlencoded")
     assert sent.headers["idempotency-key"] == receipt.idempotency_key == f"receipt-{receipt.operation_id}"
@@ -200,10 +233,22 @@ def test_the_receipts_idempotency_key_goes_upstream_in_place_of_the_agents(strip
 
 REFUSALS = [
     # (status, body, a reason the history must hold, or None)
-    (402, error("card_error", "card_declined", "Your card was declined.", decline_code="generic_decline",
-                payment_intent={"id": "pi_declined", "object": "payment_intent", "status": "requires_payment_method"}),
-     "card_error"),
-    (400, error("invalid_request_error", "parameter_missing", "Missing required param: currency.", param="currency"), None),
+    (
+        402,
+        error(
+            "card_error",
+            "card_declined",
+            "Your card was declined.",
+            decline_code="generic_decline",
+            payment_intent={"id": "pi_declined", "object": "payment_intent", "status": "requires_payment_method"},
+        ),
+        "card_error",
+    ),
+    (
+        400,
+        error("invalid_request_error", "parameter_missing", "Missing required param: currency.", param="currency"),
+        None,
+    ),
     (401, error("invalid_request_error", None, "Invalid API Key provided: sk_test_****6789"), None),
     (403, error("invalid_request_error", None, "The provided key does not have the required permissions."), None),
     (404, error("invalid_request_error", "resource_missing", "No such customer: 'cus_nope'", param="customer"), None),
@@ -230,11 +275,15 @@ def test_payment_intent_refusals_are_rejected_and_a_retry_gets_a_new_key(stripe,
     assert stripe.receipt(again).retry_of == stripe.receipt(r).operation_id
 
 
-@pytest.mark.parametrize("status, body, reason", [
-    (500, error("api_error", None, "An unknown error occurred"), None),
-    (503, error("api_error", None, "Service unavailable"), None),
-    (424, error("invalid_request_error", None, "External dependency failed"), "424 External Dependency Failed"),
-], ids=["500", "503", "424"])
+@pytest.mark.parametrize(
+    "status, body, reason",
+    [
+        (500, error("api_error", None, "An unknown error occurred"), None),
+        (503, error("api_error", None, "Service unavailable"), None),
+        (424, error("invalid_request_error", None, "External dependency failed"), "424 External Dependency Failed"),
+    ],
+    ids=["500", "503", "424"],
+)
 def test_payment_intent_server_errors_are_unknown(stripe, fakes, status, body, reason):
     stripe.api.on("POST", PI, status, body, times=1)
     r = stripe.send("POST", PI, data=pi_form(f"ord_unknown_{status}"))
@@ -264,7 +313,11 @@ def test_payment_intent_lost_answer_retry_reuses_the_key_and_stripe_answers_from
     assert "deduplicates by Idempotency-Key" in history(stripe, first)[-1][2]
     assert not [s for s in reads(stripe, PI) if order in s.path]
     second = stripe.receipt(retry)
-    assert (second.state, second.external_id, second.retry_of) == (State.SUCCEEDED, made["id"], first.headers["x-receipt-id"])
+    assert (second.state, second.external_id, second.retry_of) == (
+        State.SUCCEEDED,
+        made["id"],
+        first.headers["x-receipt-id"],
+    )
     assert second.idempotency_key == stripe.receipt(first).idempotency_key
 
 
@@ -334,11 +387,14 @@ def test_a_reused_key_first_sent_25_hours_ago_is_forgotten_however_recent_its_re
     # Now: the first attempt 25 hours ago, the retry 2 hours ago; Stripe has forgotten the key.
     first_use = dt.datetime.fromisoformat(r1.submitted_at) - dt.timedelta(hours=25)
     with sqlite3.connect(stripe.proxy.db, timeout=10) as db:
-        db.execute("UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
-                   (iso(first_use), iso(first_use), r1.operation_id))
-        db.execute("UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
-                   (iso(dt.datetime.fromisoformat(r2.submitted_at) - dt.timedelta(hours=2)), iso(first_use),
-                    r2.operation_id))
+        db.execute(
+            "UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
+            (iso(first_use), iso(first_use), r1.operation_id),
+        )
+        db.execute(
+            "UPDATE receipts SET submitted_at = ?, idempotency_key_at = ? WHERE operation_id = ?",
+            (iso(dt.datetime.fromisoformat(r2.submitted_at) - dt.timedelta(hours=2)), iso(first_use), r2.operation_id),
+        )
     db.close()
     with fakes[PI].lock:
         del fakes[PI].saved[r1.idempotency_key]
@@ -348,18 +404,25 @@ def test_a_reused_key_first_sent_25_hours_ago_is_forgotten_however_recent_its_re
     assert fakes[PI].matching(**{"metadata.order_id": order}) == [made]  # no second intent
     assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 2  # nothing sent with the forgotten key
     assert (again.status_code, again.json()["error"], again.json()["external_id"]) == (
-        409, "duplicate_succeeded", made["id"])
+        409,
+        "duplicate_succeeded",
+        made["id"],
+    )
     (read,) = reads(stripe, PI)[n:]  # the read decided, from the key's first use
     assert parse_qs(urlsplit(read.path).query)["created[gte]"] == [str(int(first_use.timestamp()))]
     steps = history(stripe, retry)
     assert "deduplicates by" not in steps[-1][2] and stripe.receipt(retry).state is State.SUCCEEDED, steps
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a safe_to_retry decided by the key alone (receipts reconcile within the key's 24 h) still "
-    "lets a retry after the 24 h go out with the key, which Stripe may have pruned: the receipt "
-    "does not record whether it is safe by its key or by a proven absence (see the report of "
-    "issue 24's idempotency key items)"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "a safe_to_retry decided by the key alone (receipts reconcile within the key's 24 h) still "
+        "lets a retry after the 24 h go out with the key, which Stripe may have pruned: the receipt "
+        "does not record whether it is safe by its key or by a proven absence (see the report of "
+        "issue 24's idempotency key items)"
+    ),
+)
 def test_a_safe_to_retry_decided_by_the_key_does_not_outlive_the_key(stripe, fakes):
     """
     The first attempt was made at Stripe and its answer lost. An operator runs `receipts
@@ -373,9 +436,21 @@ def test_a_safe_to_retry_decided_by_the_key_does_not_outlive_the_key(stripe, fak
     assert first.headers["x-receipt-state"] == "outcome_unknown"
     (made,) = fakes[PI].matching(**{"metadata.order_id": order})
     out = subprocess.run(
-        [str(Path(sys.executable).parent / "receipts"), "--db", str(stripe.proxy.db), "reconcile",
-         first.headers["x-receipt-id"], "--rules", str(stripe.proxy.rules), "--header", f"Authorization: {SECRET}"],
-        capture_output=True, text=True, timeout=60)
+        [
+            str(Path(sys.executable).parent / "receipts"),
+            "--db",
+            str(stripe.proxy.db),
+            "reconcile",
+            first.headers["x-receipt-id"],
+            "--rules",
+            str(stripe.proxy.rules),
+            "--header",
+            f"Authorization: {SECRET}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert stripe.receipt(first).state is State.SAFE_TO_RETRY  # by the key, no read
     backdate(stripe, first, hours=30)
@@ -387,15 +462,24 @@ def test_a_safe_to_retry_decided_by_the_key_does_not_outlive_the_key(stripe, fak
 
 # --- idempotency errors: already_exists, decided by a list read --------------------------------
 
-IN_USE = error("idempotency_error", "idempotency_key_in_use",
-               "There is currently another in-progress request using this Idempotent Key (that probably means "
-               "you submitted twice, and the other request is still going through): receipt-x. Please try again later.")
+IN_USE = error(
+    "idempotency_error",
+    "idempotency_key_in_use",
+    "There is currently another in-progress request using this Idempotent Key (that probably means "
+    "you submitted twice, and the other request is still going through): receipt-x. Please try again later.",
+)
 
 
 def created_elsewhere(fakes, intent_id: str, order: str) -> None:
     """A payment intent for `order` that Stripe holds already (made by the request holding the key)."""
-    existing = {"id": intent_id, "object": "payment_intent", "amount": 2000, "currency": "usd",
-                "metadata": {"order_id": order}, "created": int(time.time()) + 1}
+    existing = {
+        "id": intent_id,
+        "object": "payment_intent",
+        "amount": 2000,
+        "currency": "usd",
+        "metadata": {"order_id": order},
+        "created": int(time.time()) + 1,
+    }
     with fakes[PI].lock:
         fakes[PI].objects.append(existing)
 
@@ -406,12 +490,14 @@ def test_key_in_use_409_is_already_exists_and_the_list_read_finds_the_intent(str
     created_elsewhere(fakes, "pi_InUse0001", order)
     stripe.api.on("POST", PI, 409, IN_USE, times=1)
     r = stripe.send("POST", PI, data=pi_form(order))
-    assert r.status_code == 409 and r.json() == IN_USE   # the agent gets Stripe's answer
+    assert r.status_code == 409 and r.json() == IN_USE  # the agent gets Stripe's answer
     receipt = stripe.receipt(r)
     assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "pi_InUse0001")
     assert r.headers["x-receipt-state"] == "succeeded"
     steps = history(stripe, r)
-    assert [(a, b) for a, b, _ in steps][-2:] == [("outcome_unknown", "reconciling"), ("reconciling", "succeeded")], steps
+    assert [(a, b) for a, b, _ in steps][-2:] == [("outcome_unknown", "reconciling"), ("reconciling", "succeeded")], (
+        steps
+    )
     assert any("idempotency_key_in_use" in why for _, _, why in steps), steps
     (read,) = [s for s in reads(stripe, PI) if s.headers.get("authorization") == SECRET][-1:]
     q = parse_qs(urlsplit(read.path).query)
@@ -421,9 +507,13 @@ def test_key_in_use_409_is_already_exists_and_the_list_read_finds_the_intent(str
 
 def test_key_reused_with_other_parameters_is_already_exists_and_absence_allows_a_retry(stripe, fakes):
     order = "ord_key_mismatch"
-    mismatch = error("idempotency_error", None, "Keys for idempotent requests can only be used with the same "
-                     "parameters they were first used with. Try using a key other than 'receipt-x' if you meant "
-                     "to execute a different request.")
+    mismatch = error(
+        "idempotency_error",
+        None,
+        "Keys for idempotent requests can only be used with the same "
+        "parameters they were first used with. Try using a key other than 'receipt-x' if you meant "
+        "to execute a different request.",
+    )
     stripe.api.on("POST", PI, 400, mismatch, times=1)
     r = stripe.send("POST", PI, data=pi_form(order))
     assert r.status_code == 400
@@ -442,23 +532,49 @@ def test_key_reused_with_other_parameters_is_already_exists_and_absence_allows_a
 
 
 def test_refund_created_and_recorded(stripe, fakes):
-    r = stripe.send("POST", REFUNDS, data={"payment_intent": "pi_ToRefund01", "amount": "500",
-                                           "metadata[order_id]": "ord_refund_ok", "reason": "requested_by_customer"})
+    r = stripe.send(
+        "POST",
+        REFUNDS,
+        data={
+            "payment_intent": "pi_ToRefund01",
+            "amount": "500",
+            "metadata[order_id]": "ord_refund_ok",
+            "reason": "requested_by_customer",
+        },
+    )
     assert r.status_code == 200
     receipt = stripe.receipt(r)
     assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, r.json()["id"])
-    assert receipt.intent["form"] == {"payment_intent": "pi_ToRefund01", "charge": None, "amount": "500",
-                                      "metadata[order_id]": "ord_refund_ok"}
+    assert receipt.intent["form"] == {
+        "payment_intent": "pi_ToRefund01",
+        "charge": None,
+        "amount": "500",
+        "metadata[order_id]": "ord_refund_ok",
+    }
     (sent,) = posts(stripe, REFUNDS, payment_intent="pi_ToRefund01")
     assert sent.headers["idempotency-key"] == receipt.idempotency_key
 
 
 def test_refund_key_in_use_is_found_by_its_payment_intent(stripe, fakes):
     with fakes[REFUNDS].lock:
-        fakes[REFUNDS].objects.append({"id": "re_Other01", "payment_intent": "pi_Other", "amount": 100,
-                                       "created": int(time.time()) + 1, "metadata": {}})
-        fakes[REFUNDS].objects.append({"id": "re_Mine01", "payment_intent": "pi_ToRefund02", "amount": 2000,
-                                       "created": int(time.time()) + 1, "metadata": {}})
+        fakes[REFUNDS].objects.append(
+            {
+                "id": "re_Other01",
+                "payment_intent": "pi_Other",
+                "amount": 100,
+                "created": int(time.time()) + 1,
+                "metadata": {},
+            }
+        )
+        fakes[REFUNDS].objects.append(
+            {
+                "id": "re_Mine01",
+                "payment_intent": "pi_ToRefund02",
+                "amount": 2000,
+                "created": int(time.time()) + 1,
+                "metadata": {},
+            }
+        )
     stripe.api.on("POST", REFUNDS, 409, IN_USE, times=1)
     r = stripe.send("POST", REFUNDS, data={"payment_intent": "pi_ToRefund02"})  # a full refund: no amount
     assert (r.status_code, r.headers["x-receipt-state"]) == (409, "succeeded")
@@ -470,8 +586,7 @@ def test_refund_key_in_use_is_found_by_its_payment_intent(stripe, fakes):
 
 
 def test_refund_of_an_already_refunded_charge_is_rejected(stripe, fakes):
-    body = error("invalid_request_error", "charge_already_refunded",
-                 "Charge ch_Fake has already been refunded.")
+    body = error("invalid_request_error", "charge_already_refunded", "Charge ch_Fake has already been refunded.")
     stripe.api.on("POST", REFUNDS, 400, body, times=1)
     n = len(reads(stripe, REFUNDS))
     r = stripe.send("POST", REFUNDS, data={"payment_intent": "pi_Refunded03"})
@@ -488,8 +603,15 @@ def test_customer_created_and_found_by_email_after_a_key_conflict(stripe, fakes)
     assert (stripe.receipt(ok).state, stripe.receipt(ok).external_id) == (State.SUCCEEDED, ok.json()["id"])
 
     with fakes[CUSTOMERS].lock:
-        fakes[CUSTOMERS].objects.append({"id": "cus_Grace01", "email": "grace@example.com", "name": "Grace",
-                                         "created": int(time.time()) + 1, "metadata": {}})
+        fakes[CUSTOMERS].objects.append(
+            {
+                "id": "cus_Grace01",
+                "email": "grace@example.com",
+                "name": "Grace",
+                "created": int(time.time()) + 1,
+                "metadata": {},
+            }
+        )
     stripe.api.on("POST", CUSTOMERS, 409, IN_USE, times=1)
     r = stripe.send("POST", CUSTOMERS, data={"email": "grace@example.com", "name": "Grace"})
     assert (r.status_code, r.headers["x-receipt-state"]) == (409, "succeeded")
@@ -511,8 +633,10 @@ def test_the_secret_key_never_reaches_the_receipts_database(stripe, fakes):
 # Stripe's concurrent-request 409 as it appears in practice: invalid_request_error, not
 # idempotency_error (rules/stripe.yaml says where that comes from).
 IN_USE_AS_INVALID_REQUEST = error(
-    "invalid_request_error", "idempotency_key_in_use",
-    "There is currently another in-progress request using this Idempotent Key: receipt-x. Please try again later.")
+    "invalid_request_error",
+    "idempotency_key_in_use",
+    "There is currently another in-progress request using this Idempotent Key: receipt-x. Please try again later.",
+)
 
 
 def test_key_in_use_409_with_invalid_request_error_is_not_a_refusal_and_no_fresh_key_goes_out(stripe, fakes):
@@ -568,10 +692,20 @@ def test_a_connected_accounts_read_looks_in_that_account(stripe, fakes):
 
 # --- pagination: a list read follows has_more (rules/stripe.yaml `pages:`) ---------------------
 
+
 def _other_intents(start: int, n: int = 100) -> list[dict]:
     """A full page of intents that are not the attempt's: newer ones, made by others since."""
-    return [{"id": f"pi_other_{i:04d}", "object": "payment_intent", "amount": 999, "currency": "usd",
-             "created": int(time.time()), "metadata": {"order_id": "someone-else"}} for i in range(start, start + n)]
+    return [
+        {
+            "id": f"pi_other_{i:04d}",
+            "object": "payment_intent",
+            "amount": 999,
+            "currency": "usd",
+            "created": int(time.time()),
+            "metadata": {"order_id": "someone-else"},
+        }
+        for i in range(start, start + n)
+    ]
 
 
 @pytest.mark.parametrize("ending", ["on-page-2", "never"])
@@ -602,7 +736,10 @@ def test_a_dropped_answer_then_a_full_page_with_more_after_it_makes_no_second_wr
     assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
     if ending == "on-page-2":
         assert (retry.status_code, retry.json()["error"], retry.json()["external_id"]) == (
-            409, "duplicate_succeeded", made["id"])
+            409,
+            "duplicate_succeeded",
+            made["id"],
+        )
         assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, made["id"])
         assert len(walked) == 2
         assert parse_qs(urlsplit(walked[1].path).query)["starting_after"] == ["pi_other_0099"]

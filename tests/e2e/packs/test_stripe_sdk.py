@@ -50,21 +50,24 @@ def sdk(run, monkeypatch) -> stripe_sdk.StripeClient:
     """
     for name in ("NO_PROXY", "no_proxy"):  # 127.0.0.1 must go through the proxy
         monkeypatch.setenv(name, "")
-    return stripe_sdk.StripeClient(API_KEY, base_addresses={"api": run.api.origin}, proxy=run.proxy.url,
-                                   max_network_retries=0)
+    return stripe_sdk.StripeClient(
+        API_KEY, base_addresses={"api": run.api.origin}, proxy=run.proxy.url, max_network_retries=0
+    )
 
 
 def create_customer(sdk: stripe_sdk.StripeClient, email: str, name: str, key: str | None = None):
     """`customers.create` as an agent calls it (v1 namespace where the SDK has one)."""
     service = getattr(sdk, "v1", sdk).customers
-    return service.create(params={"email": email, "name": name},
-                          options={"idempotency_key": key} if key else None)
+    return service.create(params={"email": email, "name": name}, options={"idempotency_key": key} if key else None)
 
 
 def creates(run: PackRun, email: str) -> list[Seen]:
     """The customer creates the fake received for this email."""
-    return [s for s in run.api.requests("POST")
-            if s.path == CUSTOMERS and dict(parse_qsl(s.body.decode())).get("email") == email]
+    return [
+        s
+        for s in run.api.requests("POST")
+        if s.path == CUSTOMERS and dict(parse_qsl(s.body.decode())).get("email") == email
+    ]
 
 
 def events(run: PackRun, operation_id: str) -> list:
@@ -126,8 +129,12 @@ def test_an_agents_keys_still_identify_its_requests_when_the_proxy_sends_its_own
         with pytest.raises(SDK_FAILS):
             create_customer(sdk, b, "Alan", key)
     second = again.last_response.headers["x-receipt-id"]
-    conflicts = [e for r in (first, second) for e in events(run, r)
-                 if e.event == "blocked" and "Idempotency-Key was used for a different request" in e.reason]
+    conflicts = [
+        e
+        for r in (first, second)
+        for e in events(run, r)
+        if e.event == "blocked" and "Idempotency-Key was used for a different request" in e.reason
+    ]
     assert len(conflicts) == 2
     assert creates(run, b) == [] and customers.matching(email=b) == []
     replayed = create_customer(sdk, a, "Grace", k2)  # the first customer, with its own key again

@@ -32,8 +32,9 @@ FORM = "application/x-www-form-urlencoded"
 def receipts_for(proxy: Proxy, bucket: str, op: str = "plain") -> list[Receipt]:
     store = Store.open(proxy.db, create=False)
     try:
-        return sorted((r for r in store.list(limit=None) if f"/api/{bucket}/{op}" in r.target),
-                      key=lambda r: r.submitted_at)
+        return sorted(
+            (r for r in store.list(limit=None) if f"/api/{bucket}/{op}" in r.target), key=lambda r: r.submitted_at
+        )
     finally:
         store.close()
 
@@ -50,6 +51,7 @@ def settled(proxy: Proxy, bucket: str, n: int = 1) -> list[Receipt]:
     def check():
         rs = receipts_for(proxy, bucket)
         return rs if len(rs) == n and all(r.state != "submitted" for r in rs) else None
+
     return wait_for(check, timeout=15, what=f"{n} settled receipt(s) in {bucket}")
 
 
@@ -68,9 +70,13 @@ def sha(body: bytes) -> str:
 
 def send_chunked(proxy: Proxy, url: str, pieces: list[bytes], content_type: str) -> Answer:
     """A POST with Transfer-Encoding: chunked (requests sends a generator that way), one chunk per piece."""
-    r = requests.post(f"{url}?token={SECRETS['token']}", data=iter(pieces), timeout=10,
-                      headers={"Content-Type": content_type, **SECRETS_HEADERS},
-                      proxies={"http": proxy.url, "https": proxy.url})
+    r = requests.post(
+        f"{url}?token={SECRETS['token']}",
+        data=iter(pieces),
+        timeout=10,
+        headers={"Content-Type": content_type, **SECRETS_HEADERS},
+        proxies={"http": proxy.url, "https": proxy.url},
+    )
     assert r.request.headers.get("Transfer-Encoding") == "chunked"
     return Answer(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
 
@@ -128,8 +134,9 @@ def test_chunked_body_is_fingerprinted_by_its_content_not_its_framing(proxy, ups
 
     # The same bytes in other chunks, then with a Content-Length: both duplicates.
     again = send_chunked(proxy, upstream.url + path, [body[:500], body[500:]], "application/octet-stream")
-    plain = Clients(proxy).send("httpx", "POST", upstream.url + path, body,
-                                headers={"Content-Type": "application/octet-stream"})
+    plain = Clients(proxy).send(
+        "httpx", "POST", upstream.url + path, body, headers={"Content-Type": "application/octet-stream"}
+    )
     for dup in (again, plain):
         assert (dup.status, dup.headers.get("x-receipt-replayed")) == (201, "true"), dup
         assert dup.headers["x-receipt-id"] == r.operation_id
@@ -148,17 +155,21 @@ def test_chunked_json_body_is_fingerprinted_by_its_fields(proxy, upstream, bucke
     assert upstream.seen(path) == 1
 
 
-@pytest.mark.parametrize("a, b, ctype", [
-    pytest.param(b"\xff\xfe\x00garbage", b"\xff\xfe\x00garbagf", "application/json", id="non-utf8"),
-    pytest.param(b'{"title": "same"', b'{"title": "same" ', "application/json", id="invalid-json"),
-    pytest.param(b"", b" ", "application/octet-stream", id="empty-vs-space"),
-    pytest.param(b"title=a&x", b"title=a&y", FORM, id="broken-form"),
-])
+@pytest.mark.parametrize(
+    "a, b, ctype",
+    [
+        pytest.param(b"\xff\xfe\x00garbage", b"\xff\xfe\x00garbagf", "application/json", id="non-utf8"),
+        pytest.param(b'{"title": "same"', b'{"title": "same" ', "application/json", id="invalid-json"),
+        pytest.param(b"", b" ", "application/octet-stream", id="empty-vs-space"),
+        pytest.param(b"title=a&x", b"title=a&y", FORM, id="broken-form"),
+    ],
+)
 def test_different_unparseable_bodies_are_different_intents(a, b, ctype, proxy, upstream, bucket):
     path = f"/api/{bucket}/plain"
     clients = Clients(proxy)
-    answers = [clients.send("requests", "POST", upstream.url + path, body, headers={"Content-Type": ctype})
-               for body in (a, b)]
+    answers = [
+        clients.send("requests", "POST", upstream.url + path, body, headers={"Content-Type": ctype}) for body in (a, b)
+    ]
     assert [x.status for x in answers] == [201, 201], answers
     assert [x.headers.get("x-receipt-replayed") for x in answers] == [None, None]
     assert upstream.commits(path) == 2
@@ -191,8 +202,10 @@ def test_json_too_deep_to_parse_is_fingerprinted_by_its_bytes(proxy, upstream, b
     assert answer.status == 400, answer  # forwarded: the upstream's answer, not the proxy's 503
     assert upstream.seen(path) == 1
     (r,) = settled(proxy, bucket)
-    assert (r.state, r.intent) == ("rejected", {"path": {"bucket": bucket}, "body_sha256": sha(body),
-                                                "fallback": "not_json"})
+    assert (r.state, r.intent) == (
+        "rejected",
+        {"path": {"bucket": bucket}, "body_sha256": sha(body), "fallback": "not_json"},
+    )
 
 
 def large_body_round_trip(proxy: Proxy, upstream: Upstream, bucket: str, size: int) -> None:
@@ -205,8 +218,10 @@ def large_body_round_trip(proxy: Proxy, upstream: Upstream, bucket: str, size: i
     assert first.json()["received"] == size
     assert upstream.commits(path) == 1
     (r,) = settled(proxy, bucket)
-    assert (r.state, r.intent) == ("succeeded", {"path": {"bucket": bucket}, "body_sha256": sha(body),
-                                                 "fallback": "not_json"})
+    assert (r.state, r.intent) == (
+        "succeeded",
+        {"path": {"bucket": bucket}, "body_sha256": sha(body), "fallback": "not_json"},
+    )
     # httpx, not curl: curl sends a large body with Expect: 100-continue, which Clients._curl cannot parse.
     again = clients.send("httpx", "POST", upstream.url + path, body, headers=headers, timeout=60)
     assert (again.status, again.headers.get("x-receipt-replayed")) == (201, "true"), again
@@ -230,19 +245,24 @@ def test_50mb_body(proxy, upstream, bucket):
 
 def test_body_shorter_than_content_length_is_never_forwarded(proxy, upstream, bucket):
     path = f"/api/{bucket}/plain"
-    head = (f"POST {upstream.url}{path} HTTP/1.1\r\n"
-            f"Host: 127.0.0.1:{upstream.port}\r\n"
-            f"api-key: {SECRETS['api-key']}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {10 * 1024 * 1024}\r\n\r\n").encode()
+    head = (
+        f"POST {upstream.url}{path} HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{upstream.port}\r\n"
+        f"api-key: {SECRETS['api-key']}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {10 * 1024 * 1024}\r\n\r\n"
+    ).encode()
     partial = (b'{"title": "cut short", "pad": "' + b"x" * 1024)[:1024]
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
         client_port = s.getsockname()[1]
         s.sendall(head + partial)
         time.sleep(0.3)  # the proxy has the headers (the rule matched) and the first KB
     # Closed: wait until mitmproxy has seen the connection go, then nothing may have happened.
-    wait_for(lambda: f"[127.0.0.1:{client_port}] client disconnect" in proxy.log(), timeout=10,
-             what="the proxy to see the client leave")
+    wait_for(
+        lambda: f"[127.0.0.1:{client_port}] client disconnect" in proxy.log(),
+        timeout=10,
+        what="the proxy to see the client leave",
+    )
     time.sleep(0.2)
     assert upstream.seen(path) == 0
     assert upstream.commits(path) == 0

@@ -92,8 +92,23 @@ def stored(url: str) -> tuple[str, bool]:
 def as_is(proxy: Proxy, method: str, url: str, body: bytes) -> Answer:
     """curl --path-as-is through the proxy, with the marker credentials and query that Clients.send adds."""
     url = f"{url}{'&' if '?' in url else '?'}{QUERY}"
-    cmd = ["curl", "-sS", "--path-as-is", "-X", method, "-D", "-", "--max-time", "10", "--cacert", str(proxy.ca),
-           "-H", "Content-Type: application/json", "--data-binary", "@-"]
+    cmd = [
+        "curl",
+        "-sS",
+        "--path-as-is",
+        "-X",
+        method,
+        "-D",
+        "-",
+        "--max-time",
+        "10",
+        "--cacert",
+        str(proxy.ca),
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        "@-",
+    ]
     for k, v in SECRETS_HEADERS.items():
         cmd += ["-H", f"{k}: {v}"]
     env = {**os.environ, "http_proxy": proxy.url, "HTTPS_PROXY": proxy.url, "NO_PROXY": "", "no_proxy": ""}
@@ -118,7 +133,9 @@ def receipts_of(proxy: Proxy, bucket: str) -> list:
 def writes_to(up: NginxUpstream, bucket: str) -> list[str]:
     """The request targets of every write the upstream received for this bucket, as they arrived."""
     with up.lock:
-        return [r["target"].split("?")[0] for r in up.requests if r["method"] == "POST" and bucket in up.route(r["target"])]
+        return [
+            r["target"].split("?")[0] for r in up.requests if r["method"] == "POST" and bucket in up.route(r["target"])
+        ]
 
 
 # (id, the first spelling, the canonical path the upstream routes it to); {b} is the test's bucket.
@@ -214,9 +231,14 @@ def test_a_connect_to_an_alias_of_an_ip_host_is_intercepted(alias, canon_proxy, 
     path = f"/api/{bucket}/things"
 
     def send(host: str) -> requests.Response:
-        return requests.post(f"https://{host}:{nginx_tls.port}{path}?{QUERY}",
-                             json={"title": "tls"}, headers=SECRETS_HEADERS, verify=str(bundle), timeout=10,
-                             proxies={"https": canon_proxy.url})
+        return requests.post(
+            f"https://{host}:{nginx_tls.port}{path}?{QUERY}",
+            json={"title": "tls"},
+            headers=SECRETS_HEADERS,
+            verify=str(bundle),
+            timeout=10,
+            proxies={"https": canon_proxy.url},
+        )
 
     try:
         first = send(alias)
@@ -228,7 +250,9 @@ def test_a_connect_to_an_alias_of_an_ip_host_is_intercepted(alias, canon_proxy, 
         RECORDED_TOKEN.append(canon_proxy)
     second = send("127.0.0.1")
     assert (second.headers["x-receipt-id"], second.headers["x-receipt-replayed"]) == (
-        first.headers["x-receipt-id"], "true")
+        first.headers["x-receipt-id"],
+        "true",
+    )
     assert nginx_tls.commits(path) == 1
 
 
@@ -249,7 +273,9 @@ def test_case_insensitive_true_makes_them_one_write(canon_proxy, canon_clients, 
     assert first.status == 201 and first.headers.get("x-receipt-id")
     second = canon_clients.send("requests", "POST", f"{nginx_ci.url}/api/{bucket}/cased", {"title": "case"})
     assert (second.headers["x-receipt-id"], second.headers["x-receipt-replayed"]) == (
-        first.headers["x-receipt-id"], "true")
+        first.headers["x-receipt-id"],
+        "true",
+    )
     assert nginx_ci.commits(f"/api/{bucket}/cased") == 1
     assert writes_to(nginx_ci, bucket) == [f"/API/{bucket}/CASED"]
 

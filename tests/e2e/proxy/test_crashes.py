@@ -48,8 +48,11 @@ def test_sigkill_then_restart(point, extra, fault, commits, tmp_path, confdir, u
     if fault:
         upstream.plan(path, fault)
     answers: list[Answer] = []
-    t = threading.Thread(target=lambda: answers.append(
-        Clients(proxy).send("requests", "POST", upstream.url + path, {"title": point}, timeout=20)))
+    t = threading.Thread(
+        target=lambda: answers.append(
+            Clients(proxy).send("requests", "POST", upstream.url + path, {"title": point}, timeout=20)
+        )
+    )
     t.start()
     if point == "upstream_holds":
         wait_for(lambda: upstream.seen(path) == 1, what="the upstream to hold the write")
@@ -81,8 +84,12 @@ def small_fs(tmp_path):
     """A 4 MB tmpfs for the receipts DB, so the test can fill it or make it read-only."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
     try:
         yield mnt
@@ -154,8 +161,7 @@ def test_read_only_database_files(tmp_path, confdir, upstream, bucket):
     ],
     ids=["after-the-receipt-commit", "while-the-upstream-holds-the-write", "after-the-answer-before-the-update"],
 )
-def test_sigkill_then_restart_on_postgresql(point, extra, fault, commits, pg_url, tmp_path, confdir, upstream,
-                                            bucket):
+def test_sigkill_then_restart_on_postgresql(point, extra, fault, commits, pg_url, tmp_path, confdir, upstream, bucket):
     """The same three kills on a PostgreSQL store: the restarted proxy recovers the receipt once the
     killed instance's lease (2 s here) has expired, naming it; a duplicate is blocked; one write at most."""
     from proxy_addon.store import open_store
@@ -172,8 +178,9 @@ def test_sigkill_then_restart_on_postgresql(point, extra, fault, commits, pg_url
     path = f"/api/{bucket}/plain"
     if fault:
         upstream.plan(path, fault)
-    t = threading.Thread(target=lambda: Clients(proxy).send("requests", "POST", upstream.url + path,
-                                                            {"title": point}, timeout=20))
+    t = threading.Thread(
+        target=lambda: Clients(proxy).send("requests", "POST", upstream.url + path, {"title": point}, timeout=20)
+    )
     t.start()
     if point == "upstream_holds":
         wait_for(lambda: upstream.seen(path) == 1, what="the upstream to hold the write")
@@ -186,8 +193,12 @@ def test_sigkill_then_restart_on_postgresql(point, extra, fault, commits, pg_url
 
     restarted = Proxy(tmp_path, confdir, db=pg_url, extra=lease).start()
     try:
-        after = wait_for(lambda: [r for r in pg_receipts() if r.state != "submitted"], timeout=2 + 5,
-                         interval=0.2, what="the receipt to be recovered")
+        after = wait_for(
+            lambda: [r for r in pg_receipts() if r.state != "submitted"],
+            timeout=2 + 5,
+            interval=0.2,
+            what="the receipt to be recovered",
+        )
         assert [r.operation_id for r in after] == [before.operation_id]  # nothing lost
         assert after[0].state == "outcome_unknown"
         assert before.instance in after[0].error and "lease expired" in after[0].error

@@ -13,8 +13,10 @@ import pytest
 def test_three_spellings_of_one_credential_make_one_write(clients, upstream, bucket, client):
     url = f"{upstream.url}/api/{bucket}/things"
     spellings = ["Bearer k1-SeCrEt", "bearer k1-SeCrEt", "Bearer  k1-SeCrEt"]
-    answers = [clients.send(client, "POST", url, {"title": "one"}, headers={"api-key": "", "Authorization": s})
-               for s in spellings]
+    answers = [
+        clients.send(client, "POST", url, {"title": "one"}, headers={"api-key": "", "Authorization": s})
+        for s in spellings
+    ]
     assert [a.status for a in answers] == [201, 201, 201]
     assert [a.headers.get("x-receipt-replayed") for a in answers] == [None, "true", "true"]
     assert upstream.commits(f"/api/{bucket}/things") == 1

@@ -51,8 +51,10 @@ def receipts(proxy, path: str) -> list:
 
 
 def settled(proxy, path: str) -> list:
-    return wait_for(lambda: [r for r in receipts(proxy, path) if r.state not in ("submitted", "awaiting_approval")],
-                    what=f"the receipts of {path} to settle")
+    return wait_for(
+        lambda: [r for r in receipts(proxy, path) if r.state not in ("submitted", "awaiting_approval")],
+        what=f"the receipts of {path} to settle",
+    )
 
 
 def gzip_tool(data: bytes, *flags: str) -> bytes:
@@ -93,7 +95,10 @@ def test_the_same_body_in_every_encoding_is_one_write(first, proxy, decoding_ups
     assert r.intent["body"] == {"title": doc["title"]}  # fields, not the hash of compressed bytes
     for name, a in zip(order[1:], answers[1:], strict=True):
         assert (a.status, a.headers.get("x-receipt-replayed"), a.headers.get("x-receipt-id")) == (
-            201, "true", r.operation_id), f"{name}: {a}"
+            201,
+            "true",
+            r.operation_id,
+        ), f"{name}: {a}"
         assert a.json() == answers[0].json()
     assert up.seen(path) == 1
 
@@ -118,8 +123,12 @@ def curl_d(proxy, url: str, body: str) -> subprocess.CompletedProcess:
     """`curl -d`, as a person types it: the form content type, whatever the body is."""
     env = {**os.environ, "http_proxy": proxy.url, "NO_PROXY": "", "no_proxy": ""}
     headers = [x for k, v in SECRETS_HEADERS.items() for x in ("-H", f"{k}: {v}")]
-    return subprocess.run(["curl", "-sS", "-D", "-", "--max-time", "10", *headers, "-d", body,
-                           f"{url}?token={SECRETS['token']}"], capture_output=True, env=env, timeout=20)
+    return subprocess.run(
+        ["curl", "-sS", "-D", "-", "--max-time", "10", *headers, "-d", body, f"{url}?token={SECRETS['token']}"],
+        capture_output=True,
+        env=env,
+        timeout=20,
+    )
 
 
 def test_curl_d_json_is_read_as_json_and_its_fallback_is_reported(proxy, decoding_upstream, bucket):
@@ -135,8 +144,10 @@ def test_curl_d_json_is_read_as_json_and_its_fallback_is_reported(proxy, decodin
     assert r.intent["body"] == {"title": doc["title"]}
     assert r.intent["fallback"] == "json_sent_as_form"
     # said in the log (one line, no values) and in the Receipt view
-    line = wait_for(lambda: [x for x in proxy.log().splitlines() if "json_sent_as_form" in x and path in x],
-                    what="the fallback's log line")
+    line = wait_for(
+        lambda: [x for x in proxy.log().splitlines() if "json_sent_as_form" in x and path in x],
+        what="the fallback's log line",
+    )
     assert len(line) == 1 and doc["title"] not in line[0] and SECRETS["token"] not in line[0]
     store = Store.open(proxy.db, create=False)
     try:

@@ -63,8 +63,9 @@ def test_h2_fault_matrix(fault: H2Fault, client: str, proxy, clients: Clients, h
 
 
 @pytest.mark.parametrize("client", ["httpx", "curl"])
-def test_with_http2_off_the_exchange_speaks_http11_to_the_same_upstream(client, tmp_path, confdir, tls_upstream,
-                                                                          h2_upstream, bucket):
+def test_with_http2_off_the_exchange_speaks_http11_to_the_same_upstream(
+    client, tmp_path, confdir, tls_upstream, h2_upstream, bucket
+):
     """The protocol the upstream records is the exchange's choice: with `http2` off, HTTP/1.1 (ALPN http/1.1)."""
     p = Proxy(tmp_path, confdir, upstream_ca=tls_upstream.cert_path, extra=("--set", "http2=false"))
     p.start()
@@ -88,15 +89,20 @@ def test_an_https_write_over_http2_through_the_upstream_proxy_mode_is_sent_once(
     write's trace hook too. That CONNECT is not the write: the write goes through, once.
     """
     with next_hop(tmp_path / "next-proxy.log", confdir, h2_upstream.cert_path) as next_port:
-        proxy = Proxy(tmp_path, confdir, upstream_ca=confdir / "mitmproxy-ca-cert.pem",
-                      extra=("--mode", f"upstream:http://127.0.0.1:{next_port}")).start()
+        proxy = Proxy(
+            tmp_path,
+            confdir,
+            upstream_ca=confdir / "mitmproxy-ca-cert.pem",
+            extra=("--mode", f"upstream:http://127.0.0.1:{next_port}"),
+        ).start()
         try:
             path = f"/api/{bucket}/plain"
             answer = Clients(proxy).send("httpx", "POST", h2_upstream.url + path, {"title": "via"})
             assert answer.status == 201, answer.body
             assert h2_upstream.commits(path) == 1 and h2_upstream.seen(path) == 1
-            (receipt,) = wait_for(lambda: [r for r in receipt_of(proxy, bucket) if r.state != "submitted"],
-                                  what="outcome")
+            (receipt,) = wait_for(
+                lambda: [r for r in receipt_of(proxy, bucket) if r.state != "submitted"], what="outcome"
+            )
             assert receipt.state == "succeeded"
         finally:
             proxy.stop()

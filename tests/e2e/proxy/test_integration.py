@@ -22,7 +22,9 @@ from tests.upstream import Upstream, free_port
 def receipts_for(proxy: Proxy, bucket: str) -> list[Receipt]:
     store = Store.open(proxy.db, create=False)
     try:
-        return sorted((r for r in store.list(limit=None) if f"/api/{bucket}/" in r.target), key=lambda r: r.submitted_at)
+        return sorted(
+            (r for r in store.list(limit=None) if f"/api/{bucket}/" in r.target), key=lambda r: r.submitted_at
+        )
     finally:
         store.close()
 
@@ -37,9 +39,11 @@ def events_of(proxy: Proxy, operation_id: str) -> list[tuple[str, str | None, st
 
 def settled(proxy: Proxy, bucket: str, n: int = 1) -> list[Receipt]:
     """The bucket's receipts once there are `n` and none is still submitted."""
+
     def check():
         rs = receipts_for(proxy, bucket)
         return rs if len(rs) >= n and all(r.state != "submitted" for r in rs) else None
+
     return wait_for(check, timeout=15, what=f"{n} settled receipt(s) in {bucket}")
 
 
@@ -57,7 +61,10 @@ def test_success_then_duplicate_is_replayed(client, clients: Clients, proxy, ups
     (r,) = settled(proxy, bucket)
     assert (r.state, r.external_id, r.http_status) == ("succeeded", "1", 201)
     assert first.headers["x-receipt-id"] == r.operation_id
-    assert events_of(proxy, r.operation_id) == [("transition", None, "submitted"), ("transition", "submitted", "succeeded")]
+    assert events_of(proxy, r.operation_id) == [
+        ("transition", None, "submitted"),
+        ("transition", "submitted", "succeeded"),
+    ]
 
     # Same intent, other key order and whitespace, a non-allowlisted field changed: replayed.
     again = clients.send(client, "POST", url, b'{ "n": 2,  "title": "hello" }')
@@ -103,7 +110,9 @@ def events_and_reasons(proxy: Proxy, operation_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("client", ["requests", "curl"])
-def test_agent_gives_up_but_the_exchange_finishes_and_the_retry_gets_the_answer(client, clients, proxy, upstream, bucket):
+def test_agent_gives_up_but_the_exchange_finishes_and_the_retry_gets_the_answer(
+    client, clients, proxy, upstream, bucket
+):
     url = plain(upstream, bucket)
     upstream.plan(f"/api/{bucket}/plain", "late")
     first = clients.send(client, "POST", url, {"title": "slow"}, timeout=1)
@@ -182,8 +191,12 @@ def test_two_hundred_different_writes_from_sixteen_clients(proxy, upstream, buck
     def client(n: int) -> list[int]:
         with requests.Session() as s:
             s.proxies = {"http": proxy.url, "https": proxy.url}
-            return [s.post(plain(upstream, bucket), json={"title": f"write {i}"}, headers=SECRETS_HEADERS,
-                           timeout=30).status_code for i in range(n, 200, 16)]
+            return [
+                s.post(
+                    plain(upstream, bucket), json={"title": f"write {i}"}, headers=SECRETS_HEADERS, timeout=30
+                ).status_code
+                for i in range(n, 200, 16)
+            ]
 
     results = at_once(*[lambda n=n: client(n) for n in range(16)])
     assert sorted(s for r in results for s in r) == [201] * 200
@@ -199,8 +212,11 @@ def test_a_duplicate_waits_only_as_long_as_receipts_wait_submitted(tmp_path, con
     try:
         upstream.plan(f"/api/{bucket}/plain", "late")
         first: list[Answer] = []
-        t = threading.Thread(target=lambda: first.append(
-            Clients(proxy).send("httpx", "POST", plain(upstream, bucket), {"title": "wait"})))
+        t = threading.Thread(
+            target=lambda: first.append(
+                Clients(proxy).send("httpx", "POST", plain(upstream, bucket), {"title": "wait"})
+            )
+        )
         t.start()
         wait_for(lambda: upstream.seen(f"/api/{bucket}/plain") == 1, what="the original to reach the upstream")
         dup = Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "wait"})
@@ -298,8 +314,11 @@ def test_kill_9_while_upstream_holds_the_write(tmp_path, confdir, upstream, buck
     proxy = Proxy(tmp_path, confdir).start()
     upstream.plan(f"/api/{bucket}/plain", "hang")
     answers: list[Answer] = []
-    t = threading.Thread(target=lambda: answers.append(
-        Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "crash"}, timeout=10)))
+    t = threading.Thread(
+        target=lambda: answers.append(
+            Clients(proxy).send("requests", "POST", plain(upstream, bucket), {"title": "crash"}, timeout=10)
+        )
+    )
     t.start()
     wait_for(lambda: upstream.seen(f"/api/{bucket}/plain") == 1, what="the upstream to hold the write")
     (r,) = receipts_for(proxy, bucket)
@@ -340,8 +359,12 @@ def test_two_proxies_sharing_one_db_forward_an_identical_write_once(tmp_path, co
     second = Proxy(tmp_path, confdir, db=first.db).start()
     try:
         upstream.plan(f"/api/{bucket}/plain", "slow")
-        answers = at_once(*[lambda p=p: Clients(p).send("httpx", "POST", plain(upstream, bucket), {"title": "shared"})
-                            for p in [first, second] * 5])
+        answers = at_once(
+            *[
+                lambda p=p: Clients(p).send("httpx", "POST", plain(upstream, bucket), {"title": "shared"})
+                for p in [first, second] * 5
+            ]
+        )
         assert upstream.commits(f"/api/{bucket}/plain") == 1
         assert [a.status for a in answers] == [201] * 10  # the other process's duplicates polled the store
         assert sorted(a.headers.get("x-receipt-replayed", "-") for a in answers) == ["-"] + ["true"] * 9
@@ -362,12 +385,22 @@ def test_receipts_cli_lists_the_blocked_duplicate(clients, proxy, upstream, buck
     assert clients.send("curl", "POST", plain(upstream, bucket), {"title": "cli"}).status == 502
     assert clients.send("curl", "POST", plain(upstream, bucket), {"title": "cli"}).status == 409
     receipts = Path(sys.executable).parent / "receipts"
-    out = subprocess.run([str(receipts), "--db", str(proxy.db), "list", "--json", "--limit", "1000"],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
+    out = subprocess.run(
+        [str(receipts), "--db", str(proxy.db), "list", "--json", "--limit", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     (row,) = [r for r in json.loads(out) if f"/api/{bucket}/" in r["target"]]
     assert (row["state"], row["blocked"], row["replayed"]) == ("outcome_unknown", 1, 0)
-    table = subprocess.run([str(receipts), "--db", str(proxy.db), "list", "--state", "outcome_unknown"],
-                           capture_output=True, text=True, timeout=30, check=True).stdout
+    table = subprocess.run(
+        [str(receipts), "--db", str(proxy.db), "list", "--state", "outcome_unknown"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     assert row["operation_id"] in table
 
 
@@ -393,8 +426,12 @@ def test_an_https_write_through_the_upstream_proxy_mode_is_sent_once(tmp_path, c
     """
     log = tmp_path / "next-proxy.log"
     with next_hop(log, confdir, tls_upstream.cert_path) as next_port:
-        proxy = Proxy(tmp_path, confdir, upstream_ca=confdir / "mitmproxy-ca-cert.pem",
-                      extra=("--mode", f"upstream:http://127.0.0.1:{next_port}")).start()
+        proxy = Proxy(
+            tmp_path,
+            confdir,
+            upstream_ca=confdir / "mitmproxy-ca-cert.pem",
+            extra=("--mode", f"upstream:http://127.0.0.1:{next_port}"),
+        ).start()
         try:
             answer = Clients(proxy).send("httpx", "POST", plain(tls_upstream, bucket), {"title": "via"})
             assert answer.status == 201, answer.body
@@ -421,5 +458,9 @@ def test_an_unruled_409_is_not_a_refusal_and_the_retry_is_blocked(clients, proxy
     reasons = events_and_reasons(proxy, r.operation_id)
     assert any("evidence that the effect may already exist" in why for why in reasons), reasons
     retry = clients.send("requests", "POST", url, {"title": "conflict"})
-    assert (retry.status, retry.json()["error"], retry.json()["state"]) == (409, "duplicate_unresolved", "manual_review")
+    assert (retry.status, retry.json()["error"], retry.json()["state"]) == (
+        409,
+        "duplicate_unresolved",
+        "manual_review",
+    )
     assert upstream.seen(f"/api/{bucket}/plain") == 1  # never sent again

@@ -78,12 +78,19 @@ def receipts(proxy: Proxy, marker: str) -> list:
 
 def refused_bad_json(proxy: Proxy, operation: str) -> float:
     return by(scrape(proxy.metrics_url)[1], "receipt_proxy_refused_total", "operation", "reason").get(
-        (operation, "bad_json"), 0.0)
+        (operation, "bad_json"), 0.0
+    )
 
 
 def tool_call(title: str, *, id_: int = 1) -> bytes:
-    return json.dumps({"jsonrpc": "2.0", "id": id_, "method": "tools/call",
-                       "params": {"name": "create_issue", "arguments": {"title": title}}}).encode()
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": id_,
+            "method": "tools/call",
+            "params": {"name": "create_issue", "arguments": {"title": title}},
+        }
+    ).encode()
 
 
 MUTATION = "mutation($t: String) { issueCreate(input: {title: $t}) { id } }"
@@ -141,14 +148,23 @@ def test_a_graphql_mutation_with_invalid_utf8_is_refused(lenient_proxy, server):
 
 CASE_FOLDED = {
     "Method": ("/mcp", lambda t: tool_call(t).replace(b'"method"', b'"Method"'), "reads as 'method'"),
-    "method and METHOD": ("/mcp", lambda t: tool_call(t).replace(
-        b'"method": "tools/call"', b'"method": "tools/list", "METHOD": "tools/call"'), "differ only by case"),
-    "name and NAME": ("/mcp", lambda t: tool_call(t).replace(
-        b'"name": "create_issue"', b'"name": "list_issues", "NAME": "create_issue"'), "differ only by case"),
+    "method and METHOD": (
+        "/mcp",
+        lambda t: tool_call(t).replace(b'"method": "tools/call"', b'"method": "tools/list", "METHOD": "tools/call"'),
+        "differ only by case",
+    ),
+    "name and NAME": (
+        "/mcp",
+        lambda t: tool_call(t).replace(b'"name": "create_issue"', b'"name": "list_issues", "NAME": "create_issue"'),
+        "differ only by case",
+    ),
     "Title": ("/mcp", lambda t: tool_call(t).replace(b'"title"', b'"Title"'), "reads as the argument 'title'"),
     "Query": ("/graphql", lambda t: mutation(t).replace(b'"query"', b'"Query"'), "reads as 'query'"),
-    "query and QUERY": ("/graphql", lambda t: mutation(t).replace(
-        b'{"query": ', b'{"query": "query { viewer { id } }", "QUERY": '), "differ only by case"),
+    "query and QUERY": (
+        "/graphql",
+        lambda t: mutation(t).replace(b'{"query": ', b'{"query": "query { viewer { id } }", "QUERY": '),
+        "differ only by case",
+    ),
 }
 
 
@@ -175,8 +191,9 @@ def test_a_key_twice_in_a_json_body_is_refused(proxy, upstream, bucket):
     clients = Clients(proxy)
     things, objects = f"/api/{bucket}/things", f"/api/{bucket}/objects"
     top = clients.send("httpx", "POST", upstream.url + things, b'{"title": "v-one-7f3", "title": "v-two-9c1"}')
-    nested = clients.send("requests", "POST", upstream.url + objects,
-                          b'{"title": "t", "nested": {"items": [{"sku": "A", "sku": "B"}]}}')
+    nested = clients.send(
+        "requests", "POST", upstream.url + objects, b'{"title": "t", "nested": {"items": [{"sku": "A", "sku": "B"}]}}'
+    )
     assert (top.status, nested.status) == (400, 400), (top, nested)
     assert top.json()["error"] == "bad_json" and top.json()["sent"] is False
     assert top.json()["detail"].startswith("the JSON body has the key 'title' twice in the object at the top level")
@@ -226,10 +243,16 @@ def test_the_declared_charset_is_read(proxy, upstream, bucket):
     title = f"Tasse à café {bucket}"
     json_path, form_path = f"/api/{bucket}/things", f"/api/{bucket}x/things"
     latin1 = {"Content-Type": "application/json; charset=latin-1"}
-    utf8 = clients.send("httpx", "POST", upstream.url + json_path, json.dumps({"title": title}, ensure_ascii=False)
-                        .encode())
-    declared = clients.send("requests", "POST", upstream.url + json_path,
-                            json.dumps({"title": title}, ensure_ascii=False).encode("latin-1"), headers=latin1)
+    utf8 = clients.send(
+        "httpx", "POST", upstream.url + json_path, json.dumps({"title": title}, ensure_ascii=False).encode()
+    )
+    declared = clients.send(
+        "requests",
+        "POST",
+        upstream.url + json_path,
+        json.dumps({"title": title}, ensure_ascii=False).encode("latin-1"),
+        headers=latin1,
+    )
     assert (utf8.status, declared.status) == (201, 201)
     assert declared.headers.get("x-receipt-replayed") == "true", "before: the Latin-1 body was another intent"
     assert upstream.commits(json_path) == 1
@@ -238,8 +261,13 @@ def test_the_declared_charset_is_read(proxy, upstream, bucket):
     from urllib.parse import quote
 
     a = clients.send("curl", "POST", upstream.url + form_path, f"title={quote(title)}".encode(), headers=form)
-    b = clients.send("httpx", "POST", upstream.url + form_path, f"title={quote(title, encoding='latin-1')}".encode(),
-                     headers=form_latin1)
+    b = clients.send(
+        "httpx",
+        "POST",
+        upstream.url + form_path,
+        f"title={quote(title, encoding='latin-1')}".encode(),
+        headers=form_latin1,
+    )
     assert (a.status, b.status) == (201, 201)
     assert b.headers.get("x-receipt-replayed") == "true", "before: %E9 was read as U+FFFD, another intent"
     assert upstream.commits(form_path) == 1

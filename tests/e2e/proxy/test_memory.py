@@ -115,11 +115,22 @@ def events(proxy: Proxy, operation_id: str) -> list[str]:
         store.close()
 
 
-def post(proxy: Proxy, url: str, body, *, headers: dict[str, str] | None = None, timeout: float = 60,
-         session: requests.Session | None = None) -> requests.Response:
-    return (session or requests).post(url, data=body, timeout=timeout, proxies={"http": proxy.url},
-                                      headers={"Content-Type": "application/json", **SECRETS_HEADERS,
-                                               **(headers or {})})
+def post(
+    proxy: Proxy,
+    url: str,
+    body,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60,
+    session: requests.Session | None = None,
+) -> requests.Response:
+    return (session or requests).post(
+        url,
+        data=body,
+        timeout=timeout,
+        proxies={"http": proxy.url},
+        headers={"Content-Type": "application/json", **SECRETS_HEADERS, **(headers or {})},
+    )
 
 
 def warm(proxy: Proxy, up: Upstream) -> int:
@@ -178,12 +189,18 @@ def test_once_the_agent_has_gone_the_proxy_stops_reading(start, up):
     try:
         with RssWatch(proxy.proc.pid) as watch:
             agent = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
-            agent.sendall(f"POST {up.url}{path} HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\n"
-                          f"Content-Type: application/json\r\napi-key: {SECRETS_HEADERS['api-key']}\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            agent.sendall(
+                f"POST {up.url}{path} HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\n"
+                f"Content-Type: application/json\r\napi-key: {SECRETS_HEADERS['api-key']}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             # The outcome is recorded from the status while the body is still streaming...
-            (receipt,) = wait_for(lambda: [r for r in receipts_for(proxy, path) if r.state != "submitted"],
-                                  timeout=10, what="the receipt recorded from the status")
+            (receipt,) = wait_for(
+                lambda: [r for r in receipts_for(proxy, path) if r.state != "submitted"],
+                timeout=10,
+                what="the receipt recorded from the status",
+            )
             assert (receipt.state, receipt.http_status) == ("succeeded", 200)
             streaming = up.endless[path]["sent"]
             agent.close()  # ...and then the agent leaves
@@ -293,11 +310,15 @@ def test_a_gzip_body_that_decodes_past_the_cap_is_refused_413_unsent(start, up):
     assert "decodes" in doc["detail"] and "receipts_body_cap" in doc["detail"]
 
 
-@pytest.mark.parametrize(("coding", "body"), [
-    ("gzip", b"\x1f\x8b\x08\x00 this is not a gzip stream"),
-    ("gzip", gzip.compress(b'{"title": "cut"}', mtime=0)[:-6]),  # truncated
-    ("compress", b'{"title": "lzw"}'),  # a coding the proxy does not decode
-], ids=["not-gzip", "truncated-gzip", "compress"])  # the same ids in every pytest-xdist worker
+@pytest.mark.parametrize(
+    ("coding", "body"),
+    [
+        ("gzip", b"\x1f\x8b\x08\x00 this is not a gzip stream"),
+        ("gzip", gzip.compress(b'{"title": "cut"}', mtime=0)[:-6]),  # truncated
+        ("compress", b'{"title": "lzw"}'),  # a coding the proxy does not decode
+    ],
+    ids=["not-gzip", "truncated-gzip", "compress"],
+)  # the same ids in every pytest-xdist worker
 def test_a_body_it_cannot_decode_is_refused_400_unsent(coding, body, proxy, upstream):
     path = f"/api/{bucket()}/things"
     r = post(proxy, f"{upstream.url}{path}", body, headers={"Content-Encoding": coding})
@@ -346,8 +367,9 @@ def test_a_key_written_into_an_encoded_body_is_encoded_again(tmp_path, confdir, 
     proxy = Proxy(tmp_path, confdir, rules=rules).start()
     try:
         path = f"/api/{bucket()}/issues"
-        r = post(proxy, f"{upstream.url}{path}", gzip.compress(b'{"title": "keyed"}'),
-                 headers={"Content-Encoding": "gzip"})
+        r = post(
+            proxy, f"{upstream.url}{path}", gzip.compress(b'{"title": "keyed"}'), headers={"Content-Encoding": "gzip"}
+        )
         assert r.status_code == 201, r.text
         (receipt,) = receipts_for(proxy, path)
     finally:

@@ -115,7 +115,8 @@ OVERRIDES = [
 
 @pytest.mark.parametrize("sent, header, means, path", [o[1:] for o in OVERRIDES], ids=[o[0] for o in OVERRIDES])
 def test_an_overridden_write_gets_a_receipt_and_is_one_write_with_the_plain_one(
-        sent, header, means, path, over_proxy, over_clients, over, bucket):
+    sent, header, means, path, over_proxy, over_clients, over, bucket
+):
     url = over.url + path.format(b=bucket)
     body = {"title": "one write"}
     first = over_clients.send("requests", sent, url, body, headers=dict([header]))
@@ -130,7 +131,10 @@ def test_an_overridden_write_gets_a_receipt_and_is_one_write_with_the_plain_one(
     assert receipt.method == means  # the method it means...
     canonical_header = {h.lower(): h for h in (XO, "X-HTTP-Method", "X-Method-Override")}[header[0].lower()]
     assert receipt.intent["method_override"] == {  # ...and how it was sent
-        "sent": sent, "override": f"{canonical_header}: {means}", "matched": means}
+        "sent": sent,
+        "override": f"{canonical_header}: {means}",
+        "matched": means,
+    }
 
     plain = over_clients.send("httpx", means, url, body)  # the same write, sent plainly: replayed
     overridden_again = over_clients.send("curl", sent, url, body, headers=dict([header]))  # and overridden again
@@ -145,8 +149,9 @@ def test_an_overridden_write_gets_a_receipt_and_is_one_write_with_the_plain_one(
 
 
 @pytest.mark.parametrize("first_overridden", [True, False], ids=["override-then-plain", "plain-then-override"])
-def test_a_second_write_while_the_first_is_unresolved_is_blocked(first_overridden, over_proxy, over_clients, over,
-                                                                 bucket):
+def test_a_second_write_while_the_first_is_unresolved_is_blocked(
+    first_overridden, over_proxy, over_clients, over, bucket
+):
     path = f"/api/{bucket}/things"
     over.plan(path, "drop")  # commits, then drops the connection: outcome_unknown
     as_get = ("GET", {XO: "POST"})
@@ -173,10 +178,12 @@ CONFLICTS = [
 
 
 @pytest.mark.parametrize("sent, headers, path", [c[1:] for c in CONFLICTS], ids=[c[0] for c in CONFLICTS])
-def test_override_headers_that_name_different_methods_are_refused(sent, headers, path, over_proxy, over_clients,
-                                                                  over, bucket):
-    answer = over_clients.send("curl", sent, over.url + path.format(b=bucket), {"title": "which?"},
-                               headers=dict(headers))
+def test_override_headers_that_name_different_methods_are_refused(
+    sent, headers, path, over_proxy, over_clients, over, bucket
+):
+    answer = over_clients.send(
+        "curl", sent, over.url + path.format(b=bucket), {"title": "which?"}, headers=dict(headers)
+    )
     assert answer.status == 400, answer
     doc = answer.json()
     assert (doc["error"], doc["sent"], doc["api"]) == ("method_override_refused", False, "override-api")
@@ -195,8 +202,9 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("sent, named, path, operation", [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
-def test_method_override_refuse_answers_400_and_sends_nothing(sent, named, path, operation, over_proxy,
-                                                             over_clients, over, bucket):
+def test_method_override_refuse_answers_400_and_sends_nothing(
+    sent, named, path, operation, over_proxy, over_clients, over, bucket
+):
     url = over.url + path.format(b=bucket)
     answer = over_clients.send("requests", sent, url, {"title": "strict"}, headers={XO: named})
     assert answer.status == 400, answer

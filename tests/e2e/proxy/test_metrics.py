@@ -80,8 +80,10 @@ def test_a_scripted_sequence_is_counted_exactly(tmp_path, confdir, upstream, buc
         wait_for(lambda: upstream.seen(waited) == 1, what="the held write to reach the upstream")
         second = threading.Thread(target=lambda: answers.update(second=send(waited, {"title": "w"})))
         second.start()
-        wait_for(lambda: value(url, "receipt_proxy_duplicate_waits_total", API, "things.create") == 1,
-                 what="the duplicate to wait for the original")
+        wait_for(
+            lambda: value(url, "receipt_proxy_duplicate_waits_total", API, "things.create") == 1,
+            what="the duplicate to wait for the original",
+        )
         upstream.let_go(waited)
         first.join(timeout=20)
         second.join(timeout=20)
@@ -91,8 +93,10 @@ def test_a_scripted_sequence_is_counted_exactly(tmp_path, confdir, upstream, buc
         denied: dict[str, object] = {}
         held = threading.Thread(target=lambda: denied.update(answer=send(refunds, {"amount": 5})))
         held.start()
-        wait_for(lambda: value(url, "receipt_proxy_approvals_pending", API, "refunds.create") == 1,
-                 what="the write held for approval to show as pending")
+        wait_for(
+            lambda: value(url, "receipt_proxy_approvals_pending", API, "refunds.create") == 1,
+            what="the write held for approval to show as pending",
+        )
         held.join(timeout=20)
         assert denied["answer"].status == 403  # type: ignore[attr-defined]
 
@@ -114,9 +118,12 @@ def test_a_scripted_sequence_is_counted_exactly(tmp_path, confdir, upstream, buc
             ("plain.create", "blocked"): 1,
         }
         # Every operation of the rules has the duplicates series from the start (at 0).
-        assert by(samples, "receipt_proxy_duplicates_total", "operation", "answer", zeros=True)[
-            ("payments.create", "key_conflict")
-        ] == 0
+        assert (
+            by(samples, "receipt_proxy_duplicates_total", "operation", "answer", zeros=True)[
+                ("payments.create", "key_conflict")
+            ]
+            == 0
+        )
         assert by(samples, "receipt_proxy_duplicate_waits_total", "operation") == {("things.create",): 1}
         assert by(samples, "receipt_proxy_reconcile_reads_total", "operation", "result") == {
             ("things.create", "found"): 1
@@ -129,10 +136,13 @@ def test_a_scripted_sequence_is_counted_exactly(tmp_path, confdir, upstream, buc
             ("plain.create", "outcome_unknown"): 1
         }
         assert by(samples, "receipt_proxy_receipt_commit_seconds_count", "operation") == {
-            ("things.create",): 3, ("plain.create",): 1, ("refunds.create",): 1,
+            ("things.create",): 3,
+            ("plain.create",): 1,
+            ("refunds.create",): 1,
         }
         assert by(samples, "receipt_proxy_upstream_seconds_count", "operation") == {
-            ("things.create",): 3, ("plain.create",): 1,
+            ("things.create",): 3,
+            ("plain.create",): 1,
         }
         assert all(v > 0 for v in by(samples, "receipt_proxy_upstream_seconds_sum", "operation").values())
         assert by(samples, "receipt_proxy_rules_reloads_total", "result") == {}
@@ -159,9 +169,22 @@ def test_a_scripted_sequence_is_counted_exactly(tmp_path, confdir, upstream, buc
         # Another process settles what it can: the gauge, read from the database, follows; the counters do not.
         (unknown,) = [r for r in receipts if r.operation == "plain.create"]
         out = subprocess.run(
-            [sys.executable, "-m", "proxy_addon.cli", "--db", str(proxy.db), "reconcile", unknown.operation_id,
-             "--rules", str(proxy.rules), "--json"],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "proxy_addon.cli",
+                "--db",
+                str(proxy.db),
+                "reconcile",
+                unknown.operation_id,
+                "--rules",
+                str(proxy.rules),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
         )
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)[0]["state"] == "manual_review"  # no read configured: a human decides
@@ -169,8 +192,11 @@ def test_a_scripted_sequence_is_counted_exactly(tmp_path, confdir, upstream, buc
         assert by(later, "receipt_proxy_unknown_outcomes", "operation", "state") == {
             ("plain.create", "manual_review"): 1
         }
-        for name in ("receipt_proxy_transitions_total", "receipt_proxy_duplicates_total",
-                     "receipt_proxy_reconcile_reads_total"):
+        for name in (
+            "receipt_proxy_transitions_total",
+            "receipt_proxy_duplicates_total",
+            "receipt_proxy_reconcile_reads_total",
+        ):
             assert sorted(map(repr, later[name])) == sorted(map(repr, samples[name]))
     finally:
         proxy.stop()
@@ -192,7 +218,9 @@ def test_rules_reloads_are_counted_ok_and_failed(tmp_path, confdir):
         assert by(samples, "receipt_proxy_rules_last_reload_successful") == {(): 1}
         # The new operation's series are there from its first reload, at 0.
         assert by(samples, "receipt_proxy_duplicates_total", "api", "answer", zeros=True)[("extra", "replayed")] == 0
-        assert by(samples, "receipt_proxy_unknown_outcomes", "api", "state", zeros=True)[("extra", "outcome_unknown")] == 0
+        assert (
+            by(samples, "receipt_proxy_unknown_outcomes", "api", "state", zeros=True)[("extra", "outcome_unknown")] == 0
+        )
 
         (rules / "extra.yaml").write_text(BAD_RULES.replace("broken", "extra"))
         wait_for(lambda: reloads() == {("ok",): 1, ("failed",): 1}, timeout=15, what="the failed reload")
@@ -212,8 +240,12 @@ def test_scripts_run_serves_metrics_and_counts_an_operators_decisions(tmp_path, 
     answers: dict[int, requests.Response] = {}
 
     def agent(amount: int) -> None:
-        answers[amount] = requests.post(upstream.url + path, json={"amount": amount}, timeout=30,
-                                        proxies={"http": run.proxy_url, "https": run.proxy_url})
+        answers[amount] = requests.post(
+            upstream.url + path,
+            json={"amount": amount},
+            timeout=30,
+            proxies={"http": run.proxy_url, "https": run.proxy_url},
+        )
 
     try:
         assert "Prometheus metrics: on 127.0.0.1, at a free port" in run.log()
@@ -230,21 +262,37 @@ def test_scripts_run_serves_metrics_and_counts_an_operators_decisions(tmp_path, 
             else:  # the CLI, another process
                 (held,) = Store.open(db, create=False).list(states=[State.AWAITING_APPROVAL])
                 out = subprocess.run(
-                    [sys.executable, "-m", "proxy_addon.cli", "--db", str(db), decide, held.operation_id,
-                     "--note", "by the book"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                    [
+                        sys.executable,
+                        "-m",
+                        "proxy_addon.cli",
+                        "--db",
+                        str(db),
+                        decide,
+                        held.operation_id,
+                        "--note",
+                        "by the book",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    cwd=ROOT,
                 )
                 assert out.returncode == 0, out.stderr
             t.join(timeout=30)
         assert [answers[a].status_code for a in (10, 20, 30, 40)] == [201, 403, 403, 201]
         _, samples = scrape(run.metrics_url)
         assert by(samples, "receipt_proxy_approval_decisions_total", "operation", "decision") == {
-            ("refunds.create", "approved"): 2, ("refunds.create", "denied"): 2,
+            ("refunds.create", "approved"): 2,
+            ("refunds.create", "denied"): 2,
         }
         assert by(samples, "receipt_proxy_approvals_pending", "operation", zeros=True) == {("refunds.create",): 0}
         assert by(samples, "receipt_proxy_upstream_seconds_count", "operation") == {("refunds.create",): 2}
         assert by(samples, "receipt_proxy_transitions_total", "from_state", "to_state") == {
-            ("new", "awaiting_approval"): 4, ("awaiting_approval", "submitted"): 2,
-            ("awaiting_approval", "rejected"): 2, ("submitted", "succeeded"): 2,
+            ("new", "awaiting_approval"): 4,
+            ("awaiting_approval", "submitted"): 2,
+            ("awaiting_approval", "rejected"): 2,
+            ("submitted", "succeeded"): 2,
         }
     finally:
         run.stop()

@@ -89,8 +89,13 @@ def _proxy(tmp_path_factory, confdir, name: str, rules: str) -> Iterator[Proxy]:
 
 def send(proxy: Proxy, url: str, *, body: bytes = b"{}", headers: dict[str, str] | None = None) -> requests.Response:
     """A write from an agent with no credential header at all (the case the rule cannot see)."""
-    return requests.post(url, data=body, headers={"Content-Type": "application/json", **(headers or {})},
-                         proxies={"http": proxy.url}, timeout=20)
+    return requests.post(
+        url,
+        data=body,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        proxies={"http": proxy.url},
+        timeout=20,
+    )
 
 
 JSON_BODY = json.dumps({"title": "one", "chat_id": 42, "text": "hello", "content": "hello"}).encode()
@@ -99,16 +104,34 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 # id, proxy, the path after /<prefix>/<bucket>, and caller A's and caller B's (url suffix, headers, body)
 CALLERS = [
     ("query-key", "found", "/things", ("?api_key=KEY-A", {}, JSON_BODY), ("?api_key=KEY-B", {}, JSON_BODY)),
-    ("unnamed-header", "found", "/things", ("", {"X-Api-Key": "KEY-A"}, JSON_BODY),
-     ("", {"X-Api-Key": "KEY-B"}, JSON_BODY)),
-    ("form-client_secret", "found", "/oauth/token",
-     ("", FORM, b"grant_type=client_credentials&client_id=c1&client_secret=SECRET-A"),
-     ("", FORM, b"grant_type=client_credentials&client_id=c1&client_secret=SECRET-B")),
-    ("json-client_secret", "found", "/oauth/token",
-     ("", {}, b'{"grant_type": "client_credentials", "client_id": "c1", "client_secret": "SECRET-A"}'),
-     ("", {}, b'{"grant_type": "client_credentials", "client_id": "c1", "client_secret": "SECRET-B"}')),
-    ("telegram-bot-token", "found", "", (f"/bot{TG_A}/sendMessage", {}, JSON_BODY),
-     (f"/bot{TG_B}/sendMessage", {}, JSON_BODY)),
+    (
+        "unnamed-header",
+        "found",
+        "/things",
+        ("", {"X-Api-Key": "KEY-A"}, JSON_BODY),
+        ("", {"X-Api-Key": "KEY-B"}, JSON_BODY),
+    ),
+    (
+        "form-client_secret",
+        "found",
+        "/oauth/token",
+        ("", FORM, b"grant_type=client_credentials&client_id=c1&client_secret=SECRET-A"),
+        ("", FORM, b"grant_type=client_credentials&client_id=c1&client_secret=SECRET-B"),
+    ),
+    (
+        "json-client_secret",
+        "found",
+        "/oauth/token",
+        ("", {}, b'{"grant_type": "client_credentials", "client_id": "c1", "client_secret": "SECRET-A"}'),
+        ("", {}, b'{"grant_type": "client_credentials", "client_id": "c1", "client_secret": "SECRET-B"}'),
+    ),
+    (
+        "telegram-bot-token",
+        "found",
+        "",
+        (f"/bot{TG_A}/sendMessage", {}, JSON_BODY),
+        (f"/bot{TG_B}/sendMessage", {}, JSON_BODY),
+    ),
     ("discord-webhook-token", "found", "/api/webhooks/77", ("/tokA", {}, JSON_BODY), ("/tokB", {}, JSON_BODY)),
     ("declared-query", "declared", "/rooms/r1/send", ("?k=A", {}, JSON_BODY), ("?k=B", {}, JSON_BODY)),
     ("declared-path", "declared", "/rooms", ("/room-A/send", {}, JSON_BODY), ("/room-B/send", {}, JSON_BODY)),
@@ -168,7 +191,10 @@ class FakeApi:
                         api.tokens.append(form)
                         if form.get("client_secret") == [api.RIGHT]:
                             api.issued += 1
-                            status, doc = 200, {"access_token": f"REAL-ACCESS-TOKEN-{api.issued}", "token_type": "bearer"}
+                            status, doc = (
+                                200,
+                                {"access_token": f"REAL-ACCESS-TOKEN-{api.issued}", "token_type": "bearer"},
+                            )
                         else:
                             status, doc = 401, {"error": "invalid_client"}
                     else:
@@ -231,8 +257,9 @@ def test_a_caller_that_cannot_be_told_apart_is_never_replayed(found, upstream):
 
 def receipts(proxy: Proxy, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("RECEIPT_PROXY_DB", "RECEIPT_PROXY_STATE_DIR")}
-    p = subprocess.run([str(RECEIPTS), "--db", str(proxy.db), *args], capture_output=True, text=True, timeout=60,
-                       env=env)
+    p = subprocess.run(
+        [str(RECEIPTS), "--db", str(proxy.db), *args], capture_output=True, text=True, timeout=60, env=env
+    )
     assert p.returncode == 0, p.stderr
     return p.stdout + p.stderr
 

@@ -27,10 +27,17 @@ def big_rules(n: int) -> str:
     """A valid rules file of `n` operations (3,000: about 0.9 MB, over two seconds to load)."""
     out = ["api: big", "hosts: [big.test]", "operations:"]
     for i in range(n):
-        out += [f"  op{i}.create:", f'    match: {{method: POST, path: "/v1/things{i}/{{id}}"}}',
-                "    fingerprint: {body: [a.b, c, d.e.f]}", "    external_id: id", "    reconcile:",
-                f'      read: {{method: GET, url: "/v1/things{i}?q={{intent.c}}"}}',
-                '      find: {c: "{intent.c}"}', "      absence_provable: true", "      retry_when_absent: true"]
+        out += [
+            f"  op{i}.create:",
+            f'    match: {{method: POST, path: "/v1/things{i}/{{id}}"}}',
+            "    fingerprint: {body: [a.b, c, d.e.f]}",
+            "    external_id: id",
+            "    reconcile:",
+            f'      read: {{method: GET, url: "/v1/things{i}?q={{intent.c}}"}}',
+            '      find: {c: "{intent.c}"}',
+            "      absence_provable: true",
+            "      retry_when_absent: true",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -73,8 +80,13 @@ def test_an_alias_bomb_on_reload_is_refused_and_traffic_flows(tmp_path, confdir,
         assert "YAML aliases (*a) are not allowed in rules files" in proxy.log()
         # The bomb is refused before it expands, so a GET never waits for it: 0.03 s on a quiet machine.
         assert slowest < deadline(1.0), f"an unrelated GET took {slowest:.2f}s during the reload"
-        rss = int(next(line for line in Path(f"/proc/{proxy.process.pid}/status").read_text().splitlines()
-                       if line.startswith("VmHWM:")).split()[1])
+        rss = int(
+            next(
+                line
+                for line in Path(f"/proc/{proxy.process.pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM:")
+            ).split()[1]
+        )
         assert rss < 200_000, f"peak RSS {rss} kB"  # the bomb was never expanded (it reached 231 MB)
     finally:
         proxy.stop()
@@ -91,8 +103,10 @@ def test_a_slow_rules_file_reloads_off_the_event_loop(tmp_path, confdir, upstrea
         assert f"rules reloaded from {rules}: {base + 3000} operations" in proxy.log()
         # On the event loop, one GET would wait for the whole load. Off it, GETs share the CPU with it:
         # a stall is measured against the load's own time on this machine now, not against a fixed second.
-        assert slowest < loading / 2, (f"an unrelated GET took {slowest:.2f}s while a 0.9 MB rules file loaded "
-                                       f"(loading it takes {loading:.2f}s here)")
+        assert slowest < loading / 2, (
+            f"an unrelated GET took {slowest:.2f}s while a 0.9 MB rules file loaded "
+            f"(loading it takes {loading:.2f}s here)"
+        )
     finally:
         proxy.stop()
 
@@ -106,8 +120,10 @@ def test_a_file_rewritten_every_few_ms_reloads_once_it_settles(tmp_path, confdir
         n = 0
         while time.monotonic() < end:  # bounded: three seconds of rewrites
             n += 1
-            churn.write_text(f"api: churn\nhosts: [churn.test]\noperations:\n  c{n}.create:\n"
-                             f"    match: {{method: POST, path: /c{n}}}\n")
+            churn.write_text(
+                f"api: churn\nhosts: [churn.test]\noperations:\n  c{n}.create:\n"
+                f"    match: {{method: POST, path: /c{n}}}\n"
+            )
             time.sleep(0.01)
         assert proxy.log().count("rules reloaded") == 0  # never loaded while it kept changing
         wait_for(lambda: "rules reloaded" in proxy.log(), timeout=10, what="the reload once settled")
@@ -119,7 +135,8 @@ def test_a_file_rewritten_every_few_ms_reloads_once_it_settles(tmp_path, confdir
 
 
 def test_a_failed_reload_is_an_error_in_mitmwebs_event_log_and_its_flows_keep_the_last_good_rules(
-        tmp_path, confdir, upstream, bucket):
+    tmp_path, confdir, upstream, bucket
+):
     """
     mitmweb (scripts/run) on a copy of the test rules; the file is then broken twice over: plain.create
     gets an unknown key beside a changed fingerprint ([title, tags]), things.update a path with an
@@ -134,13 +151,17 @@ def test_a_failed_reload_is_an_error_in_mitmwebs_event_log_and_its_flows_keep_th
     rules = rules_folder(tmp_path)
     yaml_file = rules / "test-api.yaml"
     good = yaml_file.read_text()
-    broken = good.replace('    fingerprint: {body: [title]}\n    external_id: id\n  things.update:',
-                          '    fingerprint: {body: [title, tags]}\n    extrnal_id: id\n  things.update:')
-    broken = broken.replace('match: {method: PUT, path: "/api/{bucket}/things/{id}"}',
-                            'match: {method: PUT, path: "/api/{bucket}/things/{id"}')
-    assert broken.count("extrnal_id") == 1 and broken.count("things/{id\"") == 1
+    broken = good.replace(
+        "    fingerprint: {body: [title]}\n    external_id: id\n  things.update:",
+        "    fingerprint: {body: [title, tags]}\n    extrnal_id: id\n  things.update:",
+    )
+    broken = broken.replace(
+        'match: {method: PUT, path: "/api/{bucket}/things/{id}"}',
+        'match: {method: PUT, path: "/api/{bucket}/things/{id"}',
+    )
+    assert broken.count("extrnal_id") == 1 and broken.count('things/{id"') == 1
     lines = broken.splitlines()
-    key_line, path_line = (next(i for i, x in enumerate(lines, 1) if word in x) for word in ("extrnal_id", "{id\"}"))
+    key_line, path_line = (next(i for i, x in enumerate(lines, 1) if word in x) for word in ("extrnal_id", '{id"}'))
     run = ScriptsRun(tmp_path, confdir, env={"RECEIPT_PROXY_RULES": str(rules)}, log=tmp_path / "mitmweb.log").start()
     try:
         web, base = operator(run.web_url)
@@ -157,17 +178,21 @@ def test_a_failed_reload_is_an_error_in_mitmwebs_event_log_and_its_flows_keep_th
         (error,) = wait_for(lambda: events("rules NOT reloaded"), timeout=15, what="the failed reload in /events")
         assert error["level"] == "error"
         assert "matched requests stay on the last good rules (" in error["message"] and "2 problems" in error["message"]
-        assert (f"{yaml_file}:{key_line}: operations.plain.create.extrnal_id: unknown key 'extrnal_id'"
-                in error["message"])
-        assert (f"{yaml_file}:{path_line}: operations.things.update.match.path: unbalanced '{{' or '}}' "
-                "in path template '/api/{bucket}/things/{id'" in error["message"])
+        assert (
+            f"{yaml_file}:{key_line}: operations.plain.create.extrnal_id: unknown key 'extrnal_id'" in error["message"]
+        )
+        assert (
+            f"{yaml_file}:{path_line}: operations.things.update.match.path: unbalanced '{{' or '}}' "
+            "in path template '/api/{bucket}/things/{id'" in error["message"]
+        )
 
         first = post("old rule")
         assert first.status_code == 201 and upstream.commits(path) == 1
         flow = next(f for f in web.get(f"{base}/flows", timeout=5).json() if f["request"]["path"] == path)
         assert flow["comment"].startswith("succeeded (201) · test-api plain.create · receipt ")
-        assert flow["comment"].endswith(f" · on the last good rules: {yaml_file}:{key_line} did not load "
-                                        "(see the event log)")
+        assert flow["comment"].endswith(
+            f" · on the last good rules: {yaml_file}:{key_line} did not load (see the event log)"
+        )
 
         yaml_file.write_text(broken.replace("extrnal_id", "external_id").replace('things/{id"', 'things/{id}"'))
         wait_for(lambda: events("rules reloaded"), timeout=15, what="the fixed file to reload")

@@ -17,10 +17,12 @@ def test_openai_timeout_retry_gets_the_original_success(proxy, upstream, bucket,
     monkeypatch.setenv("no_proxy", "")
     path = f"/api/{bucket}/v1/chat/completions"
     upstream.plan(path, "late")  # commits at once, answers after 2.5 s: past the client's 1 s timeout
-    client = openai.OpenAI(base_url=f"{upstream.url}/api/{bucket}/v1", api_key="sk-test-not-a-secret",
-                           max_retries=2, timeout=1.0)
+    client = openai.OpenAI(
+        base_url=f"{upstream.url}/api/{bucket}/v1", api_key="sk-test-not-a-secret", max_retries=2, timeout=1.0
+    )
     raw = client.chat.completions.with_raw_response.create(
-        model="gpt-test", messages=[{"role": "user", "content": "write once"}])
+        model="gpt-test", messages=[{"role": "user", "content": "write once"}]
+    )
 
     assert raw.http_response.status_code == 201
     assert raw.headers.get("x-receipt-replayed") == "true"  # a retry got the original's answer

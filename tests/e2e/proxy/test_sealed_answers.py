@@ -45,8 +45,14 @@ def receipts_cli(db: Path, *argv: str) -> str:
     """The `receipts` CLI in its own process, as an operator runs it; its output."""
     env = {**os.environ, "HOME": str(db.parent)}
     env.pop("RECEIPT_PROXY_DB", None)
-    p = subprocess.run([sys.executable, "-m", "proxy_addon.cli", "--db", str(db), *argv],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "proxy_addon.cli", "--db", str(db), *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     return p.stdout
 
@@ -74,8 +80,13 @@ def test_a_minted_secret_is_never_stored_in_clear_and_the_duplicate_gets_the_exa
         shown = json.loads(receipts_cli(proxy.db, "show", operation_id, "--json"))
         assert (shown["response_status"], shown["response_encrypted"]) == (201, True)
         assert shown["response_size"] > len(first.body)
-        for argv in (("show", operation_id), ("show", operation_id, "--json"), ("list", "--json"), ("list",),
-                     ("export",)):
+        for argv in (
+            ("show", operation_id),
+            ("show", operation_id, "--json"),
+            ("list", "--json"),
+            ("list",),
+            ("export",),
+        ):
             out = receipts_cli(proxy.db, *argv)
             assert operation_id in out
             assert MINTED_KEY not in out and MINTED_TOKEN not in out, argv
@@ -122,8 +133,9 @@ BEFORE = "248c3c8"
 
 def addon_of(commit: str, where: Path) -> Path:
     """The addon script of an earlier commit of this repository, unpacked under `where`."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit, "proxy_addon"],
-                             capture_output=True, timeout=60)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", commit, "proxy_addon"], capture_output=True, timeout=60
+    )
     if archive.returncode != 0:
         pytest.skip(f"no git history to take commit {commit} from: {archive.stderr.decode(errors='replace')}")
     where.mkdir()
@@ -151,8 +163,13 @@ def header_credentials_only(proxy: Proxy, url: str, body: dict):
 
     from tests.e2e.processes import Answer
 
-    r = requests.post(url, json=body, headers={"Authorization": "Bearer sealed-answers-caller"}, timeout=10,
-                      proxies={"http": proxy.url, "https": proxy.url})
+    r = requests.post(
+        url,
+        json=body,
+        headers={"Authorization": "Bearer sealed-answers-caller"},
+        timeout=10,
+        proxies={"http": proxy.url, "https": proxy.url},
+    )
     return Answer(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
 
 
@@ -200,5 +217,3 @@ def test_after_a_downgrade_a_sealed_answer_is_never_replayed_as_it_is(tmp_path, 
         assert upstream.seen(path) == 1
     finally:
         old.stop()
-
-

@@ -23,7 +23,9 @@ def test_state_dir_db_and_secret_are_owner_only(tmp_path, confdir, upstream, buc
     state = tmp_path / "state"  # does not exist yet: the addon creates it
     proxy = Proxy(tmp_path, confdir, db=state / "receipts.db").start()
     try:
-        assert Clients(proxy).send("requests", "POST", f"{upstream.url}/api/{bucket}/plain", {"title": "p"}).status == 201
+        assert (
+            Clients(proxy).send("requests", "POST", f"{upstream.url}/api/{bucket}/plain", {"title": "p"}).status == 201
+        )
         assert mode(state) == 0o700
         for name in ("receipts.db", "receipts.db-wal", "receipts.db-shm", "secret.key"):
             assert mode(state / name) == 0o600, name
@@ -43,8 +45,9 @@ def test_an_unruled_https_host_is_tunnelled_without_the_mitmproxy_ca(proxy, tls_
     assert "x-receipt-id" not in r.headers
     # A ruled host is intercepted: the upstream's certificate alone is not enough there.
     try:
-        requests.get(f"https://127.0.0.1:{tls_upstream.port}/", proxies=proxies,
-                     verify=str(tls_upstream.cert_path), timeout=10)
+        requests.get(
+            f"https://127.0.0.1:{tls_upstream.port}/", proxies=proxies, verify=str(tls_upstream.cert_path), timeout=10
+        )
     except requests.exceptions.SSLError:
         pass
     else:

@@ -64,8 +64,9 @@ def test_eager_connection_strategy_is_overridden(tmp_path, confdir, bucket):
     """With eager connections a refused HTTPS upstream would fail at CONNECT, before any receipt."""
     proxy = Proxy(tmp_path, confdir, extra=("--set", "connection_strategy=eager")).start()
     try:
-        answer = Clients(proxy).send("requests", "POST", f"https://127.0.0.1:{free_port()}/api/{bucket}/things",
-                                     {"title": "eager"})
+        answer = Clients(proxy).send(
+            "requests", "POST", f"https://127.0.0.1:{free_port()}/api/{bucket}/things", {"title": "eager"}
+        )
         assert answer.status == 502
         store = Store.open(proxy.db, create=False)
         (r,) = [r for r in store.list() if bucket in r.target]

@@ -58,14 +58,19 @@ def exit_code(proxy: Proxy, timeout: float) -> int:
 
 
 def draining(proxy: Proxy) -> None:
-    wait_for(lambda: STOPPING in proxy.log() or proxy.process.poll() is not None, timeout=10,
-             what="the proxy to say it drains")
+    wait_for(
+        lambda: STOPPING in proxy.log() or proxy.process.poll() is not None,
+        timeout=10,
+        what="the proxy to say it drains",
+    )
     assert proxy.process.poll() is None, f"the proxy exited instead of draining:\n{proxy.log()}"
 
 
-@pytest.mark.parametrize("sig, forward", [(signal.SIGTERM, "addon"), (signal.SIGINT, "addon"),
-                                          (signal.SIGTERM, "mitmproxy")],
-                         ids=["SIGTERM", "SIGINT", "SIGTERM-receipts_forward=mitmproxy"])
+@pytest.mark.parametrize(
+    "sig, forward",
+    [(signal.SIGTERM, "addon"), (signal.SIGINT, "addon"), (signal.SIGTERM, "mitmproxy")],
+    ids=["SIGTERM", "SIGINT", "SIGTERM-receipts_forward=mitmproxy"],
+)
 def test_a_signal_lets_the_write_in_flight_end_then_exits_0(sig, forward, tmp_path, confdir, upstream, bucket):
     """(1), (5): the agent gets the upstream's real answer, the receipt is succeeded, exit 0."""
     # receipts_drain_timeout: the default, 30 s
@@ -154,18 +159,23 @@ def test_a_second_signal_exits_at_once_and_recovery_blocks_the_duplicate(tmp_pat
         assert receipt.state == "outcome_unknown"
         dup = Clients(restarted).send("curl", "POST", upstream.url + path, {"title": "in flight"})
         assert (dup.status, dup.json()["error"], dup.json()["operation_id"]) == (
-            409, "duplicate_unresolved", receipt.operation_id)
+            409,
+            "duplicate_unresolved",
+            receipt.operation_id,
+        )
     finally:
         restarted.stop()
     assert upstream.seen(path) == 1  # never a second write
 
 
 @pytest.mark.parametrize("forward", ["addon", "mitmproxy"])
-def test_a_write_that_outlasts_the_drain_timeout_is_recorded_outcome_unknown(forward, tmp_path, confdir, upstream,
-                                                                             bucket):
+def test_a_write_that_outlasts_the_drain_timeout_is_recorded_outcome_unknown(
+    forward, tmp_path, confdir, upstream, bucket
+):
     """(4): exit after receipts_drain_timeout; the receipt says the proxy stopped, recorded before the exit."""
-    proxy = Proxy(tmp_path, confdir,
-                  extra=("--set", "receipts_drain_timeout=1", "--set", f"receipts_forward={forward}")).start()
+    proxy = Proxy(
+        tmp_path, confdir, extra=("--set", "receipts_drain_timeout=1", "--set", f"receipts_forward={forward}")
+    ).start()
     path = f"/api/{bucket}/plain"
     upstream.plan(path, "held")  # held up to hang_seconds (8 s): longer than the drain
     try:
@@ -259,9 +269,16 @@ def test_mitmweb_drains_too(tmp_path, confdir, upstream, bucket):
     upstream.plan(path, "held")
     got: list[requests.Response] = []
     try:
-        t = threading.Thread(target=lambda: got.append(requests.post(
-            upstream.url + path, json={"title": "via mitmweb"}, timeout=30,
-            proxies={"http": run.proxy_url, "https": run.proxy_url})))
+        t = threading.Thread(
+            target=lambda: got.append(
+                requests.post(
+                    upstream.url + path,
+                    json={"title": "via mitmweb"},
+                    timeout=30,
+                    proxies={"http": run.proxy_url, "https": run.proxy_url},
+                )
+            )
+        )
         t.start()
         wait_for(lambda: upstream.seen(path) == 1, what="the upstream to hold the write")
         assert run.proc is not None

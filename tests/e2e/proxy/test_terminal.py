@@ -36,8 +36,9 @@ def rude_upstream():
                 data = b""
                 while b"\r\n\r\n" not in data:
                     data += conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 400 Bad \x1b[2J\x1b[31mRequest\r\nContent-Length: 2\r\n"
-                             b"Connection: close\r\n\r\n{}")
+                conn.sendall(
+                    b"HTTP/1.1 400 Bad \x1b[2J\x1b[31mRequest\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                )
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()

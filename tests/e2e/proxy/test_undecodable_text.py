@@ -68,8 +68,9 @@ def header_proxy(tmp_path_factory, confdir):
     p.stop()
 
 
-def send(proxy: Proxy, up: Upstream, path: str, lines: bytes, credential: bytes | None = None,
-         body: bytes | None = None) -> Reply:
+def send(
+    proxy: Proxy, up: Upstream, path: str, lines: bytes, credential: bytes | None = None, body: bytes | None = None
+) -> Reply:
     body = json.dumps({"title": "café"}).encode() if body is None else body
     credential = f"api-key: {CREDENTIAL}\r\n".encode() if credential is None else credential
     head = (
@@ -87,14 +88,38 @@ def refusals(proxy: Proxy) -> dict[tuple[str, ...], float]:
 
 CASES = [
     # (id, the operation's path, the header line(s) sent, the clean line, the header named, bytes never shown)
-    pytest.param("notes", b"X-Title: caf\xe9-7a1\r\n", b"X-Title: caf\xc3\xa9-7a1\r\n", "X-Title", b"caf\xe9-7a1",
-                 id="latin-1-in-a-fingerprinted-header"),
-    pytest.param("notes", b"X-Title: a\xed\xa0\x80b-7a2\r\n", b"X-Title: ab-7a2\r\n", "X-Title", b"\xed\xa0\x80b-7a2",
-                 id="lone-surrogate-in-a-fingerprinted-header"),
-    pytest.param("notes", f"api-key: {CREDENTIAL}\xe9\r\n".encode("latin-1"), f"api-key: {CREDENTIAL}\r\n".encode(),
-                 "api-key", CREDENTIAL.encode(), id="latin-1-in-the-credential"),
-    pytest.param("charges", b"Idempotency-Key: k\xe9y-7a4\r\n", b"Idempotency-Key: key-7a4\r\n", "Idempotency-Key",
-                 b"k\xe9y-7a4", id="latin-1-in-the-idempotency-key"),
+    pytest.param(
+        "notes",
+        b"X-Title: caf\xe9-7a1\r\n",
+        b"X-Title: caf\xc3\xa9-7a1\r\n",
+        "X-Title",
+        b"caf\xe9-7a1",
+        id="latin-1-in-a-fingerprinted-header",
+    ),
+    pytest.param(
+        "notes",
+        b"X-Title: a\xed\xa0\x80b-7a2\r\n",
+        b"X-Title: ab-7a2\r\n",
+        "X-Title",
+        b"\xed\xa0\x80b-7a2",
+        id="lone-surrogate-in-a-fingerprinted-header",
+    ),
+    pytest.param(
+        "notes",
+        f"api-key: {CREDENTIAL}\xe9\r\n".encode("latin-1"),
+        f"api-key: {CREDENTIAL}\r\n".encode(),
+        "api-key",
+        CREDENTIAL.encode(),
+        id="latin-1-in-the-credential",
+    ),
+    pytest.param(
+        "charges",
+        b"Idempotency-Key: k\xe9y-7a4\r\n",
+        b"Idempotency-Key: key-7a4\r\n",
+        "Idempotency-Key",
+        b"k\xe9y-7a4",
+        id="latin-1-in-the-idempotency-key",
+    ),
 ]
 
 
@@ -120,16 +145,23 @@ def test_undecodable_text_in_a_header_the_proxy_reads_gets_400_and_nothing_leave
     assert "no receipt could be written" not in header_proxy.log()
 
     # The same write with the header made UTF-8 goes through, as a first write.
-    ok = send(header_proxy, up, path, b"", credential=clean) if name == "api-key" else send(header_proxy, up, path, clean)
+    ok = (
+        send(header_proxy, up, path, b"", credential=clean)
+        if name == "api-key"
+        else send(header_proxy, up, path, clean)
+    )
     assert ok.status == 201 and ok.headers["x-receipt-state"] == "succeeded", ok
     assert up.commits(path) == 1
 
 
-@pytest.mark.parametrize("body", [
-    pytest.param(b'{"title": "a\\ud800b"}', id="lone-high-surrogate"),
-    pytest.param(b'{"title": "\\udc00"}', id="lone-low-surrogate"),
-    pytest.param(b'{"title": {"nested": "\\ud800"}}', id="in-a-hashed-object"),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b'{"title": "a\\ud800b"}', id="lone-high-surrogate"),
+        pytest.param(b'{"title": "\\udc00"}', id="lone-low-surrogate"),
+        pytest.param(b'{"title": {"nested": "\\ud800"}}', id="in-a-hashed-object"),
+    ],
+)
 def test_an_unpaired_surrogate_in_a_fingerprinted_field_gets_400_and_nothing_leaves(header_proxy, up, bucket, body):
     path = f"/api/{bucket}/charges"
     before, counted = up.received, refusals(header_proxy)

@@ -161,7 +161,7 @@ def test_a_new_write_after_the_upgrade_is_recorded_under_todays_scheme(tmp_path,
         assert status == 201
     finally:
         proxy.stop()
-    (receipt, _), = receipts(db, bucket).values()
+    ((receipt, _),) = receipts(db, bucket).values()
     from proxy_addon.intent.fingerprint import SCHEME
     from proxy_addon.rules import load_rules_path
 

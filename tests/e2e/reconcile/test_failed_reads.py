@@ -119,9 +119,19 @@ def rules(tmp_path_factory, untrusted):
 @pytest.fixture(scope="module")
 def fr_proxy(tmp_path_factory, confdir, rules):
     """A proxy that trusts no private CA, reads for a duplicate at most twice, and waits a second after a failure."""
-    p = Proxy(tmp_path_factory.mktemp("failed-reads-proxy"), confdir, rules=rules,
-              extra=("--set", f"receipts_read_attempts={ATTEMPTS}", "--set", f"receipts_read_backoff={BACKOFF}",
-                     "--set", f"receipts_read_timeout={PROXY_READ_TIMEOUT}"))
+    p = Proxy(
+        tmp_path_factory.mktemp("failed-reads-proxy"),
+        confdir,
+        rules=rules,
+        extra=(
+            "--set",
+            f"receipts_read_attempts={ATTEMPTS}",
+            "--set",
+            f"receipts_read_backoff={BACKOFF}",
+            "--set",
+            f"receipts_read_timeout={PROXY_READ_TIMEOUT}",
+        ),
+    )
     p.start()
     yield p
     p.stop()
@@ -162,8 +172,18 @@ class Got:
     err: str = ""
 
 
-def try_again(caller: str, proxy: Proxy, upstream, url: str, body: dict, operation_id: str, at: dt.datetime,
-              clock: FakeClock, capsys, rules) -> Got:
+def try_again(
+    caller: str,
+    proxy: Proxy,
+    upstream,
+    url: str,
+    body: dict,
+    operation_id: str,
+    at: dt.datetime,
+    clock: FakeClock,
+    capsys,
+    rules,
+) -> Got:
     """At `at`, the caller tries to settle the receipt: the proxy gets a duplicate (after a real wait until
     then, at most 3 s), or `receipts reconcile` runs with its clock set to then."""
     if caller == "proxy":
@@ -193,7 +213,8 @@ FAULTS = [
 @pytest.mark.parametrize("caller", ["proxy", "cli"])
 @pytest.mark.parametrize("kind, fault, reason, delay", FAULTS)
 def test_a_failed_read_leaves_the_outcome_unknown_until_the_last_attempt(
-        caller, fr_proxy, upstream, untrusted, rules, bucket, capsys, kind, fault, reason, delay):
+    caller, fr_proxy, upstream, untrusted, rules, bucket, capsys, kind, fault, reason, delay
+):
     path = f"/api/{bucket}/{kind}"
     url, body = f"{upstream.url}{path}", {"title": f"failing {fault or kind}"}
     r = unknown_write(Clients(fr_proxy), fr_proxy, upstream, bucket, kind, body, "drop")
@@ -241,11 +262,13 @@ def test_a_failed_read_leaves_the_outcome_unknown_until_the_last_attempt(
     if caller == "proxy":
         assert (got.status, got.body["state"]) == (409, "outcome_unknown")
         assert when(got.body["retry_after"]) == next_read and int(got.headers["retry-after"]) >= 1
-        assert [e.event for e in later[len(events):]] == ["blocked"]
+        assert [e.event for e in later[len(events) :]] == ["blocked"]
     else:
         assert (got.code, got.err) == (0, "")
-        assert got.out == (f"{r.operation_id}  outcome_unknown  not read: next read after {iso(next_read)} "
-                           "(1 failed read so far); --now reads it at once\n")
+        assert got.out == (
+            f"{r.operation_id}  outcome_unknown  not read: next read after {iso(next_read)} "
+            "(1 failed read so far); --now reads it at once\n"
+        )
 
     # 3. After the wait the next try reads again; it fails too, the last allowed: manual_review.
     got = again(next_read + dt.timedelta(seconds=0.05))
@@ -277,13 +300,17 @@ def cli(capsys, db, rid: str, rules, clock: FakeClock, *argv: str) -> tuple[int,
     return code, out, err
 
 
-@pytest.mark.parametrize("argv, after, expected", [
-    pytest.param((), 25 * 3600, "more than 86400s", id="default-24h"),
-    pytest.param(("--read-deadline", "1h"), 2 * 3600, "more than 3600s", id="read-deadline-1h"),
-    pytest.param(("--read-deadline", "1h"), 30 * 60, None, id="within-1h"),
-])
-def test_a_read_that_fails_past_the_deadline_goes_to_manual_review(fr_proxy, upstream, rules, bucket, capsys,
-                                                                   argv, after, expected):
+@pytest.mark.parametrize(
+    "argv, after, expected",
+    [
+        pytest.param((), 25 * 3600, "more than 86400s", id="default-24h"),
+        pytest.param(("--read-deadline", "1h"), 2 * 3600, "more than 3600s", id="read-deadline-1h"),
+        pytest.param(("--read-deadline", "1h"), 30 * 60, None, id="within-1h"),
+    ],
+)
+def test_a_read_that_fails_past_the_deadline_goes_to_manual_review(
+    fr_proxy, upstream, rules, bucket, capsys, argv, after, expected
+):
     r, path, clock = unknown(fr_proxy, upstream, bucket, f"deadline {after}")
     upstream.plan_read(path, "500")
     clock.advance(after)

@@ -85,8 +85,12 @@ def paged_proxy(tmp_path_factory, confdir):
 def seed(upstream, path: str, n: int) -> None:
     """`n` other objects, made straight at the upstream (not through the proxy), after the write."""
     for i in range(n):
-        req = urllib.request.Request(f"{upstream.url}{path}", data=json.dumps({"title": f"other-{i}"}).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{upstream.url}{path}",
+            data=json.dumps({"title": f"other-{i}"}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=5) as r:
             assert r.status == 201
 
@@ -175,9 +179,24 @@ def test_receipts_reconcile_walks_the_same_pages(paged_proxy, upstream, bucket):
     unknown(paged_proxy, upstream, path, "cli", "drop", 5)
     r, _ = receipt_of(paged_proxy, path, "cli")
     out = subprocess.run(
-        [sys.executable, "-m", "proxy_addon.cli", "--db", str(paged_proxy.db), "reconcile", r.operation_id,
-         "--rules", str(paged_proxy.rules), "--header", f"api-key: {SECRETS['api-key']}", "--json"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "proxy_addon.cli",
+            "--db",
+            str(paged_proxy.db),
+            "reconcile",
+            r.operation_id,
+            "--rules",
+            str(paged_proxy.rules),
+            "--header",
+            f"api-key: {SECRETS['api-key']}",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
     (result,) = json.loads(out.stdout)

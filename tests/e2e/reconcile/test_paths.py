@@ -19,8 +19,9 @@ from tests.e2e.reconcile.test_reconcile import receipts_for, unknown_write
 CALLERS = ["proxy", "cli"]
 
 
-def reconcile_by(caller: str, clients, proxy: Proxy, upstream, bucket: str, kind: str, body: dict, capsys,
-                 *argv: str) -> tuple[str, str, str, int | None, str]:
+def reconcile_by(
+    caller: str, clients, proxy: Proxy, upstream, bucket: str, kind: str, body: dict, capsys, *argv: str
+) -> tuple[str, str, str, int | None, str]:
     """Reconcile the one outcome_unknown receipt of `kind` by `caller`; its state, last reason, actor,
     the CLI's exit status (None for the proxy) and what the CLI said on stderr."""
     (receipt,) = [r for r in receipts_for(proxy, bucket, kind) if r.state == "outcome_unknown"]
@@ -44,25 +45,61 @@ def reconcile_by(caller: str, clients, proxy: Proxy, upstream, bucket: str, kind
 # kind, the write's body, the read's fault (None: answers normally), seconds to wait before
 # reconciling, then the expected state, a fragment of the verdict's reason, and how many GETs.
 BRANCHES = [
-    pytest.param("things", {"title": "here"}, "item", None, 0, "succeeded", "found among 1 items (id=1)", 1,
-                 id="read-finds-it"),
-    pytest.param("things", {"title": "gone"}, None, None, 0, "safe_to_retry",
-                 "absence is proven and the rule allows a retry", 1, id="read-proves-absence"),
-    pytest.param("payments", {"amount": 5, "customer": "c"}, None, None, 0, "safe_to_retry",
-                 "the API deduplicates by Idempotency-Key; sending again with the same key", 0,
-                 id="key-dedupes-no-read"),
-    pytest.param("charges", {"amount": 7}, None, None, 0, "safe_to_retry",
-                 "the API deduplicates by Idempotency-Key", 0, id="key-within-its-ttl"),
-    pytest.param("charges", {"amount": 8}, None, None, 1.2, "manual_review",
-                 "the API forgets Idempotency-Key keys after 1s and no read is configured", 0,
-                 id="key-past-its-ttl"),
+    pytest.param(
+        "things", {"title": "here"}, "item", None, 0, "succeeded", "found among 1 items (id=1)", 1, id="read-finds-it"
+    ),
+    pytest.param(
+        "things",
+        {"title": "gone"},
+        None,
+        None,
+        0,
+        "safe_to_retry",
+        "absence is proven and the rule allows a retry",
+        1,
+        id="read-proves-absence",
+    ),
+    pytest.param(
+        "payments",
+        {"amount": 5, "customer": "c"},
+        None,
+        None,
+        0,
+        "safe_to_retry",
+        "the API deduplicates by Idempotency-Key; sending again with the same key",
+        0,
+        id="key-dedupes-no-read",
+    ),
+    pytest.param(
+        "charges",
+        {"amount": 7},
+        None,
+        None,
+        0,
+        "safe_to_retry",
+        "the API deduplicates by Idempotency-Key",
+        0,
+        id="key-within-its-ttl",
+    ),
+    pytest.param(
+        "charges",
+        {"amount": 8},
+        None,
+        None,
+        1.2,
+        "manual_review",
+        "the API forgets Idempotency-Key keys after 1s and no read is configured",
+        0,
+        id="key-past-its-ttl",
+    ),
 ]
 
 
 @pytest.mark.parametrize("caller", CALLERS)
 @pytest.mark.parametrize("kind, body, existing, fault, wait, state, reason, gets", BRANCHES)
-def test_both_callers_take_the_same_branch(caller, clients, proxy, upstream, bucket, capsys,
-                                           kind, body, existing, fault, wait, state, reason, gets):
+def test_both_callers_take_the_same_branch(
+    caller, clients, proxy, upstream, bucket, capsys, kind, body, existing, fault, wait, state, reason, gets
+):
     path = f"/api/{bucket}/{kind}"
     unknown_write(clients, proxy, upstream, bucket, kind, body, "lost" if existing is None else "drop")
     time.sleep(wait)  # bounded: an idempotency key's ttl of 1 s
@@ -94,13 +131,15 @@ UNJUDGEABLE = [
 
 @pytest.mark.parametrize("caller", CALLERS)
 @pytest.mark.parametrize("fault, reason", UNJUDGEABLE)
-def test_an_answer_that_cannot_be_judged_is_a_failed_read(caller, clients, proxy, upstream, bucket, capsys,
-                                                         fault, reason):
+def test_an_answer_that_cannot_be_judged_is_a_failed_read(
+    caller, clients, proxy, upstream, bucket, capsys, fault, reason
+):
     path = f"/api/{bucket}/things"
     r = unknown_write(clients, proxy, upstream, bucket, "things", {"title": fault}, "drop")
     upstream.plan_read(path, fault)
-    state, got_reason, _, code, err = reconcile_by(caller, clients, proxy, upstream, bucket, "things",
-                                                   {"title": fault}, capsys)
+    state, got_reason, _, code, err = reconcile_by(
+        caller, clients, proxy, upstream, bucket, "things", {"title": fault}, capsys
+    )
     assert state == "outcome_unknown" and reason in got_reason, got_reason
     assert "failed read 1 of 3: next read not before" in got_reason, got_reason
     assert upstream.reads(path) == 1 and upstream.commits(path) == 1
@@ -133,8 +172,22 @@ def test_cli_reads_verify_tls_like_the_proxy(tls_proxy, tls_upstream, bucket, ca
     out, err = capsys.readouterr()
     assert "CERTIFICATE_VERIFY_FAILED" in out and r.operation_id in err and "failed" in err
     # The failed read left it outcome_unknown, waiting for its next read: --now reads it at once.
-    assert main(["--db", db, "reconcile", r.operation_id, "--rules", rules, "--cacert",
-                 str(tls_upstream.cert_path), "--now"]) == 0
+    assert (
+        main(
+            [
+                "--db",
+                db,
+                "reconcile",
+                r.operation_id,
+                "--rules",
+                rules,
+                "--cacert",
+                str(tls_upstream.cert_path),
+                "--now",
+            ]
+        )
+        == 0
+    )
     assert "found among 1 items" in capsys.readouterr().out
     # $SSL_CERT_FILE works too, as for curl and Python's ssl: a second receipt, read the same way.
     r2 = unknown_write(clients, tls_proxy, tls_upstream, bucket, "things", {"title": "tls2"}, "drop")

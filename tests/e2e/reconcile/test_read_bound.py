@@ -69,11 +69,16 @@ def test_forty_hanging_reads_run_at_most_reads_max_at_once_and_harm_nothing_else
         wait_for(lambda: up.reads_at_once(path)[0] >= READS_MAX, timeout=20, what=f"{READS_MAX} held reads")
         time.sleep(0.5)  # room for more reads to start, were there no bound
         assert up.reads_at_once(path) == (READS_MAX, READS_MAX), "(reads held now, the most at once)"
-        wait_for(lambda: proxy.log().count("its read waits for one to end") >= UNKNOWN - READS_MAX, timeout=20,
-                 what="the other duplicates to wait for a read slot")
+        wait_for(
+            lambda: proxy.log().count("its read waits for one to end") >= UNKNOWN - READS_MAX,
+            timeout=20,
+            what="the other duplicates to wait for a read slot",
+        )
         assert up.reads(path) == READS_MAX
         assert collections.Counter(r.state for r in receipts_in(proxy, bucket)) == {
-            "reconciling": READS_MAX, "outcome_unknown": UNKNOWN - READS_MAX}
+            "reconciling": READS_MAX,
+            "outcome_unknown": UNKNOWN - READS_MAX,
+        }
 
         # Unrelated traffic meanwhile: a read that passes through, and another write, answered at once.
         started = time.monotonic()
@@ -85,9 +90,11 @@ def test_forty_hanging_reads_run_at_most_reads_max_at_once_and_harm_nothing_else
         assert (other_read.status, other_write.status) == (200, 201)
         # Not behind the held reads (the upstream holds them 8 s): 0.1 s each on a quiet machine.
         assert read_took < 4.0 and write_took < 4.0, (read_took, write_took)
-        print(f"\n{UNKNOWN} duplicates, their reads held: {up.reads_at_once(path)[1]} reads at once "
-              f"(receipts_reads_max={READS_MAX}); an unrelated GET took {read_took * 1000:.0f} ms, "
-              f"an unrelated write {write_took * 1000:.0f} ms")
+        print(
+            f"\n{UNKNOWN} duplicates, their reads held: {up.reads_at_once(path)[1]} reads at once "
+            f"(receipts_reads_max={READS_MAX}); an unrelated GET took {read_took * 1000:.0f} ms, "
+            f"an unrelated write {write_took * 1000:.0f} ms"
+        )
         assert "x-receipt-id" not in other_read.headers and other_write.headers["x-receipt-id"]
 
         if stop:  # the graceful stop waits for the reads running and those waiting for a slot

@@ -22,8 +22,9 @@ RECEIPTS = Path(sys.executable).parent / "receipts"
 def receipts_for(proxy: Proxy, bucket: str, kind: str) -> list[Receipt]:
     store = Store.open(proxy.db, create=False)
     try:
-        return sorted((r for r in store.list(limit=None) if f"/api/{bucket}/{kind}" in r.target),
-                      key=lambda r: r.submitted_at)
+        return sorted(
+            (r for r in store.list(limit=None) if f"/api/{bucket}/{kind}" in r.target), key=lambda r: r.submitted_at
+        )
     finally:
         store.close()
 
@@ -40,9 +41,12 @@ def unknown_write(clients: Clients, proxy: Proxy, upstream, bucket: str, kind: s
     """Send one write that the upstream breaks with `fault`; return its outcome_unknown receipt."""
     upstream.plan(f"/api/{bucket}/{kind}", fault)
     assert clients.send("requests", "POST", f"{upstream.url}/api/{bucket}/{kind}", body).status == 502
-    (r,) = wait_for(lambda: [x for x in receipts_for(proxy, bucket, kind)
-                             if x.state == "outcome_unknown" and x.intent["body"] == body],
-                    what="an outcome_unknown receipt")
+    (r,) = wait_for(
+        lambda: [
+            x for x in receipts_for(proxy, bucket, kind) if x.state == "outcome_unknown" and x.intent["body"] == body
+        ],
+        what="an outcome_unknown receipt",
+    )
     return r
 
 
@@ -57,8 +61,12 @@ def test_found_by_the_read_becomes_succeeded(clients, proxy, upstream, bucket):
     assert upstream.commits(f"/api/{bucket}/things") == 1
     history = reasons(proxy, r.operation_id)
     assert any("outcome_unknown->reconciling" in h for h in history)
-    assert any("reconciling->succeeded" in h and f"read GET http://127.0.0.1:{upstream.port}/api/{bucket}/things"
-               in h and "found among 1 items (id=1)" in h for h in history)
+    assert any(
+        "reconciling->succeeded" in h
+        and f"read GET http://127.0.0.1:{upstream.port}/api/{bucket}/things" in h
+        and "found among 1 items (id=1)" in h
+        for h in history
+    )
     # The read carried the duplicate's own credentials; none of them is stored.
     (read,) = [q for q in upstream.requests if q["method"] == "GET" and q["path"] == f"/api/{bucket}/things"]
     assert read["headers"]["api-key"] == SECRETS["api-key"]
@@ -120,8 +128,9 @@ def test_no_reconcile_spec_leaves_the_receipt_blocked_without_a_read(clients, pr
 
 def test_ten_concurrent_duplicates_trigger_exactly_one_read(clients, proxy, upstream, bucket):
     unknown_write(clients, proxy, upstream, bucket, "things", {"title": "crowd"}, "drop")
-    answers = at_once(*[lambda: Clients(proxy).send("httpx", "POST", f"{upstream.url}/api/{bucket}/things",
-                                                   {"title": "crowd"})] * 10)
+    answers = at_once(
+        *[lambda: Clients(proxy).send("httpx", "POST", f"{upstream.url}/api/{bucket}/things", {"title": "crowd"})] * 10
+    )
     assert upstream.reads(f"/api/{bucket}/things") == 1
     assert upstream.commits(f"/api/{bucket}/things") == 1
     assert [a.status for a in answers] == [409] * 10
@@ -135,10 +144,18 @@ def test_idempotency_key_is_injected_and_reused_without_a_read(clients, proxy, u
     assert r.idempotency_key == f"receipt-{r.operation_id}"
     retry = clients.send("requests", "POST", url, {"amount": 5, "customer": "c1"})
     assert retry.status == 201
-    sent = [q["headers"].get("Idempotency-Key") for q in upstream.requests if q["path"].startswith(f"/api/{bucket}/payments")]
+    sent = [
+        q["headers"].get("Idempotency-Key")
+        for q in upstream.requests
+        if q["path"].startswith(f"/api/{bucket}/payments")
+    ]
     assert sent == [r.idempotency_key, r.idempotency_key]  # the server deduplicates the second
     first, second = receipts_for(proxy, bucket, "payments")
-    assert (first.state, second.retry_of, second.idempotency_key) == ("safe_to_retry", first.operation_id, r.idempotency_key)
+    assert (first.state, second.retry_of, second.idempotency_key) == (
+        "safe_to_retry",
+        first.operation_id,
+        r.idempotency_key,
+    )
     assert "deduplicates by Idempotency-Key" in reasons(proxy, first.operation_id)[-1]
     assert upstream.reads(f"/api/{bucket}/payments") == 0
 
@@ -150,12 +167,17 @@ def test_agent_idempotency_keys(clients, proxy, upstream, bucket):
     url = f"{upstream.url}/api/{bucket}/payments"
     ok = clients.send("requests", "POST", url, {"amount": 1, "customer": "k"}, headers={"Idempotency-Key": AGENT_KEY})
     assert ok.status == 201
-    other = clients.send("requests", "POST", url, {"amount": 2, "customer": "k"}, headers={"Idempotency-Key": AGENT_KEY})
+    other = clients.send(
+        "requests", "POST", url, {"amount": 2, "customer": "k"}, headers={"Idempotency-Key": AGENT_KEY}
+    )
     assert other.status == 422
     assert other.json()["error"] == "idempotency_key_reused"
     # The receipt's key is forwarded in place of the agent's own, which is never sent nor stored in the clear.
-    assert [q["headers"].get("Idempotency-Key") for q in upstream.requests
-            if q["path"].startswith(f"/api/{bucket}/payments")] == [ok.headers["x-receipt-idempotency-key"]]
+    assert [
+        q["headers"].get("Idempotency-Key")
+        for q in upstream.requests
+        if q["path"].startswith(f"/api/{bucket}/payments")
+    ] == [ok.headers["x-receipt-idempotency-key"]]
     assert ok.headers["x-receipt-idempotency-key"] == f"receipt-{ok.headers['x-receipt-id']}"
     assert AGENT_KEY.encode() not in proxy.db.read_bytes() + Path(f"{proxy.db}-wal").read_bytes()
 
@@ -176,9 +198,21 @@ def test_cli_reconcile_decides_with_a_read_the_upstream_received(clients, proxy,
     absent = unknown_write(clients, proxy, upstream, bucket, "things", {"title": "cli absent"}, "lost")
     for r, state in [(found, "succeeded"), (absent, "safe_to_retry")]:
         out = subprocess.run(
-            [str(RECEIPTS), "--db", str(proxy.db), "reconcile", r.operation_id, "--rules", str(proxy.rules),
-             "--header", f"api-key: {SECRETS['api-key']}", "--json"],
-            capture_output=True, text=True, timeout=60,
+            [
+                str(RECEIPTS),
+                "--db",
+                str(proxy.db),
+                "reconcile",
+                r.operation_id,
+                "--rules",
+                str(proxy.rules),
+                "--header",
+                f"api-key: {SECRETS['api-key']}",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert out.returncode == 0, out.stderr
         (result,) = json.loads(out.stdout)
@@ -199,8 +233,12 @@ def test_before_settle_a_duplicate_reads_once_and_is_told_when_to_retry(clients,
     assert "proves absence only 2s after" in reasons(proxy, r.operation_id)[-2]
     again = clients.send("httpx", "POST", upstream.url + path, {"title": "settling"})
     assert again.status == 409 and upstream.reads(path) == 1  # no second read before the delay has passed
-    wait_for(lambda: clients.send("httpx", "POST", upstream.url + path, {"title": "settling"}).status == 201,
-             timeout=8, interval=0.5, what="the retry after the settle delay")
+    wait_for(
+        lambda: clients.send("httpx", "POST", upstream.url + path, {"title": "settling"}).status == 201,
+        timeout=8,
+        interval=0.5,
+        what="the retry after the settle delay",
+    )
     first, second = receipts_for(proxy, bucket, "messages")
     assert (first.operation_id, first.state) == (r.operation_id, "safe_to_retry")
     assert (second.state, second.retry_of) == ("succeeded", r.operation_id)
@@ -244,8 +282,11 @@ def test_an_already_exists_answer_not_found_goes_to_manual_review(clients, proxy
 def test_an_expired_idempotency_key_is_not_taken_as_a_safe_resend(clients, proxy, upstream, bucket):
     path = f"/api/{bucket}/charges"
     r = unknown_write(clients, proxy, upstream, bucket, "charges", {"amount": 500}, "drop")
-    wait_for(lambda: (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(r.submitted_at)).total_seconds() > 1.2,
-             interval=0.1, what="the key's 1s ttl to pass")
+    wait_for(
+        lambda: (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(r.submitted_at)).total_seconds() > 1.2,
+        interval=0.1,
+        what="the key's 1s ttl to pass",
+    )
     dup = clients.send("requests", "POST", upstream.url + path, {"amount": 500})
     # Within the ttl this would be safe_to_retry and resent with the key; now the API may have
     # forgotten the key, and with no read configured the receipt stays blocked for a human.

@@ -25,6 +25,7 @@ def held_flow(web: requests.Session, base: str, bucket: str) -> dict:
     def find():
         flows = web.get(f"{base}/flows", timeout=5).json()
         return next((f for f in flows if bucket in f["request"]["path"] and f.get("intercepted")), None)
+
     return wait_for(find, timeout=15, what="a write to be held in mitmweb")
 
 
@@ -47,8 +48,12 @@ def test_an_operator_approves_one_held_write_and_denies_another(tmp_path, confdi
         answers: dict[int, requests.Response] = {}
 
         def agent(amount: int):
-            answers[amount] = requests.post(upstream.url + path, json={"amount": amount}, timeout=30,
-                                            proxies={"http": proxy_url, "https": proxy_url})
+            answers[amount] = requests.post(
+                upstream.url + path,
+                json={"amount": amount},
+                timeout=30,
+                proxies={"http": proxy_url, "https": proxy_url},
+            )
 
         approve = threading.Thread(target=agent, args=(10,))
         approve.start()
@@ -66,7 +71,10 @@ def test_an_operator_approves_one_held_write_and_denies_another(tmp_path, confdi
         assert web.post(f"{base}/flows/{flow['id']}/kill", timeout=5).status_code == 200
         deny.join(timeout=30)
         assert answers[20].status_code == 403
-        assert (answers[20].json()["error"], answers[20].json()["reason"]) == ("denied_by_operator", "denied by operator")
+        assert (answers[20].json()["error"], answers[20].json()["reason"]) == (
+            "denied_by_operator",
+            "denied by operator",
+        )
         assert upstream.seen(path) == 1  # the denied one never left
 
     store = Store.open(tmp_path / "state" / "receipts.db", create=False)
@@ -85,20 +93,46 @@ def test_a_resolution_from_the_cli_shows_in_mitmweb(tmp_path, confdir, upstream,
     with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
         web, base = operator(web_url)
         upstream.plan(path, "drop")
-        first = requests.post(upstream.url + path, json={"title": "settle me"}, timeout=30,
-                              proxies={"http": proxy_url, "https": proxy_url})
+        first = requests.post(
+            upstream.url + path,
+            json={"title": "settle me"},
+            timeout=30,
+            proxies={"http": proxy_url, "https": proxy_url},
+        )
         assert first.status_code == 502
         operation_id = first.headers["x-receipt-id"]
-        subprocess.run([str(Path(sys.executable).parent / "receipts"), "--db", str(tmp_path / "state" / "receipts.db"),
-                        "resolve", operation_id, "--as", "succeeded", "--note", "checked the dashboard"],
-                       check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [
+                str(Path(sys.executable).parent / "receipts"),
+                "--db",
+                str(tmp_path / "state" / "receipts.db"),
+                "resolve",
+                operation_id,
+                "--as",
+                "succeeded",
+                "--note",
+                "checked the dashboard",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
         def flow():
-            return next((f for f in web.get(f"{base}/flows", timeout=5).json()
-                         if f.get("comment", "").endswith(f"· receipt {operation_id}")), None)
+            return next(
+                (
+                    f
+                    for f in web.get(f"{base}/flows", timeout=5).json()
+                    if f.get("comment", "").endswith(f"· receipt {operation_id}")
+                ),
+                None,
+            )
 
-        settled = wait_for(lambda: (f := flow()) and f["comment"].startswith("succeeded · ") and f,
-                           timeout=10, what="the flow's comment to follow the CLI's resolution")
+        settled = wait_for(
+            lambda: (f := flow()) and f["comment"].startswith("succeeded · ") and f,
+            timeout=10,
+            what="the flow's comment to follow the CLI's resolution",
+        )
         assert settled["marked"] == "✅"
 
 
@@ -115,9 +149,16 @@ def test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent(tmp_path, confd
     with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
         web, base = operator(web_url)
         answers: list[requests.Response] = []
-        agent = threading.Thread(target=lambda: answers.append(
-            requests.post(upstream.url + path, json={"amount": 10}, timeout=30,
-                          proxies={"http": proxy_url, "https": proxy_url})))
+        agent = threading.Thread(
+            target=lambda: answers.append(
+                requests.post(
+                    upstream.url + path,
+                    json={"amount": 10},
+                    timeout=30,
+                    proxies={"http": proxy_url, "https": proxy_url},
+                )
+            )
+        )
         agent.start()
         flow = held_flow(web, base, bucket)
         if edit == "put":  # and, once the watch has refreshed it (once a second), it still says it is held
@@ -128,8 +169,9 @@ def test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent(tmp_path, confd
             assert web.put(f"{base}/flows/{flow['id']}", json=change, timeout=5).status_code == 200
         else:
             upload = {"file": ("body.json", b'{"amount": 1000000}')}
-            assert web.post(f"{base}/flows/{flow['id']}/request/content.data", files=upload,
-                            timeout=5).status_code == 200
+            assert (
+                web.post(f"{base}/flows/{flow['id']}/request/content.data", files=upload, timeout=5).status_code == 200
+            )
         assert web.post(f"{base}/flows/{flow['id']}/resume", timeout=5).status_code == 200
         agent.join(timeout=30)
         (answer,) = answers
@@ -149,7 +191,8 @@ def test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent(tmp_path, confd
 
 
 def test_a_held_write_whose_agent_hung_up_is_denied_and_a_later_resume_sends_nothing(
-        tmp_path, confdir, upstream, bucket):
+    tmp_path, confdir, upstream, bucket
+):
     """The agent gives up (its timeout closes the connection) while its write is held: denied at once, said in mitmweb."""
     path = f"/api/{bucket}/refunds"
     with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
@@ -158,8 +201,12 @@ def test_a_held_write_whose_agent_hung_up_is_denied_and_a_later_resume_sends_not
 
         def agent():
             try:
-                requests.post(upstream.url + path, json={"amount": 30}, timeout=1.5,
-                              proxies={"http": proxy_url, "https": proxy_url})
+                requests.post(
+                    upstream.url + path,
+                    json={"amount": 30},
+                    timeout=1.5,
+                    proxies={"http": proxy_url, "https": proxy_url},
+                )
             except requests.RequestException as e:
                 gave_up.append(type(e).__name__)
 
@@ -192,15 +239,30 @@ def test_resume_all_approves_each_held_write(tmp_path, confdir, upstream, bucket
         answers: dict[int, int] = {}
 
         def agent(amount: int):
-            answers[amount] = requests.post(upstream.url + path, json={"amount": amount}, timeout=30,
-                                            proxies={"http": proxy_url, "https": proxy_url}).status_code
+            answers[amount] = requests.post(
+                upstream.url + path,
+                json={"amount": amount},
+                timeout=30,
+                proxies={"http": proxy_url, "https": proxy_url},
+            ).status_code
 
         agents = [threading.Thread(target=agent, args=(amount,)) for amount in (40, 50)]
         for a in agents:
             a.start()
-        wait_for(lambda: len([f for f in web.get(f"{base}/flows", timeout=5).json()
-                              if bucket in f["request"]["path"] and f.get("intercepted")]) == 2,
-                 timeout=15, what="both writes to be held")
+        wait_for(
+            lambda: (
+                len(
+                    [
+                        f
+                        for f in web.get(f"{base}/flows", timeout=5).json()
+                        if bucket in f["request"]["path"] and f.get("intercepted")
+                    ]
+                )
+                == 2
+            ),
+            timeout=15,
+            what="both writes to be held",
+        )
         assert upstream.seen(path) == 0
         assert web.post(f"{base}/flows/resume", timeout=5).status_code == 200
         for a in agents:
@@ -213,15 +275,16 @@ def test_resume_all_approves_each_held_write(tmp_path, confdir, upstream, bucket
     assert sorted((r.intent["body"]["amount"], r.state) for r in rs) == [(40, "succeeded"), (50, "succeeded")]
     for r in rs:
         assert [e.reason for e in store.events(r.operation_id) if e.from_state == "awaiting_approval"] == [
-            "approved by operator"]
+            "approved by operator"
+        ]
 
 
 def readme_script_block() -> list[str]:
     """The shell block of docs/operations.md's "Scripts" bullet (Approvals): what a script runs on mitmweb's API."""
     text = (ROOT / "docs" / "operations.md").read_text()
-    after = text[text.index("- **Scripts**: use the CLI"):]
-    block = after[after.index("```sh\n") + len("```sh\n"):]
-    return [line.strip() for line in block[:block.index("```")].splitlines()]
+    after = text[text.index("- **Scripts**: use the CLI") :]
+    block = after[after.index("```sh\n") + len("```sh\n") :]
+    return [line.strip() for line in block[: block.index("```")].splitlines()]
 
 
 def test_the_readme_recipe_for_scripts_and_the_cli_both_decide_held_writes(tmp_path, confdir, upstream, bucket):
@@ -238,21 +301,31 @@ def test_the_readme_recipe_for_scripts_and_the_cli_both_decide_held_writes(tmp_p
         answers: dict[int, requests.Response] = {}
 
         def agent(amount: int):
-            answers[amount] = requests.post(upstream.url + path, json={"amount": amount}, timeout=30,
-                                            proxies={"http": proxy_url, "https": proxy_url})
+            answers[amount] = requests.post(
+                upstream.url + path,
+                json={"amount": amount},
+                timeout=30,
+                proxies={"http": proxy_url, "https": proxy_url},
+            )
 
         first = threading.Thread(target=agent, args=(10,))
         first.start()
         flow = held_flow(web, base, bucket)
-        bare = requests.post(f"{base}/flows/{flow['id']}/resume", headers={"Authorization": f"Bearer {token}"},
-                             timeout=5)
+        bare = requests.post(
+            f"{base}/flows/{flow['id']}/resume", headers={"Authorization": f"Bearer {token}"}, timeout=5
+        )
         assert bare.status_code == 403 and upstream.seen(path) == 0  # the XSRF pair is needed
 
         lines = readme_script_block()
         assert lines[0].startswith("W=http://127.0.0.1:8081 TOKEN=") and lines[3].startswith("FLOW=")
         lines[0], lines[3] = f"W={base} TOKEN={token}", f"FLOW={flow['id']}"
-        ran = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(lines)], capture_output=True, text=True,
-                             timeout=30, env={**os.environ, "NO_PROXY": "*", "no_proxy": "*"})
+        ran = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", "\n".join(lines)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "NO_PROXY": "*", "no_proxy": "*"},
+        )
         assert ran.returncode == 0, ran.stderr
         listed = ran.stdout.splitlines()[0]
         assert listed.startswith(f"{flow['id']}  AWAITING APPROVAL (resume to send, kill to deny) · ")
@@ -263,9 +336,21 @@ def test_the_readme_recipe_for_scripts_and_the_cli_both_decide_held_writes(tmp_p
         second.start()
         flow = held_flow(web, base, bucket)
         operation_id = flow["comment"].split("receipt ")[1].split(" ")[0]
-        approved = subprocess.run([sys.executable, "-m", "proxy_addon.cli", "--db",
-                                   str(tmp_path / "state" / "receipts.db"), "approve", operation_id],
-                                  cwd=ROOT, capture_output=True, text=True, timeout=30)
+        approved = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxy_addon.cli",
+                "--db",
+                str(tmp_path / "state" / "receipts.db"),
+                "approve",
+                operation_id,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert approved.returncode == 0, approved.stderr
         second.join(timeout=30)
         assert answers[20].status_code == 201 and upstream.commits(path) == 2

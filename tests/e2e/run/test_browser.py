@@ -26,21 +26,28 @@ from tests.e2e.processes import mitmweb
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium: apt-get install -y chromium)",
-                allow_module_level=True)
+    pytest.skip(
+        f"{CHROMIUM} is missing (install Debian's chromium: apt-get install -y chromium)", allow_module_level=True
+    )
 try:
     from playwright.sync_api import expect, sync_playwright
 except ImportError as e:
-    pytest.skip(f"the playwright package cannot be imported ({e}); install the test extra",
-                allow_module_level=True)
+    pytest.skip(f"the playwright package cannot be imported ({e}); install the test extra", allow_module_level=True)
 
 # The picture in docs/mitmweb.md is refreshed only on request, so that a test run leaves the tree clean:
 # RECEIPTS_SCREENSHOT=1 scripts/test tests/e2e/run/test_browser.py
 SCREENSHOT = ROOT / "docs" / "mitmweb-blocked-duplicate.png"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 BLOCKED = "⛔"  # :no_entry:, as mitmweb draws the marker
-UNKNOWN = "⚠"   # :warning: (mitmproxy's emoji table has no variation selector here)
+UNKNOWN = "⚠"  # :warning: (mitmproxy's emoji table has no variation selector here)
 
 
 def test_mitmweb_shows_a_blocked_duplicate_and_its_receipt(tmp_path, confdir, upstream, bucket):
@@ -85,8 +92,11 @@ def test_mitmweb_shows_a_blocked_duplicate_and_its_receipt(tmp_path, confdir, up
 
                 # What the list is drawn from: mitmweb's flows API (the page's own token cookie).
                 flows = json.loads(page.evaluate("async () => (await fetch('./flows')).text()"))
-                listed = [f for f in flows
-                          if f["request"]["path"] == path and (f.get("response") or {}).get("status_code") == 409]
+                listed = [
+                    f
+                    for f in flows
+                    if f["request"]["path"] == path and (f.get("response") or {}).get("status_code") == 409
+                ]
                 assert [(f["marked"], f["comment"]) for f in listed] == [(BLOCKED, comment)], listed
 
                 # Its details: the comment, the receipt header and the Receipt view of the original receipt.

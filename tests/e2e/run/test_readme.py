@@ -54,14 +54,20 @@ BIN = Path(sys.executable).parent
 
 # Every section of README.md and docs/*.md that holds ```sh blocks: the test that runs them, or why not.
 SHELL_BLOCKS = {
-    ("README.md", "The two commands"): "not run: scripts/run and scripts/test themselves (tests/e2e/run/test_scripts_run.py)",
+    (
+        "README.md",
+        "The two commands",
+    ): "not run: scripts/run and scripts/test themselves (tests/e2e/run/test_scripts_run.py)",
     ("README.md", "Try it by hand"): "test_try_it_by_hand_demo_as_written, test_try_it_by_hand_as_written",
     ("README.md", "Point an agent at it"): "not run: variables for the reader's shell; test_the_readme_curl_ca_row_...",
     ("docs/running.md", "The plain mitmproxy way"): "test_the_plain_mitmproxy_way_as_written",
     ("docs/fleet.md", "Run a fleet"): "test_run_a_fleet_as_written",
     ("docs/agents.md", "Agents that use MCP servers"): "test_agents_that_use_mcp_servers_as_written",
     ("docs/operations.md", "The receipts CLI"): "not run: example receipt ids; each command is tested in tests/cli/",
-    ("docs/operations.md", "Approvals"): "the Scripts recipe: tests/e2e/run/test_approval.py; the CLI lines: example ids",
+    (
+        "docs/operations.md",
+        "Approvals",
+    ): "the Scripts recipe: tests/e2e/run/test_approval.py; the CLI lines: example ids",
     ("docs/packs.md", "Make one your own"): "not run: an example body; `rules check`, `explain`: tests/cli/",
     ("docs/benchmarks.md", "scripts/bench"): "not run: minutes long; scripts/bench checks its own answers",
     ("docs/benchmarks.md", "PostgreSQL: the addon on a shared store, and a fleet behind HAProxy"): "not run: as above",
@@ -103,8 +109,10 @@ def sh_block(path: Path, heading: str, containing: str = "") -> str:
     """The one ```sh block of a section that contains `containing`."""
     found = [b for b in sh_blocks(path, heading) if containing in b]
     if len(found) != 1:
-        pytest.fail(f"{path.relative_to(ROOT)}'s '## {heading}' section has {len(found)} ```sh blocks with "
-                    f"{containing!r}, not one")
+        pytest.fail(
+            f"{path.relative_to(ROOT)}'s '## {heading}' section has {len(found)} ```sh blocks with "
+            f"{containing!r}, not one"
+        )
     return found[0]
 
 
@@ -216,7 +224,6 @@ def test_try_it_by_hand_as_written(tmp_path):
         assert re.search(rf"^Web UI: http://127\.0\.0\.1:{web_port}/\?token=[0-9a-f]{{32}} ", text, re.M), text
 
 
-
 def checkout_state() -> set[str]:
     """What a careless command would leave in the checkout (where it runs): receipts databases, keys, instances."""
     return {p.name for n in ("*.db", "*.db-*", "*.db.*", "secret.key") for p in ROOT.glob(n)}
@@ -245,9 +252,17 @@ def test_the_plain_mitmproxy_way_as_written(tmp_path):
     script.write_text(substitute(substitute(block, "8080", str(port)), ".venv/bin/", f"{BIN}/"))
     log = tmp_path / "out.txt"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=ROOT,
+            env=environ,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
+
         def ready() -> bool:
             assert proc.poll() is None, log.read_text(errors="replace")
             return "receipt-proxy: ready (recording)" in log.read_text(errors="replace")
@@ -260,6 +275,7 @@ def test_the_plain_mitmproxy_way_as_written(tmp_path):
         assert checkout_state() == before
     finally:
         kill_group(proc.pid)
+
 
 @contextlib.contextmanager
 def run_block(
@@ -282,14 +298,22 @@ def run_block(
     environ = {**block_env(tmp_path, proxy_port, web_port), **(env or {})}
     log = tmp_path / "out.txt"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=ROOT,
+            env=environ,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         try:
             proc.wait(timeout=deadline(90))
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"the block did not finish in {deadline(90):.0f} s:\n"
-                                 f"{log.read_text(errors='replace')}") from None
+            raise AssertionError(
+                f"the block did not finish in {deadline(90):.0f} s:\n{log.read_text(errors='replace')}"
+            ) from None
         if check_exit:
             assert proc.returncode == 0, f"the block exited {proc.returncode}:\n{log.read_text(errors='replace')}"
         yield log.read_text(errors="replace")
@@ -314,8 +338,16 @@ def block_env(tmp_path: Path, proxy_port: int, web_port: int) -> dict[str, str]:
         "no_proxy": "127.0.0.1,localhost",
         "PYTHONUNBUFFERED": "1",
     }
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "RECEIPT_PROXY_STATE_DIR",
-                 "RECEIPT_PROXY_DB", "RECEIPT_PROXY_RULES", "SSL_CERT_FILE"):
+    for name in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "RECEIPT_PROXY_STATE_DIR",
+        "RECEIPT_PROXY_DB",
+        "RECEIPT_PROXY_RULES",
+        "SSL_CERT_FILE",
+    ):
         environ.pop(name, None)
     return environ
 
@@ -324,15 +356,21 @@ def test_agents_that_use_mcp_servers_as_written(tmp_path):
     """docs/agents.md "Agents that use MCP servers": the SDK's client through scripts/run; one issue, the retry
     blocked."""
     mcp_port, proxy_port, web_port = free_port(), free_port(), free_port()
-    with run_block(tmp_path, sh_block(DOCS / "agents.md", "Agents that use MCP servers"),
-                   {"9100": str(mcp_port), "8080": str(proxy_port)}, proxy_port, web_port) as text:
+    with run_block(
+        tmp_path,
+        sh_block(DOCS / "agents.md", "Agents that use MCP servers"),
+        {"9100": str(mcp_port), "8080": str(proxy_port)},
+        proxy_port,
+        web_port,
+    ) as text:
         pass
     call = re.search(r"^call: isError=True: (.*)$", text, re.M)
     retry = re.search(r"^retry: isError=True: (.*)$", text, re.M)
     assert call and retry, text
     assert "answer was lost" in call.group(1), text
-    assert retry.group(1).startswith("NOT SENT: this call to create_issue duplicates") and "outcome is unknown" in \
-        retry.group(1), text
+    assert retry.group(1).startswith(
+        "NOT SENT: this call to create_issue duplicates"
+    ) and "outcome is unknown" in retry.group(1), text
     ids = set(re.findall(r"\(receipt (\S+)\)", call.group(1) + retry.group(1)))
     assert len(ids) == 1, text
     rows = receipts_rows(text)
@@ -361,30 +399,47 @@ def test_run_a_fleet_as_written(tmp_path, pg_url, upstream, bucket):
     script = tmp_path / "run-a-fleet.sh"
     script.write_text(block)
     (tmp_path / "home").mkdir()
-    env = {**os.environ, "RECEIPT_PROXY_RULES": str(TEST_RULES), "RECEIPT_PROXY_VENV": sys.prefix,
-           "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "RECEIPT_PROXY_RULES": str(TEST_RULES),
+        "RECEIPT_PROXY_VENV": sys.prefix,
+        "PYTHONPATH": str(ROOT),
+        "HOME": str(tmp_path / "home"),
+        "PYTHONUNBUFFERED": "1",
+    }
     for name in ("RECEIPT_PROXY_STATE_DIR", "RECEIPT_PROXY_DB", "RECEIPT_PROXY_PORT", "RECEIPT_PROXY_METRICS"):
         env.pop(name, None)
     log = tmp_path / "out.txt"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     front = f"http://127.0.0.1:{ports['8080']}"
     path = f"/api/{bucket}/plain"
     try:
+
         def ready() -> bool:
             assert proc.poll() is None, log.read_text(errors="replace")
             text = log.read_text(errors="replace")
             # HAProxy may start first and mark a proxy DOWN: then wait for its check to see it UP.
-            return text.count("receipt-proxy: ready (recording)") == 2 and text.count(" is UP") >= text.count(" is DOWN")
+            return text.count("receipt-proxy: ready (recording)") == 2 and text.count(" is UP") >= text.count(
+                " is DOWN"
+            )
 
         wait_for(ready, timeout=90, what=f"both proxies of the block to be ready (log: {log})")
         upstream.plan(path, "held")
         answers: list = [None] * 8
 
         def send(i: int) -> None:
-            answers[i] = requests.post(upstream.url + path, json={"title": "one fleet write"}, timeout=30,
-                                       proxies={"http": front})
+            answers[i] = requests.post(
+                upstream.url + path, json={"title": "one fleet write"}, timeout=30, proxies={"http": front}
+            )
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(len(answers))]
         for t in threads:

@@ -131,5 +131,9 @@ def test_help_prints_the_header_comment_only():
     p = subprocess.run([str(RUN), "--help"], capture_output=True, text=True, timeout=deadline(30))
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("Start receipt-proxy:"), p.stdout
-    assert '"Web UI:" line' in p.stdout and "RECEIPT_PROXY_WEB_PORT (8081)" in p.stdout and "RECEIPT_PROXY_METRICS" in p.stdout, p.stdout
+    assert (
+        '"Web UI:" line' in p.stdout
+        and "RECEIPT_PROXY_WEB_PORT (8081)" in p.stdout
+        and "RECEIPT_PROXY_METRICS" in p.stdout
+    ), p.stdout
     assert "set -euo" not in p.stdout and "source" not in p.stdout, p.stdout  # no line of the script's code

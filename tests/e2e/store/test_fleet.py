@@ -72,7 +72,8 @@ def instance_id(proxy: Proxy) -> str:
 
 
 def test_fan_out_60_identical_writes_over_3_instances_make_one_upstream_write(
-        pg_url, tmp_path, confdir, upstream, bucket, key):
+    pg_url, tmp_path, confdir, upstream, bucket, key
+):
     proxies = start_all([instance(pg_url, tmp_path, confdir, key) for _ in range(3)])
     path = f"/api/{bucket}/plain"
     upstream.plan(path, "held")  # the first write is held until let_go: every other one arrives meanwhile
@@ -82,8 +83,9 @@ def test_fan_out_60_identical_writes_over_3_instances_make_one_upstream_write(
 
         def send(i: int) -> None:
             barrier.wait(timeout=20)
-            results[i] = Clients(proxies[i % 3]).send("requests", "POST", upstream.url + path, {"title": "fan"},
-                                                      timeout=40)
+            results[i] = Clients(proxies[i % 3]).send(
+                "requests", "POST", upstream.url + path, {"title": "fan"}, timeout=40
+            )
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(60)]
         for t in threads:
@@ -106,24 +108,32 @@ def test_fan_out_60_identical_writes_over_3_instances_make_one_upstream_write(
         kinds = [e.event for e in events(pg_url, receipt.operation_id)]
         assert kinds.count("replayed") + kinds.count("blocked") == 59
         assert len(replayed) >= 1
-        print(f"fan-out: 60 writes over 3 instances -> upstream saw {upstream.seen(path)}; answers "
-              f"{statuses.count(201)}x201 ({kinds.count('replayed')} replays), {statuses.count(409)}x409")
+        print(
+            f"fan-out: 60 writes over 3 instances -> upstream saw {upstream.seen(path)}; answers "
+            f"{statuses.count(201)}x201 ({kinds.count('replayed')} replays), {statuses.count(409)}x409"
+        )
     finally:
         for p in proxies:
             p.stop()
 
 
 def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
-        pg_url, tmp_path, confdir, upstream, bucket, key):
+    pg_url, tmp_path, confdir, upstream, bucket, key
+):
     lease = ("--set", "receipts_lease=10", "--set", "receipts_heartbeat=1")
-    a, b = start_all([instance(pg_url, tmp_path, confdir, key, *lease),
-                      instance(pg_url, tmp_path, confdir, key, *lease, "--set", "receipts_wait_submitted=0")])
+    a, b = start_all(
+        [
+            instance(pg_url, tmp_path, confdir, key, *lease),
+            instance(pg_url, tmp_path, confdir, key, *lease, "--set", "receipts_wait_submitted=0"),
+        ]
+    )
     path = f"/api/{bucket}/plain"
     upstream.plan(path, "held")
     dead = instance_id(a)
     try:
-        t = threading.Thread(target=lambda: Clients(a).send("requests", "POST", upstream.url + path,
-                                                            {"title": "kill"}, timeout=20))
+        t = threading.Thread(
+            target=lambda: Clients(a).send("requests", "POST", upstream.url + path, {"title": "kill"}, timeout=20)
+        )
         t.start()
         wait_for(lambda: upstream.seen(path) == 1, what="the write to reach the upstream")
         [before] = receipts(pg_url, bucket)
@@ -152,8 +162,10 @@ def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
         again = Clients(b).send("httpx", "POST", upstream.url + path, {"title": "kill"})
         assert again.status == 409  # outcome_unknown: never retried blindly
         assert upstream.seen(path) == 1
-        print(f"kill -9: duplicate blocked at once (409), receipt outcome_unknown {took:.1f}s after the kill "
-              f"(lease 10s), upstream saw {upstream.seen(path)}")
+        print(
+            f"kill -9: duplicate blocked at once (409), receipt outcome_unknown {took:.1f}s after the kill "
+            f"(lease 10s), upstream saw {upstream.seen(path)}"
+        )
     finally:
         upstream.let_go(path)
         for p in (a, b):
@@ -161,7 +173,8 @@ def test_kill_9_mid_flight_a_live_instance_blocks_and_recovers_within_the_lease(
 
 
 def test_postgresql_stopped_then_started_fails_closed_and_recovers(
-        pg_cluster, pg_url, tmp_path, confdir, upstream, bucket, key):
+    pg_cluster, pg_url, tmp_path, confdir, upstream, bucket, key
+):
     if not pg_cluster.ours:
         pytest.skip("RECEIPTS_TEST_PG names a server the tests cannot stop")
     proxies = start_all([instance(pg_url, tmp_path, confdir, key) for _ in range(2)])
@@ -183,27 +196,35 @@ def test_postgresql_stopped_then_started_fails_closed_and_recovers(
             assert answer.status == 201, answer
         assert upstream.seen(path) == 3
         assert sorted(r.state for r in receipts(pg_url, bucket)) == ["succeeded"] * 3
-        print("outage: 2 writes during the outage -> 503 receipt_store_unavailable, sent:false, upstream saw 0; "
-              "after the restart both proxies forwarded the next write (201)")
+        print(
+            "outage: 2 writes during the outage -> 503 receipt_store_unavailable, sent:false, upstream saw 0; "
+            "after the restart both proxies forwarded the next write (201)"
+        )
     finally:
         for p in proxies:
             p.stop()
 
 
 def test_a_connection_lost_while_the_upstream_holds_the_write_still_records_its_outcome(
-        pg_cluster, pg_url, tmp_path, confdir, upstream, bucket, key):
+    pg_cluster, pg_url, tmp_path, confdir, upstream, bucket, key
+):
     proxy = start_all([instance(pg_url, tmp_path, confdir, key)])[0]
     path = f"/api/{bucket}/plain"
     upstream.plan(path, "held")
     try:
         answers: list = []
-        t = threading.Thread(target=lambda: answers.append(
-            Clients(proxy).send("requests", "POST", upstream.url + path, {"title": "lost"}, timeout=20)))
+        t = threading.Thread(
+            target=lambda: answers.append(
+                Clients(proxy).send("requests", "POST", upstream.url + path, {"title": "lost"}, timeout=20)
+            )
+        )
         t.start()
         wait_for(lambda: upstream.seen(path) == 1, what="the write to reach the upstream")
         # Cut every connection of the proxy to the database (as a failover or a network blip would).
-        cut = pg_cluster.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                                 "WHERE application_name = 'receipt-proxy' AND pid <> pg_backend_pid()")
+        cut = pg_cluster.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'receipt-proxy' AND pid <> pg_backend_pid()"
+        )
         assert cut[0][0] >= 1
         upstream.let_go(path)
         t.join(timeout=25)
@@ -216,8 +237,7 @@ def test_a_connection_lost_while_the_upstream_holds_the_write_still_records_its_
         proxy.stop()
 
 
-def test_listen_notify_wakes_a_duplicate_waiting_on_another_instance(
-        pg_url, tmp_path, confdir, upstream, bucket, key):
+def test_listen_notify_wakes_a_duplicate_waiting_on_another_instance(pg_url, tmp_path, confdir, upstream, bucket, key):
     a, b = start_all([instance(pg_url, tmp_path, confdir, key) for _ in range(2)])
     path = f"/api/{bucket}/plain"
     upstream.plan(path, "held")
@@ -253,7 +273,9 @@ def test_a_proxy_with_another_key_refuses_to_join_the_fleet(pg_url, tmp_path, co
     other = None
     try:
         another = tmp_path / "another.key"
-        another.write_text("a" * 64 + "\n")  # a key, not the fleet's (a missing one: tests/e2e/proxy/test_secret_key.py)
+        another.write_text(
+            "a" * 64 + "\n"
+        )  # a key, not the fleet's (a missing one: tests/e2e/proxy/test_secret_key.py)
         other = instance(pg_url, tmp_path, confdir, another)
         other.start(wait=False)
         other.process.wait(timeout=deadline(30))
@@ -290,20 +312,49 @@ def test_mitmweb_on_postgresql_follows_a_resolution_from_the_cli(pg_url, tmp_pat
         shown = web.get(f"{base}/options", timeout=5).json()["receipts_db"]["value"]
         assert shown.startswith("postgresql://postgres@127.0.0.1") and password not in shown
         upstream.plan(path, "drop")
-        first = requests.post(upstream.url + path, json={"title": "settle me"}, timeout=30,
-                              proxies={"http": run.proxy_url, "https": run.proxy_url})
+        first = requests.post(
+            upstream.url + path,
+            json={"title": "settle me"},
+            timeout=30,
+            proxies={"http": run.proxy_url, "https": run.proxy_url},
+        )
         assert first.status_code == 502
         operation_id = first.headers["x-receipt-id"]
-        subprocess.run([sys.executable, "-m", "proxy_addon.cli", "--db", pg_url, "resolve", operation_id,
-                        "--as", "succeeded", "--note", "checked the dashboard"],
-                       check=True, capture_output=True, timeout=30, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxy_addon.cli",
+                "--db",
+                pg_url,
+                "resolve",
+                operation_id,
+                "--as",
+                "succeeded",
+                "--note",
+                "checked the dashboard",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+            cwd=ROOT,
+        )
 
         def flow():
-            return next((f for f in web.get(f"{base}/flows", timeout=5).json()
-                         if f.get("comment", "").endswith(f"receipt {operation_id}")), None)
+            return next(
+                (
+                    f
+                    for f in web.get(f"{base}/flows", timeout=5).json()
+                    if f.get("comment", "").endswith(f"receipt {operation_id}")
+                ),
+                None,
+            )
 
-        settled = wait_for(lambda: (f := flow()) and f["comment"].startswith("succeeded · ") and f,
-                           timeout=10, what="the flow's comment to follow the CLI's resolution")
+        settled = wait_for(
+            lambda: (f := flow()) and f["comment"].startswith("succeeded · ") and f,
+            timeout=10,
+            what="the flow's comment to follow the CLI's resolution",
+        )
         assert settled["marked"] == "✅"
         assert password not in run.log()
     finally:
@@ -342,14 +393,19 @@ def recovered(pg_url: str, bucket: str, operation_id: str):
     """The receipt once a live instance has taken it over (outcome_unknown), waited for within a bound."""
     store = open_store(pg_url, create=False)
     try:
-        return wait_for(lambda: (r := store.get(operation_id)).state == "outcome_unknown" and r,
-                        timeout=20, interval=0.1, what="a live instance to take the receipt over")
+        return wait_for(
+            lambda: (r := store.get(operation_id)).state == "outcome_unknown" and r,
+            timeout=20,
+            interval=0.1,
+            what="a live instance to take the receipt over",
+        )
     finally:
         store.close()
 
 
 def test_a_paused_proxy_does_not_send_after_a_takeover_read_proved_absence_and_retried(
-        pg_url, tmp_path, confdir, upstream, bucket, key):
+    pg_url, tmp_path, confdir, upstream, bucket, key
+):
     """
     A commits the receipt, and is stopped (SIGSTOP) before its first byte: the after_commit pause
     holds the write there, and the signal stops the whole process, heartbeats too. Its lease
@@ -357,8 +413,17 @@ def test_a_paused_proxy_does_not_send_after_a_takeover_read_proved_absence_and_r
     timeout, 1 s, plus the margin), a duplicate at B reads "absent", marks it safe_to_retry and
     sends a new attempt. Then A wakes: it must not send. One write upstream.
     """
-    a = instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_upstream_timeout=1",
-                 "--set", "receipts_debug_pause=after_commit:3")
+    a = instance(
+        pg_url,
+        tmp_path,
+        confdir,
+        key,
+        *FAST_LEASE,
+        "--set",
+        "receipts_upstream_timeout=1",
+        "--set",
+        "receipts_debug_pause=after_commit:3",
+    )
     b = instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_wait_submitted=0")
     start_all([a, b])
     path, body = f"/api/{bucket}/things", {"title": "paused"}
@@ -395,7 +460,8 @@ def test_a_paused_proxy_does_not_send_after_a_takeover_read_proved_absence_and_r
 
 
 def test_a_paused_proxy_does_not_send_after_an_operator_resolved_its_receipt(
-        pg_url, tmp_path, confdir, upstream, bucket, key):
+    pg_url, tmp_path, confdir, upstream, bucket, key
+):
     """
     The same pause, with the default upstream timeout (300 s: the request's lifetime has not
     passed when A wakes): what stops A is its lease alone. Meanwhile B took the receipt over and
@@ -410,9 +476,25 @@ def test_a_paused_proxy_does_not_send_after_an_operator_resolved_its_receipt(
         stopped_after_commit(a)
         first = only_receipt(pg_url, bucket)
         recovered(pg_url, bucket, first.operation_id)
-        subprocess.run([sys.executable, "-m", "proxy_addon.cli", "--db", pg_url, "resolve", first.operation_id,
-                        "--as", "safe_to_retry", "--note", "checked the upstream: not there"],
-                       check=True, capture_output=True, timeout=30, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxy_addon.cli",
+                "--db",
+                pg_url,
+                "resolve",
+                first.operation_id,
+                "--as",
+                "safe_to_retry",
+                "--note",
+                "checked the upstream: not there",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+            cwd=ROOT,
+        )
         assert Clients(b).send("httpx", "POST", upstream.url + path, body).status == 201
         assert upstream.seen(path) == 1
         woken(a)
@@ -429,11 +511,13 @@ def test_a_paused_proxy_does_not_send_after_an_operator_resolved_its_receipt(
 
 
 def test_a_proxy_paused_past_its_lease_records_not_sent_when_nobody_took_its_receipt(
-        pg_url, tmp_path, confdir, upstream, bucket, key):
+    pg_url, tmp_path, confdir, upstream, bucket, key
+):
     """Alone in its fleet, A wakes after its lease expired: nothing is sent, the receipt (still its own) says
     not_sent, and the agent's retry goes out."""
-    a = start_all([instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set",
-                            "receipts_debug_pause=after_commit:3")])[0]
+    a = start_all(
+        [instance(pg_url, tmp_path, confdir, key, *FAST_LEASE, "--set", "receipts_debug_pause=after_commit:3")]
+    )[0]
     path, body = f"/api/{bucket}/plain", {"title": "alone"}
     t, got = send_in_background(a, upstream.url + path, body)
     try:
@@ -456,7 +540,8 @@ def test_a_proxy_paused_past_its_lease_records_not_sent_when_nobody_took_its_rec
 
 
 def test_a_takeover_read_does_not_prove_absence_while_the_original_may_still_land(
-        pg_url, tmp_path, confdir, upstream, bucket, key):
+    pg_url, tmp_path, confdir, upstream, bucket, key
+):
     """
     A sends; the upstream holds the write and commits it only later (commit_late). A is killed
     (SIGKILL). B takes the receipt over once A's lease expires, and a duplicate at B reads: the

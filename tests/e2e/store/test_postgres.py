@@ -25,13 +25,24 @@ from tests.conftest import T0, FakeClock
 
 
 def attempt(fp: str = "fp-1", instance: str | None = "inst-1") -> Attempt:
-    return Attempt(api="example", operation="articles.create", method="POST", target="https://api.example/a",
-                   intent_fingerprint=fp, intent={"t": fp}, principal="agent-1", flow_id="f", instance=instance)
+    return Attempt(
+        api="example",
+        operation="articles.create",
+        method="POST",
+        target="https://api.example/a",
+        intent_fingerprint=fp,
+        intent={"t": fp},
+        principal="agent-1",
+        flow_id="f",
+        instance=instance,
+    )
 
 
 def test_the_password_is_never_shown(pg_cluster, monkeypatch):
-    assert describe("postgresql://proxy:s3cret-PW@db.internal:5433/receipts") == \
-        "postgresql://proxy@db.internal:5433/receipts"
+    assert (
+        describe("postgresql://proxy:s3cret-PW@db.internal:5433/receipts")
+        == "postgresql://proxy@db.internal:5433/receipts"
+    )
     assert "s3cret" not in describe("host=db.internal user=proxy password=s3cret-PW dbname=receipts")
     # A wrong password: the error names the database, never the password.
     port = pg_cluster.url.split(":")[2].split("/")[0] if pg_cluster.ours else "5432"
@@ -87,10 +98,20 @@ def test_migrations_recorded_by_name_and_a_concurrent_first_start_migrates_once(
     try:
         rows = store._rows("SELECT migration_set, name FROM receipt_proxy_migrations ORDER BY name")
         assert [r["name"] for r in rows] == [
-            "m001_receipts", "m002_prunable_events_and_idempotency_keys", "m003_awaiting_approval_is_unresolved",
-            "m004_when_an_idempotency_key_was_first_sent", "m005_raw_target", "m006_failed_reads", "m007_approval_decisions",
-            "m008_instance_leases", "m009_fingerprint_versions", "m010_request_lifetime",
-            "m011_key_check_and_sealed_answers", "m012_read_principal", "m013_interim_answers"]
+            "m001_receipts",
+            "m002_prunable_events_and_idempotency_keys",
+            "m003_awaiting_approval_is_unresolved",
+            "m004_when_an_idempotency_key_was_first_sent",
+            "m005_raw_target",
+            "m006_failed_reads",
+            "m007_approval_decisions",
+            "m008_instance_leases",
+            "m009_fingerprint_versions",
+            "m010_request_lifetime",
+            "m011_key_check_and_sealed_answers",
+            "m012_read_principal",
+            "m013_interim_answers",
+        ]
         assert {r["migration_set"] for r in rows} == {"receipt-proxy"}
     finally:
         store.close()
@@ -148,8 +169,9 @@ def test_expired_leases_are_recovered_with_an_event_naming_the_instance(pg_url):
         mine = store.begin_attempt(attempt("fp-live", instance="live-1")).receipt.operation_id
         theirs = other.begin_attempt(attempt("fp-dead", instance="dead-1")).receipt.operation_id
         assert recover_expired(store, "live-1") == []  # both alive
-        store._execute("UPDATE receipt_instances SET expires_at = now() - interval '1 second' "
-                       "WHERE instance = 'dead-1'")
+        store._execute(
+            "UPDATE receipt_instances SET expires_at = now() - interval '1 second' WHERE instance = 'dead-1'"
+        )
         assert recover_expired(store, "live-1") == [(theirs, "outcome_unknown")]
         ev = store.events(theirs)[-1]
         assert (ev.from_state, ev.to_state, ev.actor) == (State.SUBMITTED, State.OUTCOME_UNKNOWN, "proxy live-1")
@@ -177,8 +199,9 @@ def test_every_cli_command_works_on_postgresql(pg_url, capsys, monkeypatch, tmp_
     clock = FakeClock()
     store = open_store(pg_url, clock=clock)
     ok = store.begin_attempt(attempt("fp-ok")).receipt.operation_id
-    store.transition(ok, State.SUCCEEDED, reason="HTTP 201", http_status=201,
-                     response=RecordedResponse(201, [], b'{"id": 1}'))
+    store.transition(
+        ok, State.SUCCEEDED, reason="HTTP 201", http_status=201, response=RecordedResponse(201, [], b'{"id": 1}')
+    )
     store.begin_attempt(attempt("fp-ok"))  # replayed
     unknown = store.begin_attempt(attempt("fp-unknown")).receipt.operation_id
     store.transition(unknown, State.OUTCOME_UNKNOWN, reason="timeout")
@@ -195,8 +218,16 @@ def test_every_cli_command_works_on_postgresql(pg_url, capsys, monkeypatch, tmp_
     assert code == 0 and "replay" in out and "blocked" in out
     code, out, _ = cli(capsys, "export")
     assert code == 0 and {json.loads(line)["operation_id"] for line in out.splitlines()} == {ok, unknown}
-    code, out, err = cli(capsys, "resolve", unknown, "--as", "succeeded", "--note", "seen in the dashboard",
-                         now=T0 + dt.timedelta(hours=1))
+    code, out, err = cli(
+        capsys,
+        "resolve",
+        unknown,
+        "--as",
+        "succeeded",
+        "--note",
+        "seen in the dashboard",
+        now=T0 + dt.timedelta(hours=1),
+    )
     assert code == 0, err
     code, out, _ = cli(capsys, "prune", "--older-than", "30d", now=now)
     assert (code, out) == (0, "deleted 2 resolved receipts last changed more than 30d ago\n")

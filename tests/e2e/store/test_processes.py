@@ -66,7 +66,10 @@ def test_processes_racing_on_one_fingerprint_forward_once(db, tmp_path):
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, db, str(go), f"p{i}", str(per_process)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for i in range(2)
     ]
@@ -118,8 +121,13 @@ KILLED_AFTER_OUTCOME = textwrap.dedent(
 
 def test_a_killed_process_keeps_its_outcome_and_duplicate_events(db_path):
     """kill -9 right after a NORMAL commit: it is in the WAL, and the next open finds it."""
-    p = subprocess.run([sys.executable, "-c", KILLED_AFTER_OUTCOME, str(db_path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=JOIN_TIMEOUT)
+    p = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_OUTCOME, str(db_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=JOIN_TIMEOUT,
+    )
     assert p.returncode == -9, p.stderr
     op = p.stdout.strip()
     s = Store.open(db_path)
