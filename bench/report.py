@@ -220,7 +220,8 @@ def tables(results: dict) -> list[tuple[str, str]]:
         fills = ", ".join(f"{k:,} in {v:.1f}s" for k, v in store["fill_seconds"].items() if k)
         out.append(
             (
-                f"The store alone (`Store.begin_attempt` / `record_outcome`, WAL: a new receipt FULL, an outcome and a duplicate NORMAL; fill: {fills})",
+                f"The store alone (`Store.begin_attempt` / `record_outcome`, WAL: a new receipt FULL, an outcome and "
+                f"a duplicate NORMAL; fill: {fills})",
                 _table(head, rows),
             )
         )
@@ -264,11 +265,13 @@ def write_docs(path: Path, results: dict) -> None:
         [
             BEGIN,
             "",
-            f"Produced by `{results['command']}` on {m['date']} (commit {m['commit']}), in {results['elapsed_seconds']:.0f} s.",
+            f"Produced by `{results['command']}` on {m['date']} (commit {m['commit']}), in "
+            f"{results['elapsed_seconds']:.0f} s.",
             "",
             f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['system']} {m['kernel']}; Python {m['python']}; "
             f"mitmproxy {m['mitmproxy']}; httpx {m['httpx']}; requests {m['requests']} with urllib3 {m['urllib3']}; "
-            f"SQLite {m['sqlite']}. Load average (1, 5, 15 min) {m['loadavg_start']} at the start, {m['loadavg_end']} at the end.",
+            f"SQLite {m['sqlite']}. Load average (1, 5, 15 min) {m['loadavg_start']} at the start, "
+            f"{m['loadavg_end']} at the end.",
             *[line for title, table in tables(results) for line in ("", f"### {title}", "", table)],
             "",
             *(

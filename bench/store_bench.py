@@ -75,7 +75,8 @@ def fill(path: Path, n: int) -> float:
             conn.execute(
                 "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor, flow_id) "
                 "SELECT operation_id, updated_at, 'transition', 'submitted', state, "
-                "CASE state WHEN 'succeeded' THEN 'upstream answered HTTP 201' ELSE 'outcome unknown' END, 'proxy', NULL "
+                "CASE state WHEN 'succeeded' THEN 'upstream answered HTTP 201' ELSE 'outcome unknown' END, 'proxy', "
+                "NULL "
                 "FROM receipts ORDER BY rowid"
             )
             conn.execute("COMMIT")

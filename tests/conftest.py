@@ -152,7 +152,8 @@ def stores_seal_answers():
 
 
 def recorded_answer(db: Path | str, receipt):
-    """The answer recorded on a receipt of the proxy on `db`, opened with the secret.key beside it (store/sealing.py)."""
+    """The answer recorded on a receipt of the proxy on `db`, opened with the secret.key beside it
+    (store/sealing.py)."""
     from proxy_addon.store.sealing import AnswerSeal
 
     assert receipt.response is not None, f"receipt {receipt.operation_id} has no recorded answer"

@@ -223,7 +223,8 @@ def _read_lines(report) -> list[str]:
         (
             "notion.yaml",
             "pages.create",
-            "while has_more is true, the next page asks with next_cursor as the body field start_cursor, at most 5 pages",
+            "while has_more is true, the next page asks with next_cursor as the body field start_cursor, at most 5 "
+            "pages",
         ),
         (
             "dev.to.yaml",
@@ -289,7 +290,8 @@ UNAPPLIED = [
         ["--form", "title=Hello+SECRET-T"],
         [
             "named fields (article.title, article.body_markdown) cannot be read from this body "
-            "(Content-Type application/x-www-form-urlencoded): it has none of them (read as a form, its fields are: title)",
+            "(Content-Type application/x-www-form-urlencoded): it has none of them (read as a form, its fields are: "
+            "title)",
             "The intent is the SHA-256 of the whole body instead",
             "a form field is read by its whole name",
             "send JSON with Content-Type: application/json",

@@ -572,7 +572,8 @@ async def test_the_event_loops_commits_keep_the_wal_bounded(local_world):
 
 
 async def test_the_store_thread_runs_calls_in_order_and_survives_failures_and_cancellations(tmp_path):
-    """One hand-off each way (store_thread.StoreThread): order kept, exceptions returned, a cancelled caller harmless."""
+    """One hand-off each way (store_thread.StoreThread): order kept, exceptions returned, a cancelled caller
+    harmless."""
     calls = StoreThread(Store.open(tmp_path / "receipts.db"))
     thread_names = set()
     seen: list[int] = []

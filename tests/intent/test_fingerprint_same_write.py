@@ -16,7 +16,8 @@ and `fingerprint`. Each intent is sent as random equivalent requests:
 - methods: `POST`, or another method with a method override header naming POST
   (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`, the method in any letter case).
 
-Through a real proxy: tests/e2e/proxy/test_canonical_requests.py (targets), tests/e2e/proxy/test_method_override.py (methods).
+Through a real proxy: tests/e2e/proxy/test_canonical_requests.py (targets), tests/e2e/proxy/test_method_override.py
+(methods).
 """
 
 from __future__ import annotations

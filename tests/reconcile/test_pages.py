@@ -1,5 +1,6 @@
 """`reconcile.pages`: how a read's list continues, as the loader takes it, as `rules check` demands
-it, and as the judge follows it (the walk itself runs through a real proxy in tests/e2e/reconcile/test_paginated_reads.py)."""
+it, and as the judge follows it (the walk itself runs through a real proxy in
+tests/e2e/reconcile/test_paginated_reads.py)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def test_pages_need_a_list_read():
 
 
 def test_link_pages_need_a_get_read():
-    text = GRAPHQL.replace("pages: {next: {more:", "pages: {next: link}\n      #{more:")
+    text = GRAPHQL.replace("pages:\n        next: {more:", "pages: {next: link}\n      #{more:")
+    assert text != GRAPHQL
     with pytest.raises(RulesError, match="next page is a GET; this read is POST"):
         load_rules(text, "tracker.yaml")
 
@@ -201,13 +203,16 @@ operations:
         method: POST
         url: /graphql
         body:
-          query: "query Q($after: String) { issues(first: 50, after: $after) { nodes { id title } pageInfo { hasNextPage endCursor } } }"
+          query: >-
+            query Q($after: String) { issues(first: 50, after: $after)
+            { nodes { id title } pageInfo { hasNextPage endCursor } } }
           variables: {first: 50}
       items: data.issues.nodes
       find: {title: "{intent.variables.input.title}"}
       absence_provable: true
       retry_when_absent: true
-      pages: {next: {more: data.issues.pageInfo.hasNextPage, from: data.issues.pageInfo.endCursor, param: variables.after}}
+      pages:
+        next: {more: data.issues.pageInfo.hasNextPage, from: data.issues.pageInfo.endCursor, param: variables.after}
 """
 
 

@@ -49,7 +49,10 @@ def test_the_calls_revision_is_noted_with_its_intent_and_never_fingerprinted(hea
     got = fingerprint(m, RequestView("POST", "https", "mcp.example", 443, "/mcp", sent, body), b"k" * 32)
     assert got.intent.get("mcp_revision") == noted
     assert "sk-live" not in json.dumps(got.intent)
-    bare = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": {"title": "t"}}}'
+    bare = (
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", '
+        b'"params": {"name": "create_issue", "arguments": {"title": "t"}}}'
+    )
     plain = {"content-type": "application/json"}
     m0 = rules.match("mcp.example", 443, "POST", "/mcp", body=bare, headers=list(plain.items()))
     assert m0 is not None

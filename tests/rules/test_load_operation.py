@@ -153,13 +153,15 @@ OP = "operations.x"
             "tests nothing",
         ),
         (
-            "    match: {method: POST, path: /x}\n    classify: [{status: 200, body: {msg: {matches: '('}}, state: rejected}]\n",
+            "    match: {method: POST, path: /x}\n    classify: [{status: 200, body: {msg: {matches: '('}}, state: "
+            "rejected}]\n",
             6,
             f"{OP}.classify[0].body.msg.matches",
             "not a valid regular expression",
         ),
         (
-            "    match: {method: POST, path: /x}\n    classify: [{status: 200, body: {msg: {contains: a, present: true}}, state: rejected}]\n",
+            "    match: {method: POST, path: /x}\n    classify: [{status: 200, body: {msg: {contains: a, present: "
+            "true}}, state: rejected}]\n",
             6,
             f"{OP}.classify[0].body.msg",
             "expected one test",
@@ -213,7 +215,8 @@ OP = "operations.x"
             "only a POST read does",
         ),
         (
-            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {method: POST, url: /search, body: {a: 1}}\n",
+            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {method: POST, url: /search, body: {a: "
+            "1}}\n",
             7,
             f"{OP}.reconcile.read.method",
             "listed in post_reads (listed: none)",
@@ -225,7 +228,8 @@ OP = "operations.x"
             "needs absence_provable: true",
         ),
         (
-            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: /x}\n      absence_provable: true\n      settle: soon\n",
+            "    match: {method: POST, path: /x}\n    reconcile:\n      read: {url: /x}\n      absence_provable: "
+            "true\n      settle: soon\n",
             9,
             f"{OP}.reconcile.settle",
             "expected a duration",

@@ -2,7 +2,8 @@
 Canonical request targets (proxy_addon/wire/canonical.py), unit by unit: every normalisation, what
 must NOT be merged, and how matching (RuleSet.match), path templates, allow_hosts patterns,
 the fingerprint and `rules explain` use them. The same requests through a real proxy are in
-tests/e2e/proxy/test_canonical_requests.py; the property over random spellings in tests/intent/test_fingerprint_same_write.py.
+tests/e2e/proxy/test_canonical_requests.py; the property over random spellings in
+tests/intent/test_fingerprint_same_write.py.
 """
 
 from __future__ import annotations
@@ -284,7 +285,10 @@ def test_case_insensitive_folds_ascii_letters_of_the_template_only():
     ],
 )
 def test_case_insensitive_must_be_a_boolean(value, error):
-    text = f"api: a\nhosts: [a.test]\noperations:\n  x:\n    match: {{method: POST, path: /x, case_insensitive: {value}}}\n"
+    text = (
+        "api: a\nhosts: [a.test]\noperations:\n  x:\n"
+        f"    match: {{method: POST, path: /x, case_insensitive: {value}}}\n"
+    )
     with pytest.raises(RulesError, match=re.escape(error)) as e:
         load_rules(text, "a.yaml")
     assert "a.yaml:5" in str(e.value)

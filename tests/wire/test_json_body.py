@@ -1,7 +1,8 @@
 """
 How a matched write's JSON is read (issue 24, items 5, 10 and 11), without a proxy: proxy_addon/wire/json_body.py,
 the fingerprint's numbers and charsets (intent_body.py, scheme 3), and what matching refuses on MCP and GraphQL
-endpoints (wire/mcp_calls.py, gql.py, rules/ruleset.py). The effects through a real proxy: tests/e2e/proxy/test_json_one_way.py.
+endpoints (wire/mcp_calls.py, gql.py, rules/ruleset.py). The effects through a real proxy:
+tests/e2e/proxy/test_json_one_way.py.
 
 The scheme pin: for a corpus of spellings, `fingerprint(..., scheme=2)` gives exactly the fingerprints the code
 before issue 24 gave (literals, computed on d26266d), so receipts made before an upgrade are still found; scheme 3
@@ -122,12 +123,14 @@ CORPUS = {
     "mcp 1e400": (
         "/mcp",
         J,
-        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": {"title": "t", "amount": 1e400}}}',
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": '
+        b'{"title": "t", "amount": 1e400}}}',
     ),
     "mcp 2e400": (
         "/mcp",
         J,
-        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": {"title": "t", "amount": 2e400}}}',
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_issue", "arguments": '
+        b'{"title": "t", "amount": 2e400}}}',
     ),
     "mcp all 1": ("/mcp", J, mcp("anything", {"n": 1, "o": {"x": 2}}).encode()),
     "mcp all 1.0": ("/mcp", J, mcp("anything", {"n": 1.0, "o": {"x": 2.0}}).encode()),

@@ -184,7 +184,8 @@ operations:
 
 SSE = (
     b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/progress","params":{}}\n\n'
-    b'id: 4\nevent: message\ndata: {"jsonrpc":"2.0","id":9,\ndata: "result":{"content":[{"type":"text","text":"ok"}]}}\n\n'
+    b'id: 4\nevent: message\ndata: {"jsonrpc":"2.0","id":9,\ndata: '
+    b'"result":{"content":[{"type":"text","text":"ok"}]}}\n\n'
 )
 
 

@@ -29,8 +29,8 @@ Operations, run in order in one client session; one that fails does not stop the
                                         -> {"op", "ok", "result_type", "result"}
     ("continue", name, arguments, request_state, keys)  its next round, every key answered "confirm"
     a failure                           -> {"op", "ok": false, "error": {"type", "code", "message"}}
-The client answers elicitations as the plan's "answers" say (their messages in the report's "elicitations") and declares the
-Tasks extension (the task ids it was handed in "tasks").
+The client answers elicitations as the plan's "answers" say (their messages in the report's "elicitations") and
+declares the Tasks extension (the task ids it was handed in "tasks").
 The report: {"revision", "protocol_version", "connect_error"?, "results": [...],
 "http": [{"method", "url", "jsonrpc_method", "id", "status", "content_type", "session_id",
 "request_headers": {...}}]} where "http" lists every HTTP exchange the client made (httpx2 event

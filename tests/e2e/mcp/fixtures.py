@@ -7,7 +7,8 @@ The MCP test server (tests/e2e/mcp/server.py) as a subprocess, for the MCP tests
         server.effects()["created"]            # issues recorded by the server
 
     McpServer("json", workdir, tls=True)     # https; server.cert_path is the CA a proxy trusts upstream
-    McpServer("sse", workdir, speaks="2026-07-28", extra_tools=True)  # one revision only; find_issues and create_confirmed_issue served
+    McpServer("sse", workdir, speaks="2026-07-28", extra_tools=True)
+                                             # one revision only; find_issues and create_confirmed_issue served
     server.can({"result": {...}})              # the next tools/call gets this hand-made answer
 
 `BareMitmdump(workdir, confdir, upstream_ca=None)`: a mitmdump without the addon (the baseline).

@@ -337,7 +337,8 @@ def test_a_stream_whose_result_outlives_the_upstream_timeout_is_unknown_and_says
 
 
 def test_a_response_with_another_id_is_passed_on_and_the_call_waits_for_its_own(upstream, proxy):
-    """Another id (here "21" for 21: two types, two ids) answers another request: passed on, never the call's outcome."""
+    """Another id (here "21" for 21: two types, two ids) answers another request: passed on, never the call's
+    outcome."""
     args = {"title": f"other {uuid.uuid4().hex[:8]}", "shape": "other"}
     try:
         with client(proxy) as c:

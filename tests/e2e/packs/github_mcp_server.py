@@ -313,7 +313,8 @@ def _write(kind: str, a: dict[str, Any], fault: dict[str, Any] | None) -> CallTo
                 prefix=(
                     f"Warning: File updated without SHA validation. Previous file SHA was {existing['blob']}. "
                     "Verify no unintended changes were overwritten: \n1. Extract the SHA of the local version using "
-                    f"git ls-tree HEAD {a['path']}.\n2. Compare with the previous SHA above.\n3. Revert changes if shas "
+                    f"git ls-tree HEAD {a['path']}.\n2. Compare with the previous SHA above.\n3. Revert changes if "
+                    "shas "
                     "do not match.\n\n"
                 ),
             )

@@ -858,7 +858,8 @@ def render() -> str:
     lines += [
         "",
         "With a `reconcile` spec in the rule, a retry of an `outcome_unknown` receipt first",
-        "triggers a read ([rules.md](rules.md#what-a-read-decides)): found → the `after_success` answer; proven absent →",
+        "triggers a read ([rules.md](rules.md#what-a-read-decides)): found → the `after_success` answer; proven "
+        "absent →",
         "forwarded; not found where the read cannot prove absence → `manual_review` and 409; a",
         "read that fails → still `outcome_unknown`, 409 with `Retry-After`, and another read",
         "after it (`manual_review` after `receipts_read_attempts` failed reads). A retry that",
@@ -931,7 +932,8 @@ LIMITS = [
     (
         "receipts_reads_max",
         "reconcile reads the proxy runs at once; the others wait their turn, each at most "
-        "`receipts_read_timeout`, then it is not read (nothing recorded) and its duplicates get 409; nothing else waits",
+        "`receipts_read_timeout`, then it is not read (nothing recorded) and its duplicates get 409; nothing else "
+        "waits",
         "tests/e2e/reconcile/test_read_bound.py::test_forty_hanging_reads_run_at_most_reads_max_at_once_and_harm_nothing_else",
     ),
     (

@@ -48,7 +48,8 @@ def settled(proxy: Proxy, bucket: str, n: int = 1) -> list[Receipt]:
 
 
 def plain(up: Upstream, bucket: str) -> str:
-    """The write most tests send: plain.create, which has no reconcile spec (see tests/e2e/reconcile/test_reconcile.py)."""
+    """The write most tests send: plain.create, which has no reconcile spec (see
+    tests/e2e/reconcile/test_reconcile.py)."""
     return f"{up.url}/api/{bucket}/plain"
 
 

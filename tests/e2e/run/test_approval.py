@@ -193,7 +193,8 @@ def test_a_held_write_edited_in_mitmweb_is_denied_and_never_sent(tmp_path, confd
 def test_a_held_write_whose_agent_hung_up_is_denied_and_a_later_resume_sends_nothing(
     tmp_path, confdir, upstream, bucket
 ):
-    """The agent gives up (its timeout closes the connection) while its write is held: denied at once, said in mitmweb."""
+    """The agent gives up (its timeout closes the connection) while its write is held: denied at once, said in
+    mitmweb."""
     path = f"/api/{bucket}/refunds"
     with mitmweb(tmp_path, confdir) as (proxy_url, web_url):
         web, base = operator(web_url)
