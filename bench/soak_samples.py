@@ -3,7 +3,8 @@ The soak's resource samples (bench/soak.py takes one every 10 s) and the rule th
 
 Each sample: every proxy's RSS (/proc/PID/status VmRSS) and open file descriptors (/proc/PID/fd);
 PostgreSQL's client connections (pg_stat_activity, the sampler's own left out), its WAL directory's
-size (pg_wal) and the WAL written so far (pg_current_wal_lsn), and the SQLite proxy's -wal file. A
+size (pg_wal) and the WAL written so far (pg_current_wal_lsn), the SQLite proxy's -wal file, the
+upstreams' writes so far, and the machine's load average. A
 value that cannot be read at that moment (a proxy killed, PostgreSQL restarting) is empty.
 
 "Flat after warm-up", the rule (`judge`): a series is judged on its samples after the warm-up (the
@@ -72,7 +73,7 @@ class Sampler:
     def __post_init__(self) -> None:
         self.rows: list[dict] = []
         self.columns = ["t", *(f"{k}_{n}" for n in self.pids for k in ("rss", "fds")), "pg_conns", "pg_wal_dir",
-                        "wal_lsn", "wal_per_write", "sqlite_wal", "writes"]
+                        "wal_lsn", "wal_per_write", "sqlite_wal", "writes", "load1"]
         with open(self.csv_path, "w", newline="") as f:
             csv.writer(f).writerow(self.columns)
 
@@ -88,6 +89,7 @@ class Sampler:
         row["sqlite_wal"] = wal.stat().st_size if wal.exists() else 0
         row["writes"] = self.writes()
         row["wal_per_write"] = self._wal_per_write(row)
+        row["load1"] = round(os.getloadavg()[0], 2)  # the machine's 1-minute load average (a shared machine)
         self.rows.append(row)
         with open(self.csv_path, "a", newline="") as f:
             csv.writer(f).writerow([row.get(c) for c in self.columns])
