@@ -148,6 +148,7 @@ class Soak:
         self.event(f"load started: {self.o.workers} workers and one MCP client, for {self.o.minutes:g} min")
         self._timeline()
         stop.set()
+        sampling.join(timeout=60)
         stuck = self.load.join(timeout=180)
         self.event(f"load stopped ({len(self.load.intents)} HTTP intents, {len(self.load.mcp_intents)} MCP intents)"
                    + (f"; workers still running: {stuck}" if stuck else ""))
