@@ -12,7 +12,9 @@ run's first quarter, at least 60 s; for a proxy restarted by the soak, 60 s afte
 PostgreSQL's connections, 60 s after its restart). They are cut into thirds; the last third's maximum
 may exceed the first third's by at most the series' bound (`FLAT`): RSS 15 % + 16 MiB, file
 descriptors +24, connections +6, WAL per forwarded write 50 % (medians, since a checkpoint's full-page
-images make single intervals jumpy), the SQLite -wal file 50 % + 4 MiB. The pg_wal directory is
+images make single intervals jumpy), the SQLite -wal file 50 % + 4 MiB. Each judged series' trend
+(its least-squares slope, per hour) is reported beside it, not judged: a slow growth shows there
+before a longer run would fail the rule. The pg_wal directory is
 judged against PostgreSQL's own bound: max_wal_size + 64 MiB (more means something pins WAL).
 With fewer than 9 samples after the warm-up (a run of a few minutes), a series is only checked
 bounded (`BOUNDED`): RSS under 1 GiB, under 2000 descriptors, under 150 connections.
@@ -133,6 +135,7 @@ class Verdict:
     first: float | None
     last: float | None
     ok: bool
+    slope: float | None = None  # least-squares slope over the judged samples, per hour (reported, not judged)
 
     def line(self) -> str:
         def show(v: float | None) -> str:
@@ -141,7 +144,8 @@ class Verdict:
             return f"{v / MIB:.1f} MiB" if self.series.startswith(("rss", "sqlite_wal", "pg_wal")) else f"{v:.0f}"
 
         verdict = "ok  " if self.ok else "FAIL"
-        return f"{verdict} {self.series:<18} {show(self.first):>12} -> {show(self.last):>12}  {self.rule}"
+        trend = f"  (trend {show(self.slope)}/h)" if self.slope is not None else ""
+        return f"{verdict} {self.series:<18} {show(self.first):>12} -> {show(self.last):>12}  {self.rule}{trend}"
 
 
 def judge(rows: list[dict], *, warmup: float, since: dict[str, float], max_wal: int | None) -> list[Verdict]:
@@ -154,15 +158,26 @@ def judge(rows: list[dict], *, warmup: float, since: dict[str, float], max_wal: 
         if kind not in FLAT:
             continue
         start = max([warmup, *(t + 60 for prefix, t in since.items() if column.endswith(prefix))])
-        values = [r[column] for r in rows if r["t"] >= start and r.get(column) is not None]
+        judged = [(r["t"], r[column]) for r in rows if r["t"] >= start and r.get(column) is not None]
         every = [r[column] for r in rows if r.get(column) is not None]
-        verdicts.append(_verdict(column, kind, values, every))
+        verdict = _verdict(column, kind, [v for _, v in judged], every)
+        if len(judged) >= MIN_JUDGED:
+            verdict.slope = slope_per_hour(judged)
+        verdicts.append(verdict)
     wal = [r["pg_wal_dir"] for r in rows if r.get("pg_wal_dir") is not None]
     if wal and max_wal:
         bound = max_wal + 64 * MIB
         verdicts.append(Verdict("pg_wal_dir", f"max <= max_wal_size + 64 MiB ({bound / MIB:.0f} MiB)",
                                 wal[0], max(wal), max(wal) <= bound))
     return verdicts
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    """The least-squares slope of (seconds, value) points, per hour."""
+    n = len(points)
+    mt, mv = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return 0.0 if var == 0 else 3600 * sum((t - mt) * (v - mv) for t, v in points) / var
 
 
 def _verdict(column: str, kind: str, values: list[float], every: list[float]) -> Verdict:
