@@ -363,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     cluster = pg.Cluster.find(fsync=True)
     try:
         result = Soak(opts, out, cluster, cluster.new_schema()).run()
+    except KeyboardInterrupt:
+        print(f"soak: interrupted; every process it started is stopped (logs in {out})", file=sys.stderr)
+        return 130
     finally:
         if cluster.datadir is not None:  # its log, kept with the run's
             with contextlib.suppress(OSError):
