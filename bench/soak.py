@@ -37,12 +37,17 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.soak_checks import Findings, check, submitted_count
 from bench.soak_load import Load, Targets, refusing_port
 from bench.soak_samples import Sampler, Verdict, judge, table
+
+if TYPE_CHECKING:
+    from tests.e2e.processes import Proxy
 
 # The MCP server's write, declared in rules (tests/e2e/mcp/test_mcp.py's RULES).
 MCP_RULES = """\
@@ -150,13 +155,16 @@ class Soak:
         stop.set()
         sampling.join(timeout=60)
         stuck = self.load.join(timeout=180)
-        self.event(f"load stopped ({len(self.load.intents)} HTTP intents, {len(self.load.mcp_intents)} MCP intents)"
-                   + (f"; workers still running: {stuck}" if stuck else ""))
+        self.event(
+            f"load stopped ({len(self.load.intents)} HTTP intents, {len(self.load.mcp_intents)} MCP intents)"
+            + (f"; workers still running: {stuck}" if stuck else "")
+        )
         settled = self._settle()
         self.sampler.take(self.now())  # the settled state, shown in the table (judged: only the loaded run)
         loaded = [r for r in self.sampler.rows if r["t"] <= self.started + self.duration]
-        verdicts = judge(loaded, warmup=self.started + self.warmup, since=self.since,
-                         max_wal=self.sampler.max_wal_size())
+        verdicts = judge(
+            loaded, warmup=self.started + self.warmup, since=self.since, max_wal=self.sampler.max_wal_size()
+        )
         findings = check(self.load.intents, self.load.mcp_intents, self.upstreams, self.mcp.effects(), self.dbs)
         return self._result(findings, verdicts, settled)
 
@@ -172,7 +180,8 @@ class Soak:
         untrusted = self.stack.enter_context(Upstream(tls=True, certdir=self.out / "untrusted-cert"))
         self.upstreams = {"http": http, "tls": tls, "untrusted": untrusted}
         for name, up in self.upstreams.items():  # a connection the proxy cut (kill -9): logged, not printed
-            up.server.handle_error = _error_log(self.out / f"upstream-{name}-errors.log")
+            assert up.server is not None
+            setattr(up.server, "handle_error", _error_log(self.out / f"upstream-{name}-errors.log"))  # noqa: B010
         refusing, refused_port = refusing_port()
         self.stack.callback(refusing.close)
         self.mcp = McpServer("json", self.out).start()
@@ -196,16 +205,24 @@ class Soak:
             self.event(f"proxy {name} ready on 127.0.0.1:{p.port} (pid {p.proc.pid}, log {p.log_path})")
         front = self._haproxy(free_port())
         self.dbs = {"fleet": self.pg_url, "sqlite": str(self.proxies["sqlite"].db)}
-        targets = Targets(fronts={"fleet": front, "sqlite": self.proxies["sqlite"].url}, ca=self.proxies["a"].ca,
-                          http=http.url, tls=tls.url, untrusted=untrusted.url,
-                          refused=f"http://127.0.0.1:{refused_port}", mcp=self.mcp.url)
+        targets = Targets(
+            fronts={"fleet": front, "sqlite": self.proxies["sqlite"].url},
+            ca=self.proxies["a"].ca,
+            http=http.url,
+            tls=tls.url,
+            untrusted=untrusted.url,
+            refused=f"http://127.0.0.1:{refused_port}",
+            mcp=self.mcp.url,
+        )
         self.load = Load(targets, self.upstreams, seed=self.o.seed, pause=self.o.pause, mcp_every=self.o.mcp_every)
         self.sampler = Sampler(
-            pids={n: (lambda p=p: p.proc.pid if p.proc and p.proc.poll() is None else None)
-                  for n, p in self.proxies.items()},
-            pg_admin_url=self.cluster.url, pg_wal_dir=self.cluster.datadir / "pg_wal" if self.cluster.ours else None,
-            sqlite_db=Path(self.proxies["sqlite"].db), csv_path=self.out / "samples.csv",
-            writes=self._writes)
+            pids={n: _pid_of(p) for n, p in self.proxies.items()},
+            pg_admin_url=self.cluster.url,
+            pg_wal_dir=self.cluster.datadir / "pg_wal" if self.cluster.ours else None,
+            sqlite_db=Path(self.proxies["sqlite"].db),
+            csv_path=self.out / "samples.csv",
+            writes=self._writes,
+        )
 
     def _writes(self) -> int:
         """Writes the upstreams saw so far."""
@@ -236,10 +253,14 @@ class Soak:
     def _timeline(self) -> None:
         """The disruptions at their set points, then the end of the loaded run; sleeps in between (bounded)."""
         d, s = self.duration, self.started
-        steps = [(0.30 * d, "kill a", lambda: self._kill("a")), (0.30 * d + 20, "start a", lambda: self._again("a")),
-                 (0.45 * d, "kill sqlite", lambda: self._kill("sqlite")),
-                 (0.45 * d + 3, "start sqlite", lambda: self._again("sqlite")),
-                 (0.60 * d, "restart postgresql", self._restart_postgres), (d, "end", lambda: None)]
+        steps = [
+            (0.30 * d, "kill a", lambda: self._kill("a")),
+            (0.30 * d + 20, "start a", lambda: self._again("a")),
+            (0.45 * d, "kill sqlite", lambda: self._kill("sqlite")),
+            (0.45 * d + 3, "start sqlite", lambda: self._again("sqlite")),
+            (0.60 * d, "restart postgresql", self._restart_postgres),
+            (d, "end", lambda: None),
+        ]
         for at, _name, step in sorted(((s + at, name, step) for at, name, step in steps), key=lambda x: x[0]):
             while self.now() < at:
                 time.sleep(min(1.0, at - self.now()))
@@ -291,23 +312,39 @@ class Soak:
 
     def _result(self, f: Findings, verdicts: list[Verdict], settled: float | None) -> Result:
         tally = Counter(self.load.tally)
-        lines = [f"soak: {self.o.minutes:g} min, {self.o.workers} workers; load average now "
-                 f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; folder {self.out}", "", "events:", *self.events, "",
-                 "what the agents got (scenario, store, answer: count):",
-                 *(f"  {k}: {v}" for k, v in sorted(tally.items())), "",
-                 f"intents: {f.intents}; writes the upstreams and the MCP server saw: {f.forwarded}",
-                 "upstream effects per intent: " + ", ".join(f"{k}: {v}" for k, v in sorted(f.effects.items())),
-                 *(f"receipts in {store}: " + ", ".join(f"{s} {n}" for s, n in sorted(c.items()))
-                   for store, c in f.states.items()),
-                 f"load errors (worker exceptions): {len(self.load.errors)}", *self.load.errors[:10], "",
-                 f"extra upstream effects: {len(f.extra)}", *f.extra[:20],
-                 f"missing receipts: {len(f.missing)}", *f.missing[:20],
-                 f"receipts left submitted: {len(f.submitted)}"
-                 + ("" if settled is not None else f" (not settled within {SETTLE_BOUND}s)"), *f.submitted[:20], "",
-                 f"samples (every {self.o.sample_every:g}s; MiB: rss, pg_wal_dir, sqlite_wal; wal_per_write: bytes):",
-                 table(self.sampler.rows, self.sampler.columns), "",
-                 f"resources (judged on the loaded run after its warm-up, {self.warmup:.0f}s; "
-                 "rule: bench/soak_samples.py):", *(v.line() for v in verdicts)]
+        lines = [
+            f"soak: {self.o.minutes:g} min, {self.o.workers} workers; load average now "
+            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; folder {self.out}",
+            "",
+            "events:",
+            *self.events,
+            "",
+            "what the agents got (scenario, store, answer: count):",
+            *(f"  {k}: {v}" for k, v in sorted(tally.items())),
+            "",
+            f"intents: {f.intents}; writes the upstreams and the MCP server saw: {f.forwarded}",
+            "upstream effects per intent: " + ", ".join(f"{k}: {v}" for k, v in sorted(f.effects.items())),
+            *(
+                f"receipts in {store}: " + ", ".join(f"{s} {n}" for s, n in sorted(c.items()))
+                for store, c in f.states.items()
+            ),
+            f"load errors (worker exceptions): {len(self.load.errors)}",
+            *self.load.errors[:10],
+            "",
+            f"extra upstream effects: {len(f.extra)}",
+            *f.extra[:20],
+            f"missing receipts: {len(f.missing)}",
+            *f.missing[:20],
+            f"receipts left submitted: {len(f.submitted)}"
+            + ("" if settled is not None else f" (not settled within {SETTLE_BOUND}s)"),
+            *f.submitted[:20],
+            "",
+            f"samples (every {self.o.sample_every:g}s; MiB: rss, pg_wal_dir, sqlite_wal; wal_per_write: bytes):",
+            table(self.sampler.rows, self.sampler.columns),
+            "",
+            f"resources (judged on the loaded run after its warm-up, {self.warmup:.0f}s; rule: bench/soak_samples.py):",
+            *(v.line() for v in verdicts),
+        ]
         result = Result(f, verdicts, settled, "", self.out, self.events, tally)
         lines += ["", f"soak: {'PASSED' if result.ok else 'FAILED'}"]
         result.report = "\n".join(lines)
@@ -315,8 +352,19 @@ class Soak:
         return result
 
 
+def _pid_of(proxy: Proxy) -> Callable[[], int | None]:
+    """The proxy's current PID, read at each sample (None while it is not running: killed, not restarted yet)."""
+
+    def pid() -> int | None:
+        proc = proxy.proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    return pid
+
+
 def _error_log(path: Path):
     """A socketserver handle_error that appends the traceback to `path` (a peer that went away mid-answer)."""
+
     def handle_error(request, client_address) -> None:
         with open(path, "a") as f:
             f.write(f"--- {client_address}\n{traceback.format_exc()}")
@@ -331,8 +379,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def parse(argv: list[str]) -> Options:
-    p = argparse.ArgumentParser(prog="scripts/soak", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="scripts/soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--minutes", type=float, default=20.0, help="minutes of load (default 20)")
     p.add_argument("--workers", type=int, default=6, help="threads sending HTTP scenarios (default 6)")
     p.add_argument("--pause", type=float, default=0.3, help="mean seconds a worker waits between scenarios")

@@ -52,8 +52,9 @@ def bucket_of(target: str) -> str:
     return parts[2] if len(parts) > 2 and parts[1] == "api" else ""
 
 
-def check(intents: list[Intent], mcp_intents: list[McpIntent], upstreams: dict, mcp_effects: dict,
-          dbs: dict[str, str]) -> Findings:
+def check(
+    intents: list[Intent], mcp_intents: list[McpIntent], upstreams: dict, mcp_effects: dict, dbs: dict[str, str]
+) -> Findings:
     """The findings, from the intents sent, the upstreams (name -> Upstream), the MCP server's /_effects, the stores."""
     f = Findings(intents=len(intents) + len(mcp_intents))
     by_bucket: dict[tuple[str, str], list] = defaultdict(list)
@@ -71,14 +72,27 @@ def check(intents: list[Intent], mcp_intents: list[McpIntent], upstreams: dict, 
     for i in intents:
         up = upstreams.get(i.upstream)
         commits, seen = (effects_of(up, i), up.seen(i.path)) if up is not None else (0, 0)
-        _judge(f, f"{i.store} {i.op} {i.bucket} ({i.fault}, sent {i.sends}x)", commits, seen,
-               by_bucket.get((i.store, i.bucket), []))
+        _judge(
+            f,
+            f"{i.store} {i.op} {i.bucket} ({i.fault}, sent {i.sends}x)",
+            commits,
+            seen,
+            by_bucket.get((i.store, i.bucket), []),
+        )
     issues = Counter(issue["title"] for issue in mcp_effects.get("issues", []))
-    calls = Counter((r.get("arguments") or {}).get("title") for r in mcp_effects.get("requests", [])
-                    if r.get("jsonrpc_method") == "tools/call" and r.get("tool") == "create_issue")
+    calls = Counter(
+        (r.get("arguments") or {}).get("title")
+        for r in mcp_effects.get("requests", [])
+        if r.get("jsonrpc_method") == "tools/call" and r.get("tool") == "create_issue"
+    )
     for m in mcp_intents:
-        _judge(f, f"{m.store} mcp {m.title} ({m.fault or 'ok'})", issues[m.title], calls[m.title],
-               [r for text, r in tool_calls[m.store] if m.title in text])
+        _judge(
+            f,
+            f"{m.store} mcp {m.title} ({m.fault or 'ok'})",
+            issues[m.title],
+            calls[m.title],
+            [r for text, r in tool_calls[m.store] if m.title in text],
+        )
     return f
 
 
@@ -98,8 +112,11 @@ def effects_of(up, intent: Intent) -> int:
     if intent.op != "payments":
         return up.commits(intent.path)
     with up.lock:
-        keys = {next((v for k, v in r["headers"].items() if k.lower() == "idempotency-key"), None) for r in up.requests
-                if r["method"] == "POST" and up.route(r["path"]) == intent.path and committed(r["fault"])}
+        keys = {
+            next((v for k, v in r["headers"].items() if k.lower() == "idempotency-key"), None)
+            for r in up.requests
+            if r["method"] == "POST" and up.route(r["path"]) == intent.path and committed(r["fault"])
+        }
     return len(keys)
 
 
@@ -111,8 +128,9 @@ def _judge(f: Findings, name: str, effects: int, seen: int, receipts: list) -> N
     sendable = [r for r in receipts if r.state != "not_sent"]
     if seen > len(sendable):
         states = ", ".join(str(r.state) for r in receipts) or "none"
-        f.missing.append(f"{name}: the upstream saw {seen} writes, {len(sendable)} receipts may have sent one "
-                         f"(receipts: {states})")
+        f.missing.append(
+            f"{name}: the upstream saw {seen} writes, {len(sendable)} receipts may have sent one (receipts: {states})"
+        )
 
 
 def submitted_count(dbs: dict[str, str]) -> int:

@@ -106,8 +106,9 @@ def refusing_port() -> tuple[socket.socket, int]:
 class Load:
     """The workers that send the mixed load; thread-safe records of what they sent and got."""
 
-    def __init__(self, targets: Targets, upstreams: dict, *, seed: int = 0, pause: float = 0.3,
-                 mcp_every: float = 10.0):
+    def __init__(
+        self, targets: Targets, upstreams: dict, *, seed: int = 0, pause: float = 0.3, mcp_every: float = 10.0
+    ):
         self.t = targets
         self.upstreams = upstreams  # "http" and "tls" -> tests.upstream.Upstream (to plan faults)
         self.rng = random.Random(seed)
@@ -183,8 +184,9 @@ class Load:
         planned, upstream = FAULTS[fault]
         with self.lock:
             n = len(self.intents) + 1
-            intent = Intent(n, rng.choice(("fleet", "fleet", "sqlite")), fault, rng.choice(OPERATIONS),
-                            f"s{self.run}n{n}", upstream)
+            intent = Intent(
+                n, rng.choice(("fleet", "fleet", "sqlite")), fault, rng.choice(OPERATIONS), f"s{self.run}n{n}", upstream
+            )
             self.intents.append(intent)
         if planned and planned != "ok":
             self.upstreams[upstream].plan(intent.path, planned)
@@ -199,8 +201,9 @@ class Load:
             intent.sends += 1
             first = intent.sends == 1
         short = first and FAULTS[intent.fault][0] in ("hang", "late")
-        answer = self._request("POST", self.url(intent), intent.store, json=intent.body(),
-                               timeout=SHORT_TIMEOUT if short else LONG_TIMEOUT)
+        answer = self._request(
+            "POST", self.url(intent), intent.store, json=intent.body(), timeout=SHORT_TIMEOUT if short else LONG_TIMEOUT
+        )
         self._count(f"{scenario} {intent.store} {answer}")
 
     def _read(self, rng: random.Random) -> None:
@@ -208,16 +211,23 @@ class Load:
             old = rng.choice(self.intents) if self.intents else None
         if old is None or old.upstream in ("refused", "untrusted"):
             return
-        answer = self._request("GET", self.url(old).rsplit("/", 1)[0] + "/things", rng.choice(("fleet", "sqlite")),
-                               timeout=LONG_TIMEOUT)
+        answer = self._request(
+            "GET", self.url(old).rsplit("/", 1)[0] + "/things", rng.choice(("fleet", "sqlite")), timeout=LONG_TIMEOUT
+        )
         self._count(f"read any {answer}")
 
     def _request(self, method: str, url: str, store: str, **kwargs) -> str:
         """One request through `store`'s proxy, on a new connection; its answer: "201", "409 replayed", an error."""
         front = self.t.fronts[store]
         try:
-            r = requests.request(method, url, proxies={"http": front, "https": front}, verify=str(self.t.ca),
-                                 headers={"api-key": "soak-agent"}, **kwargs)
+            r = requests.request(
+                method,
+                url,
+                proxies={"http": front, "https": front},
+                verify=str(self.t.ca),
+                headers={"api-key": "soak-agent"},
+                **kwargs,
+            )
         except requests.RequestException as e:
             return type(e).__name__
         return f"{r.status_code}{' replayed' if r.headers.get('x-receipt-replayed') else ''}"
@@ -228,21 +238,34 @@ class Load:
         """One MCP client session (the SDK's client in a subprocess): a tool call with a fault, its retry, a read."""
         from tests.e2e.mcp.client import run_client
 
-        intent = McpIntent(f"soak-{self.run}-{uuid.uuid4().hex[:10]}", rng.choice(("fleet", "sqlite")),
-                           rng.choice(MCP_FAULTS))
+        intent = McpIntent(
+            f"soak-{self.run}-{uuid.uuid4().hex[:10]}", rng.choice(("fleet", "sqlite")), rng.choice(MCP_FAULTS)
+        )
         with self.lock:
             self.mcp_intents.append(intent)
         args = {"title": intent.title, "body": "soak"}
-        ops = [("call", "create_issue", {**args, "fault": intent.fault} if intent.fault else args),
-               ("call", "create_issue", args), ("call", "list_issues", {})]
+        ops = [
+            ("call", "create_issue", {**args, "fault": intent.fault} if intent.fault else args),
+            ("call", "create_issue", args),
+            ("call", "list_issues", {}),
+        ]
         try:
-            report = run_client(self.t.mcp, ops, revision=rng.choice(("legacy", "2026-07-28")),
-                                proxy=self.t.fronts[intent.store], ca=self.t.ca, timeout=2.0)
+            report = run_client(
+                self.t.mcp,
+                ops,
+                revision=rng.choice(("legacy", "2026-07-28")),
+                proxy=self.t.fronts[intent.store],
+                ca=self.t.ca,
+                timeout=2.0,
+            )
         except Exception as e:  # the client process failed or timed out: counted, the checks judge the rest
             self._count(f"mcp {intent.store} {type(e).__name__}")
             return
         for i, res in enumerate(report.get("results", [])[:2]):
-            outcome = "ok" if res.get("ok") and not res.get("is_error") else (
-                "tool-error" if res.get("ok") else f"error {res.get('error', {}).get('code')}")
+            outcome = (
+                "ok"
+                if res.get("ok") and not res.get("is_error")
+                else ("tool-error" if res.get("ok") else f"error {res.get('error', {}).get('code')}")
+            )
             intent.results.append(outcome)
             self._count(f"mcp-{'call' if i == 0 else 'retry'} {intent.store} {outcome}")

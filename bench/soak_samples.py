@@ -31,8 +31,13 @@ from pathlib import Path
 
 MIB = 1024 * 1024
 # series -> (relative, absolute) allowance of the last third over the first third
-FLAT: dict[str, tuple[float, float]] = {"rss": (0.15, 16 * MIB), "fds": (0.0, 24), "pg_conns": (0.0, 6),
-                                        "wal_per_write": (0.5, 0), "sqlite_wal": (0.5, 4 * MIB)}
+FLAT: dict[str, tuple[float, float]] = {
+    "rss": (0.15, 16 * MIB),
+    "fds": (0.0, 24),
+    "pg_conns": (0.0, 6),
+    "wal_per_write": (0.5, 0),
+    "sqlite_wal": (0.5, 4 * MIB),
+}
 BOUNDED: dict[str, float] = {"rss": 1024 * MIB, "fds": 2000, "pg_conns": 150}
 MIN_JUDGED = 9
 
@@ -74,8 +79,17 @@ class Sampler:
 
     def __post_init__(self) -> None:
         self.rows: list[dict] = []
-        self.columns = ["t", *(f"{k}_{n}" for n in self.pids for k in ("rss", "fds")), "pg_conns", "pg_wal_dir",
-                        "wal_lsn", "wal_per_write", "sqlite_wal", "writes", "load1"]
+        self.columns = [
+            "t",
+            *(f"{k}_{n}" for n in self.pids for k in ("rss", "fds")),
+            "pg_conns",
+            "pg_wal_dir",
+            "wal_lsn",
+            "wal_per_write",
+            "sqlite_wal",
+            "writes",
+            "load1",
+        ]
         with open(self.csv_path, "w", newline="") as f:
             csv.writer(f).writerow(self.columns)
 
@@ -102,8 +116,10 @@ class Sampler:
 
         try:
             with psycopg.connect(self.pg_admin_url, connect_timeout=3, autocommit=True) as conn:
-                conns = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
-                                     "AND pid <> pg_backend_pid()").fetchone()
+                conns = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                    "AND pid <> pg_backend_pid()"
+                ).fetchone()
                 lsn = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint").fetchone()
                 return (conns[0] if conns else None), (int(lsn[0]) if lsn else None)
         except psycopg.Error:
@@ -121,8 +137,9 @@ class Sampler:
 
         try:
             with psycopg.connect(self.pg_admin_url, connect_timeout=3, autocommit=True) as conn:
-                row = conn.execute("SELECT setting::bigint * 1024 * 1024 FROM pg_settings "
-                                   "WHERE name = 'max_wal_size'").fetchone()  # the setting is in MB
+                row = conn.execute(
+                    "SELECT setting::bigint * 1024 * 1024 FROM pg_settings WHERE name = 'max_wal_size'"
+                ).fetchone()  # the setting is in MB
                 return int(row[0]) if row else None
         except psycopg.Error:
             return None
@@ -167,8 +184,15 @@ def judge(rows: list[dict], *, warmup: float, since: dict[str, float], max_wal: 
     wal = [r["pg_wal_dir"] for r in rows if r.get("pg_wal_dir") is not None]
     if wal and max_wal:
         bound = max_wal + 64 * MIB
-        verdicts.append(Verdict("pg_wal_dir", f"max <= max_wal_size + 64 MiB ({bound / MIB:.0f} MiB)",
-                                wal[0], max(wal), max(wal) <= bound))
+        verdicts.append(
+            Verdict(
+                "pg_wal_dir",
+                f"max <= max_wal_size + 64 MiB ({bound / MIB:.0f} MiB)",
+                wal[0],
+                max(wal),
+                max(wal) <= bound,
+            )
+        )
     return verdicts
 
 
@@ -188,8 +212,13 @@ def _verdict(column: str, kind: str, values: list[float], every: list[float]) ->
         if bound is None or top is None:
             return Verdict(column, f"not judged ({len(values)} samples after warm-up)", top, top, True)
         shown = f"{bound / MIB:.0f} MiB" if kind == "rss" else f"{bound:.0f}"
-        return Verdict(column, f"bounded: every sample < {shown} (too few after warm-up to judge flatness)",
-                       every[0], top, top < bound)
+        return Verdict(
+            column,
+            f"bounded: every sample < {shown} (too few after warm-up to judge flatness)",
+            every[0],
+            top,
+            top < bound,
+        )
     third = len(values) // 3
     first, last = values[:third], values[-third:]
     rel, extra = FLAT[kind]
@@ -205,6 +234,7 @@ def _verdict(column: str, kind: str, values: list[float], every: list[float]) ->
 
 def table(rows: list[dict], columns: list[str]) -> str:
     """The samples as a text table (MiB for byte counts)."""
+
     def cell(c: str, v) -> str:
         if v is None:
             return "-"

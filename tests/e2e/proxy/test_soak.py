@@ -26,7 +26,8 @@ from bench.soak import Options, Soak, haproxy_binary
 
 @pytest.mark.soak
 def test_two_minutes_of_mixed_load_with_faults_kills_and_a_restart_leave_nothing_extra_missing_or_stuck(
-        pg_cluster, pg_url, tmp_path):
+    pg_cluster, pg_url, tmp_path
+):
     if haproxy_binary() is None:
         pytest.skip("soak not run: haproxy is not installed (apt-get install haproxy)")
     result = Soak(Options(minutes=2), tmp_path, pg_cluster, pg_url).run()
