@@ -336,10 +336,15 @@ E2E = Path(__file__).resolve().parent / "e2e"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test under tests/e2e/ is marked `e2e` (it starts real processes): `-m "not e2e"` leaves them out."""
+    """
+    Every test under tests/e2e/ is marked `e2e` (it starts real processes): `-m "not e2e"` leaves them out. The soak
+    (minutes long, marked `soak`) goes first, so that pytest-xdist starts it at once and the other workers run the
+    rest meanwhile, instead of one worker starting it near the end.
+    """
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: item.get_closest_marker("soak") is None)  # stable: the rest keep their order
 
 
 def pytest_sessionfinish(session):

@@ -70,6 +70,10 @@ SHELL_BLOCKS = {
     ): "the Scripts recipe: tests/e2e/run/test_approval.py; the CLI lines: example ids",
     ("docs/packs.md", "Make one your own"): "not run: an example body; `rules check`, `explain`: tests/cli/",
     ("docs/benchmarks.md", "scripts/bench"): "not run: minutes long; scripts/bench checks its own answers",
+    (
+        "docs/fleet.md",
+        "The soak (minutes of traffic, faults and restarts)",
+    ): "not run: minutes long; tests/e2e/proxy/test_soak.py runs a 2-minute soak",
     ("docs/benchmarks.md", "PostgreSQL: the addon on a shared store, and a fleet behind HAProxy"): "not run: as above",
 }
 
