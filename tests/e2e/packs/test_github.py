@@ -485,11 +485,13 @@ def test_release_other_validation_failures_are_rejected(gh):
 def test_release_lost_answer_found_is_succeeded(gh):
     repo = "releases-found"
     path = f"/repos/octo/{repo}/releases"
-    lose_answer(gh, path, {"tag_name": "v4.0.0", "draft": True})
+    first = lose_answer(gh, path, {"tag_name": "v4.0.0", "draft": True})
     gh.api.on("GET", path, 200, [release(77, "v4.0.0", draft=True)])
     retry = gh.send("POST", path, json={"tag_name": "v4.0.0", "draft": True})
     assert (retry.status_code, retry.json()["external_id"]) == (409, "77")
     assert gh.api.count("POST", path) == 1
+    receipt = gh.receipt(first)
+    assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "77")
 
 
 # --- gists.create ------------------------------------------------------------------------------
