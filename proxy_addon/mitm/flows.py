@@ -13,6 +13,7 @@ from mitmproxy import flow as mflow
 from mitmproxy.net.http import status_codes
 
 from proxy_addon.intent.fingerprint import RequestView
+from proxy_addon.outcome import error_envelopes
 from proxy_addon.outcome import tool_answers as mcp_answers
 from proxy_addon.outcome.http_answers import Answer
 from proxy_addon.states import State
@@ -147,11 +148,14 @@ def refresh(receipt: Receipt) -> None:
 def answer(flow: http.HTTPFlow, given: Answer) -> None:
     """
     The proxy's own answer to a matched request. An MCP tool call gets it as a tool result the
-    model reads, under its own JSON-RPC id and in its framing (outcome/tool_answers.py).
+    model reads, under its own JSON-RPC id and in its framing (outcome/tool_answers.py); any other
+    request in its API's error envelope, the rules file's `errors:` (outcome/error_envelopes.py).
     """
     meta = flow.metadata.get(META)
     if meta is not None and "mcp" in meta:
         given = mcp_answers.as_tool_answer(given, ToolCall(**meta["mcp"]), meta.get("accept"))
+    elif meta is not None:
+        given = error_envelopes.in_envelope(given, meta.get("errors", "plain"))
     flow.response = response_of(given)
     show_key(flow.response, meta)
 

@@ -215,6 +215,8 @@ class Receipts:
             return
         req.stream = False  # the receipt must be committed before any byte leaves
         flow.metadata[META] = {"api": m.operation.api, "operation": m.operation.name, "params": m.params}
+        if m.operation.errors != "plain":  # the envelope of the proxy's own answers (flows.answer)
+            flow.metadata[META]["errors"] = m.operation.errors
         if self.rules_problem:  # the rules on disk did not load: the last good ones decide this flow
             flow.metadata[META]["rules_problem"] = self.rules_problem
         if m.refused:  # its method override headers, or a target servers read differently: 400 in `request`

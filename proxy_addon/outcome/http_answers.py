@@ -56,6 +56,7 @@ class Answer:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    doc: dict | None = None  # the proxy's own JSON, which error_envelopes.py wraps in the API's; None: a replay
 
 
 def receipt_headers(receipt: Receipt) -> dict[str, str]:
@@ -70,7 +71,7 @@ def json_answer(status: int, body: dict, headers: dict[str, str]) -> Answer:
         **headers,
         "content-length": str(len(content)),
     }
-    return Answer(status, tuple(fields.items()), content)
+    return Answer(status, tuple(fields.items()), content, body)
 
 
 def duplicate(

@@ -30,6 +30,9 @@ from proxy_addon.wire.mcp_calls import ToolCall
 AfterSuccess = Literal["replay", "block", "allow"]
 AFTER_SUCCESS: tuple[str, ...] = ("replay", "block", "allow")
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS")
+# `errors:` the error envelope the proxy's own answers take (outcome/error_envelopes.py): the API's own, so its
+# SDK reads the explanation and the receipt id; plain (the default) is the proxy's own JSON.
+ERROR_ENVELOPES = ("plain", "openai", "anthropic", "stripe", "github")
 METHOD_OVERRIDE = ("honour", "refuse")  # `method_override:` honour (the default) or refuse X-HTTP-Method-Override
 CLASSIFIABLE = (State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN)
 ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the effect may already exist; read to decide
@@ -38,7 +41,7 @@ ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the eff
 # The keys each mapping of a rules file may have, in the order errors list them.
 # proxy_addon/rules.schema.json describes the same keys (a test keeps them in step).
 KEYS: dict[str, tuple[str, ...]] = {
-    "file": ("api", "hosts", "credentials", "post_reads", "method_override", "mcp", "operations"),
+    "file": ("api", "hosts", "credentials", "post_reads", "method_override", "errors", "mcp", "operations"),
     "mcp_endpoint": ("path", "tools", "annotations", "read_only_tools"),
     "credentials": ("header", "query", "body", "path", "env", "scheme"),
     "operation_credentials": ("header", "query", "body", "path"),
@@ -231,6 +234,7 @@ class Operation:
     credentials_scheme: str | None = None  # CLI reads send "<scheme> $VAR"
     line: int = 0
     description: str | None = None
+    errors: str = "plain"  # the file's `errors:`: the envelope of the proxy's own answers (ERROR_ENVELOPES)
     method_override: str = "honour"  # refuse: a request with a method override header gets 400 (METHOD_OVERRIDE)
     # `mcp.tools: from_server`'s operation: the tools the rules name as reads (`mcp.read_only_tools`), and
     # whether the server's annotations are trusted (`mcp.annotations: trusted`): its readOnlyHint makes a read

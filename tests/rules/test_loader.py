@@ -53,7 +53,8 @@ BAD_FILES = [
         "11-unknown-top-key.yaml",
         5,
         "version",
-        "unknown key 'version'; expected one of: api, hosts, credentials, post_reads, method_override, mcp, operations",
+        "unknown key 'version'; expected one of: api, hosts, credentials, post_reads, method_override, errors, mcp, "
+        "operations",
     ),
     ("12-duplicate-top-key.yaml", 3, "api", "duplicate key"),
     ("13-unknown-operation-key.yaml", 8, f"{OP}.retries", "unknown key 'retries'"),
@@ -123,6 +124,7 @@ BAD_FILES = [
         "'submitted' is not one of succeeded, rejected, outcome_unknown",
     ),
     ("46-external-id-list.yaml", 8, f"{OP}.external_id[1]", "expected a non-empty string, got a mapping"),
+    ("95-bad-errors.yaml", 3, "errors", "'openapi' is not one of plain, openai, anthropic, stripe, github"),
 ]
 
 # Files that once crashed the loader or lost the line number (fixed; kept as regressions).
@@ -650,6 +652,25 @@ def test_host_matching(hosts_rules, host, port, matches):
     if matches:
         assert m.operation.name == "things.create"
         assert hosts_rules.match(host, port, "PUT", "/things") is None
+
+
+def test_errors_names_the_envelope_of_every_operation_of_the_file():
+    """`errors:` (a file's key) reaches each operation; without it, plain (the proxy's own JSON)."""
+    text = """\
+api: env
+hosts: [env.test]
+errors: {errors}
+operations:
+  a.create:
+    match: {{method: POST, path: /a}}
+  b.create:
+    match: {{method: POST, path: /b}}
+"""
+    for errors in ("openai", "anthropic", "stripe", "github", "plain"):
+        rf = load_rules(text.format(errors=errors), "env.yaml")
+        assert [op.errors for op in rf.operations] == [errors, errors]
+    plain = load_rules(text.replace("errors: {errors}\n", "").format(), "env.yaml")
+    assert [op.errors for op in plain.operations] == ["plain", "plain"]
 
 
 def test_first_operation_in_file_order_wins():

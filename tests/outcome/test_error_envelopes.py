@@ -1,0 +1,140 @@
+"""
+The proxy's own answers in an API's error envelope (proxy_addon/outcome/error_envelopes.py): each
+envelope's shape, a message that carries the explanation and the receipt id, the plain answer kept
+whole under `receipt_proxy`, a replay never wrapped, and nothing in the envelope the plain answer
+did not hold. Receipts come from a real store (tests/outcome/test_http_answers.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy_addon.outcome import error_envelopes
+from proxy_addon.outcome import http_answers as answers
+from proxy_addon.outcome.http_answers import Answer
+from proxy_addon.rules.model import ERROR_ENVELOPES
+from proxy_addon.states import State
+from proxy_addon.store import RecordedResponse
+from tests.outcome.test_http_answers import receipt_in, store  # noqa: F401  (a fixture)
+
+
+def body(a: Answer) -> dict:
+    return json.loads(a.body)
+
+
+def blocked(store_) -> tuple[Answer, str]:
+    receipt = receipt_in(store_, State.OUTCOME_UNKNOWN)
+    return answers.duplicate(receipt, "blocked"), receipt.operation_id
+
+
+def test_openai_envelope(store):  # noqa: F811
+    plain, op_id = blocked(store)
+    a = error_envelopes.in_envelope(plain, "openai")
+    doc = body(a)
+    assert set(doc) == {"error"}
+    err = doc["error"]
+    assert err["type"] == "invalid_request_error"
+    assert err["code"] == "duplicate_unresolved"
+    assert err["param"] is None
+    assert op_id in err["message"] and "reconcile it before retrying" in err["message"]
+    assert err["receipt_proxy"] == body(plain)  # the proxy's whole answer, under one key
+    assert a.status == 409
+    assert dict(a.headers)["X-Receipt-Id"] == op_id
+    assert dict(a.headers)["content-length"] == str(len(a.body))
+
+
+def test_anthropic_envelope(store):  # noqa: F811
+    plain, op_id = blocked(store)
+    doc = body(error_envelopes.in_envelope(plain, "anthropic"))
+    assert doc["type"] == "error" and set(doc) == {"type", "error"}
+    assert doc["error"]["type"] == "invalid_request_error"
+    assert op_id in doc["error"]["message"] and "duplicate_unresolved" in doc["error"]["message"]
+    assert doc["error"]["receipt_proxy"]["operation_id"] == op_id
+
+
+def test_stripe_envelope(store):  # noqa: F811
+    plain, op_id = blocked(store)
+    doc = body(error_envelopes.in_envelope(plain, "stripe"))
+    assert set(doc) == {"error"}
+    assert doc["error"]["type"] == "invalid_request_error" and doc["error"]["code"] == "duplicate_unresolved"
+    assert op_id in doc["error"]["message"]
+    assert doc["error"]["receipt_proxy"]["state"] == "outcome_unknown"
+    reused = answers.duplicate(receipt_in(store, State.SUCCEEDED), "key_conflict")
+    assert body(error_envelopes.in_envelope(reused, "stripe"))["error"]["type"] == "idempotency_error"
+
+
+def test_github_envelope(store):  # noqa: F811
+    plain, op_id = blocked(store)
+    doc = body(error_envelopes.in_envelope(plain, "github"))
+    assert op_id in doc["message"] and "documentation_url" in doc and doc["status"] == "409"
+    assert doc["receipt_proxy"] == body(plain)
+
+
+def test_plain_is_todays_answer(store):  # noqa: F811
+    plain, _ = blocked(store)
+    assert error_envelopes.in_envelope(plain, "plain") == plain
+
+
+def test_replay_is_never_wrapped(store):  # noqa: F811
+    rec = RecordedResponse(status=201, headers=[("Content-Type", "application/json")], body=b'{"id": "42"}')
+    receipt = receipt_in(store, State.SUCCEEDED, response=rec)
+    replayed = answers.replay(receipt, rec)
+    for errors in ERROR_ENVELOPES:
+        assert error_envelopes.in_envelope(replayed, errors) == replayed
+
+
+@pytest.mark.parametrize("errors", [e for e in ERROR_ENVELOPES if e != "plain"])
+def test_every_answer_in_every_envelope(store, errors):  # noqa: F811
+    """Each answer the proxy makes in place of the API: status and headers kept, our fields under receipt_proxy."""
+    succeeded = receipt_in(store, State.SUCCEEDED)
+    made = [
+        answers.duplicate(succeeded, "blocked_succeeded"),
+        answers.unavailable("test-api", "things.create", "disk I/O error"),
+        answers.denied(receipt_in(store, State.AWAITING_APPROVAL), "denied by alice"),
+        answers.bad_json("test-api", "things.create", "key 'title' twice in the body"),
+        answers.bad_header("test-api", "things.create", "X-Thing", "has a CR"),
+        answers.body_refused("test-api", "things.create", too_large=True, detail="3 MB"),
+    ]
+    for plain in made:
+        wrapped = error_envelopes.in_envelope(plain, errors)
+        assert wrapped.status == plain.status
+        plain_headers = {k: v for k, v in plain.headers if k != "content-length"}
+        assert {k: v for k, v in wrapped.headers if k != "content-length"} == plain_headers
+        doc = body(wrapped)
+        ours = doc["receipt_proxy"] if errors == "github" else doc["error"]["receipt_proxy"]
+        assert ours == body(plain)
+        text = doc["message"] if errors == "github" else doc["error"]["message"]
+        assert body(plain)["error"] in text and body(plain)["hint"] in text
+        if "operation_id" in body(plain):
+            assert body(plain)["operation_id"] in text
+        else:
+            assert "not sent, no receipt" in text
+
+
+def _walk(v: object, into: set[str]) -> None:
+    if isinstance(v, dict):
+        for x in v.values():
+            _walk(x, into)
+    elif isinstance(v, str):
+        into.add(v)
+
+
+def test_nothing_enters_that_the_plain_answer_did_not_hold(store):  # noqa: F811
+    """The envelope adds only text built from the plain answer's own fields: no new values, no secrets."""
+    plain, _ = blocked(store)
+    for errors in ERROR_ENVELOPES:
+        wrapped = body(error_envelopes.in_envelope(plain, errors))
+        strings: set[str] = set()
+        _walk(wrapped, strings)
+        plain_text = json.dumps(body(plain))
+        for s in strings:
+            if s in error_envelopes.message(body(plain)):
+                continue
+            assert s in plain_text or s in {
+                "error",
+                "invalid_request_error",
+                "docs/agents.md",
+                "409",
+            }, s
