@@ -1,0 +1,114 @@
+"""
+A blocked duplicate as the real SDKs show it (issue 28 item 5): through a real mitmdump whose rules
+name each API's error envelope (tests/rules_envelopes/, `errors:`), against the test upstream. The
+first call's connection drops after the upstream committed (the proxy answers 502, outcome unknown);
+the identical second call is blocked, and the exception the SDK raises carries the proxy's explanation and the receipt id.
+Before `errors:`, the OpenAI SDK's text was only "Error code: 409" and its `body` the bare string.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+import stripe as stripe_sdk
+
+from proxy_addon.store import Store
+from tests.e2e.processes import Proxy
+
+RULES = Path(__file__).parents[2] / "rules_envelopes"
+EXPLANATION = "reconcile it before retrying"  # http_answers.HINTS[outcome_unknown]
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory, confdir):
+    p = Proxy(tmp_path_factory.mktemp("envelopes"), confdir, rules=RULES)
+    p.start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+@pytest.fixture
+def through_proxy(proxy, monkeypatch):
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, proxy.url)
+    for name in ("NO_PROXY", "no_proxy"):  # 127.0.0.1 must go through the proxy
+        monkeypatch.setenv(name, "")
+    return proxy
+
+
+def receipt_of(proxy: Proxy, path: str):
+    store = Store.open(proxy.db, create=False)
+    try:
+        (r,) = [r for r in store.list(limit=None) if path in r.target]
+        return r
+    finally:
+        store.close()
+
+
+def test_openai_sdk_shows_the_explanation_and_the_receipt(through_proxy, upstream, bucket):
+    path = f"/api/{bucket}/v1/chat/completions"
+    upstream.plan(path, "drop")
+    client = openai.OpenAI(base_url=f"{upstream.url}/api/{bucket}/v1", api_key="sk-test-not-a-secret", max_retries=0)
+    ask = {"model": "gpt-test", "messages": [{"role": "user", "content": "write once"}]}
+    with pytest.raises(openai.InternalServerError):  # 502 outcome_unknown, the proxy's
+        client.chat.completions.create(**ask)
+    with pytest.raises(openai.ConflictError) as info:
+        client.chat.completions.create(**ask)
+
+    r = receipt_of(through_proxy, path)
+    assert r.state == "outcome_unknown"
+    e = info.value
+    assert r.operation_id in str(e) and EXPLANATION in str(e)
+    assert e.code == "duplicate_unresolved" and e.type == "invalid_request_error"
+    assert isinstance(e.body, dict) and e.body["receipt_proxy"]["operation_id"] == r.operation_id
+    assert e.body["receipt_proxy"]["state"] == "outcome_unknown"
+    assert "sk-test-not-a-secret" not in str(e) and "sk-test-not-a-secret" not in str(e.body)
+    assert upstream.commits(path) == 1
+
+
+def test_anthropic_sdk_shows_the_explanation_and_the_receipt(through_proxy, upstream, bucket):
+    path = f"/api/{bucket}/v1/messages"
+    upstream.plan(path, "drop")
+    client = anthropic.Anthropic(base_url=f"{upstream.url}/api/{bucket}", api_key="sk-ant-not-a-secret", max_retries=0)
+    ask = {"model": "claude-test", "max_tokens": 16, "messages": [{"role": "user", "content": "write once"}]}
+    with pytest.raises(anthropic.InternalServerError):
+        client.messages.create(**ask)
+    with pytest.raises(anthropic.ConflictError) as info:
+        client.messages.create(**ask)
+
+    r = receipt_of(through_proxy, path)
+    e = info.value
+    assert r.operation_id in str(e) and EXPLANATION in str(e)
+    assert isinstance(e.body, dict) and e.body["error"]["receipt_proxy"]["operation_id"] == r.operation_id
+    assert "sk-ant-not-a-secret" not in str(e)
+    assert upstream.commits(path) == 1
+
+
+def test_stripe_sdk_shows_the_explanation_and_the_receipt(proxy, upstream, monkeypatch):
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "")
+    client = stripe_sdk.StripeClient(
+        "sk_test_not_a_secret", base_addresses={"api": upstream.url}, proxy=proxy.url, max_network_retries=0
+    )
+    customers = getattr(client, "v1", client).customers
+    email = f"{uuid.uuid4().hex[:10]}@example.test"
+    upstream.plan("/v1/customers", "drop")
+    with pytest.raises(stripe_sdk.StripeError):
+        customers.create(params={"email": email})
+    with pytest.raises(stripe_sdk.StripeError) as info:
+        customers.create(params={"email": email})
+
+    r = receipt_of(proxy, "/v1/customers")
+    e = info.value
+    assert r.operation_id in str(e) and EXPLANATION in str(e)
+    assert e.http_status == 409  # an APIError: stripe-python copies `code` only onto the 400/404 errors
+    assert e.json_body["error"]["code"] == "duplicate_unresolved"
+    assert e.json_body["error"]["receipt_proxy"]["operation_id"] == r.operation_id
+    assert "sk_test_not_a_secret" not in str(e)
+    assert upstream.commits("/v1/customers") == 1
