@@ -2,7 +2,8 @@
 A blocked duplicate as the real SDKs show it (issue 28 item 5): through a real mitmdump whose rules
 name each API's error envelope (tests/rules_envelopes/, `errors:`), against the test upstream. The
 first call's connection drops after the upstream committed (the proxy answers 502, outcome unknown);
-the identical second call is blocked, and the exception the SDK raises carries the proxy's explanation and the receipt id.
+the identical second call is blocked, and the exception the SDK raises carries the proxy's explanation
+and the receipt id.
 Before `errors:`, the OpenAI SDK's text was only "Error code: 409" and its `body` the bare string.
 """
 
@@ -55,11 +56,14 @@ def test_openai_sdk_shows_the_explanation_and_the_receipt(through_proxy, upstrea
     path = f"/api/{bucket}/v1/chat/completions"
     upstream.plan(path, "drop")
     client = openai.OpenAI(base_url=f"{upstream.url}/api/{bucket}/v1", api_key="sk-test-not-a-secret", max_retries=0)
-    ask = {"model": "gpt-test", "messages": [{"role": "user", "content": "write once"}]}
+
+    def ask() -> None:
+        client.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "write once"}])
+
     with pytest.raises(openai.InternalServerError):  # 502 outcome_unknown, the proxy's
-        client.chat.completions.create(**ask)
+        ask()
     with pytest.raises(openai.ConflictError) as info:
-        client.chat.completions.create(**ask)
+        ask()
 
     r = receipt_of(through_proxy, path)
     assert r.state == "outcome_unknown"
@@ -76,11 +80,14 @@ def test_anthropic_sdk_shows_the_explanation_and_the_receipt(through_proxy, upst
     path = f"/api/{bucket}/v1/messages"
     upstream.plan(path, "drop")
     client = anthropic.Anthropic(base_url=f"{upstream.url}/api/{bucket}", api_key="sk-ant-not-a-secret", max_retries=0)
-    ask = {"model": "claude-test", "max_tokens": 16, "messages": [{"role": "user", "content": "write once"}]}
+
+    def ask() -> None:
+        client.messages.create(model="claude-test", max_tokens=16, messages=[{"role": "user", "content": "write once"}])
+
     with pytest.raises(anthropic.InternalServerError):
-        client.messages.create(**ask)
+        ask()
     with pytest.raises(anthropic.ConflictError) as info:
-        client.messages.create(**ask)
+        ask()
 
     r = receipt_of(through_proxy, path)
     e = info.value
@@ -108,7 +115,9 @@ def test_stripe_sdk_shows_the_explanation_and_the_receipt(proxy, upstream, monke
     e = info.value
     assert r.operation_id in str(e) and EXPLANATION in str(e)
     assert e.http_status == 409  # an APIError: stripe-python copies `code` only onto the 400/404 errors
-    assert e.json_body["error"]["code"] == "duplicate_unresolved"
-    assert e.json_body["error"]["receipt_proxy"]["operation_id"] == r.operation_id
+    body = e.json_body
+    assert isinstance(body, dict)
+    assert body["error"]["code"] == "duplicate_unresolved"
+    assert body["error"]["receipt_proxy"]["operation_id"] == r.operation_id
     assert "sk_test_not_a_secret" not in str(e)
     assert upstream.commits("/v1/customers") == 1
