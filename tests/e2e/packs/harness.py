@@ -178,6 +178,17 @@ class FakeAPI:
             self.server.server_close()
 
 
+def ours(resp: Any) -> dict[str, Any]:
+    """
+    The proxy's own answer (error, operation_id, state, hint...) in a response it gave in place of
+    the API: under `receipt_proxy` when the pack names the API's error envelope (`errors:`), in the
+    error object where the envelope has one; the body itself when it is plain.
+    """
+    doc = resp.json()
+    inner = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+    return inner.get("receipt_proxy", doc)
+
+
 def pointed_at(pack: Path, origin_port: int) -> str:
     """The pack's text with its hosts (and absolute https:// URLs to them) pointed at 127.0.0.1:port."""
     text = pack.read_text()
@@ -296,4 +307,4 @@ def pack_run(
             proxy.stop()
 
 
-__all__ = ["PACKS", "FakeAPI", "PackRun", "Seen", "State", "pack_run", "pointed_at"]
+__all__ = ["PACKS", "FakeAPI", "PackRun", "Seen", "State", "ours", "pack_run", "pointed_at"]

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.e2e.packs.harness import PackRun, Seen, State, pack_run
+from tests.e2e.packs.harness import PackRun, Seen, State, ours, pack_run
 
 KEY = "Bearer sk-proj-FAKEfakeFAKEfake0000NotARealKey0000000000000000"
 PROJECT = "proj_FAKE4aCq0000000000000000"
@@ -421,7 +421,7 @@ def test_an_unknown_upload_on_the_second_page_of_the_files_list_succeeds_without
     openai.api.on("GET", "/v1/files", page, times=2)
     retry = upload(openai, name, content)
     assert retry.status_code == 409 and retry.headers["x-receipt-state"] == "succeeded"
-    assert retry.json()["external_id"] == mine["id"]
+    assert ours(retry)["external_id"] == mine["id"]
     walked = seen(openai, "GET", "/v1/files")[reads_before:]
     assert len(walked) == 2
     assert parse_qs(urlsplit(walked[1].path).query) == {
