@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.e2e.packs.harness import PackRun, Seen, State, pack_run
+from tests.e2e.packs.harness import PackRun, Seen, State, ours, pack_run
 
 TOKEN = "Bearer ghp_R3c31ptPr0xyF4k3T0k3nN0tR3al0000abcd"  # the shape of a GitHub token; fake
 LOGIN = "octo-bot"
@@ -200,7 +200,7 @@ def test_issue_lost_answer_found_by_the_read_is_succeeded(gh):
     retry = gh.send("POST", path, json=body)
     # The read found it: the retry is not sent again, and is told the outcome.
     assert retry.status_code == 409
-    assert (retry.json()["error"], retry.json()["external_id"]) == ("duplicate_succeeded", "11")
+    assert (ours(retry)["error"], ours(retry)["external_id"]) == ("duplicate_succeeded", "11")
     assert retry.headers["x-receipt-id"] == first.headers["x-receipt-id"]
     assert gh.api.count("POST", path) == 1
     (read,) = gets(gh, path)
@@ -222,7 +222,7 @@ def test_issue_5xx_then_found_answers_the_retry_with_the_outcome_not_the_5xx(gh)
     assert gh.receipt(first).state is State.SUCCEEDED and gh.receipt(first).external_id == "8"
     # Not GitHub's 502 replayed as if it were the success: the outcome, with the issue number.
     assert retry.status_code == 409, (retry.status_code, retry.headers, retry.text)
-    assert (retry.json()["error"], retry.json()["external_id"]) == ("duplicate_succeeded", "8")
+    assert (ours(retry)["error"], ours(retry)["external_id"]) == ("duplicate_succeeded", "8")
     assert retry.headers["x-receipt-state"] == "succeeded" and "x-receipt-replayed" not in retry.headers
     assert gh.api.count("POST", path) == 1
 
@@ -234,7 +234,7 @@ def test_issue_not_found_goes_to_manual_review_and_the_retry_is_blocked(gh):
     gh.api.on("GET", path, 200, [issue(2, "Dependency update", "another body", "issues-absent")])
     retry = gh.send("POST", path, json=body)
     assert retry.status_code == 409
-    assert (retry.json()["error"], retry.json()["state"]) == ("duplicate_unresolved", "manual_review")
+    assert (ours(retry)["error"], ours(retry)["state"]) == ("duplicate_unresolved", "manual_review")
     assert retry.headers["x-receipt-state"] == "manual_review"
     assert gh.api.count("POST", path) == 1
     assert len(gets(gh, path)) == 1
@@ -285,7 +285,7 @@ def test_comment_lost_answer_found_on_its_issue_only(gh):
         ],
     )
     retry = gh.send("POST", path, json={"body": "Build passed"})
-    assert (retry.status_code, retry.json()["external_id"]) == (409, "29")
+    assert (retry.status_code, ours(retry)["external_id"]) == (409, "29")
     assert gh.receipt(first).state is State.SUCCEEDED
     assert gh.api.count("POST", path) == 1
     (read,) = gets(gh, listing)
@@ -300,7 +300,7 @@ def test_comment_not_found_goes_to_manual_review(gh):
         "GET", f"/repos/octo/{repo}/issues/comments", 200, [comment(40, repo, 10, "Deployed to staging", gh.api.origin)]
     )  # another issue
     retry = gh.send("POST", path, json={"body": "Deployed to staging"})
-    assert (retry.status_code, retry.json()["state"]) == (409, "manual_review")
+    assert (retry.status_code, ours(retry)["state"]) == (409, "manual_review")
     assert gh.receipt(first).state is State.MANUAL_REVIEW
     assert gh.api.count("POST", path) == 1
 
@@ -395,7 +395,7 @@ def test_pull_request_lost_answer_proven_absent_is_sent_again(gh):
     gh.api.on("GET", path, 200, [pull(50, repo, "other-branch", "main", "Other")])
     gh.api.on("POST", path, 201, pull(51, repo, "fix-typo", "main", "Fix typo"))
     retry = gh.send("POST", path, json=body)
-    assert retry.status_code == 201 and retry.json()["number"] == 51
+    assert retry.status_code == 201 and ours(retry)["number"] == 51
     assert gh.api.count("POST", path) == 2
     assert len(gets(gh, path)) == 1
     assert gh.receipt(first).state is State.SAFE_TO_RETRY
@@ -411,7 +411,7 @@ def test_pull_request_lost_answer_found_open_is_succeeded(gh):
     first = lose_answer(gh, path, body)
     gh.api.on("GET", path, 200, [pull(60, repo, "bump-deps", "develop", "Bump deps")])
     retry = gh.send("POST", path, json=body)
-    assert (retry.status_code, retry.json()["external_id"]) == (409, "60")
+    assert (retry.status_code, ours(retry)["external_id"]) == (409, "60")
     assert gh.receipt(first).state is State.SUCCEEDED
     assert gh.api.count("POST", path) == 1
 
@@ -468,7 +468,7 @@ def test_release_already_exists_but_not_listed_goes_to_manual_review(gh):
     assert r.status_code == 422
     assert gh.receipt(r).state is State.MANUAL_REVIEW
     again = gh.send("POST", path, json={"tag_name": "v0.1.0"})
-    assert (again.status_code, again.json()["state"]) == (409, "manual_review")
+    assert (again.status_code, ours(again)["state"]) == (409, "manual_review")
     assert gh.api.count("POST", path) == 1
 
 
@@ -488,7 +488,7 @@ def test_release_lost_answer_found_is_succeeded(gh):
     first = lose_answer(gh, path, {"tag_name": "v4.0.0", "draft": True})
     gh.api.on("GET", path, 200, [release(77, "v4.0.0", draft=True)])
     retry = gh.send("POST", path, json={"tag_name": "v4.0.0", "draft": True})
-    assert (retry.status_code, retry.json()["external_id"]) == (409, "77")
+    assert (retry.status_code, ours(retry)["external_id"]) == (409, "77")
     assert gh.api.count("POST", path) == 1
     receipt = gh.receipt(first)
     assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, "77")
@@ -526,7 +526,7 @@ def test_gist_lost_answer_not_listed_goes_to_manual_review(gh):
     assert first.headers["x-receipt-state"] == "outcome_unknown"
     gh.api.on("GET", "/gists", 200, [{"id": "cc", "description": "another gist", "files": {}}])
     retry = gh.send("POST", "/gists", json=gist)
-    assert (retry.status_code, retry.json()["state"]) == (409, "manual_review")
+    assert (retry.status_code, ours(retry)["state"]) == (409, "manual_review")
     assert gh.api.count("POST", "/gists") == before + 1
     (read,) = [s for s in gh.api.requests("GET") if s.path.startswith("/gists")]
     assert query_of(read) == {"per_page": ["100"]} and read.headers["authorization"] == TOKEN
@@ -571,7 +571,7 @@ def test_pull_request_lost_answer_then_a_full_page_with_a_next_link_makes_no_sec
     receipt = gh.receipt(first)
     assert gh.api.count("POST", path) == 1  # no second write
     if ending == "on-page-2":
-        assert (retry.status_code, retry.json()["error"], retry.json()["external_id"]) == (
+        assert (retry.status_code, ours(retry)["error"], ours(retry)["external_id"]) == (
             409,
             "duplicate_succeeded",
             "5000",
@@ -582,7 +582,7 @@ def test_pull_request_lost_answer_then_a_full_page_with_a_next_link_makes_no_sec
         assert walked[1].headers["authorization"] == TOKEN  # every page with the request's token
         went_through_reconciling(gh, first, "succeeded")
     else:
-        assert (retry.status_code, retry.json()["error"]) == (409, "duplicate_unresolved")
+        assert (retry.status_code, ours(retry)["error"]) == (409, "duplicate_unresolved")
         assert receipt.state is State.OUTCOME_UNKNOWN
         assert len(walked) == 5  # pages.max
         assert "past pages.max (5 pages)" in history(gh, first)[-1][2]

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, parse_qsl, urlsplit
 import pytest
 
 from proxy_addon.store import iso
-from tests.e2e.packs.harness import PackRun, Seen, State, pack_run
+from tests.e2e.packs.harness import PackRun, Seen, State, ours, pack_run
 
 SECRET = "Bearer sk_test_51R3c31ptPr0xyF4k3K3yN0tR3alAbCdEfGhIjKlMnOpQrStUvWxYz0123456789"  # fake
 PI = "/v1/payment_intents"
@@ -304,7 +304,7 @@ def test_payment_intent_lost_answer_retry_reuses_the_key_and_stripe_answers_from
 
     retry = stripe.send("POST", PI, data=pi_form(order))
     assert retry.status_code == 200
-    assert retry.json()["id"] == made["id"]  # Stripe's saved answer for the key, not a second intent
+    assert ours(retry)["id"] == made["id"]  # Stripe's saved answer for the key, not a second intent
     keys = [s.headers["idempotency-key"] for s in posts(stripe, PI, **{"metadata[order_id]": order})]
     assert keys == [stripe.receipt(first).idempotency_key] * 2
     assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
@@ -344,8 +344,8 @@ def test_after_24_hours_the_key_is_not_trusted_and_the_list_read_finds_the_inten
     backdate(stripe, first, hours=25)  # Stripe may have pruned the key by now
     n = len(reads(stripe, PI))
     retry = stripe.send("POST", PI, data=pi_form(order))
-    assert (retry.status_code, retry.json()["external_id"]) == (409, made["id"])
-    assert retry.json()["error"] == "duplicate_succeeded"
+    assert (retry.status_code, ours(retry)["external_id"]) == (409, made["id"])
+    assert ours(retry)["error"] == "duplicate_succeeded"
     receipt = stripe.receipt(first)
     assert (receipt.state, receipt.external_id) == (State.SUCCEEDED, made["id"])
     (read,) = reads(stripe, PI)[n:]
@@ -403,7 +403,7 @@ def test_a_reused_key_first_sent_25_hours_ago_is_forgotten_however_recent_its_re
     again = stripe.send("POST", PI, data=pi_form(order))
     assert fakes[PI].matching(**{"metadata.order_id": order}) == [made]  # no second intent
     assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 2  # nothing sent with the forgotten key
-    assert (again.status_code, again.json()["error"], again.json()["external_id"]) == (
+    assert (again.status_code, ours(again)["error"], ours(again)["external_id"]) == (
         409,
         "duplicate_succeeded",
         made["id"],
@@ -654,7 +654,7 @@ def test_key_in_use_409_with_invalid_request_error_is_not_a_refusal_and_no_fresh
     assert any("idempotency_key_in_use" in why for _, _, why in steps), steps  # the pack's rule, by status
     # The agent tries again: never a new attempt with a fresh key, never a second intent.
     again = stripe.send("POST", PI, data=pi_form(order))
-    assert (again.status_code, again.json()["error"]) == (409, "duplicate_succeeded")
+    assert (again.status_code, ours(again)["error"]) == (409, "duplicate_succeeded")
     assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 1
     assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
 
@@ -735,7 +735,7 @@ def test_a_dropped_answer_then_a_full_page_with_more_after_it_makes_no_second_wr
     assert len(posts(stripe, PI, **{"metadata[order_id]": order})) == 1  # no second write
     assert len(fakes[PI].matching(**{"metadata.order_id": order})) == 1
     if ending == "on-page-2":
-        assert (retry.status_code, retry.json()["error"], retry.json()["external_id"]) == (
+        assert (retry.status_code, ours(retry)["error"], ours(retry)["external_id"]) == (
             409,
             "duplicate_succeeded",
             made["id"],
@@ -744,7 +744,7 @@ def test_a_dropped_answer_then_a_full_page_with_more_after_it_makes_no_second_wr
         assert len(walked) == 2
         assert parse_qs(urlsplit(walked[1].path).query)["starting_after"] == ["pi_other_0099"]
     else:
-        assert (retry.status_code, retry.json()["error"]) == (409, "duplicate_unresolved")
+        assert (retry.status_code, ours(retry)["error"]) == (409, "duplicate_unresolved")
         assert receipt.state is State.OUTCOME_UNKNOWN
         assert len(walked) == 5  # pages.max
         assert "past pages.max (5 pages)" in history(stripe, first)[-1][2]
