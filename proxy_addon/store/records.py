@@ -20,7 +20,7 @@ from proxy_addon.errors import StoreError
 from proxy_addon.states import UNRESOLVED, State
 
 Clock = Callable[[], dt.datetime]
-DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict"]
+DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict", "denied"]
 
 
 def utcnow() -> dt.datetime:
