@@ -89,6 +89,7 @@ from proxy_addon.intent.body_view import (
 )
 from proxy_addon.intent.caller import caller_of, scheme2_parts, secret_params
 from proxy_addon.intent.caller import canonical_credential as canonical_credential  # re-exported: tests import it here
+from proxy_addon.intent.decisions import decide
 from proxy_addon.intent.earlier_fingerprints import Version
 from proxy_addon.intent.fingerprint_v1 import fingerprint_v1
 from proxy_addon.intent.tool_arguments import arguments_view
@@ -319,6 +320,9 @@ def build_attempt(
     intent = fingerprint(match, req, key, parse=parse)
     earlier, earlier_unresolved, blind = earlier_fingerprints(match, req, key, versions, intent, parse)
     _warn_of_notes(op, intent)
+    verdict = decide(op.decisions, intent.intent, intent.principal)
+    if verdict.decision != "allow":
+        logger.info("%s %s %s: %s", op.api, op.name, intent.target, verdict.why)
     agent_key = req.headers.get((op.idempotency_header or "Idempotency-Key").lower())
     given_key, idempotency = (
         _body_key(match, req, parse) if op.idempotency_body else (None, op.idempotency_header is not None)
@@ -336,7 +340,8 @@ def build_attempt(
         instance=instance,
         client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
         idempotency=idempotency,
-        approval=op.approve,
+        approval=op.approve or verdict.decision == "approve",
+        denied=verdict.why if verdict.decision == "deny" else None,
         key_format=op.idempotency_format,
         given_key=given_key,
         fingerprint_scheme=SCHEME,

@@ -300,7 +300,9 @@ class Receipts:
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
             meta["round"] = receipt.mcp_rounds + 1
-        if decision.kind != "forward":
+        if decision.kind == "denied":  # a `deny` decision: recorded rejected, nothing sent
+            refusals.denied(flow, meta, receipt, decision.reason)
+        elif decision.kind != "forward":
             self._answer_from_receipt(flow, op, decision)
         else:
             given_key = admitted.attempt.given_key

@@ -18,12 +18,14 @@ from mitmproxy import http
 from proxy_addon.mitm.flows import refuse
 from proxy_addon.outcome import http_answers as answers
 from proxy_addon.rules.ruleset import AMBIGUOUS_TARGET
+from proxy_addon.store import Receipt
 
 __all__ = [
     "bad_header",
     "bad_json",
     "bad_override",
     "bad_target",
+    "denied",
     "refused",
     "unavailable",
     "undecodable_header",
@@ -53,6 +55,13 @@ def unpaired_surrogate(flow: http.HTTPFlow, meta: dict, why: str) -> None:
     logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {why}")
     answer = answers.unpaired_surrogate(meta["api"], meta["operation"], why)
     refuse(flow, meta, answer, "unpaired_surrogate", why)
+
+
+def denied(flow: http.HTTPFlow, meta: dict, receipt: Receipt, why: str) -> None:
+    """A write a `deny` decision refused (intent/decisions.py): 403 naming the rule, its receipt rejected, not sent."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {why}")
+    body = {"error": "denied_by_policy", "message": why, "operation_id": receipt.operation_id, "state": "rejected"}
+    refuse(flow, meta, answers.json_answer(403, body, answers.receipt_headers(receipt)), "denied", why)
 
 
 def refused(flow: http.HTTPFlow, meta: dict) -> None:

@@ -20,6 +20,7 @@ from typing import Any, cast
 import yaml
 
 from proxy_addon.rules.load_classify import load_classify
+from proxy_addon.rules.load_decisions import load_decisions
 from proxy_addon.rules.load_reconcile import load_reconcile
 from proxy_addon.rules.model import (
     AFTER_SUCCESS,
@@ -142,6 +143,11 @@ def _operation(
         _already_exists_needs_a_read(ctx, f, op, classified)
     approve = ctx.attempt(ctx.boolean, op["approve"][1], f"{f}.approve") if "approve" in op else False
     record = ctx.attempt(ctx.boolean, op["record"][1], f"{f}.record") if "record" in op else True
+    decisions = (
+        ctx.attempt(load_decisions, ctx, op["decisions"][1], f"{f}.decisions", fp if fp_known else None)
+        if "decisions" in op
+        else ()
+    )
     if len(ctx.problems) > before:
         return None
     assert method and path and override and fp and external and after_success and classified and idempotency
@@ -163,6 +169,7 @@ def _operation(
         credentials_env=credentials_env,
         approve=bool(approve),
         record=bool(record),
+        decisions=decisions or (),
         graphql=graphql,
         mcp_tool=mcp[0] if mcp else None,
         mcp_arguments=mcp[1] if mcp else (),

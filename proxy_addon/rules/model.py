@@ -57,6 +57,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "idempotency_key",
         "approve",
         "record",
+        "decisions",
     ),
     "match": ("method", "path", "graphql", "mcp", "case_insensitive", "method_override"),
     "mcp_match": ("tool", "arguments"),
@@ -81,6 +82,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "pages": ("next", "max"),
     "pages_next": ("more", "from", "param"),
     "idempotency_key": ("header", "body", "format", "ttl"),
+    "decision": ("allow", "approve", "deny", "reason"),
 }
 
 CREDENTIAL_PLACES = ("credential_query", "credential_body", "credential_path")  # in fingerprint_rule()
@@ -206,6 +208,32 @@ class ReconcileSpec:
     tool_read_only: bool = False  # the rule vouches the tool is read-only; else the server's annotations must say so
 
 
+DECISIONS = ("allow", "approve", "deny")  # what a `decisions:` entry may say
+# The tests of a decision's condition: `{field: {op: value}}` (a bare value: ==)
+CONDITION_OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in", "ends_with", "not_ends_with", "matches")
+PRINCIPAL = "principal"  # a condition on the caller: the principal (a keyed hash, as receipts record it)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One test on one named field of the intent (or the principal): `amount >= 100000`."""
+
+    field: str
+    op: str  # one of CONDITION_OPS
+    value: Any  # a list for in / not_in, a compiled pattern for matches
+
+
+@dataclass(frozen=True)
+class DecisionRule:
+    """A `decisions:` entry: when every condition holds, the write is allowed, held for approval or denied."""
+
+    decision: str  # one of DECISIONS
+    conditions: tuple[Condition, ...]
+    reason: str | None = None
+    line: int = 0
+    index: int = 0  # its place in the list, to name it: decisions[0]
+
+
 @dataclass(frozen=True)
 class Operation:
     api: str
@@ -221,6 +249,7 @@ class Operation:
     reconcile: ReconcileSpec | None = None
     idempotency_header: str | None = None  # the API deduplicates by this header; the proxy adds it
     approve: bool = False  # an operator approves each request (mitmweb, receipts approve) before it is sent
+    decisions: tuple[DecisionRule, ...] = ()  # `decisions:` the first whose conditions hold decides; none: allow
     record: bool = True  # keep the answer (sealed) to replay to a duplicate; False: keep none, block duplicates
     credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
     graphql: str | None = None  # match only GraphQL mutations with this root field

@@ -402,8 +402,10 @@ class ReceiptAttempts(ReceiptInterim):
         retry_of = latest.operation_id if latest is not None else None
         operation_id = new_operation_id(now)
         first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
+        if a.denied is not None:  # a `deny` decision: recorded rejected, never sent; rejected never blocks a retry
+            first_state = State.REJECTED
         idempotency_key = idempotency_key_at = None
-        if a.idempotency:
+        if a.idempotency and a.denied is None:
             fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
             remembered = latest.idempotency_key if latest is not None and continues(a, latest) else None
             # The remembered key wins over the agent's own (given_key, a body id): forward.add_key
@@ -446,8 +448,13 @@ class ReceiptAttempts(ReceiptInterim):
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
+        if a.denied is not None:
+            reason = f"denied by policy {a.denied}; not sent"
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
         self._changed(a.api, a.operation, None, first_state)
         # The receipt as inserted (the columns not inserted are NULL, failed_reads 0), not read back.
         row = dict.fromkeys(("completed_at", "http_status", "error", "external_id", "next_read_at"))
-        return Decision("forward", Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))}))
+        inserted = Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))})
+        if a.denied is not None:
+            return Decision("denied", inserted, reason)
+        return Decision("forward", inserted)

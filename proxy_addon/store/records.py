@@ -20,7 +20,7 @@ from proxy_addon.errors import StoreError
 from proxy_addon.states import UNRESOLVED, State
 
 Clock = Callable[[], dt.datetime]
-DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict"]
+DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict", "denied"]
 
 
 def utcnow() -> dt.datetime:
@@ -66,6 +66,7 @@ class Attempt:
     # that continues an earlier one (store/attempts.py `continues`) is sent with that one's key
     given_key: str | None = None
     approval: bool = False  # held for an operator's approval before it is sent
+    denied: str | None = None  # a `deny` decision (intent/decisions.py), why: recorded rejected, never sent
     raw_target: str | None = None  # the target as sent, when it is not the canonical `target`
     fingerprint_scheme: int | None = None  # the scheme that made `intent_fingerprint` (fingerprint.SCHEME)
     fingerprint_rule: str | None = None  # the digest of the rule it read (Operation.rule_digest)

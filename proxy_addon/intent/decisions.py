@@ -1,0 +1,95 @@
+"""
+Deciding on a write by what its intent says (`decisions:` of its operation, rules/load_decisions.py).
+
+    verdict = decide(op.decisions, intent, principal)   # Verdict("approve", "decisions[0]: amount >= 100000 ...")
+
+The conditions read the intent as the receipt records it: the fingerprint's named fields (body,
+path, query, headers, an MCP call's arguments) and the principal. The first entry whose
+conditions all hold decides; with none, the write is allowed. A field the intent lacks (a missing
+body field, a body hashed whole) or holds null fails every test, `!=` and `not_in` too: to refuse
+what a decision cannot read, end the list with an unconditional-looking catch (a `deny` on
+`principal: {matches: "."}`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy_addon.rules.model import PRINCIPAL, Condition, DecisionRule, same_value
+
+SECTIONS = ("body", "arguments", "path", "query", "headers")  # where the intent keeps named fields
+MISSING = object()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: str  # allow, approve or deny
+    why: str  # which entry decided and on what, or that none did
+
+
+def decide(rules: Sequence[DecisionRule], intent: Mapping[str, Any], principal: str) -> Verdict:
+    """The first entry whose conditions all hold; `allow` when none does."""
+    for rule in rules:
+        if all(holds(c, value_of(c.field, intent, principal)) for c in rule.conditions):
+            return Verdict(rule.decision, describe(rule))
+    return Verdict("allow", "no decision matched (the default is allow)" if rules else "the operation has no decisions")
+
+
+def describe(rule: DecisionRule) -> str:
+    """`decisions[0] (line 12): approve when amount >= 100000: large charges`."""
+    tests = " and ".join(f"{c.field} {c.op} {_shown(c.value)}" for c in rule.conditions)
+    said = f": {rule.reason}" if rule.reason else ""
+    return f"decisions[{rule.index}] (line {rule.line}): {rule.decision} when {tests}{said}"
+
+
+def _shown(v: Any) -> str:
+    pattern = getattr(v, "pattern", None)
+    return repr(pattern) if pattern is not None else repr(list(v) if isinstance(v, tuple) else v)
+
+
+def value_of(field: str, intent: Mapping[str, Any], principal: str) -> Any:
+    """The named field's value as the intent records it; MISSING if it has none."""
+    if field == PRINCIPAL:
+        return principal
+    for section in SECTIONS:
+        found = intent.get(section)
+        if isinstance(found, Mapping) and field in found:
+            return found[field]
+    return MISSING
+
+
+def holds(c: Condition, v: Any) -> bool:
+    """Whether the value passes the test; a missing or null value, or one of another type, passes none."""
+    if v is MISSING or v is None:
+        return False
+    if c.op == "==":
+        return same_value(v, c.value)
+    if c.op == "!=":
+        return not same_value(v, c.value)
+    if c.op == "in":
+        return any(same_value(v, x) for x in c.value)
+    if c.op == "not_in":
+        return not any(same_value(v, x) for x in c.value)
+    if c.op in ("ends_with", "not_ends_with", "matches"):
+        if not isinstance(v, str):
+            return False
+        if c.op == "matches":
+            return c.value.search(v) is not None
+        return v.lower().endswith(c.value.lower()) == (c.op == "ends_with")
+    return _ordered(c.op, v, c.value)
+
+
+def _ordered(op: str, v: Any, bound: Any) -> bool:
+    """<, <=, >, >= between two numbers (never a bool) or two strings; any other pair passes none."""
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (v, bound))
+    if not numbers and not (isinstance(v, str) and isinstance(bound, str)):
+        return False
+    if op == "<":
+        return bool(v < bound)
+    if op == "<=":
+        return bool(v <= bound)
+    if op == ">":
+        return bool(v > bound)
+    return bool(v >= bound)

@@ -1,0 +1,73 @@
+"""Decisions on the intent (intent/decisions.py) and their loading (rules/load_decisions.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy_addon.errors import RulesError
+from proxy_addon.intent.decisions import decide
+from proxy_addon.rules import load_rules
+
+HEAD = "api: pay\nhosts: [api.pay.test]\noperations:\n  charge:\n    match: {method: POST, path: /charges}\n"
+
+
+def op_with(decisions: str, fields: str = "[amount, to, currency]"):
+    text = HEAD + f"    fingerprint: {{body: {fields}}}\n    decisions:\n" + decisions
+    return load_rules(text, "pay.yaml").operations[0]
+
+
+BAND = (
+    '      - deny: {to: {not_ends_with: "@example.com"}}\n'
+    "        reason: mail leaves the company\n"
+    '      - approve: {amount: {">=": 100000}}\n'
+    '      - allow: {amount: {">=": 0, "<": 100000}, currency: {in: [eur, usd]}}\n'
+)
+
+
+def verdict(op, **body):
+    return decide(op.decisions, {"body": body}, "p1")
+
+
+def test_first_matching_decision_wins_and_the_default_is_allow():
+    op = op_with(BAND)
+    assert verdict(op, amount=100000, to="a@example.com", currency="eur").decision == "approve"
+    assert verdict(op, amount=99999, to="a@example.com", currency="eur").decision == "allow"
+    denied = verdict(op, amount=5, to="a@evil.test", currency="eur")
+    assert denied.decision == "deny"
+    assert "decisions[0]" in denied.why and "mail leaves the company" in denied.why
+    assert verdict(op, amount=5, to="a@EXAMPLE.com", currency="gbp").decision == "allow"  # default
+
+
+def test_missing_null_or_other_typed_values_pass_no_test():
+    op = op_with('      - approve: {amount: {">=": 100}}\n      - deny: {to: {not_in: [x]}}\n')
+    assert verdict(op, amount="1000").decision == "allow"  # a string is not a number
+    assert verdict(op, amount=True).decision == "allow"
+    assert verdict(op, amount=None, to=None).decision == "allow"
+    assert decide(op.decisions, {"fallback": "no_named_field"}, "p").decision == "allow"
+
+
+def test_equality_regex_and_principal():
+    op = op_with('      - deny: {principal: p1, currency: {matches: "^x"}}\n      - approve: {currency: usd}\n')
+    assert verdict(op, currency="xau").decision == "deny"
+    assert decide(op.decisions, {"body": {"currency": "xau"}}, "p2").decision == "allow"
+    assert verdict(op, currency="usd").decision == "approve"
+
+
+@pytest.mark.parametrize(
+    ("decisions", "field", "said"),
+    [
+        ("      - deny: {iban: x}\n", "operations.charge.decisions[0].deny.iban", "not a field the fingerprint names"),
+        ('      - deny: {amount: {"=~": 3}}\n', "operations.charge.decisions[0].deny.amount.=~", "unknown test"),
+        ("      - deny: {amount: {in: 3}}\n", "operations.charge.decisions[0].deny.amount.in", "a list"),
+        ('      - deny: {to: {matches: "("}}\n', "operations.charge.decisions[0].deny.to.matches", "regular"),
+        ('      - deny: {amount: {">": [1]}}\n', "operations.charge.decisions[0].deny.amount.>", "a value"),
+        ("      - {deny: {amount: 1}, allow: {amount: 2}}\n", "operations.charge.decisions[0]", "exactly one"),
+        ("      - hold: {amount: 1}\n", "operations.charge.decisions[0].hold", "unknown key"),
+    ],
+)
+def test_loader_errors_name_file_line_and_field(decisions, field, said):
+    with pytest.raises(RulesError) as e:
+        op_with(decisions)
+    text = str(e.value)
+    assert "pay.yaml" in text and field in text and said in text
+    assert text.startswith("pay.yaml:8:")  # the line of the decision
