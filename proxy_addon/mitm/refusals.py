@@ -60,7 +60,16 @@ def unpaired_surrogate(flow: http.HTTPFlow, meta: dict, why: str) -> None:
 def denied(flow: http.HTTPFlow, meta: dict, receipt: Receipt, why: str) -> None:
     """A write a `deny` decision refused (intent/decisions.py): 403 naming the rule, its receipt rejected, not sent."""
     logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {why}")
-    body = {"error": "denied_by_policy", "message": why, "operation_id": receipt.operation_id, "state": "rejected"}
+    body = {
+        "error": "denied_by_policy",
+        "operation_id": receipt.operation_id,
+        "api": receipt.api,
+        "operation": receipt.operation,
+        "state": "rejected",
+        "sent": False,
+        "detail": why,
+        "hint": "the rules deny this write; it was not sent, and sending it again is denied again",
+    }
     refuse(flow, meta, answers.json_answer(403, body, answers.receipt_headers(receipt)), "denied", why)
 
 

@@ -30,6 +30,7 @@ from proxy_addon.rules.model import (
     METHOD_OVERRIDE,
     METHODS,
     AfterSuccess,
+    DecisionRule,
     FingerprintSpec,
     Operation,
     PathTemplate,
@@ -141,13 +142,7 @@ def _operation(
     reconcile = _reconcile_of(ctx, f, op, fp if fp_known else None, external, idempotent)
     if classified is not None and "reconcile" not in op:
         _already_exists_needs_a_read(ctx, f, op, classified)
-    approve = ctx.attempt(ctx.boolean, op["approve"][1], f"{f}.approve") if "approve" in op else False
-    record = ctx.attempt(ctx.boolean, op["record"][1], f"{f}.record") if "record" in op else True
-    decisions = (
-        ctx.attempt(load_decisions, ctx, op["decisions"][1], f"{f}.decisions", fp if fp_known else None)
-        if "decisions" in op
-        else ()
-    )
+    approve, record, decisions = _say(ctx, f, op, fp if fp_known else None)
     if len(ctx.problems) > before:
         return None
     assert method and path and override and fp and external and after_success and classified and idempotency
@@ -167,9 +162,9 @@ def _operation(
         source=ctx.source,
         reconcile=reconcile,
         credentials_env=credentials_env,
-        approve=bool(approve),
-        record=bool(record),
-        decisions=decisions or (),
+        approve=approve,
+        record=record,
+        decisions=decisions,
         graphql=graphql,
         mcp_tool=mcp[0] if mcp else None,
         mcp_arguments=mcp[1] if mcp else (),
@@ -179,6 +174,16 @@ def _operation(
         method_override=override,
         **idempotency,
     )
+
+
+def _say(
+    ctx: Ctx, f: str, op: dict[str, Entry], fp: FingerprintSpec | None
+) -> tuple[bool, bool, tuple[DecisionRule, ...]]:
+    """What the operator says of a write: `approve`, `record` and `decisions` (`fp` None: not loaded)."""
+    approve = ctx.attempt(ctx.boolean, op["approve"][1], f"{f}.approve") if "approve" in op else False
+    record = ctx.attempt(ctx.boolean, op["record"][1], f"{f}.record") if "record" in op else True
+    decisions = ctx.attempt(load_decisions, ctx, op["decisions"][1], f"{f}.decisions", fp) if "decisions" in op else ()
+    return bool(approve), record is not False, decisions or ()
 
 
 def _fingerprint_of(

@@ -404,17 +404,7 @@ class ReceiptAttempts(ReceiptInterim):
         first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
         if a.denied is not None:  # a `deny` decision: recorded rejected, never sent; rejected never blocks a retry
             first_state = State.REJECTED
-        idempotency_key = idempotency_key_at = None
-        if a.idempotency and a.denied is None:
-            fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
-            remembered = latest.idempotency_key if latest is not None and continues(a, latest) else None
-            # The remembered key wins over the agent's own (given_key, a body id): forward.add_key
-            # puts it in the request in place of whatever the agent sent.
-            idempotency_key = remembered or a.given_key or fresh
-            if latest is not None and idempotency_key == latest.idempotency_key:  # the same key: it keeps its time
-                idempotency_key_at = latest.idempotency_key_at or latest.submitted_at
-            else:
-                idempotency_key_at = at
+        idempotency_key, idempotency_key_at = _key_of(a, latest, operation_id, at)
         # Sent now (or once approved: transitions.py sets it then): held open at most its upstream timeout.
         in_flight_until = (
             iso(now + dt.timedelta(seconds=a.upstream_timeout))
@@ -458,3 +448,17 @@ class ReceiptAttempts(ReceiptInterim):
         if a.denied is not None:
             return Decision("denied", inserted, reason)
         return Decision("forward", inserted)
+
+
+def _key_of(a: Attempt, latest: Receipt | None, operation_id: str, at: str) -> tuple[str | None, str | None]:
+    """The Idempotency-Key a new attempt is sent with, and since when it is in use; none for a denied one."""
+    if not a.idempotency or a.denied is not None:
+        return None, None
+    fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
+    remembered = latest.idempotency_key if latest is not None and continues(a, latest) else None
+    # The remembered key wins over the agent's own (given_key, a body id): forward.add_key
+    # puts it in the request in place of whatever the agent sent.
+    key = remembered or a.given_key or fresh
+    if latest is not None and key == latest.idempotency_key:  # the same key: it keeps its time
+        return key, latest.idempotency_key_at or latest.submitted_at
+    return key, at
