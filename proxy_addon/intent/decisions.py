@@ -6,7 +6,8 @@ Deciding on a write by what its intent says (`decisions:` of its operation, rule
 The conditions read the intent as the receipt records it: the fingerprint's named fields (body,
 path, query, headers, an MCP call's arguments) and the principal. The first entry whose
 conditions all hold decides; with none, the write is allowed. A field the intent lacks (a missing
-body field, a body hashed whole) or holds null fails every test, `!=` and `not_in` too: to refuse
+body field, a body hashed whole) or holds null fails every test, `!=` and `not_in` too; a list
+passes when every item does (a negated test: when any item fails; `holds`). To refuse
 what a decision cannot read, end the list with an unconditional-looking catch (a `deny` on
 `principal: {matches: "."}`).
 """
@@ -60,9 +61,28 @@ def value_of(field: str, intent: Mapping[str, Any], principal: str) -> Any:
     return MISSING
 
 
+NEGATED = {"!=": "==", "not_in": "in", "not_ends_with": "ends_with"}
+
+
 def holds(c: Condition, v: Any) -> bool:
-    """Whether the value passes the test; a missing or null value, or one of another type, passes none."""
-    if v is MISSING or v is None:
+    """
+    Whether the value passes the test; a missing or null value, an empty list, or one of another
+    type passes none. A list (`to: [a@x, b@y]`, a repeated form field) passes a test when every
+    item does, and a negated test (`!=`, `not_in`, `not_ends_with`) when any item fails its
+    positive: `deny: {to: {not_ends_with: "@example.com"}}` denies a list with one outside address.
+    """
+    if v is MISSING or v is None or v == []:
+        return False
+    if isinstance(v, list):
+        if c.op in NEGATED:
+            positive = Condition(c.field, NEGATED[c.op], c.value)
+            return not all(_holds_one(positive, x) for x in v)
+        return all(_holds_one(c, x) for x in v)
+    return _holds_one(c, v)
+
+
+def _holds_one(c: Condition, v: Any) -> bool:
+    if v is None or isinstance(v, (list, dict)):
         return False
     if c.op == "==":
         return same_value(v, c.value)

@@ -71,3 +71,15 @@ def test_loader_errors_name_file_line_and_field(decisions, field, said):
     text = str(e.value)
     assert "pay.yaml" in text and field in text and said in text
     assert text.startswith("pay.yaml:8:")  # the line of the decision
+
+
+def test_a_list_passes_a_test_when_every_item_does_and_a_negated_test_when_any_fails():
+    op = op_with(BAND)
+    # one outside address among company ones: denied (before this, a list passed no test and was allowed)
+    assert verdict(op, amount=5, to=["a@example.com", "b@evil.test"], currency="eur").decision == "deny"
+    assert verdict(op, amount=5, to=["a@example.com", "b@EXAMPLE.com"], currency="eur").decision == "allow"
+    assert verdict(op, amount=5, to=[], currency="eur").decision == "allow"  # empty: no test holds, deny too
+    allow_in = op_with('      - allow: {currency: {in: [eur, usd]}}\n      - deny: {currency: {"!=": x}}\n')
+    assert verdict(allow_in, currency=["eur", "usd"]).decision == "allow"
+    assert verdict(allow_in, currency=["eur", "gbp"]).decision == "deny"
+    assert verdict(allow_in, currency=[{"a": 1}]).decision == "deny"  # an object item fails `==`, so `!=` holds
