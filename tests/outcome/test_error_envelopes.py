@@ -2,7 +2,8 @@
 The proxy's own answers in an API's error envelope (proxy_addon/outcome/error_envelopes.py): each
 envelope's shape, a message that carries the explanation and the receipt id, the plain answer kept
 whole under `receipt_proxy`, a replay never wrapped, and nothing in the envelope the plain answer
-did not hold; a rules file's own template filled in (placeholders, escapes, numbers) likewise. Receipts come from a real store (tests/outcome/test_http_answers.py).
+did not hold; a rules file's own template filled in (placeholders, escapes, numbers) likewise.
+Receipts come from a real store (tests/outcome/test_http_answers.py).
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def test_a_template_key_defaults_to_receipt_proxy_and_makes_its_mappings(store):
 
 
 def test_a_template_escapes_braces_and_writes_numbers_in_text_as_text(store):  # noqa: F811
-    plain, op_id = blocked(store)
+    plain, _ = blocked(store)
     text = TEMPLATE.replace(
         'text: "{message}"', 'text: "{{code}} is {code}; HTTP {status}; {{{state}}}", n: 7, flag: true'
     )
