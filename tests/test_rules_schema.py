@@ -54,6 +54,7 @@ def _props(*path: str) -> set[str]:
         ("absent_when", ("definitions", "operation", "properties", "reconcile", "properties", "absent_when")),
         ("idempotency_key", ("definitions", "operation", "properties", "idempotency_key")),
         ("check", ("definitions", "check", "oneOf", 2)),
+        ("errors", ("properties", "errors", "oneOf", 1)),
     ],
 )
 def test_the_schema_names_the_keys_the_loader_accepts(where, schema_path):
@@ -64,7 +65,12 @@ def test_the_schema_names_the_keys_the_loader_accepts(where, schema_path):
     assert node.get("additionalProperties") is False
 
 
-@pytest.mark.parametrize("path", [*SHIPPED, ROOT / "tests" / "rules_it" / "test-api.yaml"], ids=lambda p: p.name)
+ENVELOPES = sorted((ROOT / "tests" / "rules_envelopes").glob("*.yaml"))  # errors: each named envelope, a template
+
+
+@pytest.mark.parametrize(
+    "path", [*SHIPPED, ROOT / "tests" / "rules_it" / "test-api.yaml", *ENVELOPES], ids=lambda p: p.name
+)
 def test_shipped_rules_validate_against_the_schema(path):
     errors = [e.message for e in VALIDATOR.iter_errors(yaml.safe_load(path.read_text()))]
     assert errors == []

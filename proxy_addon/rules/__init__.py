@@ -15,7 +15,8 @@ mitmproxy and raises `RulesError` naming the file, the line and the field.
         external_id: id
 
 model.py holds what a file loads into; ruleset.py the matching; loader.py reads files and folders,
-with nodes.py (strict YAML values), load_operation.py, load_classify.py and load_reconcile.py;
+with nodes.py (strict YAML values), load_operation.py, load_classify.py, load_reconcile.py and
+error_templates.py (an `errors:` template);
 placeholders.py names the `YOUR-…` values left in a file (a warning, not an error).
 """
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import yaml
 
 from proxy_addon.errors import RulesError
+from proxy_addon.rules.error_templates import load_errors
 from proxy_addon.rules.load_operation import Declared, declared_in, load_operation, method_override
 from proxy_addon.rules.model import (
     ANY_TOOL,
-    ERROR_ENVELOPES,
     FROM_SERVER,
     IDENT,
     KEYS,
@@ -176,7 +176,7 @@ def _load_file(ctx: Ctx, text: str) -> RuleFile | None:
         ctx.method_override = (
             ctx.attempt(method_override, ctx, top["method_override"][1], "method_override") or "honour"
         )
-    errors = ctx.attempt(_errors, ctx, top["errors"][1]) if "errors" in top else None
+    errors = ctx.attempt(load_errors, ctx, top["errors"][1]) if "errors" in top else None
     endpoint = ctx.attempt(_mcp_endpoint, ctx, top, api or "", credentials) if "mcp" in top else None
     operations = (
         ctx.attempt(_operations, ctx, top, api or "", credentials, allow_none=endpoint is not None)
@@ -196,14 +196,6 @@ def _load_file(ctx: Ctx, text: str) -> RuleFile | None:
     return RuleFile(
         api=api, hosts=tuple(hosts), operations=tuple(operations), source=ctx.source, post_reads=ctx.post_reads
     )
-
-
-def _errors(ctx: Ctx, node: yaml.Node) -> str:
-    """`errors:` the error envelope of the proxy's own answers to this API's writes (ERROR_ENVELOPES)."""
-    value = ctx.string(node, "errors")
-    if value not in ERROR_ENVELOPES:
-        raise ctx.error(node, "errors", f"{value!r} is not one of {', '.join(ERROR_ENVELOPES)}")
-    return value
 
 
 def _compose(text: str, source: str) -> yaml.Node:

@@ -31,7 +31,8 @@ AfterSuccess = Literal["replay", "block", "allow"]
 AFTER_SUCCESS: tuple[str, ...] = ("replay", "block", "allow")
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS")
 # `errors:` the error envelope the proxy's own answers take (outcome/error_envelopes.py): the API's own, so its
-# SDK reads the explanation and the receipt id; plain (the default) is the proxy's own JSON.
+# SDK reads the explanation and the receipt id; plain (the default) is the proxy's own JSON. Or a template, for an
+# API none of these fits (rules/error_templates.py).
 ERROR_ENVELOPES = ("plain", "openai", "anthropic", "stripe", "github")
 METHOD_OVERRIDE = ("honour", "refuse")  # `method_override:` honour (the default) or refuse X-HTTP-Method-Override
 CLASSIFIABLE = (State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN)
@@ -83,6 +84,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "pages_next": ("more", "from", "param"),
     "idempotency_key": ("header", "body", "format", "ttl"),
     "decision": ("allow", "approve", "deny", "reason"),
+    "errors": ("template", "key"),  # `errors:` as a template (rules/error_templates.py)
 }
 
 CREDENTIAL_PLACES = ("credential_query", "credential_body", "credential_path")  # in fingerprint_rule()
@@ -263,7 +265,9 @@ class Operation:
     credentials_scheme: str | None = None  # CLI reads send "<scheme> $VAR"
     line: int = 0
     description: str | None = None
-    errors: str = "plain"  # the file's `errors:`: the envelope of the proxy's own answers (ERROR_ENVELOPES)
+    # the file's `errors:`: the envelope of the proxy's own answers, a name in ERROR_ENVELOPES or a template's
+    # canonical JSON text (rules/error_templates.py)
+    errors: str = "plain"
     method_override: str = "honour"  # refuse: a request with a method override header gets 400 (METHOD_OVERRIDE)
     # `mcp.tools: from_server`'s operation: the tools the rules name as reads (`mcp.read_only_tools`), and
     # whether the server's annotations are trusted (`mcp.annotations: trusted`): its readOnlyHint makes a read

@@ -125,6 +125,12 @@ BAD_FILES = [
     ),
     ("46-external-id-list.yaml", 8, f"{OP}.external_id[1]", "expected a non-empty string, got a mapping"),
     ("95-bad-errors.yaml", 3, "errors", "'openapi' is not one of plain, openai, anthropic, stripe, github"),
+    (
+        "96-bad-error-template.yaml",
+        6,
+        "errors.template.error.text",
+        "{receipt_id} is not a placeholder of an error template; it may use: {code}, {message}, {status}",
+    ),
 ]
 
 # Files that once crashed the loader or lost the line number (fixed; kept as regressions).

@@ -5,6 +5,7 @@ first call's connection drops after the upstream committed (the proxy answers 50
 the identical second call is blocked, and the exception the SDK raises carries the proxy's explanation
 and the receipt id.
 Before `errors:`, the OpenAI SDK's text was only "Error code: 409" and its `body` the bare string.
+An API none of the named envelopes fits takes the rules file's own template (template-like.yaml).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import anthropic
+import httpx
 import openai
 import pytest
 import stripe as stripe_sdk
@@ -121,3 +123,38 @@ def test_stripe_sdk_shows_the_explanation_and_the_receipt(proxy, upstream, monke
     assert body["error"]["receipt_proxy"]["operation_id"] == r.operation_id
     assert "sk_test_not_a_secret" not in str(e)
     assert upstream.commits("/v1/customers") == 1
+
+
+def test_a_template_envelope_carries_the_explanation_and_the_receipt(proxy, upstream, bucket):
+    """An API none of the named envelopes fits: the rules file's own template, as a client parses it."""
+    path = f"/api/{bucket}/v2/tickets"
+    upstream.plan(path, "drop")
+    secret = "tkt-not-a-secret-7f3a"
+    with httpx.Client(proxy=proxy.url, trust_env=False, timeout=30) as client:
+
+        def ask() -> httpx.Response:
+            return client.post(
+                f"{upstream.url}{path}", json={"subject": "write once"}, headers={"X-Ticket-Token": secret}
+            )
+
+        first, second = ask(), ask()
+
+    r = receipt_of(proxy, path)
+    assert r.state == "outcome_unknown"
+    assert upstream.commits(path) == 1
+    assert first.status_code == 502 and second.status_code == 409
+    for answer in (first, second):
+        doc = answer.json()
+        assert list(doc) == ["status", "error", "details"]  # the template's shape, nothing else
+        assert doc["status"] == "error"
+        assert doc["error"]["http"] == answer.status_code  # a number, as the placeholder's value is
+        assert doc["error"]["receipt"] == r.operation_id
+        assert doc["error"]["literal"] == "{code}"
+        assert doc["details"]["source"] == "receipt-proxy"
+        assert doc["details"]["receipt_proxy"]["operation_id"] == r.operation_id
+        assert secret not in answer.text
+    doc = second.json()
+    assert doc["error"]["code"] == "duplicate_unresolved"
+    assert r.operation_id in doc["error"]["text"] and EXPLANATION in doc["error"]["text"]
+    assert doc["details"]["receipt_proxy"]["state"] == "outcome_unknown"
+    assert second.headers["X-Receipt-Id"] == r.operation_id
