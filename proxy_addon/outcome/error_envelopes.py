@@ -35,7 +35,20 @@ def in_envelope(answer: Answer, errors: str) -> Answer:
     else:
         body = _ENVELOPES[errors](answer.status, code, text, doc)
     headers = {k: v for k, v in answer.headers if k.lower() != "content-length"}
+    if errors in NO_RETRY and _retry_cannot_help(answer):
+        headers[NO_RETRY[errors]] = "false"
     return json_answer(answer.status, body, headers)
+
+
+# The header an SDK obeys before retrying on its own (openai and anthropic read x-should-retry, stripe
+# Stripe-Should-Retry). Their default retries of a 409, 429 or 5xx would turn the proxy's answer into a
+# blocked duplicate the agent sees in its place (a 502 outcome_unknown retried twice ends as 409).
+NO_RETRY = {"openai": "x-should-retry", "anthropic": "x-should-retry", "stripe": "Stripe-Should-Retry"}
+
+
+def _retry_cannot_help(answer: Answer) -> bool:
+    """Sent again at once, the request gets the same answer or a blocked one: all but a 503 and a Retry-After."""
+    return answer.status != 503 and not any(k.lower() == "retry-after" for k, _ in answer.headers)
 
 
 def message(doc: dict) -> str:
@@ -65,7 +78,8 @@ def _anthropic(status: int, code: str, text: str, doc: dict) -> dict:
     kind = {403: "permission_error", 413: "request_too_large", 429: "rate_limit_error"}.get(status)
     if kind is None:
         kind = "api_error" if status >= 500 else "invalid_request_error"
-    return {"type": "error", "error": {"type": kind, "message": text, KEY: doc}}
+    # `details.error_code`: the SDK's `e.error_code` (its counterpart of openai's `e.code`)
+    return {"type": "error", "error": {"type": kind, "message": text, "details": {"error_code": code}, KEY: doc}}
 
 
 def _stripe(status: int, code: str, text: str, doc: dict) -> dict:

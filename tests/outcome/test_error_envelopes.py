@@ -103,7 +103,8 @@ def test_every_answer_in_every_envelope(store, errors):  # noqa: F811
         wrapped = error_envelopes.in_envelope(plain, errors)
         assert wrapped.status == plain.status
         plain_headers = {k: v for k, v in plain.headers if k != "content-length"}
-        assert {k: v for k, v in wrapped.headers if k != "content-length"} == plain_headers
+        retry = {"x-should-retry", "Stripe-Should-Retry"}  # the one header an envelope adds (test below)
+        assert {k: v for k, v in wrapped.headers if k not in ("content-length", *retry)} == plain_headers
         doc = body(wrapped)
         ours = doc["receipt_proxy"] if errors == "github" else doc["error"]["receipt_proxy"]
         assert ours == body(plain)
@@ -240,7 +241,8 @@ def test_every_answer_in_a_template(store):  # noqa: F811
         wrapped = error_envelopes.in_envelope(plain, errors)
         assert wrapped.status == plain.status
         plain_headers = {k: v for k, v in plain.headers if k != "content-length"}
-        assert {k: v for k, v in wrapped.headers if k != "content-length"} == plain_headers
+        retry = {"x-should-retry", "Stripe-Should-Retry"}  # the one header an envelope adds (test below)
+        assert {k: v for k, v in wrapped.headers if k not in ("content-length", *retry)} == plain_headers
         doc = body(wrapped)
         assert doc["details"]["receipt_proxy"] == body(plain)
         assert doc["error"]["code"] == body(plain)["error"] and doc["error"]["http"] == plain.status
@@ -255,3 +257,22 @@ def test_nothing_enters_a_template_that_the_plain_answer_did_not_hold(store):  #
     plain_text = json.dumps(body(plain))
     for s in strings:
         assert s in plain_text or s == error_envelopes.message(body(plain)) or s in {"error", "proxy"}, s
+
+
+def test_sdks_are_told_not_to_retry_where_sending_again_at_once_cannot_help(store):  # noqa: F811
+    plain, _ = blocked(store)  # 409 without Retry-After: an immediate retry is blocked again
+    assert dict(error_envelopes.in_envelope(plain, "openai").headers)["x-should-retry"] == "false"
+    assert dict(error_envelopes.in_envelope(plain, "anthropic").headers)["x-should-retry"] == "false"
+    assert dict(error_envelopes.in_envelope(plain, "stripe").headers)["Stripe-Should-Retry"] == "false"
+    assert "x-should-retry" not in dict(error_envelopes.in_envelope(plain, "github").headers)
+    assert "x-should-retry" not in dict(error_envelopes.in_envelope(plain, "plain").headers)
+    waits = answers.json_answer(409, {"error": "duplicate_unresolved"}, {"Retry-After": "30"})
+    assert "x-should-retry" not in dict(error_envelopes.in_envelope(waits, "openai").headers)  # it may settle
+    down = answers.unavailable("pay", "charge", "the store is down")  # 503: a retry may find it back
+    assert "x-should-retry" not in dict(error_envelopes.in_envelope(down, "openai").headers)
+
+
+def test_the_anthropic_envelope_gives_its_sdk_an_error_code(store):  # noqa: F811
+    plain, _ = blocked(store)
+    doc = body(error_envelopes.in_envelope(plain, "anthropic"))
+    assert doc["error"]["details"] == {"error_code": "duplicate_unresolved"}  # anthropic's e.error_code

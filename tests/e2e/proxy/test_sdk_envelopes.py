@@ -78,6 +78,27 @@ def test_openai_sdk_shows_the_explanation_and_the_receipt(through_proxy, upstrea
     assert upstream.commits(path) == 1
 
 
+def test_an_sdk_with_its_default_retries_hears_the_proxys_own_answer(through_proxy, upstream, bucket):
+    """
+    The openai SDK retries a 5xx or a 409 twice by default. Its retries of the proxy's 502 (outcome
+    unknown) would be blocked 409s, and the agent would hear "duplicate" in place of "outcome unknown";
+    the proxy's answer says `x-should-retry: false` where sending again at once cannot help.
+    """
+    path = f"/api/{bucket}/v1/chat/completions"
+    upstream.plan(path, "drop")
+    client = openai.OpenAI(base_url=f"{upstream.url}/api/{bucket}/v1", api_key="sk-test-not-a-secret")
+    with pytest.raises(openai.InternalServerError) as info:  # before: ConflictError, from its own retry
+        client.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "write once"}])
+    assert info.value.code == "outcome_unknown" and info.value.response.headers["x-should-retry"] == "false"
+    r = receipt_of(through_proxy, path)
+    store = Store.open(through_proxy.db, create=False)
+    try:
+        assert [e.reason for e in store.events(r.operation_id) if "duplicate" in (e.reason or "")] == []
+    finally:
+        store.close()
+    assert upstream.commits(path) == 1
+
+
 def test_anthropic_sdk_shows_the_explanation_and_the_receipt(through_proxy, upstream, bucket):
     path = f"/api/{bucket}/v1/messages"
     upstream.plan(path, "drop")
@@ -95,6 +116,7 @@ def test_anthropic_sdk_shows_the_explanation_and_the_receipt(through_proxy, upst
     e = info.value
     assert r.operation_id in str(e) and EXPLANATION in str(e)
     assert isinstance(e.body, dict) and e.body["error"]["receipt_proxy"]["operation_id"] == r.operation_id
+    assert e.error_code == "duplicate_unresolved"  # the SDK reads error.details.error_code
     assert "sk-ant-not-a-secret" not in str(e)
     assert upstream.commits(path) == 1
 
