@@ -80,7 +80,7 @@ def test_a_deny_from_the_files_decisions_and_a_missing_field_as_the_text_shows_t
         "    amount = 5: >= 100 fails\n"  # below the band's lower end
         "    amount = 5: < 100000 holds\n"
         "  the file's decisions[0] (line 4) deny: holds: it decides\n"
-        '    to = "x@elsewhere.test": not_ends_with \'@example.com\' holds\n'
+        "    to = \"x@elsewhere.test\": not_ends_with '@example.com' holds\n"
     ) in text
     missing = report({"amount": 5})["decision"]
     assert missing["decision"] == "allow" and missing["why"] == "no decision matched (the default is allow)"
