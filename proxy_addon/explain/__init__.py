@@ -6,12 +6,14 @@
 
 The report names the operation that matches (or why none does), the fields that enter the
 fingerprint with their values (credentials never: they are shown as REDACTED), the fingerprint
-itself, how an answer would be classified and what a duplicate would get. One module per part:
+itself, how an answer would be classified, what a duplicate would get and which of the rules'
+decisions it gets. One module per part:
 
     report.py         the report, matched and fingerprinted exactly as the proxy does (`explain`)
     no_match.py       why no operation matches
     body_warnings.py  the fingerprint's named fields cannot be read from this body: why, what to change
     duplicates.py     what a duplicate gets, and what a reconcile read proves
+    decision_trace.py which decision of the rules' `decisions:` it gets, and why
     render.py         the report as text (`render`)
 
 An MCP tool call's part is explain/tool_calls.py's.

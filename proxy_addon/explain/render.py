@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy_addon.explain.decision_trace import decision_lines
 from proxy_addon.explain.tool_calls import tool_call_lines
 
 SHOWN = 120  # characters of a value shown
@@ -64,6 +65,8 @@ def render(report: dict[str, Any]) -> str:
             f"  the receipts database has {e['operation_id']} with this fingerprint: {e['state']} "
             f"(submitted {e['submitted_at']})"
         )
+    if "decision" in report:
+        lines += decision_lines(report["decision"])
     lines += ["", "answers:"] + [f"  {c}" for c in report["classify"]]
     if "external_id" in report:
         lines.append(f"  the created object's id: {report['external_id']}")

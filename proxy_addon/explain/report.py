@@ -2,7 +2,8 @@
 The report `receipts rules explain` prints (render.py prints it as text): the operation that
 matches (or why none does: no_match.py), the fields that enter the fingerprint with their
 values (credentials never: they are shown as REDACTED), the fingerprint itself, how an answer
-would be classified, the identity the proxy adds and what a duplicate would get (duplicates.py).
+would be classified, the identity the proxy adds, what a duplicate would get (duplicates.py) and
+which decision of the rules' `decisions:` it gets, and why (decision_trace.py).
 Warnings say when the named fields cannot be read from the body given (body_warnings.py).
 It matches and fingerprints exactly as the proxy does: `RuleSet.match` and `fingerprint` on
 the URL as given, whose canonical form (wire/canonical.py) the report shows when it differs.
@@ -17,6 +18,7 @@ from urllib.parse import SplitResult, urlsplit
 
 from proxy_addon.errors import BadEncoding, BadJson, BodyTooLarge, UnpairedSurrogate
 from proxy_addon.explain.body_warnings import UNREAD, body_warnings
+from proxy_addon.explain.decision_trace import describe_decisions
 from proxy_addon.explain.duplicates import duplicates
 from proxy_addon.explain.no_match import why_no_match
 from proxy_addon.explain.tool_calls import describe_tool_call
@@ -140,6 +142,7 @@ def explain(
         report["refused"] = refused
         return report
     _describe(report, op, intent, headers, body)
+    describe_decisions(report, op, intent)  # which decision it gets, and why (decision_trace.py)
     if m.mcp_call is not None:
         describe_tool_call(report, op, m.mcp_call.name, [_rule_text(r) for r in op.classify_rules])
     return report

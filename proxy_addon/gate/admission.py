@@ -93,6 +93,11 @@ class Admitted:
     attempt: Attempt
 
 
+def _new_receipt(decision: Decision, a: Attempt) -> bool:
+    """A receipt this attempt made (not the next round of an MCP call, which goes on under its first one's)."""
+    return decision.kind == "forward" and decision.receipt.flow_id == a.flow_id
+
+
 def _held_versions(rules: RuleSet) -> Callable[[ReceiptStore], list[Held]]:
     described = {op.rule_digest: json.dumps(op.fingerprint_rule(), sort_keys=True) for op in rules.operations}
 
@@ -215,9 +220,12 @@ class Gate:
             decision = await decided(True)
         if decision.kind == "forward":
             self._outcomes[decision.receipt.operation_id] = asyncio.Event()
-        else:
+        elif decision.kind != "denied":  # a `deny` decision's receipt is new: no duplicate
             self.metrics.duplicate(op.api, op.name, decision.kind)
-        return Admitted(decision, built[0])
+        a = built[0]
+        if a.decided is not None and (decision.kind == "denied" or _new_receipt(decision, a)):
+            self.metrics.ruled(op.api, op.name, a.decided)
+        return Admitted(decision, a)
 
     def _records_answer(self, op: Operation, final: bool) -> bool | Callable[[Decision], bool]:
         """Whether a duplicate's answer is recorded now: only the one it finally gets (not one that follows up)."""

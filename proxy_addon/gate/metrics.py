@@ -28,6 +28,8 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
                                              settling, failed, no_slot (none free within the timeout)
     approvals_pending (gauge)                writes held for approval in this process now
     approval_decisions_total{decision}       approved, denied, timeout, modified, hung_up, stopped
+    rule_decisions_total{decision}           new writes of an operation with `decisions:` (its own or its
+                                             file's), by what they decided: allow, approve, deny
     rules_reloads_total{result}              (no api/operation) rules loaded again while running: ok, failed
     rules_last_reload_successful (gauge)     (no api/operation) 0 while the last reload has failed
     receipt_commit_seconds (histogram)       deciding and committing a new receipt (one write
@@ -132,6 +134,12 @@ METRICS: dict[str, MetricSpec] = {
     "reads": MetricSpec(Counter, "reconcile_reads", "Reconcile reads run by this process, by result", (*OP, "result")),
     "pending": MetricSpec(Gauge, "approvals_pending", "Writes held for an operator's approval in this process", OP),
     "decisions": MetricSpec(Counter, "approval_decisions", "Decisions on writes held for approval", (*OP, "decision")),
+    "verdicts": MetricSpec(
+        Counter,
+        "rule_decisions",
+        "New writes decided by the rules' decisions: allow, approve (held), deny (not sent)",
+        (*OP, "decision"),
+    ),
     "reloads": MetricSpec(
         Counter, "rules_reloads", "Rules loaded again while running (failed: the last good rules stay)", ("result",)
     ),
@@ -198,6 +206,7 @@ class Metrics:
         self.reads: Counter = declare(METRICS["reads"], self.registry)
         self.pending: Gauge = declare(METRICS["pending"], self.registry)
         self.decisions: Counter = declare(METRICS["decisions"], self.registry)
+        self.verdicts: Counter = declare(METRICS["verdicts"], self.registry)
         self.reloads: Counter = declare(METRICS["reloads"], self.registry)
         self.reload_ok: Gauge = declare(METRICS["reload_ok"], self.registry)
         self.commit: Histogram = declare(METRICS["commit"], self.registry)
@@ -239,6 +248,10 @@ class Metrics:
 
     def decided(self, api: str, operation: str, decision: str) -> None:
         self.decisions.labels(api, operation, decision).inc()
+
+    def ruled(self, api: str, operation: str, decision: str) -> None:
+        """A new write the rules' `decisions:` decided (intent/decisions.py): allow, approve or deny."""
+        self.verdicts.labels(api, operation, decision).inc()
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels("ok" if ok else "failed").inc()

@@ -38,14 +38,41 @@ def decide(rules: Sequence[DecisionRule], intent: Mapping[str, Any], principal: 
     return Verdict("allow", "no decision matched (the default is allow)" if rules else "the operation has no decisions")
 
 
+@dataclass(frozen=True)
+class Tried:
+    """One entry as `trace` tried it: each test with the value it read (MISSING: none) and whether it held."""
+
+    rule: DecisionRule
+    tests: tuple[tuple[Condition, Any, bool], ...]
+
+    @property
+    def held(self) -> bool:
+        return all(ok for _, _, ok in self.tests)
+
+
+def trace(rules: Sequence[DecisionRule], intent: Mapping[str, Any], principal: str) -> tuple[Verdict, list[Tried]]:
+    """`decide`'s verdict, and each entry it tried up to the one that decided (`receipts rules explain`)."""
+    tried = []
+    for rule in rules:
+        tests = []
+        for c in rule.conditions:
+            v = value_of(c.field, intent, principal)
+            tests.append((c, v, holds(c, v)))
+        tried.append(Tried(rule, tuple(tests)))
+        if tried[-1].held:
+            return Verdict(rule.decision, describe(rule)), tried
+    return decide(rules, intent, principal), tried
+
+
 def describe(rule: DecisionRule) -> str:
-    """`decisions[0] (line 12): approve when amount >= 100000: large charges`."""
-    tests = " and ".join(f"{c.field} {c.op} {_shown(c.value)}" for c in rule.conditions)
+    """`decisions[0] (line 12): approve when amount >= 100000: large charges`; a file's: `the file's decisions[0]...`"""
+    tests = " and ".join(f"{c.field} {c.op} {shown(c.value)}" for c in rule.conditions)
     said = f": {rule.reason}" if rule.reason else ""
-    return f"decisions[{rule.index}] (line {rule.line}): {rule.decision} when {tests}{said}"
+    whose = "the file's " if rule.in_file else ""
+    return f"{whose}decisions[{rule.index}] (line {rule.line}): {rule.decision} when {tests}{said}"
 
 
-def _shown(v: Any) -> str:
+def shown(v: Any) -> str:
     pattern = getattr(v, "pattern", None)
     return repr(pattern) if pattern is not None else repr(list(v) if isinstance(v, tuple) else v)
 

@@ -342,6 +342,7 @@ def build_attempt(
         idempotency=idempotency,
         approval=op.approve or verdict.decision == "approve",
         denied=verdict.why if verdict.decision == "deny" else None,
+        decided=verdict.decision if op.decisions else None,
         key_format=op.idempotency_format,
         given_key=given_key,
         fingerprint_scheme=SCHEME,

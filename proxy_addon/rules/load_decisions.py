@@ -10,15 +10,31 @@ Loading an operation's `decisions:`: allow, approve or deny a write by what its 
 Each condition names a field the fingerprint names (a body field, a path or query parameter, a
 header) or `principal`: a decision rests only on what the receipt records. A bare value means
 `==`. Evaluated by intent/decisions.py.
+
+A file's own `decisions:` (top level) apply to every operation of the file, after the operation's
+own (`with_file_decisions`). Each of their fields must be named by the fingerprint of every
+operation: a field one operation does not record is refused, naming the file, the line and the
+operation (a decision never silently skips an operation that cannot be tested).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import yaml
 
-from proxy_addon.rules.model import CONDITION_OPS, DECISIONS, KEYS, PRINCIPAL, Condition, DecisionRule, FingerprintSpec
+from proxy_addon.errors import RulesError
+from proxy_addon.rules.model import (
+    CONDITION_OPS,
+    DECISIONS,
+    KEYS,
+    PRINCIPAL,
+    Condition,
+    DecisionRule,
+    FingerprintSpec,
+    Operation,
+)
 from proxy_addon.rules.nodes import Ctx, node_kind, scalar_value
 
 ORDERED = ("<", "<=", ">", ">=")
@@ -31,7 +47,8 @@ def named_fields(fp: FingerprintSpec) -> set[str]:
 
 
 def load_decisions(ctx: Ctx, node: yaml.Node, where: str, fp: FingerprintSpec | None) -> tuple[DecisionRule, ...]:
-    """The list of `decisions:`; `fp` None: the fingerprint did not load, names are left unchecked."""
+    """The list of `decisions:`; `fp` None: the fingerprint did not load (or a file's list: checked
+    per operation by `with_file_decisions`), names are left unchecked."""
     if not isinstance(node, yaml.SequenceNode):
         raise ctx.error(node, where, f"expected a list of decisions, got {node_kind(node)}")
     out: list[DecisionRule] = []
@@ -40,6 +57,30 @@ def load_decisions(ctx: Ctx, node: yaml.Node, where: str, fp: FingerprintSpec | 
         if rule is not None:
             out.append(rule)
     return tuple(out)
+
+
+def with_file_decisions(ctx: Ctx, node: yaml.Node, operations: list[Operation]) -> list[Operation]:
+    """
+    The operations with the file's `decisions:` after their own. A field an operation's fingerprint
+    does not name is reported (file, line, operation), once per condition and operation.
+    """
+    rules = tuple(replace(r, in_file=True) for r in load_decisions(ctx, node, "decisions", None))
+    for op in operations:
+        allowed = named_fields(op.fingerprint)
+        for rule in rules:
+            for name, line in {c.field: c.line for c in rule.conditions}.items():
+                if name not in allowed:
+                    ctx.report(
+                        RulesError(
+                            f"{name!r} is not a field the fingerprint of operation {op.name!r} names; the file's "
+                            f"decisions apply to every operation, and {op.name!r} records only "
+                            f"{', '.join(sorted(allowed))}",
+                            source=ctx.source,
+                            line=line,
+                            field=f"decisions[{rule.index}].{rule.decision}.{name}",
+                        )
+                    )
+    return [replace(op, decisions=op.decisions + rules) for op in operations]
 
 
 def _decision(ctx: Ctx, node: yaml.Node, where: str, index: int, fp: FingerprintSpec | None) -> DecisionRule:
@@ -65,7 +106,7 @@ def _decision(ctx: Ctx, node: yaml.Node, where: str, index: int, fp: Fingerprint
                 f"{name!r} is not a field the fingerprint names; a decision may test only "
                 f"{', '.join(sorted(allowed))} (what the receipt records)",
             )
-        conditions.extend(_conditions(ctx, name, value, fw))
+        conditions.extend(replace(c, line=key.start_mark.line + 1) for c in _conditions(ctx, name, value, fw))
     return DecisionRule(decision, tuple(conditions), reason, node.start_mark.line + 1, index)
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from proxy_addon.errors import RulesError
 from proxy_addon.rules.error_templates import load_errors
+from proxy_addon.rules.load_decisions import with_file_decisions
 from proxy_addon.rules.load_operation import Declared, declared_in, load_operation, method_override
 from proxy_addon.rules.model import (
     ANY_TOOL,
@@ -187,10 +188,11 @@ def _load_file(ctx: Ctx, text: str) -> RuleFile | None:
         _check_credential_params(ctx, top["credentials"][1], credentials[0], [*operations, endpoint])
     if endpoint is not None and operations is not None:
         _named_reads(ctx, top["mcp"][1], endpoint, operations)
+        operations.append(endpoint)  # after the file's own operations: an explicit rule wins
+    if "decisions" in top and operations is not None:  # the file's, after each operation's own
+        operations = ctx.attempt(with_file_decisions, ctx, top["decisions"][1], operations)
     if ctx.problems or api is None or hosts is None or operations is None:
         return None
-    if endpoint is not None:  # after the file's own operations: an explicit rule wins
-        operations.append(endpoint)
     if errors is not None:
         operations = [replace(op, errors=errors) for op in operations]
     return RuleFile(

@@ -42,7 +42,17 @@ ALREADY_EXISTS = "already_exists"  # a classify verdict: the answer says the eff
 # The keys each mapping of a rules file may have, in the order errors list them.
 # proxy_addon/rules.schema.json describes the same keys (a test keeps them in step).
 KEYS: dict[str, tuple[str, ...]] = {
-    "file": ("api", "hosts", "credentials", "post_reads", "method_override", "errors", "mcp", "operations"),
+    "file": (
+        "api",
+        "hosts",
+        "credentials",
+        "post_reads",
+        "method_override",
+        "errors",
+        "mcp",
+        "decisions",
+        "operations",
+    ),
     "mcp_endpoint": ("path", "tools", "annotations", "read_only_tools"),
     "credentials": ("header", "query", "body", "path", "env", "scheme"),
     "operation_credentials": ("header", "query", "body", "path"),
@@ -223,6 +233,7 @@ class Condition:
     field: str
     op: str  # one of CONDITION_OPS
     value: Any  # a list for in / not_in, a compiled pattern for matches
+    line: int = 0  # where the rules file names the field
 
 
 @dataclass(frozen=True)
@@ -234,6 +245,7 @@ class DecisionRule:
     reason: str | None = None
     line: int = 0
     index: int = 0  # its place in the list, to name it: decisions[0]
+    in_file: bool = False  # the file's `decisions:` (after each operation's own), not the operation's
 
 
 @dataclass(frozen=True)
@@ -251,7 +263,8 @@ class Operation:
     reconcile: ReconcileSpec | None = None
     idempotency_header: str | None = None  # the API deduplicates by this header; the proxy adds it
     approve: bool = False  # an operator approves each request (mitmweb, receipts approve) before it is sent
-    decisions: tuple[DecisionRule, ...] = ()  # `decisions:` the first whose conditions hold decides; none: allow
+    # `decisions:` its own, then its file's: the first whose conditions hold decides; none: allow
+    decisions: tuple[DecisionRule, ...] = ()
     record: bool = True  # keep the answer (sealed) to replay to a duplicate; False: keep none, block duplicates
     credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
     graphql: str | None = None  # match only GraphQL mutations with this root field

@@ -47,6 +47,7 @@ _RECEIPT_COLUMNS = (
     "read_principal",
     "upstream_timeout",
     "in_flight_until",
+    "error",
 )
 
 
@@ -145,7 +146,8 @@ class ReceiptAttempts(ReceiptInterim):
         - an unresolved receipt with the same fingerprint: "blocked" (and the blocked attempt is recorded);
         - a succeeded one: per `after_success`, "replay" (within `replay_window` seconds and
           with a recorded response), "blocked_succeeded", or a new attempt;
-        - otherwise a new `submitted` receipt, with `retry_of` naming the previous one: "forward".
+        - otherwise a new `submitted` receipt, with `retry_of` naming the previous one: "forward"
+          (`awaiting_approval` when held; `rejected`, "denied", when a `deny` decision refused it).
 
         A duplicate's answer is appended to the receipt's events, unless `record_duplicate` is
         False or says False of the decision (the proxy does not record a duplicate that will
@@ -170,7 +172,7 @@ class ReceiptAttempts(ReceiptInterim):
                     decision = self._decide(
                         attempt, after_success, replay_window, actor, durable=durable, locked=intents
                     )
-                    if decision.kind != "forward":
+                    if decision.kind not in ("forward", "denied"):  # a denied write's receipt is new
                         self._record_duplicate(decision, attempt, actor, record_duplicate)
                     return decision
             except _NeedsDurable:
@@ -396,14 +398,15 @@ class ReceiptAttempts(ReceiptInterim):
         return Decision("replay", latest, "duplicate answered with the recorded response", answer=answer)
 
     def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
-        """A new receipt (and its first event) for an attempt to forward."""
+        """A new receipt (and its first event) for an attempt to forward, or one a `deny` decision refused."""
         self._hold_lease(a)
         at = iso(now)
         retry_of = latest.operation_id if latest is not None else None
         operation_id = new_operation_id(now)
         first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
-        if a.denied is not None:  # a `deny` decision: recorded rejected, never sent; rejected never blocks a retry
-            first_state = State.REJECTED
+        # A `deny` decision: recorded rejected, never sent, its error the rule's; rejected never blocks a retry.
+        error = f"denied by policy {a.denied}" if a.denied is not None else None
+        first_state = State.REJECTED if error else first_state
         idempotency_key, idempotency_key_at = _key_of(a, latest, operation_id, at)
         # Sent now (or once approved: transitions.py sets it then): held open at most its upstream timeout.
         in_flight_until = (
@@ -435,17 +438,16 @@ class ReceiptAttempts(ReceiptInterim):
             a.read_principal,
             a.upstream_timeout,
             in_flight_until,
+            error,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
-        reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
-        if a.denied is not None:
-            reason = f"denied by policy {a.denied}; not sent"
+        reason = f"{error}; not sent" if error else f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
         self._changed(a.api, a.operation, None, first_state)
         # The receipt as inserted (the columns not inserted are NULL, failed_reads 0), not read back.
-        row = dict.fromkeys(("completed_at", "http_status", "error", "external_id", "next_read_at"))
+        row = dict.fromkeys(("completed_at", "http_status", "external_id", "next_read_at"))
         inserted = Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))})
-        if a.denied is not None:
+        if error:
             return Decision("denied", inserted, reason)
         return Decision("forward", inserted)
 

@@ -67,6 +67,7 @@ class Attempt:
     given_key: str | None = None
     approval: bool = False  # held for an operator's approval before it is sent
     denied: str | None = None  # a `deny` decision (intent/decisions.py), why: recorded rejected, never sent
+    decided: str | None = None  # what the operation's `decisions:` decided (allow, approve, deny); None: it has none
     raw_target: str | None = None  # the target as sent, when it is not the canonical `target`
     fingerprint_scheme: int | None = None  # the scheme that made `intent_fingerprint` (fingerprint.SCHEME)
     fingerprint_rule: str | None = None  # the digest of the rule it read (Operation.rule_digest)

@@ -54,7 +54,7 @@ BAD_FILES = [
         5,
         "version",
         "unknown key 'version'; expected one of: api, hosts, credentials, post_reads, method_override, errors, mcp, "
-        "operations",
+        "decisions, operations",
     ),
     ("12-duplicate-top-key.yaml", 3, "api", "duplicate key"),
     ("13-unknown-operation-key.yaml", 8, f"{OP}.retries", "unknown key 'retries'"),

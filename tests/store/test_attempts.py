@@ -167,3 +167,21 @@ def test_a_receipt_from_before_versions_whose_agent_sent_its_own_key_does_not_de
     assert key_dedupes(OP, base, now)  # today: the recorded key is the one that went upstream
     assert key_dedupes(OP, dataclasses.replace(base, fingerprint_scheme=None, client_key=None), now)
     assert not key_dedupes(OP, dataclasses.replace(base, fingerprint_scheme=None), now)
+
+
+def test_a_denied_attempt_is_recorded_rejected_with_its_rule_as_error_and_no_key(backend_store):
+    """A `deny` decision (intent/decisions.py): a new receipt, rejected, its error the rule's; no duplicate
+    event, no key; a retry of it is denied again under a receipt of its own (rejected never blocks)."""
+    why = "decisions[0] (line 9): deny when to not_ends_with '@example.com'"
+    first = backend_store.begin_attempt(attempt(denied=why))
+    assert first.kind == "denied" and first.reason == f"denied by policy {why}; not sent"
+    again = backend_store.begin_attempt(attempt(denied=why))
+    assert again.kind == "denied" and again.receipt.retry_of == first.receipt.operation_id
+    for d in (first, again):
+        r = backend_store.get(d.receipt.operation_id)
+        assert (r.state, r.error, r.idempotency_key) == (State.REJECTED, f"denied by policy {why}", None)
+        assert d.receipt.error == r.error  # as inserted, not read back
+        (event,) = backend_store.events(r.operation_id)  # no "blocked" event: it is no duplicate
+        assert (event.from_state, event.to_state, event.reason) == (None, State.REJECTED, d.reason)
+    allowed = backend_store.begin_attempt(attempt())  # the rule changed: the same intent is sent
+    assert allowed.kind == "forward" and allowed.receipt.idempotency_key is not None
