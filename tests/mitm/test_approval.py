@@ -132,7 +132,7 @@ async def test_mitmweb_and_the_cli_deciding_at_once_exactly_one_wins(setup, firs
     r, d, events = receipt_and_decision(tmp, operation_id)
     assert [e.to_state for e in events] == ["awaiting_approval", r.state]  # one decision applied
     if first == "mitmweb":
-        assert (r.state, d.consumed_at, events[-1].actor, f.response) == ("submitted", None, "mitmweb operator", None)
+        assert (r.state, d.consumed_at, events[-1].actor, f.response) == ("submitted", None, "mitmweb", None)
     else:
         assert (r.state, d.consumed_at is not None, events[-1].actor) == ("rejected", True, "cli:alice")
         assert f.response is not None
