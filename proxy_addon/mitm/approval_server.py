@@ -130,6 +130,10 @@ class _Server(ThreadingHTTPServer):
         super().__init__(at, _Handler)
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _holder_alive(receipts: Receipts, store: ReceiptStore, instance: str | None) -> bool:
     """Whether the proxy that holds a write still runs (its flock; on PostgreSQL, its lease)."""
     inst = receipts.installation
@@ -245,9 +249,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             decision = self._calls(decide)
         except LinkUsed as e:
-            raise _Refused(409, pages.outcome("Link used", str(e))) from None
+            raise _Refused(409, pages.outcome("Link used", _sentence(str(e)))) from None
         except IllegalTransition as e:
-            raise _Refused(409, pages.outcome("Not decided", str(e))) from None
+            raise _Refused(409, pages.outcome("Not decided", _sentence(str(e)))) from None
         except StoreError as e:
             raise _Refused(503, pages.outcome("Not decided", f"The receipts store could not record it: {e}")) from None
         logger.warning(f"receipt {link.operation_id}: {decision.decision} by {actor} (approval link)")
