@@ -224,12 +224,13 @@ async def test_a_decision_given_under_another_rules_version_does_not_send_the_wr
     s.close()
     await asyncio.wait_for(task, deadline(5))
     assert f.response is not None and f.response.status_code == 403
-    r, d, events = receipt_and_decision(tmp, operation_id)
+    r, d, _ = receipt_and_decision(tmp, operation_id)
     assert r.state == "rejected" and "approved under p1:0000" in r.error and d.consumed_at is None
 
 
 async def test_a_held_write_is_told_to_notify_once_with_its_expiry_and_rules_version(setup):
     from proxy_addon.rules.policy_version import policy_version
+    from proxy_addon.store import utcnow
 
     addon, _, _ = setup
     told: list = []
@@ -238,6 +239,7 @@ async def test_a_held_write_is_told_to_notify_once_with_its_expiry_and_rules_ver
     task = await held(addon, f)
     ((receipt, expires_at, version),) = told
     assert receipt.operation_id == f.metadata["receipts"]["operation_id"]
+    assert 290 < (expires_at - utcnow()).total_seconds() <= 300  # receipts_approval_timeout's default
     assert version == policy_version(addon.rules.operation("shop", "refunds.create"))
     f.resume()
     await asyncio.wait_for(task, deadline(2))
