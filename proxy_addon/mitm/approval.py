@@ -6,7 +6,8 @@ The request is held with mitmproxy's own intercept until an operator decides, or
 receipts_approval_timeout passes (denied). An operator decides in mitmweb (Resume: approved,
 the receipt becomes submitted and the request is sent; Abort, mitmproxy's kill: denied,
 rejected "denied by operator"), or from another process with `receipts approve ID` /
-`receipts deny ID --note ...`, which record the decision in the store (`decide_approval`).
+`receipts deny ID --note ...` or an approval link, which record the decision in the store
+(`decide_approval`).
 `Approvals` looks for such decisions every POLL seconds while this proxy holds a write, and
 the held write applies one exactly as a Resume or an Abort, marking the decision used in the
 transaction that moves the receipt (`apply_approval`); the event names the decider (cli:NAME)
@@ -31,6 +32,15 @@ A held write is sent as it was recorded, or not at all:
   the store's guarded transition (`awaiting_approval` → ...) lets only one through. The CLI's
   decision that lost stays unused, and `receipts approve` says so. An edit or a hang-up beats a
   decision from the CLI as it beats a Resume: denied, the decision unused.
+- An approval binds to the rules: the version of the operation's rules (rules/policy_version.py)
+  is taken when the write is held, and an approval (mitmweb's, the CLI's, a link's, which also
+  names the version it was given under) releases it only while the rules in force still have
+  it. Otherwise the write is denied ("the operation's rules changed while the write was held"),
+  the approval left unused; a denial stands under any rules.
+- The timeout is a denial: `rejected` (nothing was sent), "denied: no decision within
+  receipts_approval_timeout (Ns)", by `proxy`. Who decided otherwise is the event's actor:
+  `mitmweb`, `cli:NAME`, `link:ADDRESS` (mitm/approval_server.py).
+- `Approvals.notify` (mitm/approval_webhook.py) is told of each write as it is held.
 The flow's comment keeps `AWAITING APPROVAL` while it is held (flows.comment), and says why a
 denied write was denied.
 """
@@ -234,6 +244,16 @@ def decision_label(to: State, reason: str, by_cli: ApprovalDecision | None) -> s
     return {MODIFIED: "modified", HUNG_UP: "hung_up"}.get(reason, "timeout")
 
 
+def _notify(approvals: Approvals, receipt: Receipt, expires_at: datetime, version: str) -> None:
+    """Tell the webhook (it sends on a task of its own); a failure to do so is logged, the write stays held."""
+    if approvals.notify is None:
+        return
+    try:
+        approvals.notify(receipt, expires_at, version)
+    except Exception:
+        logger.exception(f"receipt {receipt.operation_id}: the approval webhook could not be sent")
+
+
 async def await_approval(
     flow: http.HTTPFlow,
     meta: dict,
@@ -259,8 +279,7 @@ async def await_approval(
         f"(mitmweb, or receipts approve/deny {receipt.operation_id})"
     )
     metrics.held(receipt.api, receipt.operation, 1)
-    if approvals.notify is not None:  # the webhook: sent on a task of its own, never waited for here
-        approvals.notify(receipt, utcnow() + timedelta(seconds=timeout), version)
+    _notify(approvals, receipt, utcnow() + timedelta(seconds=timeout), version)
     try:
         with approvals.holding(receipt) as held:
             decided = await _decision(flow, held_as, timeout, held)
