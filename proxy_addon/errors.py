@@ -17,6 +17,7 @@ The errors receipt-proxy raises. Every one says what went wrong and how to fix i
         ├── IllegalTransition a state change the transition table forbids, or one
         │                     that lost a race (the receipt was no longer in the
         │                     expected state)
+        │   └── LinkUsed      an approval link that decided its write already
         └── UnknownReceipt    no receipt has that id
 """
 
@@ -58,6 +59,10 @@ class StoreUnavailable(StoreError):
 
 class IllegalTransition(StoreError):
     """The transition table forbids this state change, or the receipt moved on meanwhile."""
+
+
+class LinkUsed(IllegalTransition):
+    """An approval link that decided its write already: a link decides once (gate/approval_links.py)."""
 
 
 class UnknownReceipt(StoreError, LookupError):

@@ -119,6 +119,8 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "render": ("proxy_addon.explain.render", "render"),
     },
     "proxy_addon.mitm": {
+        "ApprovalServer": ("proxy_addon.mitm.approval_server", "ApprovalServer"),
+        "ApprovalWebhook": ("proxy_addon.mitm.approval_webhook", "ApprovalWebhook"),
         "MetricsServer": ("proxy_addon.mitm.metrics_server", "MetricsServer"),
         "ReceiptCommands": ("proxy_addon.mitm.flow_commands", "ReceiptCommands"),
         "ReceiptWeb": ("proxy_addon.mitm.web", "ReceiptWeb"),
@@ -205,7 +207,16 @@ ALL = {
         "template_variables",
     ],
     "proxy_addon.explain": ["BODY_LIMIT", "SHOWN", "explain", "render"],
-    "proxy_addon.mitm": ["MetricsServer", "ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"],
+    "proxy_addon.mitm": [
+        "ApprovalServer",
+        "ApprovalWebhook",
+        "MetricsServer",
+        "ReceiptCommands",
+        "ReceiptWeb",
+        "Receipts",
+        "Watch",
+        "make_addons",
+    ],
 }
 
 PACKAGES = list(ALL)

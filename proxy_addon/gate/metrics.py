@@ -27,9 +27,10 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
     reconcile_reads_total{result}            this process's reads: found, absent, manual_review,
                                              settling, failed, no_slot (none free within the timeout)
     approvals_pending (gauge)                writes held for approval in this process now
-    approval_decisions_total{decision}       approved, denied, timeout, modified, hung_up, stopped
+    approval_decisions_total{decision}       approved, denied, timeout, modified, hung_up, rules_changed, stopped
     rule_decisions_total{decision}           new writes of an operation with `decisions:` (its own or its
                                              file's), by what they decided: allow, approve, deny
+    approval_webhooks_total{result}          approval webhooks this process sent: sent (2xx), failed
     rules_reloads_total{result}              (no api/operation) rules loaded again while running: ok, failed
     rules_last_reload_successful (gauge)     (no api/operation) 0 while the last reload has failed
     receipt_commit_seconds (histogram)       deciding and committing a new receipt (one write
@@ -140,6 +141,9 @@ METRICS: dict[str, MetricSpec] = {
         "New writes decided by the rules' decisions: allow, approve (held), deny (not sent)",
         (*OP, "decision"),
     ),
+    "webhooks": MetricSpec(
+        Counter, "approval_webhooks", "Approval webhooks sent for held writes: sent (2xx) or failed", (*OP, "result")
+    ),
     "reloads": MetricSpec(
         Counter, "rules_reloads", "Rules loaded again while running (failed: the last good rules stay)", ("result",)
     ),
@@ -207,6 +211,7 @@ class Metrics:
         self.pending: Gauge = declare(METRICS["pending"], self.registry)
         self.decisions: Counter = declare(METRICS["decisions"], self.registry)
         self.verdicts: Counter = declare(METRICS["verdicts"], self.registry)
+        self.webhooks: Counter = declare(METRICS["webhooks"], self.registry)
         self.reloads: Counter = declare(METRICS["reloads"], self.registry)
         self.reload_ok: Gauge = declare(METRICS["reload_ok"], self.registry)
         self.commit: Histogram = declare(METRICS["commit"], self.registry)
@@ -252,6 +257,10 @@ class Metrics:
     def ruled(self, api: str, operation: str, decision: str) -> None:
         """A new write the rules' `decisions:` decided (intent/decisions.py): allow, approve or deny."""
         self.verdicts.labels(api, operation, decision).inc()
+
+    def notified(self, api: str, operation: str, *, ok: bool) -> None:
+        """An approval webhook sent (a 2xx answer) or failed."""
+        self.webhooks.labels(api, operation, "sent" if ok else "failed").inc()
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels("ok" if ok else "failed").inc()

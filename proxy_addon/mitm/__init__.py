@@ -1,12 +1,15 @@
 """
 The mitmproxy layer: the only part of receipt-proxy that imports mitmproxy.
 
-    addons = [Receipts(), ReceiptCommands(...), ReceiptWeb(...), Watch(...), MetricsServer(...), receipts.drain]
+    addons = [Receipts(), ReceiptCommands(...), ReceiptWeb(...), Watch(...), MetricsServer(...),
+              ApprovalServer(...), ApprovalWebhook(...), receipts.drain]
 
 composed the way mitmproxy composes its own addons (`mitmproxy/addons/__init__.py`), each
 with one job: the hooks (mitm/receipts_addon.py), the `receipts.*` commands (mitm/flow_commands.py), the Receipt
 content view (web.py), the once-a-second watch over receipts and rules (watch.py), the
-Prometheus endpoint (mitm/metrics_server.py, option receipts_metrics), and the stop on SIGTERM/SIGINT that
+Prometheus endpoint (mitm/metrics_server.py, option receipts_metrics), the approval links' endpoint
+(mitm/approval_server.py, receipts_approval_listen) and webhook (mitm/approval_webhook.py,
+receipts_approval_webhook), and the stop on SIGTERM/SIGINT that
 lets matched requests in flight end first (drain.py).
 Options are declared and parsed in options.py; the store they open (Installation, gate,
 PostgreSQL Listener, read connection) is mitm/receipts_db.py; the exchange that sends matched requests is
@@ -18,22 +21,36 @@ approvals are approval.py; mitmproxy internals are internals.py.
 
 from __future__ import annotations
 
+from proxy_addon.mitm.approval_server import ApprovalServer
+from proxy_addon.mitm.approval_webhook import ApprovalWebhook
 from proxy_addon.mitm.flow_commands import ReceiptCommands
 from proxy_addon.mitm.metrics_server import MetricsServer
 from proxy_addon.mitm.receipts_addon import Receipts
 from proxy_addon.mitm.watch import Watch
 from proxy_addon.mitm.web import ReceiptWeb
 
-__all__ = ["MetricsServer", "ReceiptCommands", "ReceiptWeb", "Receipts", "Watch", "make_addons"]
+__all__ = [
+    "ApprovalServer",
+    "ApprovalWebhook",
+    "MetricsServer",
+    "ReceiptCommands",
+    "ReceiptWeb",
+    "Receipts",
+    "Watch",
+    "make_addons",
+]
 
 
 def make_addons() -> list[object]:
     receipts = Receipts()
+    links = ApprovalServer(receipts)
     return [
         receipts,
         ReceiptCommands(receipts),
         ReceiptWeb(receipts.reader),
         Watch(receipts),
         MetricsServer(receipts),
+        links,
+        ApprovalWebhook(receipts, links.base_url),
         receipts.drain,
     ]

@@ -6,7 +6,8 @@ The request is held with mitmproxy's own intercept until an operator decides, or
 receipts_approval_timeout passes (denied). An operator decides in mitmweb (Resume: approved,
 the receipt becomes submitted and the request is sent; Abort, mitmproxy's kill: denied,
 rejected "denied by operator"), or from another process with `receipts approve ID` /
-`receipts deny ID --note ...`, which record the decision in the store (`decide_approval`).
+`receipts deny ID --note ...` or an approval link, which record the decision in the store
+(`decide_approval`).
 `Approvals` looks for such decisions every POLL seconds while this proxy holds a write, and
 the held write applies one exactly as a Resume or an Abort, marking the decision used in the
 transaction that moves the receipt (`apply_approval`); the event names the decider (cli:NAME)
@@ -31,6 +32,15 @@ A held write is sent as it was recorded, or not at all:
   the store's guarded transition (`awaiting_approval` → ...) lets only one through. The CLI's
   decision that lost stays unused, and `receipts approve` says so. An edit or a hang-up beats a
   decision from the CLI as it beats a Resume: denied, the decision unused.
+- An approval binds to the rules: the version of the operation's rules (rules/policy_version.py)
+  is taken when the write is held, and an approval (mitmweb's, the CLI's, a link's, which also
+  names the version it was given under) releases it only while the rules in force still have
+  it. Otherwise the write is denied ("the operation's rules changed while the write was held"),
+  the approval left unused; a denial stands under any rules.
+- The timeout is a denial: `rejected` (nothing was sent), "denied: no decision within
+  receipts_approval_timeout (Ns)", by `proxy`. Who decided otherwise is the event's actor:
+  `mitmweb`, `cli:NAME`, `link:ADDRESS` (mitm/approval_server.py).
+- `Approvals.notify` (mitm/approval_webhook.py) is told of each write as it is held.
 The flow's comment keeps `AWAITING APPROVAL` while it is held (flows.comment), and says why a
 denied write was denied.
 """
@@ -42,6 +52,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from mitmproxy import ctx, hooks, http
@@ -54,14 +65,15 @@ from proxy_addon.mitm import flows
 from proxy_addon.mitm.flows import HELD, META, mark
 from proxy_addon.outcome import http_answers as answers
 from proxy_addon.states import State
-from proxy_addon.store import ApprovalDecision, Receipt
+from proxy_addon.store import ApprovalDecision, Receipt, utcnow
 
 logger = logging.getLogger(__name__)
 
 MODIFIED = "denied: the request was modified while held (resume it unedited, or revert it first)"
 HUNG_UP = "denied: the agent hung up while the write was held"
 DENIED = "denied by operator"
-OPERATOR = "mitmweb operator"
+OPERATOR = "mitmweb"  # the actor of a decision made in mitmweb (Resume, Abort)
+RULES_CHANGED = "denied: the operation's rules changed while the write was held"
 POLL = 0.5  # seconds between two looks for decisions from the CLI, while a write is held
 TICK = 0.25  # seconds between two looks at a held flow (killed? agent gone? past the timeout?)
 
@@ -90,15 +102,20 @@ class _Held:
         self.woken.set()
 
 
+Notify = Callable[[Receipt, datetime, str], None]  # a held write, when its approval expires, its rules' version
+
+
 class Approvals:
     """
     The writes this proxy holds for approval, and the decisions recorded for them from another
-    process (`receipts approve` / `deny`): one query every POLL seconds while any write is held,
-    none otherwise.
+    process (`receipts approve` / `deny`, an approval link): one query every POLL seconds while
+    any write is held, none otherwise. `notify`, when set (mitm/approval_webhook.py), is told of
+    each write as it is held; it must not block.
     """
 
     def __init__(self, calls: Callable[[], StoreThread | None]):
         self._calls = calls
+        self.notify: Notify | None = None
         self._held: dict[str, _Held] = {}
         self._task: asyncio.Task | None = None
         self._failing: str | None = None  # the last error of a look, said once
@@ -198,13 +215,43 @@ async def _decision(
     return State.REJECTED, f"denied: no decision within receipts_approval_timeout ({timeout:g}s)", "proxy", None
 
 
+def _under_the_rules(
+    decided: tuple[State, str, str, ApprovalDecision | None], version: str, policy: Callable[[], str | None]
+) -> tuple[State, str, str, ApprovalDecision | None]:
+    """
+    An approval releases the write only under the rules it was held under: the rules' version
+    now (`policy`) and the one the approval was given under (a link's) must both be `version`.
+    Otherwise it is denied, and the approval is left unused. A denial stands under any rules.
+    """
+    to, _, _, by_cli = decided
+    if to is not State.SUBMITTED:
+        return decided
+    now, given = policy(), (by_cli.rules_version if by_cli is not None else None) or version
+    if now == version == given:
+        return decided
+    why = f"{RULES_CHANGED} (approved under {given}, now {now or 'no such operation'}); send it again to decide anew"
+    return State.REJECTED, why, "proxy", None
+
+
 def decision_label(to: State, reason: str, by_cli: ApprovalDecision | None) -> str:
     """The `decision` label of receipt_proxy_approval_decisions_total."""
     if to is State.SUBMITTED:
         return "approved"
     if by_cli is not None or reason == DENIED:
         return "denied"
+    if reason.startswith(RULES_CHANGED):
+        return "rules_changed"
     return {MODIFIED: "modified", HUNG_UP: "hung_up"}.get(reason, "timeout")
+
+
+def _notify(approvals: Approvals, receipt: Receipt, expires_at: datetime, version: str) -> None:
+    """Tell the webhook (it sends on a task of its own); a failure to do so is logged, the write stays held."""
+    if approvals.notify is None:
+        return
+    try:
+        approvals.notify(receipt, expires_at, version)
+    except Exception:
+        logger.exception(f"receipt {receipt.operation_id}: the approval webhook could not be sent")
 
 
 async def await_approval(
@@ -216,9 +263,14 @@ async def await_approval(
     approvals: Approvals,
     *,
     metrics: Metrics,
+    policy: Callable[[], str | None],
 ) -> Receipt:
-    """Hold the flow until an operator decides; the receipt after the decision (submitted: send it)."""
+    """
+    Hold the flow until an operator decides; the receipt after the decision (submitted: send it).
+    `policy`: the version of the operation's rules in force (rules/policy_version.py), None if it is gone.
+    """
     held_as = _sent_form(flow.request)  # what the receipt recorded: sent so, or not at all
+    version = policy() or "none"
     flow.intercept()
     mark(flow, State.AWAITING_APPROVAL, receipt, prefix=HELD)
     ctx.master.addons.trigger(hooks.UpdateHook([flow]))
@@ -227,9 +279,11 @@ async def await_approval(
         f"(mitmweb, or receipts approve/deny {receipt.operation_id})"
     )
     metrics.held(receipt.api, receipt.operation, 1)
+    _notify(approvals, receipt, utcnow() + timedelta(seconds=timeout), version)
     try:
         with approvals.holding(receipt) as held:
-            to, reason, actor, by_cli = await _decision(flow, held_as, timeout, held)
+            decided = await _decision(flow, held_as, timeout, held)
+            to, reason, actor, by_cli = _under_the_rules(decided, version, policy)
     except asyncio.CancelledError:  # the proxy stops (drain.py records not_sent)
         metrics.decided(receipt.api, receipt.operation, "stopped")
         raise

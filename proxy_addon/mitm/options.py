@@ -206,7 +206,39 @@ OPTIONS: list[Option] = [
         int,
         300,
         "Seconds a write of an operation with approve: true waits for an operator to resume (approve) or kill "
-        "(deny) it in mitmweb, or to run receipts approve/deny; past that it is denied",
+        "(deny) it in mitmweb, to run receipts approve/deny, or to follow an approval link; past that it is denied "
+        "(rejected, never sent), and its links expire",
+    ),
+    Option(
+        "receipts_approval_webhook",
+        str,
+        "",
+        "A URL to POST a signed JSON notice to when a write is held for approval (its receipt, the intent's named "
+        "fields, approve and deny links, a Slack-compatible text: a Slack incoming-webhook URL works as it is), "
+        "e.g. --set receipts_approval_webhook=https://hooks.slack.com/services/...; needs "
+        "receipts_approval_webhook_secret or $RECEIPT_PROXY_WEBHOOK_SECRET. Empty: off",
+    ),
+    Option(
+        "receipts_approval_webhook_secret",
+        str,
+        "",
+        "Path of a file holding the key that signs the approval webhook's body (HMAC-SHA256, header "
+        "X-Receipt-Signature: docs/operations.md); empty: the value of $RECEIPT_PROXY_WEBHOOK_SECRET",
+    ),
+    Option(
+        "receipts_approval_listen",
+        str,
+        "",
+        "Serve the approval links (GET shows the held write, POST decides) at http://HOST:PORT/approvals/..., "
+        "e.g. --set receipts_approval_listen=127.0.0.1:9465 (port 0: any free port, logged); empty: off. "
+        "Keep it on a loopback or private address; every proxy of a fleet can serve any proxy's links",
+    ),
+    Option(
+        "receipts_approval_url",
+        str,
+        "",
+        "The base URL the approval links carry, where a person's browser reaches a proxy's receipts_approval_listen "
+        "(e.g. https://approvals.internal); empty: http://HOST:PORT of receipts_approval_listen",
     ),
     Option(
         "receipts_drain_timeout",
@@ -306,10 +338,11 @@ def check(opts: Any) -> None:
         parse_debug_pause(opts.receipts_debug_pause)
     except ValueError as e:
         raise exceptions.OptionsError(f"receipts_debug_pause: {e}") from None
-    try:
-        parse_listen(opts.receipts_metrics)
-    except ValueError as e:
-        raise exceptions.OptionsError(f"receipts_metrics: {e}") from None
+    for name in ("receipts_metrics", "receipts_approval_listen"):
+        try:
+            parse_listen(getattr(opts, name))
+        except ValueError as e:
+            raise exceptions.OptionsError(f"{name}: {e}") from None
     if opts.receipts_forward == "addon" and getattr(opts, "client_certs", None):
         raise exceptions.OptionsError(
             "client_certs is set; use --set receipts_forward=mitmproxy to send matched "

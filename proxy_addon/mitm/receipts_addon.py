@@ -63,6 +63,7 @@ from proxy_addon.outcome.exchange_failures import SendStopped
 from proxy_addon.reconcile.settle import retry_after
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.rules.placeholders import placeholders
+from proxy_addon.rules.policy_version import policy_version
 from proxy_addon.rules.tool_catalog import ToolCatalog
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Decision, Receipt, ReceiptStore, utcnow
@@ -354,6 +355,7 @@ class Receipts:
                 ctx.options.receipts_approval_timeout,
                 self.approvals,
                 metrics=self.metrics,
+                policy=lambda: self._policy(meta),
             )
             if receipt.state is not State.SUBMITTED:
                 return
@@ -471,6 +473,11 @@ class Receipts:
 
     def _operation(self, meta: dict) -> Operation | None:
         return self.rules.operation(meta["api"], meta["operation"]) if self.rules else None
+
+    def _policy(self, meta: dict) -> str | None:
+        """The version of the flow's operation in the rules in force (an approval binds to it); None: gone."""
+        op = self._operation(meta)
+        return policy_version(op) if op is not None else None
 
     async def _record(
         self, flow: http.HTTPFlow, meta: dict, outcome: Outcome, op: Operation | None = None

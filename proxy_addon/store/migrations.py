@@ -341,3 +341,14 @@ def m013_interim_answers(db: Schema) -> None:
     db.execute("ALTER TABLE receipts ADD COLUMN task_status TEXT")
     db.execute("ALTER TABLE receipts ADD COLUMN task_revision TEXT")
     db.execute("CREATE INDEX receipts_by_task ON receipts(task_ref) WHERE task_ref IS NOT NULL")
+
+
+@migration
+def m014_approval_links(db: Schema) -> None:
+    # An operator's decision binds to the rules' version it was given under (policy_version of the
+    # operation when the write was held): the holding proxy applies an approval only while its
+    # rules still have that version. `link` is the id of the signed link that decided
+    # (gate/approval_links.py), so that the same link used again is told it was used. NULL in both:
+    # a decision from the CLI (bound to the version its write was held under), or made before.
+    db.execute("ALTER TABLE approval_decisions ADD COLUMN rules_version TEXT")
+    db.execute("ALTER TABLE approval_decisions ADD COLUMN link TEXT")

@@ -290,9 +290,9 @@ class Decision:
 class ApprovalDecision:
     """
     An operator's decision on a write held for approval (`receipts approve` / `receipts deny`),
-    recorded for the proxy that holds the write to apply. It binds to the receipt and to its
-    intent fingerprint, and is used once: `consumed_at` is set in the transaction that moves
-    the receipt on.
+    recorded for the proxy that holds the write to apply. It binds to the receipt, to its
+    intent fingerprint and (from a link) to the rules' version it was given under, and is used
+    once: `consumed_at` is set in the transaction that moves the receipt on.
     """
 
     operation_id: str
@@ -302,6 +302,8 @@ class ApprovalDecision:
     actor: str
     decided_at: str
     consumed_at: str | None = None
+    rules_version: str | None = None  # policy_version it was given under; None: the held write's own (the CLI)
+    link: str | None = None  # the id of the approval link that decided (gate/approval_links.py); None: no link
 
     @property
     def approved(self) -> bool:
@@ -320,4 +322,6 @@ class ApprovalDecision:
             actor=r["actor"],
             decided_at=r["decided_at"],
             consumed_at=r["consumed_at"],
+            rules_version=r.get("rules_version"),
+            link=r.get("link"),
         )

@@ -132,7 +132,7 @@ async def test_mitmweb_and_the_cli_deciding_at_once_exactly_one_wins(setup, firs
     r, d, events = receipt_and_decision(tmp, operation_id)
     assert [e.to_state for e in events] == ["awaiting_approval", r.state]  # one decision applied
     if first == "mitmweb":
-        assert (r.state, d.consumed_at, events[-1].actor, f.response) == ("submitted", None, "mitmweb operator", None)
+        assert (r.state, d.consumed_at, events[-1].actor, f.response) == ("submitted", None, "mitmweb", None)
     else:
         assert (r.state, d.consumed_at is not None, events[-1].actor) == ("rejected", True, "cli:alice")
         assert f.response is not None
@@ -181,3 +181,66 @@ async def test_a_look_that_fails_is_said_once_and_the_next_ones_still_apply_the_
         "database is locked"
     ]
     assert f.response is None and receipt_and_decision(tmp, operation_id)[0].state == "submitted"
+
+
+@pytest.mark.parametrize("by", ["cli", "mitmweb"])
+async def test_an_approval_under_rules_changed_while_the_write_was_held_does_not_send_it(setup, by):
+    """The operation's rules are edited while its write waits: an approval, from the CLI or mitmweb, denies it."""
+    from tests.mitm.conftest import RULES
+
+    addon, tctx, tmp = setup
+    f = order(f"C-8-{by}", path="/v1/refunds")
+    task = await held(addon, f)
+    operation_id = f.metadata["receipts"]["operation_id"]
+    edited = tmp / "edited.yaml"
+    edited.write_text(
+        RULES.replace(
+            "fingerprint: {body: [sku]}\n    approve: true", "fingerprint: {body: [sku, qty]}\n    approve: true"
+        )
+    )
+    tctx.configure(addon, receipts_rules=str(edited))
+    if by == "cli":
+        decide(tmp, operation_id, approve=True, note="fine")
+    else:
+        f.resume()
+    await asyncio.wait_for(task, deadline(5))
+    assert f.response is not None and f.response.status_code == 403
+    assert "the operation's rules changed while the write was held" in f.response.json()["reason"]
+    r, d, events = receipt_and_decision(tmp, operation_id)
+    assert r.state == "rejected" and r.error.startswith(approval.RULES_CHANGED)
+    assert (events[-1].from_state, events[-1].actor) == ("awaiting_approval", "proxy")
+    if by == "cli":
+        assert d.consumed_at is None  # not used: it did not release the write
+
+
+async def test_a_decision_given_under_another_rules_version_does_not_send_the_write(setup):
+    """A link's decision names the rules' version it was made under: another one than the held write's is refused."""
+    addon, _, tmp = setup
+    f = order("C-9", path="/v1/refunds")
+    task = await held(addon, f)
+    operation_id = f.metadata["receipts"]["operation_id"]
+    s = Store.open(tmp / "r.db", create=False)
+    s.decide_approval(operation_id, approve=True, note="", actor="link:127.0.0.1", rules_version="p1:0000", link="L")
+    s.close()
+    await asyncio.wait_for(task, deadline(5))
+    assert f.response is not None and f.response.status_code == 403
+    r, d, _ = receipt_and_decision(tmp, operation_id)
+    assert r.state == "rejected" and "approved under p1:0000" in r.error and d.consumed_at is None
+
+
+async def test_a_held_write_is_told_to_notify_once_with_its_expiry_and_rules_version(setup):
+    from proxy_addon.rules.policy_version import policy_version
+    from proxy_addon.store import utcnow
+
+    addon, _, _ = setup
+    told: list = []
+    addon.approvals.notify = lambda receipt, expires_at, version: told.append((receipt, expires_at, version))
+    f = order("C-10", path="/v1/refunds")
+    task = await held(addon, f)
+    ((receipt, expires_at, version),) = told
+    assert receipt.operation_id == f.metadata["receipts"]["operation_id"]
+    assert 290 < (expires_at - utcnow()).total_seconds() <= 300  # receipts_approval_timeout's default
+    assert version == policy_version(addon.rules.operation("shop", "refunds.create"))
+    f.resume()
+    await asyncio.wait_for(task, deadline(2))
+    assert len(told) == 1

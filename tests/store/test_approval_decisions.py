@@ -264,3 +264,33 @@ def test_prune_removes_a_decision_with_its_receipt(store, clock):
     clock.advance(3 * 86400)
     assert store.prune(dt.timedelta(days=1)) == [rid]
     assert tables(store) == ([], [], [])
+
+
+def test_a_link_decides_once_and_is_told_it_was_used(store):
+    """A decision from an approval link keeps the link's id and rules' version; the same link again: LinkUsed."""
+    from proxy_addon.errors import LinkUsed
+
+    rid = held(store)
+    d = store.decide_approval(
+        rid, approve=True, note="", actor="link:127.0.0.1", fingerprint=FP, rules_version="p1:aa", link="L1"
+    )
+    assert (d.actor, d.rules_version, d.link) == ("link:127.0.0.1", "p1:aa", "L1")
+    assert store.approval_decision(rid) == d
+    before = tables(store)
+    with pytest.raises(LinkUsed, match=f"this link was used already: receipt {rid} was approved with it by link:"):
+        store.decide_approval(rid, approve=True, note="", actor="link:127.0.0.1", link="L1")
+    with pytest.raises(IllegalTransition, match=r"was already approved by link:127\.0\.0\.1") as other:
+        store.decide_approval(rid, approve=False, note="no", actor="link:127.0.0.1", link="L2")  # the deny link
+    assert not isinstance(other.value, LinkUsed)
+    store.apply_approval(d, fingerprint=FP, reason="approved by operator")
+    with pytest.raises(LinkUsed):  # after it was applied too: still "used", not merely "not awaiting approval"
+        store.decide_approval(rid, approve=True, note="", actor="link:10.0.0.9", link="L1")
+    assert tables(store)[2] == [{**before[2][0], "consumed_at": store.approval_decision(rid).consumed_at}]
+
+
+def test_a_link_for_another_fingerprint_records_nothing(store):
+    rid = held(store)
+    before = tables(store)
+    with pytest.raises(IllegalTransition, match="not the write you meant"):
+        store.decide_approval(rid, approve=True, note="", actor="link:x", fingerprint="sha256:" + "cd" * 32, link="L")
+    assert tables(store) == before
