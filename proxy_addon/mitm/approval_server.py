@@ -45,6 +45,7 @@ from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, iso
 logger = logging.getLogger(__name__)
 
 PREFIX = "/approvals/"
+SLOTS = 16  # requests served at once; a connection past them is closed (each may take `timeout` to send)
 FORM_MAX = 4096  # bytes of a POST's form read (a note); a larger one is refused
 APPLIED_WAIT = 5.0  # seconds a POST waits to say what the holding proxy made of the decision
 APPLIED_POLL = 0.1
@@ -122,12 +123,31 @@ class ApprovalServer:
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per request, at most SLOTS at once: a connection past them is closed unanswered."""
+
     daemon_threads = True
 
     def __init__(self, at: tuple[str, int], receipts: Receipts):
         self.address_family = socket.AF_INET6 if ":" in at[0] else socket.AF_INET
         self.receipts = receipts
+        self.slots = threading.BoundedSemaphore(SLOTS)
         super().__init__(at, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 def _sentence(text: str) -> str:
