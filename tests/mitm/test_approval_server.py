@@ -15,7 +15,7 @@ def test_connections_past_the_slots_are_closed_and_the_slots_come_back(monkeypat
     server = approval_server._Server(("127.0.0.1", 0), cast(Any, types.SimpleNamespace(installation=None)))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    at = server.server_address[:2]
+    at = ("127.0.0.1", server.server_address[1])
     idle = [socket.create_connection(at, timeout=60) for _ in range(approval_server.SLOTS)]
     try:
         for s in idle:  # each is taken by a thread that waits for its request line
