@@ -43,6 +43,7 @@ from proxy_addon.store.dsn import is_postgres
 from proxy_addon.store.postgres import PostgresStore
 from proxy_addon.store.receipts import ReceiptStore
 from proxy_addon.store.records import (
+    WOULD_HAVE,
     ApprovalDecision,
     Attempt,
     Clock,
@@ -73,6 +74,7 @@ def open_store(
 
 
 __all__ = [
+    "WOULD_HAVE",
     "ApprovalDecision",
     "Attempt",
     "Backend",
