@@ -170,7 +170,7 @@ class ReceiptAttempts(ReceiptInterim):
                     decision = self._decide(
                         attempt, after_success, replay_window, actor, durable=durable, locked=intents
                     )
-                    if decision.kind != "forward":
+                    if decision.kind not in ("forward", "denied"):  # a denied one's first event says so
                         self._record_duplicate(decision, attempt, actor, record_duplicate)
                     return decision
             except _NeedsDurable:
@@ -295,10 +295,10 @@ class ReceiptAttempts(ReceiptInterim):
                     raise _NeedsLock(other.intent_fingerprint)  # its blocked event goes under its intent's lock
                 why = "duplicate blocked: its Idempotency-Key was used for a different request"
                 return self._observed(a, Decision("key_conflict", other, why), latest, now, actor, durable=durable)
-        # An unresolved receipt is always its intent's latest: a receipt is inserted only when none
-        # is unresolved, and a resolved one never becomes unresolved again (states.TERMINAL). A
-        # database that says otherwise cannot get a second one in: the partial unique index refuses
-        # the insert, and the attempt ends StoreUnavailable (nothing forwarded).
+        # An intent's unresolved receipt is read first (`_unresolved_first`): a receipt is inserted only
+        # when none is unresolved, but for one observe mode sends beside it (`shadow_of`), which the
+        # partial unique index leaves out. A second non-shadow one cannot get in: the index refuses the
+        # insert, and the attempt ends StoreUnavailable (nothing forwarded).
         unresolved = latest if latest is not None and latest.state in UNRESOLVED else None
         if unresolved is not None:
             d = self._unresolved(a, unresolved, rows[0].get("task_sealed"), now, actor, durable=durable)

@@ -303,6 +303,28 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Example:
+    """One event `ReceiptReads.enforcement_since` shows: the receipt it is on, when, and why."""
+
+    operation_id: str
+    at: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """
+    What enforcement did, or in observe mode would have done, in a time (`ReceiptReads.enforcement_since`):
+    `writes` {(api, operation): receipts written}; `counts` {(api, operation, kind): n}, where kind is
+    blocked, replayed, held, denied (done) or one of WOULD_HAVE; `examples`: the newest of each kind.
+    """
+
+    writes: dict[tuple[str, str], int]
+    counts: dict[tuple[str, str, str], int]
+    examples: list[tuple[str, str, str, Example]]
+
+
+@dataclass(frozen=True)
 class ApprovalDecision:
     """
     An operator's decision on a write held for approval (`receipts approve` / `receipts deny`),
