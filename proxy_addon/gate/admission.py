@@ -215,7 +215,7 @@ class Gate:
             decision = await decided(True)
         if decision.kind == "forward":
             self._outcomes[decision.receipt.operation_id] = asyncio.Event()
-        else:
+        elif decision.kind != "denied":  # a deny decision's write is no duplicate (counted as a transition to rejected)
             self.metrics.duplicate(op.api, op.name, decision.kind)
         return Admitted(decision, built[0])
 
