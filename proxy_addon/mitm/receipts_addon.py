@@ -203,13 +203,8 @@ class Receipts:
 
     def running(self) -> None:
         logger.info(
-            "receipt-proxy: ready ("
-            + (
-                f"NOT configured: {self.config_error}"
-                if self.config_error
-                else f"recording, {ctx.options.receipts_mode}"
-            )
-            + ")"
+            f"receipt-proxy: ready ({'NOT configured: ' + self.config_error if self.config_error else 'recording'})"
+            + (" in observe mode: nothing blocked, held or denied" if ctx.options.receipts_mode == "observe" else "")
         )
 
     async def done(self) -> None:

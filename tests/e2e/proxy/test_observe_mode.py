@@ -95,6 +95,7 @@ def test_observe_mode_sends_every_write_and_records_what_enforcement_would_have_
     send = lambda path, body: clients.send("requests", "POST", upstream.url + path, body)  # noqa: E731
     try:
         assert "receipts_mode=observe (shadow mode)" in proxy.log()
+        assert "receipt-proxy: ready (recording) in observe mode" in proxy.log()
         # A write whose outcome is unknown (the upstream commits, then drops the connection), and its retry.
         upstream.plan(plain, "drop")
         assert send(plain, {"title": "p"}).status == 502
@@ -126,6 +127,12 @@ def test_observe_mode_sends_every_write_and_records_what_enforcement_would_have_
         (would,) = [e for e in events_of(db, sent.operation_id) if e.event == "would_deny"]
         assert "would have denied by policy decisions[0]" in would.reason and "mail leaves the company" in would.reason
 
+        # A write of an operation with `approve: true`: not held, sent at once.
+        refunds = f"/api/{bucket}/refunds"
+        assert send(refunds, {"amount": 5}).status == 201 and upstream.seen(refunds) == 1
+        (refund,) = settled(db, f"{bucket}/refunds", 1)
+        assert "would_hold" in [e.event for e in events_of(db, refund.operation_id)]
+
         # What enforcement would have done, from another process: `receipts report`.
         out = subprocess.run(
             [str(RECEIPTS), "--db", db, "report", "--since", "1h", "--json"],
@@ -139,6 +146,7 @@ def test_observe_mode_sends_every_write_and_records_what_enforcement_would_have_
         assert rows["plain.create"]["blocked"]["would_have_examples"][0]["operation_id"] == second.operation_id
         assert rows["things.create"]["replayed"]["would_have"] == 1
         assert rows["mails.create"]["denied"]["would_have"] == 1
+        assert rows["refunds.create"]["held"]["would_have"] == 1
         assert all(r[c]["done"] == 0 for r in rows.values() for c in ("blocked", "replayed", "held", "denied"))
         text = subprocess.run(
             [str(RECEIPTS), "--db", db, "report", "--since", "1h"],
@@ -157,6 +165,7 @@ def test_observe_mode_sends_every_write_and_records_what_enforcement_would_have_
             ("plain.create", "would_block"): 1.0,
             ("things.create", "would_replay"): 1.0,
             ("mails.create", "would_deny"): 1.0,
+            ("refunds.create", "would_hold"): 1.0,
         }
     finally:
         proxy.stop()
