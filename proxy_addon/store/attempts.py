@@ -277,9 +277,9 @@ class ReceiptAttempts(ReceiptInterim):
         # One read: the latest receipt of this intent (under any of its fingerprints: an earlier
         # scheme's or rule's, intent/earlier_fingerprints.py) and, if it succeeded, how (_after_success).
         where, params = _of_intent(a)
-        rows = self._rows(
-            f"SELECT *, CASE WHEN state = ? THEN ({_ANSWERED_FROM}) END AS answered_from "
-            f"FROM receipts WHERE {where} ORDER BY {_unresolved_first(a)}{order} DESC LIMIT 1",
+        rows = self._rows(  # the subquery of how it succeeded runs for the one row chosen, never per row sorted
+            f"SELECT *, CASE WHEN state = ? THEN ({_ANSWERED_FROM}) END AS answered_from FROM "
+            f"(SELECT * FROM receipts WHERE {where} ORDER BY {_unresolved_first(a)}{order} DESC LIMIT 1) receipts",
             (State.SUCCEEDED, State.SUCCEEDED, *params),
         )
         latest = Receipt.from_row(rows[0]) if rows else None
