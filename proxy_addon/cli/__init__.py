@@ -84,6 +84,7 @@ examples:
   receipts list --operation dev.to/articles.create --since 7d --json | jq '.[0]'
   receipts show 20261129T184210Z-1fd54b31a2
   receipts blocked --since 2h
+  receipts report --since 1d
   receipts reconcile --all --header 'api-key: ...'
   receipts resolve 20261129T184210Z-1fd54b31a2 --as succeeded --note "article is live" --external-id 1234567
   receipts pending --json

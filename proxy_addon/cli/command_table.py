@@ -10,6 +10,7 @@ from typing import ClassVar
 from proxy_addon.cli.approval_commands import approve_args, approve_run, deny_args, deny_run, pending_args, pending_run
 from proxy_addon.cli.demo_command import DESCRIPTION as DEMO_DESCRIPTION
 from proxy_addon.cli.demo_command import demo_args, demo_run
+from proxy_addon.cli.enforcement_report import report_args, report_run
 from proxy_addon.cli.receipt_commands import (
     blocked_args,
     blocked_run,
@@ -80,6 +81,16 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         ["receipts blocked", "receipts blocked --since 2h", "receipts blocked --since 2026-11-01 --json"],
         blocked_args,
         blocked_run,
+    ),
+    "report": Command(
+        "what enforcement did, or in observe mode would have done",
+        "Per api and operation since a time: the writes recorded, the duplicates blocked and\n"
+        "replayed, the writes held for approval, denied or refused, with a few receipt ids each,\n"
+        "from the receipts' events. In observe mode (receipts_mode=observe) those writes were\n"
+        "sent: their counts say 'N would' (what enforcement would have done).",
+        ["receipts report", "receipts report --since 1h", "receipts report --since 2026-11-01T12:00:00Z --json"],
+        report_args,
+        report_run,
     ),
     "resolve": Command(
         "settle an outcome_unknown or manual_review receipt by hand",

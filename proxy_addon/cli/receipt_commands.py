@@ -17,7 +17,11 @@ from proxy_addon.cli.output import (
 )
 from proxy_addon.cli.values import SINCE_HELP, UsageError, age, parse_age, parse_since, positive_int
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, ReceiptStore
+from proxy_addon.store import WOULD_HAVE, Receipt, ReceiptStore
+from proxy_addon.store.records import DUPLICATE_SENT
+
+# Counted per receipt by `list`: duplicates blocked and replayed, and observe mode's events (receipts_mode=observe)
+LISTED_EVENTS = ("blocked", "replayed", *WOULD_HAVE, DUPLICATE_SENT)
 
 
 def list_args(p: argparse.ArgumentParser) -> None:
@@ -45,7 +49,7 @@ def list_run(store: ReceiptStore, args: argparse.Namespace) -> int:
 
     def counted() -> Iterator[tuple[Receipt, dict[str, int]]]:
         for page in pages:
-            dups = store.duplicate_counts([r.operation_id for r in page])
+            dups = store.duplicate_counts([r.operation_id for r in page], LISTED_EVENTS)
             yield from ((r, dups[r.operation_id]) for r in page)
 
     if args.json:
@@ -61,15 +65,27 @@ def list_run(store: ReceiptStore, args: argparse.Namespace) -> int:
             r.external_id,
             dup["blocked"] or None,
             dup["replayed"] or None,
+            observed(dup),
             r.target,
         ]
         for r, dup in counted()
     )
-    headers = ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"]
+    headers = ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "OBSERVE", "TARGET"]
     if not print_table(headers, rows):
         filtered = args.state or args.operation or since
         print(f"no receipts in {store.location}" + (" match these filters" if filtered else ""))
     return 0
+
+
+def observed(counts: dict[str, int]) -> str | None:
+    """
+    The OBSERVE cell of `list`: what enforcement would have done to a receipt observe mode sent ("would
+    block"), and how many duplicates of it were sent ("2 dups sent") where it would have blocked them.
+    """
+    said = [kind.replace("_", " ") for kind in WOULD_HAVE if counts.get(kind)]
+    if sent := counts.get(DUPLICATE_SENT):
+        said.append(f"{sent} dup{'s' if sent > 1 else ''} sent")
+    return ", ".join(said) or None
 
 
 def show_args(p: argparse.ArgumentParser) -> None:

@@ -31,6 +31,11 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
     rule_decisions_total{decision}           new writes of an operation with `decisions:` (its own or its
                                              file's), by what they decided: allow, approve, deny
     approval_webhooks_total{result}          approval webhooks this process sent: sent (2xx), failed
+    mode{mode} (gauge)                       (no api/operation) 1 for receipts_mode's value (enforce or
+                                             observe), 0 for the other
+    would_have_total{would}                  observe mode: writes sent that enforcement would have
+                                             answered otherwise: would_block, would_replay, would_hold,
+                                             would_deny (their receipts' events say the same)
     rules_reloads_total{result}              (no api/operation) rules loaded again while running: ok, failed
     rules_last_reload_successful (gauge)     (no api/operation) 0 while the last reload has failed
     receipt_commit_seconds (histogram)       deciding and committing a new receipt (one write
@@ -144,6 +149,13 @@ METRICS: dict[str, MetricSpec] = {
     "webhooks": MetricSpec(
         Counter, "approval_webhooks", "Approval webhooks sent for held writes: sent (2xx) or failed", (*OP, "result")
     ),
+    "mode": MetricSpec(Gauge, "mode", "1 for the receipts_mode the proxy runs in (enforce, observe)", ("mode",)),
+    "would": MetricSpec(
+        Counter,
+        "would_have",
+        "Observe mode: writes sent that enforcement would have blocked, replayed, held or denied",
+        (*OP, "would"),
+    ),
     "reloads": MetricSpec(
         Counter, "rules_reloads", "Rules loaded again while running (failed: the last good rules stay)", ("result",)
     ),
@@ -212,6 +224,8 @@ class Metrics:
         self.decisions: Counter = declare(METRICS["decisions"], self.registry)
         self.verdicts: Counter = declare(METRICS["verdicts"], self.registry)
         self.webhooks: Counter = declare(METRICS["webhooks"], self.registry)
+        self.mode: Gauge = declare(METRICS["mode"], self.registry)
+        self.would: Counter = declare(METRICS["would"], self.registry)
         self.reloads: Counter = declare(METRICS["reloads"], self.registry)
         self.reload_ok: Gauge = declare(METRICS["reload_ok"], self.registry)
         self.commit: Histogram = declare(METRICS["commit"], self.registry)
@@ -261,6 +275,16 @@ class Metrics:
     def notified(self, api: str, operation: str, *, ok: bool) -> None:
         """An approval webhook sent (a 2xx answer) or failed."""
         self.webhooks.labels(api, operation, "sent" if ok else "failed").inc()
+
+    def in_mode(self, mode: str) -> None:
+        """receipts_mode (enforce, observe): its series 1, the other's 0."""
+        for each in ("enforce", "observe"):
+            self.mode.labels(each).set(1 if each == mode else 0)
+
+    def would_have(self, api: str, operation: str, kinds: Iterable[str]) -> None:
+        """Observe mode: a write sent that enforcement would have answered otherwise (Decision.would)."""
+        for kind in kinds:
+            self.would.labels(api, operation, kind).inc()
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels("ok" if ok else "failed").inc()

@@ -341,6 +341,7 @@ def build_attempt(
         client_key=keyed_hash(key, intent.principal, agent_key) if agent_key else None,
         idempotency=idempotency,
         approval=op.approve or verdict.decision == "approve",
+        approval_why=verdict.why if verdict.decision == "approve" else "approve: true" if op.approve else None,
         denied=verdict.why if verdict.decision == "deny" else None,
         decided=verdict.decision if op.decisions else None,
         key_format=op.idempotency_format,

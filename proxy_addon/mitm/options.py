@@ -24,6 +24,7 @@ from proxy_addon.wire.upstream import Upstream
 logger = logging.getLogger(__name__)
 
 FORWARD_CHOICES = ("addon", "mitmproxy")
+MODE_CHOICES = ("enforce", "observe")
 PAUSE_POINTS = ("after_commit", "after_answer")
 
 
@@ -177,6 +178,15 @@ OPTIONS: list[Option] = [
         600,
         "Seconds an MCP tool call whose server asked for input (input_required) waits for the client's next "
         "round; past that, an identical call finds it outcome_unknown (its client is taken as gone)",
+    ),
+    Option(
+        "receipts_mode",
+        str,
+        "enforce",
+        "'enforce': duplicates are blocked or replayed, approvals hold, deny decisions refuse. 'observe' (shadow "
+        "mode): every receipt and decision is recorded the same, but each write is sent; its events say what "
+        "enforcement would have done (would_block, would_replay, would_hold, would_deny): `receipts report`",
+        MODE_CHOICES,
     ),
     Option(
         "receipts_forward",

@@ -170,7 +170,23 @@ class Receipts:
         for line in versions.warnings():
             logger.warning(f"receipt-proxy: {line}")
         self._body_cap, self._pause = opts.receipts_body_cap, options.parse_debug_pause(opts.receipts_debug_pause)
+        if "receipts_mode" in updated or self.config_error:
+            self._say_mode(opts.receipts_mode)
         self.config_error = None
+
+    def _say_mode(self, mode: str) -> None:
+        """receipts_mode, at startup and when it changes: in the log, and in the metrics' `mode` gauge."""
+        self.metrics.in_mode(mode)
+        if mode == "observe":
+            logger.warning(
+                "receipt-proxy: receipts_mode=observe (shadow mode): every write is recorded and SENT; duplicates "
+                "are not blocked or replayed, approvals do not hold, deny decisions do not refuse: their receipts' "
+                "events say what enforcement would have done (receipts report --since 1d)"
+            )
+        else:
+            logger.info(
+                "receipt-proxy: receipts_mode=enforce: duplicates blocked or replayed, approvals and denials applied"
+            )
 
     def _post_reads(self, api: str) -> tuple:
         return self.rules.post_reads(api) if self.rules else ()
@@ -189,6 +205,7 @@ class Receipts:
     def running(self) -> None:
         logger.info(
             f"receipt-proxy: ready ({'NOT configured: ' + self.config_error if self.config_error else 'recording'})"
+            + (" in observe mode: nothing blocked, held or denied" if ctx.options.receipts_mode == "observe" else "")
         )
 
     async def done(self) -> None:
@@ -273,11 +290,14 @@ class Receipts:
         timeout = ctx.options.receipts_upstream_timeout
         # The next round of an MCP call whose server asked for input goes on under its receipt (store/rounds.py).
         continues, rounds = m.mcp_call is not None and m.mcp_call.continues, ctx.options.receipts_mcp_rounds
+        observe = ctx.options.receipts_mode == "observe"  # every decision recorded, none enforced (store/attempts.py)
 
         def attempt() -> Attempt:
             built = build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance, versions=versions)
             # its lifetime (gate/send_guard.py, reconcile/judge.py)
-            return dataclasses.replace(built, upstream_timeout=timeout, continues=continues, mcp_rounds=rounds)
+            return dataclasses.replace(
+                built, upstream_timeout=timeout, continues=continues, mcp_rounds=rounds, observe=observe
+            )
 
         # The lease, and its epoch before the receipt is committed: a lease lost and taken again since
         # then means another proxy may have taken the receipt over (gate/send_guard.py).
@@ -301,6 +321,7 @@ class Receipts:
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
             meta["round"] = receipt.mcp_rounds + 1
+        self._observed(meta, receipt, decision.would)  # observe mode: what enforcement would have done instead
         if decision.kind == "denied":  # a `deny` decision: recorded rejected, nothing sent
             refusals.denied(flow, meta, receipt, decision.reason)
         elif decision.kind != "forward":
@@ -308,6 +329,20 @@ class Receipts:
         else:
             given_key = admitted.attempt.given_key
             await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, lease=(lease, epoch))
+
+    def _observed(self, meta: dict, receipt: Receipt, would: tuple[str, ...]) -> None:
+        """Observe mode: a write sent that enforcement would have blocked, replayed, held or denied (events say so)."""
+        if not would:
+            return
+        meta["would"] = list(would)
+        self.metrics.would_have(receipt.api, receipt.operation, would)
+        what = ", ".join(w.removeprefix("would_") for w in would)
+        of = f" (duplicate of {receipt.shadow_of})" if receipt.shadow_of else ""
+        key = receipt.shadow_of or receipt.operation_id  # a retry storm logs one line per original every 10 s
+        said = (
+            f"receipt {receipt.operation_id}: OBSERVE: enforcement would have {what}{of}; sent (receipts_mode=observe)"
+        )
+        self._duplicate_lines.log(logger, logging.WARNING, key, said)
 
     def _answer_from_receipt(self, flow: http.HTTPFlow, op: Operation, decision: Decision) -> None:
         """A duplicate answered from its receipt, nothing sent: the recorded answer replayed, or blocked (409, 422)."""

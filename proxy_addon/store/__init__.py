@@ -43,12 +43,15 @@ from proxy_addon.store.dsn import is_postgres
 from proxy_addon.store.postgres import PostgresStore
 from proxy_addon.store.receipts import ReceiptStore
 from proxy_addon.store.records import (
+    WOULD_HAVE,
     ApprovalDecision,
     Attempt,
     Clock,
     Decision,
     DecisionKind,
+    Enforcement,
     Event,
+    Example,
     Interim,
     Receipt,
     RecordedResponse,
@@ -73,6 +76,7 @@ def open_store(
 
 
 __all__ = [
+    "WOULD_HAVE",
     "ApprovalDecision",
     "Attempt",
     "Backend",
@@ -80,7 +84,9 @@ __all__ = [
     "Decision",
     "DecisionKind",
     "Dialect",
+    "Enforcement",
     "Event",
+    "Example",
     "Held",
     "Interim",
     "PostgresStore",

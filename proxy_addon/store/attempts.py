@@ -20,7 +20,7 @@ from typing import Literal
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
 from proxy_addon.store.base import UniqueViolation, WouldWait, marks
-from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
+from proxy_addon.store.records import DUPLICATE_SENT, Attempt, Decision, Receipt, iso, new_operation_id
 from proxy_addon.store.rounds import ReceiptInterim
 
 _RECEIPT_COLUMNS = (
@@ -48,6 +48,7 @@ _RECEIPT_COLUMNS = (
     "upstream_timeout",
     "in_flight_until",
     "error",
+    "shadow_of",
 )
 
 
@@ -82,12 +83,11 @@ def _of_intent(a: Attempt) -> tuple[str, list[str]]:
 
 def _unresolved_first(a: Attempt) -> str:
     """
-    ORDER BY's first term where an intent has several fingerprints: an unresolved receipt
-    under any of them comes first, whatever was inserted after it (by a proxy that did not
-    yet know the earlier fingerprint), so that it is never passed over.
+    ORDER BY's first term: an intent's unresolved receipt comes first, whatever was inserted after
+    it, so that it is never passed over: under an earlier fingerprint, by a proxy that did not yet
+    know it; or beside a receipt observe mode sent later (`shadow_of`), which may be resolved first.
+    The intent's receipts are few (one lookup on its fingerprint's index, then a sort of them).
     """
-    if not a.earlier and not a.earlier_unresolved:
-        return ""
     return f"CASE WHEN state IN ({', '.join(repr(str(s)) for s in sorted(UNRESOLVED))}) THEN 0 ELSE 1 END, "
 
 
@@ -161,8 +161,8 @@ class ReceiptAttempts(ReceiptInterim):
         # backend that can relax a transaction once it knows starts durable; SQLite cannot (its
         # pragma is set before BEGIN), so a guess from one indexed read decides, and a guess of
         # "duplicate" that turns out a new receipt is rolled back and decided again, durably.
-        if not durable:
-            durable = self.relaxes_late or not self._likely_duplicate(attempt, after_success)
+        if not durable:  # observe mode sends a duplicate too, as a new receipt: durable
+            durable = self.relaxes_late or attempt.observe or not self._likely_duplicate(attempt, after_success)
         tries = 0
         extra: tuple[str, ...] = ()
         while tries < 3:
@@ -207,6 +207,8 @@ class ReceiptAttempts(ReceiptInterim):
         """
         if not self.snapshot_writes:
             return "busy"
+        if attempt.observe:  # observe mode: even a duplicate is a new receipt, sent (`_observed`)
+            return "new"
         if look_first and not self._likely_duplicate(attempt, after_success):
             # One indexed read, outside any transaction, says a new receipt is due: no transaction
             # begun for nothing. If a duplicate commits right after it, `begin_attempt` decides so.
@@ -277,9 +279,9 @@ class ReceiptAttempts(ReceiptInterim):
         # One read: the latest receipt of this intent (under any of its fingerprints: an earlier
         # scheme's or rule's, intent/earlier_fingerprints.py) and, if it succeeded, how (_after_success).
         where, params = _of_intent(a)
-        rows = self._rows(
-            f"SELECT *, CASE WHEN state = ? THEN ({_ANSWERED_FROM}) END AS answered_from "
-            f"FROM receipts WHERE {where} ORDER BY {_unresolved_first(a)}{order} DESC LIMIT 1",
+        rows = self._rows(  # the subquery of how it succeeded runs for the one row chosen, never per row sorted
+            f"SELECT *, CASE WHEN state = ? THEN ({_ANSWERED_FROM}) END AS answered_from FROM "
+            f"(SELECT * FROM receipts WHERE {where} ORDER BY {_unresolved_first(a)}{order} DESC LIMIT 1) receipts",
             (State.SUCCEEDED, State.SUCCEEDED, *params),
         )
         latest = Receipt.from_row(rows[0]) if rows else None
@@ -293,16 +295,16 @@ class ReceiptAttempts(ReceiptInterim):
             if other is not None:  # draft-ietf-httpapi-idempotency-key-header: a reused key, another request
                 if self.locks_per_intent and other.intent_fingerprint not in locked:
                     raise _NeedsLock(other.intent_fingerprint)  # its blocked event goes under its intent's lock
-                return Decision(
-                    "key_conflict", other, "duplicate blocked: its Idempotency-Key was used for a different request"
-                )
-        # An unresolved receipt is always its intent's latest: a receipt is inserted only when none
-        # is unresolved, and a resolved one never becomes unresolved again (states.TERMINAL). A
-        # database that says otherwise cannot get a second one in: the partial unique index refuses
-        # the insert, and the attempt ends StoreUnavailable (nothing forwarded).
+                why = "duplicate blocked: its Idempotency-Key was used for a different request"
+                return self._observed(a, Decision("key_conflict", other, why), latest, now, actor, durable=durable)
+        # An intent's unresolved receipt is read first (`_unresolved_first`): a receipt is inserted only
+        # when none is unresolved, but for one observe mode sends beside it (`shadow_of`), which the
+        # partial unique index leaves out. A second non-shadow one cannot get in: the index refuses the
+        # insert, and the attempt ends StoreUnavailable (nothing forwarded).
         unresolved = latest if latest is not None and latest.state in UNRESOLVED else None
         if unresolved is not None:
-            return self._unresolved(a, unresolved, rows[0].get("task_sealed"), now, actor, durable=durable)
+            d = self._unresolved(a, unresolved, rows[0].get("task_sealed"), now, actor, durable=durable)
+            return self._observed(a, d, latest, now, actor, durable=durable)
         if latest is not None and latest.state is State.SUCCEEDED and after_success != "allow":
             answered = rows[0]["answered_from"] == State.SUBMITTED
             replayable = latest.intent_fingerprint not in a.unreplayable
@@ -310,12 +312,27 @@ class ReceiptAttempts(ReceiptInterim):
                 latest, after_success, replay_window, now, answered=answered, replayable=replayable
             )
             if answer is not None:
-                return answer
+                return self._observed(a, answer, latest, now, actor, durable=durable)
         if latest is not None and latest.state not in RETRYABLE and latest.state is not State.SUCCEEDED:
             raise StoreError(f"receipt {latest.operation_id} is in state {latest.state} with no unresolved index entry")
         if not durable:
             raise _NeedsDurable
         return self._insert(a, latest, now, actor)
+
+    def _observed(
+        self, a: Attempt, d: Decision, latest: Receipt | None, now: dt.datetime, actor: str, *, durable: bool
+    ) -> Decision:
+        """
+        Enforcement's answer `d` to a duplicate, or in observe mode (Attempt.observe) a new receipt sent in
+        its stead, whose events say what enforcement would have done (`_insert`). The next round of an MCP
+        call waiting for input (`a.continues`) is no new write: it goes on under its call's receipt, or is
+        refused, as in enforce mode.
+        """
+        if not a.observe or a.continues or d.kind == "forward":
+            return d
+        if not durable:
+            raise _NeedsDurable  # a receipt is inserted: begun again durably
+        return self._insert(a, latest, now, actor, would=d)
 
     def _unresolved(
         self, a: Attempt, r: Receipt, task_sealed: object, now: dt.datetime, actor: str, *, durable: bool
@@ -397,16 +414,21 @@ class ReceiptAttempts(ReceiptInterim):
                 return Decision("blocked_succeeded", latest, why)
         return Decision("replay", latest, "duplicate answered with the recorded response", answer=answer)
 
-    def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
-        """A new receipt (and its first event) for an attempt to forward, or one a `deny` decision refused."""
+    def _insert(
+        self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str, would: Decision | None = None
+    ) -> Decision:
+        """
+        A new receipt (and its first event) for an attempt to forward. In observe mode, `would` is
+        enforcement's answer to it as a duplicate, and neither an approval nor a deny holds it: each
+        is recorded as an event (`_would_events`), and it is sent.
+        """
         self._hold_lease(a)
         at = iso(now)
         retry_of = latest.operation_id if latest is not None else None
         operation_id = new_operation_id(now)
-        first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
+        first_state = _first_state(a)
         # A `deny` decision: recorded rejected, never sent, its error the rule's; rejected never blocks a retry.
-        error = f"denied by policy {a.denied}" if a.denied is not None else None
-        first_state = State.REJECTED if error else first_state
+        error = f"denied by policy {a.denied}" if first_state is State.REJECTED else None
         idempotency_key, idempotency_key_at = _key_of(a, latest, operation_id, at)
         # Sent now (or once approved: transitions.py sets it then): held open at most its upstream timeout.
         in_flight_until = (
@@ -439,25 +461,89 @@ class ReceiptAttempts(ReceiptInterim):
             a.upstream_timeout,
             in_flight_until,
             error,
+            would.receipt.operation_id if would is not None else None,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"{error}; not sent" if error else f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
         self._changed(a.api, a.operation, None, first_state)
+        kinds = self._would_events(a, would, operation_id, at, actor) if a.observe else ()
         # The receipt as inserted (the columns not inserted are NULL, failed_reads 0), not read back.
         row = dict.fromkeys(("completed_at", "http_status", "external_id", "next_read_at"))
         inserted = Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))})
         if error:
             return Decision("denied", inserted, reason)
-        return Decision("forward", inserted)
+        return Decision("forward", inserted, would=kinds)
+
+    def _would_events(
+        self, a: Attempt, would: Decision | None, operation_id: str, at: str, actor: str
+    ) -> tuple[str, ...]:
+        """
+        Observe mode: what enforcement would have done to a receipt sent now, each an event of it (their
+        kinds returned); and on the receipt a duplicate would have been answered from, that it was sent.
+        """
+        said: list[tuple[str, str]] = []
+        if would is not None:
+            earlier = would.receipt
+            if would.kind == "replay":
+                said.append(("would_replay", f"would have replayed receipt {earlier.operation_id}'s recorded answer"))
+            else:
+                why = would.reason.removeprefix("duplicate blocked: ")
+                said.append(
+                    (
+                        "would_block",
+                        f"would have blocked: duplicate of receipt {earlier.operation_id} ({earlier.state}): {why}",
+                    )
+                )
+            self._event(
+                earlier.operation_id,
+                DUPLICATE_SENT,
+                earlier.state,
+                earlier.state,
+                f"a duplicate was sent as receipt {operation_id} (receipts_mode=observe): {would.reason}",
+                actor,
+                a.flow_id,
+                at,
+            )
+        if a.approval:
+            said.append(("would_hold", f"would have held for approval ({a.approval_why or 'approve: true'})"))
+        if a.denied is not None:
+            said.append(("would_deny", f"would have denied by policy {a.denied}"))
+        for kind, reason in said:
+            self._event(
+                operation_id,
+                kind,
+                State.SUBMITTED,
+                State.SUBMITTED,
+                f"{reason}; sent (receipts_mode=observe)",
+                actor,
+                a.flow_id,
+                at,
+            )
+        return tuple(kind for kind, _ in said)
+
+
+def _first_state(a: Attempt) -> State:
+    """
+    A new receipt's: rejected for a `deny` decision (never sent; rejected never blocks a retry), held for
+    an approval, else submitted. In observe mode always submitted: neither holds it (`_would_events`).
+    """
+    if a.observe:
+        return State.SUBMITTED
+    if a.denied is not None:
+        return State.REJECTED
+    return State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
 
 
 def _key_of(a: Attempt, latest: Receipt | None, operation_id: str, at: str) -> tuple[str | None, str | None]:
     """The Idempotency-Key a new attempt is sent with, and since when it is in use; none for a denied one."""
-    if not a.idempotency or a.denied is not None:
+    if not a.idempotency or (a.denied is not None and not a.observe):
         return None, None
     fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
-    remembered = latest.idempotency_key if latest is not None and continues(a, latest) else None
+    # Observe mode sends a duplicate of an unresolved receipt: under that receipt's key, never renewed
+    # without a proven refusal or absence (an API that deduplicates by it then does).
+    goes_on = latest is not None and (continues(a, latest) or (a.observe and latest.unresolved))
+    remembered = latest.idempotency_key if latest is not None and goes_on else None
     # The remembered key wins over the agent's own (given_key, a body id): forward.add_key
     # puts it in the request in place of whatever the agent sent.
     key = remembered or a.given_key or fresh

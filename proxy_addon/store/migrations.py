@@ -352,3 +352,19 @@ def m014_approval_links(db: Schema) -> None:
     # a decision from the CLI (bound to the version its write was held under), or made before.
     db.execute("ALTER TABLE approval_decisions ADD COLUMN rules_version TEXT")
     db.execute("ALTER TABLE approval_decisions ADD COLUMN link TEXT")
+
+
+@migration
+def m015_shadow_receipts(db: Schema) -> None:
+    # Observe mode (receipts_mode=observe, store/attempts.py `_observed`) sends a duplicate that enforcement
+    # would have answered from an earlier receipt, as a receipt of its own: `shadow_of` names that earlier
+    # receipt. Such a receipt may be unresolved beside its original, so the one-unresolved-per-intent index
+    # counts only receipts that enforcement sends too (shadow_of IS NULL); decisions read an intent's
+    # unresolved receipts first (attempts.py `_unresolved_first`), so a later enforced write still finds one.
+    db.execute("ALTER TABLE receipts ADD COLUMN shadow_of TEXT")
+    db.execute("DROP INDEX receipts_one_unresolved_per_fingerprint")
+    unresolved = ", ".join(f"'{s}'" for s in sorted(UNRESOLVED))
+    db.execute(
+        f"CREATE UNIQUE INDEX receipts_one_unresolved_per_fingerprint "
+        f"ON receipts(intent_fingerprint) WHERE state IN ({unresolved}) AND shadow_of IS NULL"
+    )

@@ -1,6 +1,7 @@
 """
 The reads every backend shares: one receipt, the newest for a fingerprint, lists, changes,
-duplicates, the audit export, events, counts, and operators' decisions on held writes.
+duplicates, the audit export, events, counts, what enforcement did or would have done (observe mode),
+and operators' decisions on held writes.
 Only `_rows` (see base.py) runs their SQL.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 from proxy_addon.errors import UnknownReceipt
 from proxy_addon.states import State
 from proxy_addon.store.base import Backend, marks
-from proxy_addon.store.records import ApprovalDecision, Event, Receipt
+from proxy_addon.store.records import WOULD_HAVE, ApprovalDecision, Enforcement, Event, Example, Receipt
 
 _PAGE = 500  # receipts per export query, ids per query of decisions
 
@@ -137,14 +138,19 @@ class ReceiptReads(Backend):
             for r in self._rows("SELECT * FROM receipt_events WHERE operation_id = ? ORDER BY id", (operation_id,))
         ]
 
-    def duplicate_counts(self, operation_ids: Sequence[str]) -> dict[str, dict[str, int]]:
-        """How many duplicates of each receipt were blocked or replayed: {id: {"blocked": n, "replayed": m}}."""
-        out: dict[str, dict[str, int]] = {i: {"blocked": 0, "replayed": 0} for i in operation_ids}
+    def duplicate_counts(
+        self, operation_ids: Sequence[str], kinds: Sequence[str] = ("blocked", "replayed")
+    ) -> dict[str, dict[str, int]]:
+        """
+        How many events of `kinds` each receipt has: by default its duplicates blocked or replayed,
+        {id: {"blocked": n, "replayed": m}}; observe mode's are WOULD_HAVE and DUPLICATE_SENT (records.py).
+        """
+        out: dict[str, dict[str, int]] = {i: dict.fromkeys(kinds, 0) for i in operation_ids}
         if operation_ids:
             rows = self._rows(
-                f"SELECT operation_id, event, count(*) AS n FROM receipt_events WHERE event IN ('blocked', 'replayed') "
+                f"SELECT operation_id, event, count(*) AS n FROM receipt_events WHERE event IN ({marks(len(kinds))}) "
                 f"AND operation_id IN ({marks(len(operation_ids))}) GROUP BY operation_id, event",
-                list(operation_ids),
+                [*kinds, *operation_ids],
             )
             for r in rows:
                 out[r["operation_id"]][r["event"]] = r["n"]
@@ -170,6 +176,35 @@ class ReceiptReads(Backend):
     def counts(self) -> dict[str, int]:
         return {r["state"]: r["n"] for r in self._rows("SELECT state, count(*) AS n FROM receipts GROUP BY state")}
 
+    def enforcement_since(self, since: str, examples: int = 3) -> Enforcement:
+        """
+        What enforcement did, or in observe mode would have done, since `since` (an ISO time), by api
+        and operation: the receipts written, the counts of each kind of `_ENFORCEMENT_KIND`, and the
+        newest `examples` events of each (over the index on events' time, and on receipts' submitted_at).
+        """
+        writes = self._rows(
+            "SELECT api, operation, count(*) AS n FROM receipts WHERE submitted_at >= ? GROUP BY api, operation",
+            (since,),
+        )
+        counts = self._rows(
+            f"SELECT r.api, r.operation, {_ENFORCEMENT_KIND} AS kind, count(*) AS n {_ENFORCEMENT_EVENTS} "
+            "GROUP BY r.api, r.operation, kind",
+            (since,),
+        )
+        latest = self._rows(
+            "SELECT * FROM (SELECT r.api, r.operation, e.operation_id, e.at, e.reason, "
+            f"{_ENFORCEMENT_KIND} AS kind, ROW_NUMBER() OVER (PARTITION BY r.api, r.operation, {_ENFORCEMENT_KIND} "
+            f"ORDER BY e.id DESC) AS nth {_ENFORCEMENT_EVENTS}) newest WHERE nth <= ? ORDER BY api, operation, at DESC",
+            (since, examples),
+        )
+        return Enforcement(
+            writes={(w["api"], w["operation"]): w["n"] for w in writes},
+            counts={(c["api"], c["operation"], c["kind"]): c["n"] for c in counts},
+            examples=[
+                (x["api"], x["operation"], x["kind"], Example(x["operation_id"], x["at"], x["reason"])) for x in latest
+            ],
+        )
+
     def counts_by_operation(self, states: Sequence[State]) -> dict[tuple[str, str, State], int]:
         """
         How many receipts are in each of `states`, by api and operation: {(api, operation, state): n}.
@@ -183,6 +218,19 @@ class ReceiptReads(Backend):
             [str(s) for s in states],
         )
         return {(r["api"], r["operation"], State(r["state"])): r["n"] for r in rows}
+
+
+# What enforcement did, as events (`enforcement_since`): a duplicate blocked or replayed (its original's
+# event), a write held for approval or denied by a decision (its receipt's first transition); observe
+# mode's WOULD_HAVE events say what it would have done. `kind`: the event's, or held / denied.
+_ENFORCEMENT_KIND = (
+    "CASE WHEN e.event <> 'transition' THEN e.event WHEN e.to_state = 'awaiting_approval' THEN 'held' ELSE 'denied' END"
+)
+_ENFORCEMENT_EVENTS = (
+    "FROM receipt_events e JOIN receipts r ON r.operation_id = e.operation_id WHERE e.at >= ? AND "
+    f"(e.event IN ('blocked', 'replayed', {', '.join(repr(k) for k in WOULD_HAVE)}) OR (e.event = 'transition' "
+    "AND e.from_state IS NULL AND e.to_state IN ('awaiting_approval', 'rejected')))"
+)
 
 
 def _filters(states: Sequence[State], operation: str | None, since: str | None) -> tuple[list[str], list[Any]]:

@@ -20,6 +20,12 @@ from proxy_addon.errors import StoreError
 from proxy_addon.states import UNRESOLVED, State
 
 Clock = Callable[[], dt.datetime]
+# Events of observe mode (receipts_mode=observe, store/attempts.py `_observed`), on the receipt sent in
+# enforcement's stead: what enforcement would have done. `would_refuse`: kept for a refusal of a write's
+# own (an over-budget write); the proxy records none of its own yet.
+WOULD_HAVE = ("would_block", "would_replay", "would_hold", "would_deny", "would_refuse")
+# On the earlier receipt a duplicate would have been answered from: that it was sent all the same.
+DUPLICATE_SENT = "duplicate_sent"
 DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict", "denied"]
 
 
@@ -94,6 +100,10 @@ class Attempt:
     # server asked for input (store/rounds.py); sent under that call's receipt while it waits for it.
     continues: bool = False
     mcp_rounds: int = 10  # receipts_mcp_rounds: the most times a call's server may ask for input
+    # receipts_mode=observe (store/attempts.py `_observed`): every decision is recorded, none enforced: a
+    # duplicate, a hold, a deny is sent as a new receipt whose events say what enforcement would have done.
+    observe: bool = False
+    approval_why: str | None = None  # why it is held for approval (`approve: true`, or a decision's rule)
 
 
 @dataclass(frozen=True)
@@ -195,6 +205,9 @@ class Receipt:
     task_hint: str | None = None  # the first characters of its task's id, to tell it by (the id is sealed)
     task_status: str | None = None  # its task's status, as last seen
     task_revision: str | None = None  # the MCP revision its task was created in
+    # Sent in observe mode (receipts_mode=observe) though enforcement would have answered it from this
+    # earlier receipt (blocked or replayed): that receipt's id. None: a write enforcement sends too.
+    shadow_of: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -237,6 +250,7 @@ class Receipt:
             task_hint=row.get("task_hint"),
             task_status=row.get("task_status"),
             task_revision=row.get("task_revision"),
+            shadow_of=row.get("shadow_of"),
         )
 
     @property
@@ -249,7 +263,7 @@ class Event:
     id: int
     operation_id: str
     at: str
-    event: str  # "transition", "blocked" or "replayed"
+    event: str  # "transition", "blocked", "replayed", ... and in observe mode one of WOULD_HAVE
     from_state: State | None
     to_state: State
     reason: str
@@ -284,6 +298,31 @@ class Decision:
     # caller: never for one the proxy cannot tell from the first, Attempt.unreplayable)
     task_id: str | None = field(default=None, repr=False)
     note: str | None = None  # what the duplicate's answer must say beyond the receipt's state (store/rounds.py)
+    # "forward" in observe mode (receipts_mode=observe): what enforcement would have done instead, each
+    # as its event's kind (WOULD_HAVE: would_block, would_replay, would_hold, would_deny); () otherwise
+    would: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Example:
+    """One event `ReceiptReads.enforcement_since` shows: the receipt it is on, when, and why."""
+
+    operation_id: str
+    at: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """
+    What enforcement did, or in observe mode would have done, in a time (`ReceiptReads.enforcement_since`):
+    `writes` {(api, operation): receipts written}; `counts` {(api, operation, kind): n}, where kind is
+    blocked, replayed, held, denied (done) or one of WOULD_HAVE; `examples`: the newest of each kind.
+    """
+
+    writes: dict[tuple[str, str], int]
+    counts: dict[tuple[str, str, str], int]
+    examples: list[tuple[str, str, str, Example]]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ RECEIPTS = ROOT / ".venv" / "bin" / "receipts"
 # "Now" for the CLI when it reads the `db` fixture: five days after it was built.
 NOW = T0 + dt.timedelta(days=5)
 BODY_MARKER = "RESPONSE-BODY-MARKER-5e1f"
-LIST_HEADERS = ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "TARGET"]
+LIST_HEADERS = ["ID", "AGE", "OPERATION", "STATE", "HTTP", "EXTERNAL-ID", "BLOCKED", "REPLAYED", "OBSERVE", "TARGET"]
 BLOCKED_HEADERS = ["TIME", "KIND", "RECEIPT", "OPERATION", "STATE", "REASON"]
 UNKNOWN_ID = "20260101T000000Z-0000000000"
 

@@ -20,6 +20,7 @@ EVERY_COMMAND = [
     pytest.param(["list"], id="list"),
     pytest.param(["show", "x"], id="show"),
     pytest.param(["blocked"], id="blocked"),
+    pytest.param(["report"], id="report"),
     pytest.param(["resolve", "x", "--as", "succeeded", "--note", "n"], id="resolve"),
     pytest.param(["reconcile", "--all"], id="reconcile"),
     pytest.param(["export"], id="export"),

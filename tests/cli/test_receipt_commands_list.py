@@ -32,6 +32,7 @@ def test_list_shows_every_receipt_with_its_state(db, capsys):
         "EXTERNAL-ID": "art_1",
         "BLOCKED": "-",
         "REPLAYED": "1",
+        "OBSERVE": "-",
         "TARGET": "https://dev.to/api/articles?page=1",
     }
     assert rows[ids["outcome_unknown"]] == {
@@ -43,6 +44,7 @@ def test_list_shows_every_receipt_with_its_state(db, capsys):
         "EXTERNAL-ID": "-",
         "BLOCKED": "2",
         "REPLAYED": "-",
+        "OBSERVE": "-",
         "TARGET": "https://dev.to/api/articles?page=22",
     }
     assert rows[ids["submitted"]] == {
@@ -54,6 +56,7 @@ def test_list_shows_every_receipt_with_its_state(db, capsys):
         "EXTERNAL-ID": "-",
         "BLOCKED": "-",
         "REPLAYED": "-",
+        "OBSERVE": "-",
         "TARGET": "https://dev.to/api/articles?page=3",
     }
 
@@ -146,12 +149,19 @@ def test_list_json(db, capsys):
         "task_hint": None,
         "task_status": None,
         "task_revision": None,
+        "shadow_of": None,
         "response_status": 201,
         # sealed: a 12-byte nonce, the headers as JSON, a newline, the body, a 16-byte tag (store/sealing.py)
         "response_size": 12 + len('[["content-type", "application/json"]]\n{"id": "RESPONSE-BODY-MARKER-5e1f"}') + 16,
         "response_encrypted": True,
         "blocked": 0,
         "replayed": 1,
+        "would_block": 0,
+        "would_replay": 0,
+        "would_hold": 0,
+        "would_deny": 0,
+        "would_refuse": 0,
+        "duplicate_sent": 0,
     }
     unk = by_id[ids["outcome_unknown"]]
     assert (unk["state"], unk["error"], unk["http_status"], unk["response_status"]) == (

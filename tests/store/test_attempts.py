@@ -14,7 +14,7 @@ from proxy_addon.reconcile.http_reads import plan_read
 from proxy_addon.reconcile.settle import key_dedupes, reconcilable_now, retry_after
 from proxy_addon.rules import load_rules
 from proxy_addon.states import State
-from proxy_addon.store import Attempt, Receipt, Store, iso
+from proxy_addon.store import Attempt, Decision, Receipt, Store, iso
 from tests.conftest import T0, FakeClock
 
 HOUR = 3600
@@ -185,3 +185,87 @@ def test_a_denied_attempt_is_recorded_rejected_with_its_rule_as_error_and_no_key
         assert (event.from_state, event.to_state, event.reason) == (None, State.REJECTED, d.reason)
     allowed = backend_store.begin_attempt(attempt())  # the rule changed: the same intent is sent
     assert allowed.kind == "forward" and allowed.receipt.idempotency_key is not None
+
+
+# --- observe mode (receipts_mode=observe): every decision recorded, none enforced ---------------
+
+
+def kinds(store: Store, operation_id: str) -> list[str]:
+    return [e.event for e in store.events(operation_id)]
+
+
+def test_observe_mode_sends_a_duplicate_of_an_unresolved_receipt_as_its_own_under_the_same_key(backend_store):
+    """Enforcement would block it; observe mode inserts a receipt for it (`shadow_of` names the first),
+    sent with the first's key (never renewed without proof), and both receipts' events say so."""
+    store = backend_store
+    first = unknown(store, store.begin_attempt(attempt(observe=True)).receipt)
+    d = store.begin_attempt(attempt(observe=True))
+    second = d.receipt
+    assert (d.kind, d.would) == ("forward", ("would_block",))
+    assert (second.state, second.shadow_of, second.retry_of) == (
+        State.SUBMITTED,
+        first.operation_id,
+        first.operation_id,
+    )
+    assert second.idempotency_key == first.idempotency_key
+    assert kinds(store, second.operation_id) == ["transition", "would_block"]
+    (would,) = [e for e in store.events(second.operation_id) if e.event == "would_block"]
+    assert would.reason.startswith(f"would have blocked: duplicate of receipt {first.operation_id} (outcome_unknown)")
+    assert kinds(store, first.operation_id) == ["transition", "transition", "duplicate_sent"]
+    assert store.get(second.operation_id).shadow_of == first.operation_id  # as read back
+    # A third: both are unresolved; it duplicates the latest of them, and is sent too.
+    third = store.begin_attempt(attempt(observe=True))
+    assert (third.kind, third.receipt.shadow_of) == ("forward", second.operation_id)
+    # The same duplicate in enforce mode: blocked, nothing inserted.
+    assert store.begin_attempt(attempt()).kind == "blocked"
+    assert len(store.list(limit=None)) == 3
+
+
+def test_after_observe_mode_enforcement_still_finds_an_unresolved_receipt_behind_a_resolved_later_one(backend_store):
+    """A receipt observe mode sent may resolve before its original: the original, still unresolved,
+    blocks the next write (it is read first), where the latest alone would have let a second one in."""
+    store = backend_store
+    first = unknown(store, store.begin_attempt(attempt()).receipt)
+    shadow = store.begin_attempt(attempt(observe=True)).receipt
+    store.transition(shadow.operation_id, State.REJECTED, reason="HTTP 400")
+    d = store.begin_attempt(attempt())
+    assert (d.kind, d.receipt.operation_id) == ("blocked", first.operation_id)
+    observed = store.begin_attempt(attempt(observe=True))
+    assert (observed.would, observed.receipt.shadow_of) == (("would_block",), first.operation_id)
+
+
+def test_observe_mode_does_not_hold_or_deny_it_records_that_it_would_have(backend_store):
+    store = backend_store
+    held = store.begin_attempt(attempt(observe=True, approval=True, approval_why="decisions[0]: approve when x"))
+    assert (held.kind, held.receipt.state, held.would) == ("forward", State.SUBMITTED, ("would_hold",))
+    (e,) = [e for e in store.events(held.receipt.operation_id) if e.event == "would_hold"]
+    assert e.reason == "would have held for approval (decisions[0]: approve when x); sent (receipts_mode=observe)"
+    store.transition(held.receipt.operation_id, State.REJECTED, reason="HTTP 400")
+    denied = store.begin_attempt(attempt(observe=True, denied="decisions[1] (line 9): deny when amount >= 9"))
+    assert (denied.kind, denied.receipt.state, denied.would) == ("forward", State.SUBMITTED, ("would_deny",))
+    assert denied.receipt.idempotency_key  # sent: with a key, as any write
+    (e,) = [e for e in store.events(denied.receipt.operation_id) if e.event == "would_deny"]
+    assert e.reason.startswith("would have denied by policy decisions[1] (line 9)")
+    store.transition(denied.receipt.operation_id, State.REJECTED, reason="HTTP 400")
+    # enforce mode: held, and denied
+    assert store.begin_attempt(attempt(approval=True)).receipt.state is State.AWAITING_APPROVAL
+
+
+def test_observe_mode_records_a_duplicate_of_a_success_as_would_have_blocked_or_replayed(backend_store):
+    store = backend_store
+    first = store.begin_attempt(attempt(observe=True)).receipt
+    store.record_outcome(first.operation_id, State.SUCCEEDED, reason="HTTP 201")
+    d = store.begin_attempt(attempt(observe=True), after_success="block")
+    assert (d.kind, d.would, d.receipt.shadow_of) == ("forward", ("would_block",), first.operation_id)
+    assert "(succeeded): the operation already succeeded" in store.events(d.receipt.operation_id)[-1].reason
+
+
+def test_observe_mode_is_never_answered_on_the_event_loops_connection(tmp_path):
+    """`answer_duplicate` answers a duplicate without a durable commit: observe mode inserts one, so never there."""
+    store = Store.open(str(tmp_path / "r.db"), lock_timeout=0)
+    try:
+        unknown(store, store.begin_attempt(attempt()).receipt)
+        assert store.answer_duplicate(attempt(observe=True)) == "new"
+        assert isinstance(store.answer_duplicate(attempt()), Decision)
+    finally:
+        store.close()

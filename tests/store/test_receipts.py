@@ -167,6 +167,7 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m012_read_principal"),
         ("receipt-proxy", "m013_interim_answers"),
         ("receipt-proxy", "m014_approval_links"),
+        ("receipt-proxy", "m015_shadow_receipts"),
     ]
     forward(s)
     s.close()
@@ -985,21 +986,21 @@ def test_each_event_is_written_as_durably_as_promised(store):
     ]
 
 
-def test_an_unresolved_receipt_that_is_not_its_intents_latest_fails_closed(store):
+def test_an_unresolved_receipt_that_is_not_its_intents_latest_still_blocks(store):
     """
-    `begin_attempt` takes an intent's latest receipt for its unresolved one (a resolved receipt
-    never becomes unresolved again). A database edited by hand into an older unresolved receipt
-    under a newer resolved one: the insert hits the partial unique index, nothing is written or
-    forwarded.
+    `begin_attempt` reads an intent's unresolved receipt first, whatever was inserted after it: one
+    observe mode sent beside it (`shadow_of`, resolved first), or a database edited by hand into an
+    older unresolved receipt under a newer resolved one. The duplicate is blocked by it; nothing else
+    is written.
     """
     older = forward(store)
     newer = forward(store, "fp-2")
     store.transition(newer, State.REJECTED, reason="HTTP 400")
     sql(store, "UPDATE receipts SET intent_fingerprint = 'fp-1' WHERE operation_id = ?", (newer,))
     n, e = n_receipts(store), n_events(store)
-    with pytest.raises(StoreUnavailable, match="unique index kept refusing"):
-        store.begin_attempt(attempt())
-    assert (n_receipts(store), n_events(store)) == (n, e)
+    d = store.begin_attempt(attempt())
+    assert (d.kind, d.receipt.operation_id) == ("blocked", older)
+    assert (n_receipts(store), n_events(store)) == (n, e + 1)  # its blocked event
     assert store.get(older).state is State.SUBMITTED
     assert not in_transaction(store)
 
@@ -1140,3 +1141,39 @@ def test_a_replay_costs_the_same_after_many_replays(db_path):
     many = steps_of_one_replay()
     store.close()
     assert many < 2 * few, f"a replay took {few} steps after 20 replays and {many} after 2000"
+
+
+def test_enforcement_since_counts_what_was_done_and_what_observe_mode_would_have_done(store, clock):
+    """`receipts report`'s read (cli/enforcement_report.py), on both backends: per api and operation."""
+    from proxy_addon.store import iso
+
+    old = forward(store, "fp-old")  # before the window: not counted
+    walk(store, old, State.OUTCOME_UNKNOWN)
+    assert store.begin_attempt(attempt("fp-old")).kind == "blocked"
+    clock.advance(3600)
+    since = iso(clock())
+    first = forward(store)
+    walk(store, first, State.OUTCOME_UNKNOWN)
+    assert store.begin_attempt(attempt()).kind == "blocked"  # done: blocked
+    shadow = store.begin_attempt(attempt(observe=True)).receipt  # observe: would_block
+    held = store.begin_attempt(attempt("fp-2", approval=True)).receipt  # done: held
+    denied = store.begin_attempt(attempt("fp-3", denied="decisions[0]: deny")).receipt  # done: denied
+    assert [e.event for e in store.events(denied.operation_id)] == ["transition"]  # no "blocked" event of its own
+    store.begin_attempt(attempt("fp-4", observe=True, denied="decisions[0]: deny"))  # observe: would_deny
+    store.begin_attempt(attempt("fp-5", operation="other", observe=True, approval=True))  # observe: would_hold
+    seen = store.enforcement_since(since, examples=1)
+    assert seen.writes == {("example", "articles.create"): 5, ("example", "other"): 1}
+    assert seen.counts == {
+        ("example", "articles.create", "blocked"): 1,
+        ("example", "articles.create", "would_block"): 1,
+        ("example", "articles.create", "held"): 1,
+        ("example", "articles.create", "denied"): 1,
+        ("example", "articles.create", "would_deny"): 1,
+        ("example", "other", "would_hold"): 1,
+    }
+    examples = {(api, op, kind): x.operation_id for api, op, kind, x in seen.examples}
+    assert examples[("example", "articles.create", "blocked")] == first
+    assert examples[("example", "articles.create", "would_block")] == shadow.operation_id
+    assert examples[("example", "articles.create", "held")] == held.operation_id
+    assert examples[("example", "articles.create", "denied")] == denied.operation_id
+    assert len(seen.examples) == 6

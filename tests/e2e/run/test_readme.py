@@ -68,6 +68,10 @@ SHELL_BLOCKS = {
         "docs/operations.md",
         "Approvals",
     ): "the Scripts recipe: tests/e2e/run/test_approval.py; the CLI lines: example ids",
+    (
+        "docs/operations.md",
+        "Shadow mode: try it before trusting it",
+    ): "not run: needs a proxy's database; tests/e2e/proxy/test_observe_mode.py runs receipts report on one",
     ("docs/packs.md", "Make one your own"): "not run: an example body; `rules check`, `explain`: tests/cli/",
     ("docs/benchmarks.md", "scripts/bench"): "not run: minutes long; scripts/bench checks its own answers",
     (
