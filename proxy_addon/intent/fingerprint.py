@@ -87,6 +87,7 @@ from proxy_addon.intent.body_view import (
     nfc,
     one_value,
 )
+from proxy_addon.intent.budget_charges import charges_of
 from proxy_addon.intent.caller import caller_of, scheme2_parts, secret_params
 from proxy_addon.intent.caller import canonical_credential as canonical_credential  # re-exported: tests import it here
 from proxy_addon.intent.decisions import decide
@@ -342,6 +343,8 @@ def build_attempt(
         idempotency=idempotency,
         approval=op.approve or verdict.decision == "approve",
         denied=verdict.why if verdict.decision == "deny" else None,
+        # a denied write takes no share of a budget (and is never refused for one)
+        charges=charges_of(op, intent.intent, intent.principal) if verdict.decision != "deny" else (),
         key_format=op.idempotency_format,
         given_key=given_key,
         fingerprint_scheme=SCHEME,

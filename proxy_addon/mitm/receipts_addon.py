@@ -30,7 +30,7 @@ import time
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from proxy_addon.errors import BadJson, ReceiptsError, RulesError, StoreError, UnpairedSurrogate
+from proxy_addon.errors import BadJson, ReceiptsError, RulesError, StoreError, UncountableWrite, UnpairedSurrogate
 from proxy_addon.gate.admission import Gate
 from proxy_addon.gate.installation import Installation
 from proxy_addon.gate.leases import HeldLease
@@ -296,12 +296,15 @@ class Receipts:
         except UnpairedSurrogate as e:  # bad input, found while fingerprinting: 400, before any receipt
             refusals.unpaired_surrogate(flow, meta, str(e))
             return
+        except UncountableWrite as e:  # a budget sums a field the write has no number in: 400, no receipt
+            refusals.uncountable(flow, meta, str(e))
+            return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
             meta["round"] = receipt.mcp_rounds + 1
-        if decision.kind == "denied":  # a `deny` decision: recorded rejected, nothing sent
-            refusals.denied(flow, meta, receipt, decision.reason)
+        if decision.kind in ("denied", "over_budget"):  # a `deny` decision (403), past a budget (429): not sent
+            refusals.by_rules(flow, meta, decision)
         elif decision.kind != "forward":
             self._answer_from_receipt(flow, op, decision)
         else:

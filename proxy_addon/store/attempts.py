@@ -20,8 +20,12 @@ from typing import Literal
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
 from proxy_addon.store.base import UniqueViolation, WouldWait, marks
+from proxy_addon.store.budgets import Overrun, ReceiptBudgets
 from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
 from proxy_addon.store.rounds import ReceiptInterim
+
+# The decisions that insert a new receipt (`_insert`): the others answer a duplicate from an existing one.
+NEW_RECEIPT = ("forward", "denied", "over_budget")
 
 _RECEIPT_COLUMNS = (
     "operation_id",
@@ -121,12 +125,14 @@ def _intents(a: Attempt, extra: tuple[str, ...]) -> tuple[str, ...]:
     """
     The intents an attempt's decision locks (postgres.py, "One winner per intent"): every
     fingerprint it may be recorded under, its Idempotency-Key (two requests that share it are
-    told apart: a `key_conflict`), and `extra`, an intent it answers on (that key's receipt).
+    told apart: a `key_conflict`), its budgets (`Charge.lock`: two proxies never both take a
+    budget's last unit), and `extra`, an intent it answers on (that key's receipt).
     """
-    return (*a.fingerprints, *((f"key:{a.client_key}",) if a.client_key else ()), *extra)
+    budgets = tuple(c.lock for c in a.charges)  # its budgets: one decision at a time on each (store/budgets.py)
+    return (*a.fingerprints, *((f"key:{a.client_key}",) if a.client_key else ()), *budgets, *extra)
 
 
-class ReceiptAttempts(ReceiptInterim):
+class ReceiptAttempts(ReceiptInterim, ReceiptBudgets):
     """Deciding an attempt: answer a duplicate, or insert a new receipt to forward."""
 
     def begin_attempt(
@@ -170,7 +176,7 @@ class ReceiptAttempts(ReceiptInterim):
                     decision = self._decide(
                         attempt, after_success, replay_window, actor, durable=durable, locked=intents
                     )
-                    if decision.kind != "forward":
+                    if decision.kind not in NEW_RECEIPT:  # a duplicate's answer, in its receipt's events
                         self._record_duplicate(decision, attempt, actor, record_duplicate)
                     return decision
             except _NeedsDurable:
@@ -396,15 +402,22 @@ class ReceiptAttempts(ReceiptInterim):
         return Decision("replay", latest, "duplicate answered with the recorded response", answer=answer)
 
     def _insert(self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str) -> Decision:
-        """A new receipt (and its first event) for an attempt to forward."""
+        """
+        A new receipt (and its first event) for an attempt to forward, charged to its budgets; or,
+        denied by a decision or over a budget, recorded rejected and never sent (it takes no share).
+        """
         self._hold_lease(a)
         at = iso(now)
         retry_of = latest.operation_id if latest is not None else None
         operation_id = new_operation_id(now)
+        # Over budget: the decision is store/budgets.py's `over_budget`, in this transaction, under
+        # the budget's lock. (A shadow mode would record that it would have refused, and go on.)
+        overrun = self._budget_overrun(a, now) if a.denied is None else None
+        refused = a.denied is not None or overrun is not None
         first_state = State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
-        if a.denied is not None:  # a `deny` decision: recorded rejected, never sent; rejected never blocks a retry
+        if refused:  # recorded rejected, never sent; rejected never blocks a retry
             first_state = State.REJECTED
-        idempotency_key, idempotency_key_at = _key_of(a, latest, operation_id, at)
+        idempotency_key, idempotency_key_at = _key_of(a, latest, operation_id, at) if not refused else (None, None)
         # Sent now (or once approved: transitions.py sets it then): held open at most its upstream timeout.
         in_flight_until = (
             iso(now + dt.timedelta(seconds=a.upstream_timeout))
@@ -437,22 +450,38 @@ class ReceiptAttempts(ReceiptInterim):
             in_flight_until,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
-        reason = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
-        if a.denied is not None:
-            reason = f"denied by policy {a.denied}; not sent"
+        reason = _first_reason(a, retry_of, overrun)
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
+        if not refused:
+            self._charge(operation_id, a, now)
         self._changed(a.api, a.operation, None, first_state)
         # The receipt as inserted (the columns not inserted are NULL, failed_reads 0), not read back.
         row = dict.fromkeys(("completed_at", "http_status", "error", "external_id", "next_read_at"))
         inserted = Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))})
-        if a.denied is not None:
-            return Decision("denied", inserted, reason)
-        return Decision("forward", inserted)
+        return _decided(a, inserted, reason, overrun)
+
+
+def _decided(a: Attempt, inserted: Receipt, reason: str, overrun: Overrun | None) -> Decision:
+    """A new receipt's decision: forward it, or (recorded rejected) answer that a decision or a budget refused it."""
+    if a.denied is not None:
+        return Decision("denied", inserted, reason)
+    if overrun is not None:
+        return Decision("over_budget", inserted, reason, retry_after=overrun.retry_after)
+    return Decision("forward", inserted)
+
+
+def _first_reason(a: Attempt, retry_of: str | None, overrun: Overrun | None) -> str:
+    """A new receipt's first event: a new attempt (a retry of which), or why it was refused and not sent."""
+    if a.denied is not None:
+        return f"denied by policy {a.denied}; not sent"
+    if overrun is not None:
+        return f"over budget: {overrun.why}; not sent"
+    return f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
 
 
 def _key_of(a: Attempt, latest: Receipt | None, operation_id: str, at: str) -> tuple[str | None, str | None]:
-    """The Idempotency-Key a new attempt is sent with, and since when it is in use; none for a denied one."""
-    if not a.idempotency or a.denied is not None:
+    """The Idempotency-Key a new attempt is sent with, and since when it is in use."""
+    if not a.idempotency:
         return None, None
     fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
     remembered = latest.idempotency_key if latest is not None and continues(a, latest) else None

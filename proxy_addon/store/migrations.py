@@ -341,3 +341,25 @@ def m013_interim_answers(db: Schema) -> None:
     db.execute("ALTER TABLE receipts ADD COLUMN task_status TEXT")
     db.execute("ALTER TABLE receipts ADD COLUMN task_revision TEXT")
     db.execute("CREATE INDEX receipts_by_task ON receipts(task_ref) WHERE task_ref IS NOT NULL")
+
+
+@migration
+def m014_budget_charges(db: Schema) -> None:
+    # Effect budgets (store/budgets.py): each new receipt's share of each budget of its operation,
+    # inserted with it. A budget's use in a window is the sum of its charges whose receipt did not
+    # end rejected or not_sent, read through the index. No foreign key: a receipt pruned within its
+    # window keeps its share; `prune` deletes the charges of gone receipts once their window ended.
+    # `principal` is "" for a budget per operation; the window is in UTC epoch seconds.
+    db.execute(
+        f"""
+        CREATE TABLE budget_charges (
+            operation_id TEXT NOT NULL,
+            budget_key TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            amount {"DOUBLE PRECISION" if db.postgres else "REAL"} NOT NULL,
+            window_start BIGINT NOT NULL,
+            window_end BIGINT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX budget_charges_by_window ON budget_charges(budget_key, window_start, principal)")

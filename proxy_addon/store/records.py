@@ -20,7 +20,7 @@ from proxy_addon.errors import StoreError
 from proxy_addon.states import UNRESOLVED, State
 
 Clock = Callable[[], dt.datetime]
-DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict", "denied"]
+DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict", "denied", "over_budget"]
 
 
 def utcnow() -> dt.datetime:
@@ -44,6 +44,27 @@ def state_of(value: Any, what: str) -> State:
         return State(value)
     except ValueError:
         raise StoreError(f"{what} has unknown state {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Charge:
+    """
+    What a new write takes of one budget (intent/budget_charges.py), counted by store/budgets.py: `amount`
+    (1, or the summed field's value) of the budget named `key` (its api, operation, place, window and
+    measure) for `principal` ("" for a budget per operation), whose windows are `window` seconds, at most `limit`.
+    """
+
+    key: str
+    amount: float
+    window: int
+    limit: float
+    what: str  # how messages name it: `test-api things.create budget[0]: 20 writes per 1h per principal`
+    principal: str = ""
+
+    @property
+    def lock(self) -> str:
+        """The name its decisions are serialized under (postgres.py: an advisory lock, as an intent's)."""
+        return f"budget:{self.key}|{self.principal}"
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,8 @@ class Attempt:
     # server asked for input (store/rounds.py); sent under that call's receipt while it waits for it.
     continues: bool = False
     mcp_rounds: int = 10  # receipts_mcp_rounds: the most times a call's server may ask for input
+    # What a new receipt of it takes of its operation's budgets (store/budgets.py); none for a denied one.
+    charges: tuple[Charge, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,6 +306,7 @@ class Decision:
     # caller: never for one the proxy cannot tell from the first, Attempt.unreplayable)
     task_id: str | None = field(default=None, repr=False)
     note: str | None = None  # what the duplicate's answer must say beyond the receipt's state (store/rounds.py)
+    retry_after: int | None = None  # "over_budget": seconds until the full budget's window turns
 
 
 @dataclass(frozen=True)
