@@ -54,6 +54,7 @@ def _props(*path: str) -> set[str]:
         ("absent_when", ("definitions", "operation", "properties", "reconcile", "properties", "absent_when")),
         ("idempotency_key", ("definitions", "operation", "properties", "idempotency_key")),
         ("check", ("definitions", "check", "oneOf", 2)),
+        ("budget", ("definitions", "budget")),
     ],
 )
 def test_the_schema_names_the_keys_the_loader_accepts(where, schema_path):

@@ -155,7 +155,7 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         reconcile_run,
     ),
     "budgets": Command(
-        "the budgets the rules declare, with their use in the current window",
+        "the rules' budgets and their use now",
         "Each budget the rules declare (an operation's `budget:`), with its use in its current window,\n"
         "counted as the proxy counts it: the window's receipts of the budget that did not end rejected\n"
         "or not_sent, every proxy's that shares this database. Windows are fixed and aligned to UTC.\n"
