@@ -20,7 +20,7 @@ from typing import Literal
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
 from proxy_addon.store.base import UniqueViolation, WouldWait, marks
-from proxy_addon.store.budgets import Overrun, ReceiptBudgets
+from proxy_addon.store.budgets import Overrun
 from proxy_addon.store.records import Attempt, Decision, Receipt, iso, new_operation_id
 from proxy_addon.store.rounds import ReceiptInterim
 
@@ -132,7 +132,7 @@ def _intents(a: Attempt, extra: tuple[str, ...]) -> tuple[str, ...]:
     return (*a.fingerprints, *((f"key:{a.client_key}",) if a.client_key else ()), *budgets, *extra)
 
 
-class ReceiptAttempts(ReceiptInterim, ReceiptBudgets):
+class ReceiptAttempts(ReceiptInterim):
     """Deciding an attempt: answer a duplicate, or insert a new receipt to forward."""
 
     def begin_attempt(

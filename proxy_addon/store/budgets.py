@@ -2,19 +2,25 @@
 Effect budgets, counted from receipts (an operation's `budget:`, rules/load_budgets.py).
 
 A new receipt takes its share of each of its operation's budgets (`Attempt.charges`, made by
-intent/budget_charges.py) in the transaction that inserts it: one row of `budget_charges`
-(m014) per budget, naming the receipt. A budget's use in a window is the sum of the amounts of
-the window's charges whose receipt did not end `rejected` or `not_sent` (proven not done: their
-share comes back); a receipt pruned meanwhile keeps its share. So it is counted from what the
-receipts say, never from a counter that a lost update could get wrong.
+intent/budget_charges.py) in the transaction that inserts it: one row of `budget_charges` (m014)
+per budget, naming the receipt, and the same amount added to the budget's `budget_use` row for the
+window. A receipt that becomes `rejected` or `not_sent` (proven not done) gives its share back in
+the transaction that records that state (`_give_back`, from transitions.py `_step`). So a budget's
+use is, at every commit, the sum of the window's charges whose receipt did not end rejected or
+not_sent (a receipt pruned meanwhile keeps its share), read in one indexed row, whatever the size
+of the budget; `recount` computes it again from the receipts, to check.
 
-    used = store.budget_use("test-api/things.create/budget[0]/3600s/count", "", now)
+    used = store.budget_use("test-api/things.create/budget[0]/3600s/count", HOUR)[0].used
     verdict = over_budget([(charge, used)], now)     # None: room; else Overrun(why, retry_after)
 
 The decision is serialized with every other decision on the same budget: on SQLite, by the
 write transaction (one writer at a time); on PostgreSQL, by an advisory lock on the budget
 (its name among the attempt's intents, attempts.py `_intents`: postgres.py, "One winner per
-intent"), so that two proxies of a fleet never both take the last unit.
+intent"), so that two proxies of a fleet never both take the last unit. A give-back runs under
+its receipt's lock only: its UPDATE of the use row waits for that row's lock, and both changes
+are relative (`used = used ± amount`), so neither is lost; a decision that read the use before a
+give-back committed refuses at worst one unit early, never admits past the budget. Use rows are
+locked in one order (budget, principal, window) by every writer: no deadlock among them.
 
 Windows are fixed and aligned to the UTC epoch (`window_of`): an hour's window is 10:00 to 11:00,
 whatever the proxy's clock says it is then. `over_budget` is a plain function of a charge and
@@ -89,14 +95,8 @@ def _at(epoch: int) -> str:
     return iso(dt.datetime.fromtimestamp(epoch, dt.UTC)).replace(".000000Z", "Z")
 
 
-_USE = (
-    "FROM budget_charges c LEFT JOIN receipts r ON r.operation_id = c.operation_id "
-    "WHERE c.budget_key = ? AND c.window_start = ? AND (r.state IS NULL OR r.state NOT IN (?, ?))"
-)
-
-
 class ReceiptBudgets(Backend):
-    """Charging a new receipt to its budgets, and reading what they hold."""
+    """Charging a new receipt to its budgets, giving a share back, and reading what they hold."""
 
     def _budget_overrun(self, a: Attempt, now: dt.datetime) -> Overrun | None:
         """In the deciding transaction: whether the attempt passes one of its budgets (None: every one has room)."""
@@ -107,19 +107,38 @@ class ReceiptBudgets(Backend):
     def _used(self, c: Charge, now: dt.datetime) -> float:
         start, _ = window_of(now, c.window)
         rows = self._rows(
-            f"SELECT COALESCE(SUM(c.amount), 0) AS used {_USE} AND c.principal = ?",
-            (c.key, start, *GIVES_BACK, c.principal),
+            "SELECT used FROM budget_use WHERE budget_key = ? AND principal = ? AND window_start = ?",
+            (c.key, c.principal, start),
         )
-        return float(rows[0]["used"])
+        return float(rows[0]["used"]) if rows else 0.0
 
     def _charge(self, operation_id: str, a: Attempt, now: dt.datetime) -> None:
-        """In the transaction that inserts the receipt: its share of each budget."""
-        for c in a.charges:
+        """In the transaction that inserts the receipt: its share of each budget, in the one order of use rows."""
+        for c in sorted(a.charges, key=lambda c: (c.key, c.principal)):
             start, end = window_of(now, c.window)
             self._execute(
                 "INSERT INTO budget_charges (operation_id, budget_key, principal, amount, window_start, window_end) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (operation_id, c.key, c.principal, c.amount, start, end),
+            )
+            self._execute(
+                "INSERT INTO budget_use (budget_key, principal, window_start, window_end, used, writes) "
+                "VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (budget_key, principal, window_start) "
+                "DO UPDATE SET used = budget_use.used + excluded.used, writes = budget_use.writes + 1",
+                (c.key, c.principal, start, end, c.amount),
+            )
+
+    def _give_back(self, operation_id: str) -> None:
+        """In the transaction that makes a receipt rejected or not_sent: its shares back (none if it took none)."""
+        for c in self._rows(
+            "SELECT budget_key, principal, window_start, amount FROM budget_charges WHERE operation_id = ? "
+            "ORDER BY budget_key, principal",
+            (operation_id,),
+        ):
+            self._execute(
+                "UPDATE budget_use SET used = used - ?, writes = writes - 1 "
+                "WHERE budget_key = ? AND principal = ? AND window_start = ?",
+                (c["amount"], c["budget_key"], c["principal"], c["window_start"]),
             )
 
     def budget_use(self, key: str, window: int, *, top: int = 10) -> list[BudgetUse]:
@@ -129,19 +148,25 @@ class ReceiptBudgets(Backend):
         """
         start, _ = window_of(self.clock(), window)
         rows = self._rows(
-            f"SELECT c.principal AS principal, SUM(c.amount) AS used, COUNT(*) AS writes {_USE} "
-            "GROUP BY c.principal ORDER BY used DESC, c.principal LIMIT ?",
-            (key, start, *GIVES_BACK, top),
+            "SELECT principal, used, writes FROM budget_use WHERE budget_key = ? AND window_start = ? AND writes > 0 "
+            "ORDER BY used DESC, principal LIMIT ?",
+            (key, start, top),
         )
-        return [BudgetUse(r["principal"], float(r["used"]), int(r["writes"])) for r in rows]
+        return [BudgetUse(r["principal"], round(float(r["used"]), 9), int(r["writes"])) for r in rows]
+
+    def recount(self, key: str, window: int) -> dict[str, float]:
+        """A budget's use in its current window by principal, summed again from its charges and their receipts."""
+        start, _ = window_of(self.clock(), window)
+        rows = self._rows(
+            "SELECT c.principal AS principal, SUM(c.amount) AS used FROM budget_charges c "
+            "LEFT JOIN receipts r ON r.operation_id = c.operation_id WHERE c.budget_key = ? AND c.window_start = ? "
+            "AND (r.state IS NULL OR r.state NOT IN (?, ?)) GROUP BY c.principal",
+            (key, start, *GIVES_BACK),
+        )
+        return {r["principal"]: float(r["used"]) for r in rows}
 
     def _forget_charges(self, now: dt.datetime) -> None:
-        """
-        In `prune`, after its receipts went (retention.py): the charges of receipts no longer there
-        whose window has ended. A current window's stay: a receipt pruned within it keeps its share.
-        """
-        self._execute(
-            "DELETE FROM budget_charges WHERE window_end <= ? AND NOT EXISTS "
-            "(SELECT 1 FROM receipts r WHERE r.operation_id = budget_charges.operation_id)",
-            (math.floor(now.timestamp()),),
-        )
+        """In `prune`: the charges and the use of windows that have ended (nothing counts them any more)."""
+        ended = math.floor(now.timestamp())
+        self._execute("DELETE FROM budget_charges WHERE window_end <= ?", (ended,))
+        self._execute("DELETE FROM budget_use WHERE window_end <= ?", (ended,))

@@ -1,7 +1,7 @@
 """
 Retention: `prune` deletes resolved receipts older than a cutoff, with their events and
-decisions, keeping whatever a kept receipt's `retry_of` points at; and budget charges whose window
-has ended and whose receipt is gone (store/budgets.py).
+decisions, keeping whatever a kept receipt's `retry_of` points at; and the budget charges and use of
+windows that have ended (store/budgets.py).
 """
 
 from __future__ import annotations
@@ -55,5 +55,5 @@ class ReceiptRetention(ReceiptBudgets):
                     self._execute(f"DELETE FROM receipts WHERE operation_id IN ({marks(len(chunk))})", chunk)
                     self._execute(f"DELETE FROM receipt_events WHERE operation_id IN ({marks(len(chunk))})", chunk)
             if not dry_run:
-                self._forget_charges(self.clock())  # their shares of budgets whose window has ended
+                self._forget_charges(self.clock())  # budgets' windows that have ended
         return ids

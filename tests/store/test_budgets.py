@@ -2,7 +2,8 @@
 Effect budgets counted from receipts (store/budgets.py), on each backend, on a clock the tests move:
 the window math, the plain decision (`over_budget`), and the counting in `begin_attempt`: a new
 receipt takes its share, one refused over budget is recorded rejected and takes none, a receipt
-that ends rejected or not_sent gives its share back, and a duplicate takes nothing.
+that ends rejected or not_sent gives its share back (the kept use always equals a recount from the
+receipts), and a duplicate takes nothing.
 """
 
 from __future__ import annotations
@@ -96,8 +97,11 @@ def test_a_write_that_ends_rejected_or_not_sent_gives_its_share_back(backend_sto
     backend_store.begin_attempt(attempt(2))
     assert backend_store.begin_attempt(attempt(3)).kind == "over_budget"
     backend_store.transition(first.operation_id, ends, reason="HTTP 400")
+    assert [(u.used, u.writes) for u in backend_store.budget_use(KEY, HOUR)] == [(1, 1)]
+    assert backend_store.recount(KEY, HOUR) == {"": 1}  # the kept use is what the receipts say
     assert backend_store.begin_attempt(attempt(4)).kind == "forward"
     assert backend_store.begin_attempt(attempt(5)).kind == "over_budget"
+    assert backend_store.recount(KEY, HOUR) == {"": 2}
 
 
 def test_succeeded_unknown_and_manual_review_keep_their_share(backend_store):
@@ -142,6 +146,7 @@ def test_a_sum_counts_amounts_and_every_budget_must_have_room(backend_store):
     assert [u.used for u in backend_store.budget_use(KEY, HOUR)] == [1]
     small = charge(limit=500, amount=200, key=daily.key, window=86400)
     assert backend_store.begin_attempt(attempt(3, counted, small)).kind == "forward"  # exactly 500
+    assert backend_store.recount(daily.key, 86400) == {"": 500}
 
 
 def test_a_denied_write_takes_no_share(backend_store):
@@ -158,5 +163,6 @@ def test_a_receipt_pruned_within_its_window_keeps_its_share(backend_store, clock
     assert backend_store.prune(dt.timedelta(minutes=1)) == [one.operation_id]
     assert [u.used for u in backend_store.budget_use(KEY, 86400)] == [1]  # still counted today
     clock.advance(86400)
-    backend_store.prune(dt.timedelta(minutes=1))  # its window has ended: the charge goes
+    backend_store.prune(dt.timedelta(minutes=1))  # its window has ended: the charge and the use go
     assert backend_store._rows("SELECT COUNT(*) AS n FROM budget_charges")[0]["n"] == 0
+    assert backend_store._rows("SELECT COUNT(*) AS n FROM budget_use")[0]["n"] == 0
