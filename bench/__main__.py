@@ -39,6 +39,7 @@ operations:
     fingerprint: {body: [title]}
     external_id: id
 """
+BUDGET = "    budget: {window: 1d, count: 1000000000}\n"  # --budget: checked and counted on every write, never reached
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -99,6 +100,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "to compare the addon with itself under an option, e.g. --compare-set receipts_forward=mitmproxy",
     )
     p.add_argument(
+        "--budget",
+        action="store_true",
+        help="also measure the addon with a budget on the write (`budget: {window: 1d, count: 1000000000}`, never "
+        "reached) as the 'compare' path, with its own database: the cost of the budget check per write",
+    )
+    p.add_argument(
         "--addon-set",
         action="append",
         default=[],
@@ -127,6 +134,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--json", metavar="PATH", help="also write the raw figures as JSON to PATH")
     a = p.parse_args(argv)
+    if a.budget and (a.postgres or a.compare_addon or a.compare_set):
+        p.error("--budget measures the 'compare' path: not with --postgres, --compare-addon or --compare-set")
     a.samples = a.samples or (120 if a.quick else 300)
     a.rounds = a.rounds or (3 if a.quick else 6)
     a.store_samples = a.store_samples or (150 if a.quick else 300)
@@ -284,6 +293,8 @@ def pg_addon(name: str, work: Path, a: argparse.Namespace, rules: Path, url: str
 def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
     rules = work / "rules.yaml"
     rules.write_text(RULES)
+    budgeted = work / "rules-budget.yaml"  # --budget: the same rules, the write under a budget it never reaches
+    budgeted.write_text(RULES + BUDGET)
     pg_url = start_postgres(work, running, log).new_schema() if a.postgres else None
     up, up_port = procs.upstream(work)
     here = Path(__file__).resolve().parent
@@ -314,12 +325,12 @@ def run_http(a: argparse.Namespace, work: Path, running: list, log) -> dict:
                         "--set",
                         f"receipts_db={work / 'compare' / 'receipts.db'}",
                         "--set",
-                        f"receipts_rules={rules}",
+                        f"receipts_rules={budgeted if a.budget else rules}",
                         *[x for kv in a.addon_set + a.compare_set for x in ("--set", kv)],
                     ],
                 )
             }
-            if a.compare_addon or a.compare_set
+            if a.compare_addon or a.compare_set or a.budget
             else {}
         ),
         "floor": procs.mitmdump("floor", work, here / "constant_addon.py", "bench-constant: ready"),

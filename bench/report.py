@@ -36,6 +36,8 @@ def seq_line(client: str, key: str, stats: dict[str, Stats], cpu: dict[str, floa
     ratios = " ".join(
         f"{p}/baseline {stats[p].p50 / stats['baseline'].p50:4.2f}" for p in ("addon", "compare") if p in stats
     )
+    if "compare" in stats and "addon" in stats:
+        ratios += f" compare/addon {stats['compare'].p50 / stats['addon'].p50:4.2f}"
     cpus = " ".join(f"{p} {cpu[p]:.2f}" for p in ("baseline", "addon", "compare") if p in cpu)
     return f"{client:<17} {key:<9} p50 ms: {' · '.join(parts)}  {ratios}  CPU ms/req {cpus}  ({seconds:.0f}s)"
 

@@ -11,6 +11,7 @@ The errors receipt-proxy raises. Every one says what went wrong and how to fix i
     │   └── UnsupportedEncoding  a content coding nobody can decode (compress, a typo)
     ├── BadJson               a matched write's JSON body that servers read in more than one way
     │                         (a key twice in one object): the proxy answers 400, sends nothing
+    ├── UncountableWrite      a write a budget sums a field of, with no number there: 400, not sent
     └── StoreError            the receipts database could not be read or written
         ├── StoreUnavailable  the write did not happen (locked, read-only, disk full):
         │                     the request must not be forwarded
@@ -103,6 +104,14 @@ class BadJson(ReceiptsError):
     twice (Python and Node take the last, others the first). The proxy answers 400 and sends
     nothing. `str(error)` names the key and where it is (`the key 'title' twice in the object
     at items.0 of the JSON body`), never a value.
+    """
+
+
+class UncountableWrite(ReceiptsError):
+    """
+    A write whose operation sums a field in a budget (`budget: {sum: amount}`) and whose request has
+    no number there: it cannot be counted, so the proxy answers 400 and sends nothing (no receipt).
+    The message names the field, never its value.
     """
 
 

@@ -55,6 +55,7 @@ def _props(*path: str) -> set[str]:
         ("idempotency_key", ("definitions", "operation", "properties", "idempotency_key")),
         ("check", ("definitions", "check", "oneOf", 2)),
         ("errors", ("properties", "errors", "oneOf", 1)),
+        ("budget", ("definitions", "budget")),
     ],
 )
 def test_the_schema_names_the_keys_the_loader_accepts(where, schema_path):

@@ -8,6 +8,7 @@
     receipts resolve ID --as succeeded --note "the post is live" --external-id 1234567
     receipts pending                          writes held for approval
     receipts approve ID | deny ID --note ...  decide one; the proxy that holds it acts within a second
+    receipts budgets                          each budget the rules declare, with its use now
     receipts export --since 2026-11-01 > audit.jsonl
     receipts prune --older-than 90d --dry-run
     receipts rules check                      validate the rules files
@@ -20,7 +21,7 @@ running it against an open ReceiptStore, and its help. Errors a user can fix are
 
 The table is in cli/command_table.py; the commands in cli/receipt_commands.py (list, show,
 blocked, export, prune), cli/resolve_command.py, cli/approval_commands.py (pending, approve,
-deny), cli/reconcile_command.py, cli/rules_commands.py and cli/demo_command.py (with the demo's
+deny), cli/reconcile_command.py, cli/budget_command.py, cli/rules_commands.py and cli/demo_command.py (with the demo's
 proxy, cli/demo_proxy.py, and its API, cli/demo_api.py); values.py parses what the user types and
 output.py prints.
 """
@@ -90,6 +91,7 @@ examples:
   receipts pending --json
   receipts approve 20261129T190502Z-7c1e02d9aa --note "refund agreed"
   receipts deny 20261129T190502Z-7c1e02d9aa --note "amount too high, ask finance"
+  receipts budgets --json
   receipts export --since 2026-11-01 > receipts.jsonl
   receipts prune --older-than 90d --dry-run
   receipts rules check rules/

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from proxy_addon.cli.approval_commands import approve_args, approve_run, deny_args, deny_run, pending_args, pending_run
+from proxy_addon.cli.budget_command import budgets_args, budgets_run
 from proxy_addon.cli.demo_command import DESCRIPTION as DEMO_DESCRIPTION
 from proxy_addon.cli.demo_command import demo_args, demo_run
 from proxy_addon.cli.enforcement_report import report_args, report_run
@@ -163,6 +164,16 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         ],
         reconcile_args,
         reconcile_run,
+    ),
+    "budgets": Command(
+        "the rules' budgets and their use now",
+        "Each budget the rules declare (an operation's `budget:`), with its use in its current window,\n"
+        "counted as the proxy counts it: the window's receipts of the budget that did not end rejected\n"
+        "or not_sent, every proxy's that shares this database. Windows are fixed and aligned to UTC.\n"
+        "A budget per principal lists the principals (keyed hashes of credentials) that used most.",
+        ["receipts budgets", "receipts budgets --rules rules/ --top 10 --json"],
+        budgets_args,
+        budgets_run,
     ),
     "export": Command(
         "every receipt with its events, as JSON Lines",

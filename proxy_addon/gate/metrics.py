@@ -20,7 +20,9 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
                                              unpaired_surrogate (400: a JSON "\\ud800" escape alone),
                                              method_override_refused (400; MCP refusals among them),
                                              ambiguous_target (400: a fragment, ;path parameters),
-                                             bad_json (400: a JSON body servers read two ways)
+                                             bad_json (400: a JSON body servers read two ways),
+                                             budget_uncountable (400: no number in the field a budget sums),
+                                             over_budget (429: past a budget; its receipt rejected)
     unknown_outcomes{state} (gauge)          receipts in the database (every process's) whose outcome
                                              is not known: outcome_unknown, reconciling, manual_review;
                                              read at scrape time
@@ -41,6 +43,10 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
     receipt_commit_seconds (histogram)       deciding and committing a new receipt (one write
                                              transaction, its fsync included) before the request leaves
     upstream_seconds (histogram)             a forwarded write's exchange: sent → its outcome classified
+    budget_used{budget,per} (gauge)          each budget's use in its current window (the database's, every
+                                             process's), read at scrape time (gate/budget_gauges.py); per
+                                             principal: the most any one principal used (no principal is a label)
+    budget_limit{budget,per} (gauge)         each budget's limit (writes, or the summed field's most)
 
 and prometheus_client's `process_*` (CPU, memory, open files) for the process.
 
@@ -59,21 +65,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy_addon.errors import ReceiptsError
+from proxy_addon.gate.budget_gauges import BudgetGauges
 from proxy_addon.reconcile.judge import Verdict
 from proxy_addon.rules import Operation
 from proxy_addon.states import State
 from proxy_addon.store import ReceiptStore, open_store
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PREFIX = "receipt_proxy_"
 UNKNOWN = (State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW)  # an outcome not known (yet)
@@ -94,6 +102,8 @@ REFUSALS = (
     "method_override_refused",
     "bad_json",
     "ambiguous_target",
+    "budget_uncountable",
+    "over_budget",
 )  # a matched request the proxy answered instead of sending (flows.refuse's kinds) → the `reason` label
 READ_RESULTS = {
     State.SUCCEEDED: "found",
@@ -233,6 +243,8 @@ class Metrics:
         self.reload_ok.set(1)
         self.unknown = UnknownOutcomes()
         self.registry.register(self.unknown)
+        self.budgets = BudgetGauges(self.unknown.read)
+        self.registry.register(self.budgets)
         ProcessCollector(registry=self.registry)
         # The children the hot path updates: one dict lookup each (the rest are rare).
         self._transition = _Children(self.transitions)
@@ -247,8 +259,12 @@ class Metrics:
         self._transition(api, operation, from_state or "new", to_state).inc()
 
     def duplicate(self, api: str, operation: str, kind: str) -> None:
-        """A duplicate's final answer (the store's Decision.kind: blocked, blocked_succeeded, key_conflict, replay)."""
-        self._duplicate(api, operation, ANSWERS[kind]).inc()
+        """
+        A duplicate's final answer (the store's Decision.kind: blocked, blocked_succeeded, key_conflict,
+        replay); a new receipt refused (denied, over_budget) is no duplicate: counted as its refusal instead.
+        """
+        if kind in ANSWERS:
+            self._duplicate(api, operation, ANSWERS[kind]).inc()
 
     def refused(self, api: str, operation: str, reason: str) -> None:
         """A matched request answered by the proxy and never sent (REFUSALS); other kinds are not counted here."""
@@ -299,12 +315,17 @@ class Metrics:
     # --- set up ----------------------------------------------------------------------------
 
     def known(self, operations: Iterable[Operation]) -> None:
-        """The rules' operations: their duplicates counters start at 0, and the unknown-outcomes gauge shows 0s."""
+        """
+        The rules' operations: their duplicates counters start at 0, the unknown-outcomes gauge shows 0s,
+        and the budget gauges show their budgets.
+        """
+        operations = tuple(operations)
         ops = tuple((op.api, op.name) for op in operations)
         for api, name in ops:
             for answer in ANSWERS.values():
                 self.duplicates.labels(api, name, answer)
         self.unknown.operations = ops
+        self.budgets.operations = tuple(op for op in operations if op.budgets)
 
     def watch_db(self, path: Path | str | None, *, lock_timeout: float = 5.0) -> None:
         """The receipts database the unknown-outcomes gauge reads: a SQLite path or a PostgreSQL URL (None: none)."""
@@ -349,19 +370,25 @@ class UnknownOutcomes:
     def describe(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(self.NAME, self.HELP, labels=(*OP, "state"))
 
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(self.NAME, self.HELP, labels=(*OP, "state"))
+    def read(self, what: str, query: Callable[[ReceiptStore], T]) -> T | None:
+        """`query` on the read connection, one scrape at a time; None (logged) when there is no database or it fails."""
         with self._lock:
             if self._path is None:
-                return
+                return None
             try:
                 if self._store is None:
                     self._store = open_store(self._path, create=False, lock_timeout=self._lock_timeout)
-                counts = self._store.counts_by_operation(UNKNOWN)
+                return query(self._store)
             except ReceiptsError as e:
-                logger.warning(f"receipt-proxy metrics: {self.NAME} left out of this scrape: {e}")
+                logger.warning(f"receipt-proxy metrics: {what} left out of this scrape: {e}")
                 self._close()
-                return
+                return None
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=(*OP, "state"))
+        counts = self.read(self.NAME, lambda store: store.counts_by_operation(UNKNOWN))
+        if counts is None:
+            return
         keys = {(api, name, state): 0 for api, name in self.operations for state in UNKNOWN} | counts
         for (api, name, state), n in sorted(keys.items()):
             family.add_metric((api, name, str(state)), n)

@@ -14,13 +14,21 @@ what a decision cannot read, end the list with an unconditional-looking catch (a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy_addon.rules.model import PRINCIPAL, Condition, DecisionRule, same_value
 
-SECTIONS = ("body", "arguments", "path", "query", "headers")  # where the intent keeps named fields
+SECTIONS = ("body", "form", "multipart", "arguments", "path", "query", "headers")  # where the intent keeps named fields
+TEXT_SECTIONS = ("form", "multipart")  # every value is text there: a decimal one compares with a number
+DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
+class FormText(str):
+    """A form or multipart field's value: text that stands for a number where a test compares it with one."""
+
 MISSING = object()
 
 
@@ -84,8 +92,25 @@ def value_of(field: str, intent: Mapping[str, Any], principal: str) -> Any:
     for section in SECTIONS:
         found = intent.get(section)
         if isinstance(found, Mapping) and field in found:
-            return found[field]
+            v = found[field]
+            if section in TEXT_SECTIONS:  # `amount=150000` in a form: a number to `amount >= 100000`
+                return [FormText(x) if isinstance(x, str) else x for x in v] if isinstance(v, list) else _text(v)
+            return v
     return MISSING
+
+
+def _text(v: Any) -> Any:
+    return FormText(v) if isinstance(v, str) else v
+
+
+def _typed(v: Any, bound: Any) -> Any:
+    """A form's decimal text as a number, where the test's value (or one of its list) is a number."""
+    if not isinstance(v, FormText):
+        return v
+    bounds = bound if isinstance(bound, tuple) else (bound,)
+    if DECIMAL.fullmatch(v) and any(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds):
+        return float(v) if "." in v else int(v)
+    return str(v)  # plain text, equal to the same text
 
 
 NEGATED = {"!=": "==", "not_in": "in", "not_ends_with": "ends_with"}
@@ -111,6 +136,7 @@ def holds(c: Condition, v: Any) -> bool:
 def _holds_one(c: Condition, v: Any) -> bool:
     if v is None or isinstance(v, (list, dict)):
         return False
+    v = _typed(v, c.value)
     if c.op == "==":
         return same_value(v, c.value)
     if c.op == "!=":

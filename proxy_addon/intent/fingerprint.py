@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from proxy_addon.errors import UnpairedSurrogate
+from proxy_addon.errors import UncountableWrite, UnpairedSurrogate
 from proxy_addon.intent import identity
 from proxy_addon.intent.body_view import (
     NOTES,
@@ -87,6 +87,7 @@ from proxy_addon.intent.body_view import (
     nfc,
     one_value,
 )
+from proxy_addon.intent.budget_charges import charges_of
 from proxy_addon.intent.caller import caller_of, scheme2_parts, secret_params
 from proxy_addon.intent.caller import canonical_credential as canonical_credential  # re-exported: tests import it here
 from proxy_addon.intent.decisions import decide
@@ -95,6 +96,7 @@ from proxy_addon.intent.fingerprint_v1 import fingerprint_v1
 from proxy_addon.intent.tool_arguments import arguments_view
 from proxy_addon.rules import Match, Operation, read_variables
 from proxy_addon.store import Attempt
+from proxy_addon.store.records import Charge
 from proxy_addon.wire.canonical import Target, method_overrides, param_value
 from proxy_addon.wire.canonical import target as canonical_target
 from proxy_addon.wire.json_body import read_json
@@ -344,6 +346,7 @@ def build_attempt(
         approval_why=verdict.why if verdict.decision == "approve" else "approve: true" if op.approve else None,
         denied=verdict.why if verdict.decision == "deny" else None,
         decided=verdict.decision if op.decisions else None,
+        charges=_charges(op, intent, verdict.decision),
         key_format=op.idempotency_format,
         given_key=given_key,
         fingerprint_scheme=SCHEME,
@@ -480,3 +483,17 @@ def load_or_create_key(path: str | Path) -> bytes:
     if len(key) < 32:
         raise ValueError(f"{p}: the HMAC key file is shorter than 32 bytes; delete it to make a new one")
     return key
+
+
+def _charges(op: Operation, intent: Intent, decision: str) -> tuple[Charge, ...]:
+    """
+    What a new receipt of the write takes of its operation's budgets (intent/budget_charges.py). A
+    denied write's count only in observe mode, where it is sent (the store charges no refused
+    receipt); a deny wins over a budget: a denied write its budget cannot count takes none, never a 400.
+    """
+    if decision != "deny":
+        return charges_of(op, intent.intent, intent.principal)
+    try:
+        return charges_of(op, intent.intent, intent.principal)
+    except UncountableWrite:
+        return ()

@@ -26,12 +26,13 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Mapping
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
-from proxy_addon.errors import BadJson, ReceiptsError, RulesError, StoreError, UnpairedSurrogate
-from proxy_addon.gate.admission import Gate
+from proxy_addon.errors import BadJson, ReceiptsError, RulesError, StoreError, UncountableWrite, UnpairedSurrogate
+from proxy_addon.gate.admission import Admitted, Gate
 from proxy_addon.gate.installation import Installation
 from proxy_addon.gate.leases import HeldLease
 from proxy_addon.gate.metrics import Metrics
@@ -304,31 +305,47 @@ class Receipts:
         lease = inst.lease
         epoch = lease.epoch if lease is not None else None
 
-        try:
-            # A small body is fingerprinted here, and a duplicate answered on the event loop (gate/admission.py);
-            # a large one on the store's thread.
-            admitted = await self.gate.admit(attempt() if len(body) <= LOOP_FINGERPRINT else attempt, op, credentials)
-        except StoreError as e:
-            refusals.unavailable(flow, meta, str(e))
-            return
-        except BadJson as e:  # a key twice in the JSON body (wire/json_body.py): 400, no receipt, never sent
-            refusals.bad_json(flow, meta, str(e))
-            return
-        except UnpairedSurrogate as e:  # bad input, found while fingerprinting: 400, before any receipt
-            refusals.unpaired_surrogate(flow, meta, str(e))
+        # A small body is fingerprinted here, and a duplicate answered on the event loop (gate/admission.py);
+        # a large one on the store's thread.
+        admitted = await self._admit(
+            flow, meta, attempt() if len(body) <= LOOP_FINGERPRINT else attempt, op, credentials
+        )
+        if admitted is None:
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
         if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
             meta["round"] = receipt.mcp_rounds + 1
         self._observed(meta, receipt, decision.would)  # observe mode: what enforcement would have done instead
-        if decision.kind == "denied":  # a `deny` decision: recorded rejected, nothing sent
-            refusals.denied(flow, meta, receipt, decision.reason)
+        if decision.kind in ("denied", "over_budget"):  # a `deny` decision (403), past a budget (429): not sent
+            refusals.by_rules(flow, meta, decision)
         elif decision.kind != "forward":
             self._answer_from_receipt(flow, op, decision)
         else:
             given_key = admitted.attempt.given_key
             await self._forward(flow, meta, op, receipt, given_key=given_key, body=view.body, lease=(lease, epoch))
+
+    async def _admit(
+        self,
+        flow: http.HTTPFlow,
+        meta: dict,
+        attempt: Attempt | Callable[[], Attempt],
+        op: Operation,
+        credentials: Mapping[str, str],
+    ) -> Admitted | None:
+        """The gate's decision on a write; None: it was answered already (503 or 400), no receipt, nothing sent."""
+        assert self.gate is not None
+        try:
+            return await self.gate.admit(attempt, op, credentials)
+        except StoreError as e:
+            refusals.unavailable(flow, meta, str(e))
+        except BadJson as e:  # a key twice in the JSON body (wire/json_body.py): 400, no receipt, never sent
+            refusals.bad_json(flow, meta, str(e))
+        except UnpairedSurrogate as e:  # bad input, found while fingerprinting: 400, before any receipt
+            refusals.unpaired_surrogate(flow, meta, str(e))
+        except UncountableWrite as e:  # a budget sums a field the write has no number in: 400, no receipt
+            refusals.uncountable(flow, meta, str(e))
+        return None
 
     def _observed(self, meta: dict, receipt: Receipt, would: tuple[str, ...]) -> None:
         """Observe mode: a write sent that enforcement would have blocked, replayed, held or denied (events say so)."""

@@ -4,9 +4,11 @@ field no HTTP client can send (400, wire/fields.py), a header the proxy reads as
 UTF-8 (400, fields.undecodable), text entering the intent that is no Unicode (400,
 errors.UnpairedSurrogate), method override headers the rules cannot take (400), a request
 target servers read differently (400: a fragment, `;` path parameters, RuleSet.match), a JSON
-body servers read in more than one way (400, wire/json_body.py), and a store that cannot write the
-receipt (503: fail closed). Each logs one line naming the operation (never a header's value),
-answers, and marks the flow (flows.refuse).
+body servers read in more than one way (400, wire/json_body.py), a write a budget cannot count
+(400, errors.UncountableWrite), and a store that cannot write the receipt (503: fail closed).
+And the new writes the rules refuse, their receipt rejected: denied by a decision (403), past a
+budget (429). Each logs one line naming the operation (never a header's value), answers, and
+marks the flow (flows.refuse).
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ from mitmproxy import http
 from proxy_addon.mitm.flows import refuse
 from proxy_addon.outcome import http_answers as answers
 from proxy_addon.rules.ruleset import AMBIGUOUS_TARGET
-from proxy_addon.store import Receipt
+from proxy_addon.store import Decision, Receipt
 
 __all__ = [
     "bad_header",
     "bad_json",
     "bad_override",
     "bad_target",
+    "by_rules",
     "denied",
+    "over_budget",
     "refused",
     "unavailable",
+    "uncountable",
     "undecodable_header",
     "unpaired_surrogate",
 ]
@@ -71,6 +76,27 @@ def denied(flow: http.HTTPFlow, meta: dict, receipt: Receipt, why: str) -> None:
         "hint": "the rules deny this write; it was not sent, and sending it again is denied again",
     }
     refuse(flow, meta, answers.json_answer(403, body, answers.receipt_headers(receipt)), "denied", why)
+
+
+def by_rules(flow: http.HTTPFlow, meta: dict, decision: Decision) -> None:
+    """A new write the rules refused, its receipt rejected: denied by a decision (403), or past a budget (429)."""
+    if decision.kind == "over_budget":
+        over_budget(flow, meta, decision.receipt, decision.reason, decision.retry_after or 1)
+    else:
+        denied(flow, meta, decision.receipt, decision.reason)
+
+
+def over_budget(flow: http.HTTPFlow, meta: dict, receipt: Receipt, why: str, retry_after: int) -> None:
+    """A write past a budget (store/budgets.py): 429 with Retry-After, its receipt rejected, not sent."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {why}")
+    answer = answers.over_budget(receipt, why, retry_after)
+    refuse(flow, meta, answer, "over_budget", why)
+
+
+def uncountable(flow: http.HTTPFlow, meta: dict, why: str) -> None:
+    """A write a budget sums a field of, with no number there (errors.UncountableWrite): 400, no receipt."""
+    logger.warning(f"receipt-proxy: {meta['api']} {meta['operation']} NOT forwarded: {why}")
+    refuse(flow, meta, answers.uncountable(meta["api"], meta["operation"], why), "budget_uncountable", why)
 
 
 def refused(flow: http.HTTPFlow, meta: dict) -> None:

@@ -25,7 +25,7 @@ from proxy_addon.mitm.flows import meta_of
 from proxy_addon.states import State
 from proxy_addon.store import Event, Receipt, ReceiptStore
 
-ANSWERED = ("blocked", "replay", "blocked_succeeded", "key_conflict", "denied")  # the proxy answered
+ANSWERED = ("blocked", "replay", "blocked_succeeded", "key_conflict", "denied", "over_budget")  # the proxy answered
 
 
 def describe(store: ReceiptStore, operation_id: str, *, answer: str | None = None) -> str:
@@ -35,6 +35,8 @@ def describe(store: ReceiptStore, operation_id: str, *, answer: str | None = Non
     if answer in ANSWERED:
         if answer == "denied":
             lines += [f"This request was DENIED (receipt {r.operation_id}); it was not sent.", ""]
+        elif answer == "over_budget":
+            lines += [f"This request was OVER BUDGET (receipt {r.operation_id}); it was not sent.", ""]
         else:
             verb = "REPLAYED from" if answer == "replay" else "BLOCKED: a duplicate of"
             lines += [f"This request was {verb} receipt {r.operation_id} (now {r.state}); it was not sent.", ""]

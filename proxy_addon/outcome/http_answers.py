@@ -447,6 +447,48 @@ def denied(receipt: Receipt, reason: str) -> Answer:
     )
 
 
+def over_budget(receipt: Receipt, reason: str, retry_after: int) -> Answer:
+    """
+    A write past one of its operation's budgets (store/budgets.py): 429 with Retry-After, the
+    seconds until the full budget's window turns; its receipt rejected, nothing sent, no share taken.
+    """
+    headers = receipt_headers(receipt)
+    headers["Retry-After"] = str(retry_after)
+    return json_answer(
+        429,
+        {
+            "error": "budget_exceeded",
+            "operation_id": receipt.operation_id,
+            "api": receipt.api,
+            "operation": receipt.operation,
+            "state": str(receipt.state),
+            "sent": False,
+            "retry_after_seconds": retry_after,
+            "detail": reason,
+            "hint": f"the write was not sent: its budget is used up until its window turns, in {retry_after} s; "
+            "send it again after that, or ask the operator to raise the budget",
+        },
+        headers,
+    )
+
+
+def uncountable(api: str, operation: str, detail: str) -> Answer:
+    """A write a budget sums a field of, with no number there (errors.UncountableWrite): 400, no receipt, not sent."""
+    return json_answer(
+        400,
+        {
+            "error": "budget_uncountable",
+            "sent": False,
+            "api": api,
+            "operation": operation,
+            "detail": detail,
+            "hint": "the request was not sent and no receipt was recorded; send the field the budget sums as a "
+            "number of 0 or more, then send the request again",
+        },
+        {},
+    )
+
+
 def recorded(status: int, headers: Iterable[tuple[str, str]], body: bytes, cap: int) -> RecordedResponse:
     """
     What is kept of an upstream answer for replay: its headers but credentials and framing,

@@ -125,6 +125,8 @@ def text_of(doc: dict[str, Any], call: ToolCall) -> str:
         )
     if error == "not_sent":
         return f"NOT SENT: the call to {tool} never reached the server{receipt}; it is safe to make it again."
+    if error == "budget_exceeded":
+        return _over_budget(tool, receipt, doc)
     if error == "denied_by_operator":
         return f"NOT SENT: an operator denied this call to {tool}{receipt}. {doc.get('reason') or ''}".strip()
     if error in _REFUSALS:
@@ -132,3 +134,11 @@ def text_of(doc: dict[str, Any], call: ToolCall) -> str:
     detail = "; ".join(str(doc[k]) for k in ("error", "detail", "hint") if doc.get(k))
     head = "NOT SENT" if doc.get("sent") is False else "receipt-proxy answered instead of the server"
     return f"{head}: the call to {tool}{receipt}: {detail or json.dumps(doc)[:300]}"
+
+
+def _over_budget(tool: str, receipt: str, doc: dict) -> str:
+    """A call past a budget of its operation (store/budgets.py): not sent, and when it may be tried again."""
+    return (
+        f"NOT SENT: this call to {tool} is over its budget{receipt}: {doc.get('detail', '')}. Do not retry it "
+        f"before {doc.get('retry_after_seconds', '?')} s have passed; tell the user if it cannot wait."
+    )

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import yaml
 
+from proxy_addon.rules.load_budgets import load_budgets
 from proxy_addon.rules.load_classify import load_classify
 from proxy_addon.rules.load_decisions import load_decisions
 from proxy_addon.rules.load_reconcile import load_reconcile
@@ -30,6 +31,7 @@ from proxy_addon.rules.model import (
     METHOD_OVERRIDE,
     METHODS,
     AfterSuccess,
+    Budget,
     DecisionRule,
     FingerprintSpec,
     Operation,
@@ -142,7 +144,7 @@ def _operation(
     reconcile = _reconcile_of(ctx, f, op, fp if fp_known else None, external, idempotent)
     if classified is not None and "reconcile" not in op:
         _already_exists_needs_a_read(ctx, f, op, classified)
-    approve, record, decisions = _say(ctx, f, op, fp if fp_known else None)
+    approve, record, decisions, budgets = _say(ctx, f, op, fp if fp_known else None)
     if len(ctx.problems) > before:
         return None
     assert method and path and override and fp and external and after_success and classified and idempotency
@@ -165,6 +167,7 @@ def _operation(
         approve=approve,
         record=record,
         decisions=decisions,
+        budgets=budgets,
         graphql=graphql,
         mcp_tool=mcp[0] if mcp else None,
         mcp_arguments=mcp[1] if mcp else (),
@@ -178,12 +181,13 @@ def _operation(
 
 def _say(
     ctx: Ctx, f: str, op: dict[str, Entry], fp: FingerprintSpec | None
-) -> tuple[bool, bool, tuple[DecisionRule, ...]]:
-    """What the operator says of a write: `approve`, `record` and `decisions` (`fp` None: not loaded)."""
+) -> tuple[bool, bool, tuple[DecisionRule, ...], tuple[Budget, ...]]:
+    """What the operator says of a write: `approve`, `record`, `decisions` and `budget` (`fp` None: not loaded)."""
     approve = ctx.attempt(ctx.boolean, op["approve"][1], f"{f}.approve") if "approve" in op else False
     record = ctx.attempt(ctx.boolean, op["record"][1], f"{f}.record") if "record" in op else True
     decisions = ctx.attempt(load_decisions, ctx, op["decisions"][1], f"{f}.decisions", fp) if "decisions" in op else ()
-    return bool(approve), record is not False, decisions or ()
+    budgets = ctx.attempt(load_budgets, ctx, op["budget"][1], f"{f}.budget", fp) if "budget" in op else ()
+    return bool(approve), record is not False, decisions or (), budgets or ()
 
 
 def _fingerprint_of(

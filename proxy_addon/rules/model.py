@@ -69,6 +69,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "approve",
         "record",
         "decisions",
+        "budget",
     ),
     "match": ("method", "path", "graphql", "mcp", "case_insensitive", "method_override"),
     "mcp_match": ("tool", "arguments"),
@@ -95,6 +96,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "idempotency_key": ("header", "body", "format", "ttl"),
     "decision": ("allow", "approve", "deny", "reason"),
     "errors": ("template", "key"),  # `errors:` as a template (rules/error_templates.py)
+    "budget": ("per", "window", "count", "sum", "max"),
 }
 
 CREDENTIAL_PLACES = ("credential_query", "credential_body", "credential_path")  # in fingerprint_rule()
@@ -248,6 +250,43 @@ class DecisionRule:
     in_file: bool = False  # the file's `decisions:` (after each operation's own), not the operation's
 
 
+BUDGET_PER = ("operation", "principal")  # `budget.per`: one budget for every caller of the operation, or one each
+
+
+@dataclass(frozen=True)
+class Budget:
+    """
+    A `budget:` entry: at most `limit` writes (`sum` None: counted) or at most `limit` of a named
+    field's sum per fixed window of `window` seconds, aligned to the UTC epoch; one budget for the
+    operation, or one per principal. Counted from receipts (store/budgets.py).
+    """
+
+    window: int  # seconds
+    limit: float  # count: writes; sum: the field's total
+    per: str = "operation"  # one of BUDGET_PER
+    sum: str | None = None  # the named field summed; None: each write counts 1
+    index: int = 0  # its place in the operation's list, to name it: budget[0]
+    line: int = 0
+
+    def describe(self) -> str:
+        """`budget[0]: 20 writes per 1h per principal`, `budget[1]: amount at most 500000 per 1d`."""
+        what = f"{_number(self.limit)} writes" if self.sum is None else f"{self.sum} at most {_number(self.limit)}"
+        each = " per principal" if self.per == "principal" else ""
+        return f"budget[{self.index}]: {what} per {window_text(self.window)}{each}"
+
+
+def window_text(seconds: int) -> str:
+    """A window's length as a rules file writes it: 3600 → `1h`, 90 → `90s`."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _number(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
 @dataclass(frozen=True)
 class Operation:
     api: str
@@ -265,6 +304,7 @@ class Operation:
     approve: bool = False  # an operator approves each request (mitmweb, receipts approve) before it is sent
     # `decisions:` its own, then its file's: the first whose conditions hold decides; none: allow
     decisions: tuple[DecisionRule, ...] = ()
+    budgets: tuple[Budget, ...] = ()  # `budget:` each must have room for a new write, else it is refused (429)
     record: bool = True  # keep the answer (sealed) to replay to a duplicate; False: keep none, block duplicates
     credentials_env: str | None = None  # env var with the credential, for reads run from the CLI
     graphql: str | None = None  # match only GraphQL mutations with this root field

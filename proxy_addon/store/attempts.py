@@ -20,8 +20,12 @@ from typing import Literal
 from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
 from proxy_addon.store.base import UniqueViolation, WouldWait, marks
+from proxy_addon.store.budgets import Overrun
 from proxy_addon.store.records import DUPLICATE_SENT, Attempt, Decision, Receipt, iso, new_operation_id
 from proxy_addon.store.rounds import ReceiptInterim
+
+# The decisions that insert a new receipt (`_insert`): the others answer a duplicate from an existing one.
+NEW_RECEIPT = ("forward", "denied", "over_budget")
 
 _RECEIPT_COLUMNS = (
     "operation_id",
@@ -122,9 +126,11 @@ def _intents(a: Attempt, extra: tuple[str, ...]) -> tuple[str, ...]:
     """
     The intents an attempt's decision locks (postgres.py, "One winner per intent"): every
     fingerprint it may be recorded under, its Idempotency-Key (two requests that share it are
-    told apart: a `key_conflict`), and `extra`, an intent it answers on (that key's receipt).
+    told apart: a `key_conflict`), its budgets (`Charge.lock`: two proxies never both take a
+    budget's last unit), and `extra`, an intent it answers on (that key's receipt).
     """
-    return (*a.fingerprints, *((f"key:{a.client_key}",) if a.client_key else ()), *extra)
+    budgets = tuple(c.lock for c in a.charges)  # its budgets: one decision at a time on each (store/budgets.py)
+    return (*a.fingerprints, *((f"key:{a.client_key}",) if a.client_key else ()), *budgets, *extra)
 
 
 class ReceiptAttempts(ReceiptInterim):
@@ -172,7 +178,7 @@ class ReceiptAttempts(ReceiptInterim):
                     decision = self._decide(
                         attempt, after_success, replay_window, actor, durable=durable, locked=intents
                     )
-                    if decision.kind not in ("forward", "denied"):  # a denied write's receipt is new
+                    if decision.kind not in NEW_RECEIPT:  # a duplicate's answer, in its receipt's events
                         self._record_duplicate(decision, attempt, actor, record_duplicate)
                     return decision
             except _NeedsDurable:
@@ -418,24 +424,21 @@ class ReceiptAttempts(ReceiptInterim):
         self, a: Attempt, latest: Receipt | None, now: dt.datetime, actor: str, would: Decision | None = None
     ) -> Decision:
         """
-        A new receipt (and its first event) for an attempt to forward. In observe mode, `would` is
-        enforcement's answer to it as a duplicate, and neither an approval nor a deny holds it: each
-        is recorded as an event (`_would_events`), and it is sent.
+        A new receipt (and its first event) for an attempt to forward, charged to its budgets; or,
+        denied by a decision or over a budget, recorded rejected and never sent (it takes no share).
+        In observe mode (`would`: enforcement's answer to it as a duplicate) none of them holds it:
+        each is an event (`_would_events`), and it is sent and charged.
         """
         self._hold_lease(a)
         at = iso(now)
         retry_of = latest.operation_id if latest is not None else None
         operation_id = new_operation_id(now)
-        first_state = _first_state(a)
-        # A `deny` decision: recorded rejected, never sent, its error the rule's; rejected never blocks a retry.
-        error = f"denied by policy {a.denied}" if first_state is State.REJECTED else None
-        idempotency_key, idempotency_key_at = _key_of(a, latest, operation_id, at)
-        # Sent now (or once approved: transitions.py sets it then): held open at most its upstream timeout.
-        in_flight_until = (
-            iso(now + dt.timedelta(seconds=a.upstream_timeout))
-            if a.upstream_timeout is not None and first_state is State.SUBMITTED
-            else None
-        )
+        # Over budget: store/budgets.py's `over_budget`, in this transaction, under the budget's lock.
+        overrun = self._budget_overrun(a, now) if a.denied is None or a.observe else None
+        error = _refusal(a, overrun)  # None: it is sent
+        first_state = State.REJECTED if error else _first_state(a)
+        idempotency_key, idempotency_key_at = _key_of(a, latest, operation_id, at) if not error else (None, None)
+        in_flight_until = _in_flight_until(a, first_state, now)
         values = (
             operation_id,
             a.api,
@@ -466,17 +469,19 @@ class ReceiptAttempts(ReceiptInterim):
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"{error}; not sent" if error else f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
+        if not error:
+            self._charge(operation_id, a, now)
         self._changed(a.api, a.operation, None, first_state)
-        kinds = self._would_events(a, would, operation_id, at, actor) if a.observe else ()
+        kinds = self._would_events(a, would, overrun, operation_id, at, actor) if a.observe else ()
         # The receipt as inserted (the columns not inserted are NULL, failed_reads 0), not read back.
         row = dict.fromkeys(("completed_at", "http_status", "external_id", "next_read_at"))
         inserted = Receipt.from_row({**row, **dict(zip(_RECEIPT_COLUMNS, values, strict=True))})
         if error:
-            return Decision("denied", inserted, reason)
+            return _refused(a, inserted, reason, overrun)
         return Decision("forward", inserted, would=kinds)
 
     def _would_events(
-        self, a: Attempt, would: Decision | None, operation_id: str, at: str, actor: str
+        self, a: Attempt, would: Decision | None, overrun: Overrun | None, operation_id: str, at: str, actor: str
     ) -> tuple[str, ...]:
         """
         Observe mode: what enforcement would have done to a receipt sent now, each an event of it (their
@@ -509,6 +514,8 @@ class ReceiptAttempts(ReceiptInterim):
             said.append(("would_hold", f"would have held for approval ({a.approval_why or 'approve: true'})"))
         if a.denied is not None:
             said.append(("would_deny", f"would have denied by policy {a.denied}"))
+        if overrun is not None:
+            said.append(("would_refuse", f"would have refused: over budget: {overrun.why}"))
         for kind, reason in said:
             self._event(
                 operation_id,
@@ -535,9 +542,33 @@ def _first_state(a: Attempt) -> State:
     return State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
 
 
+def _in_flight_until(a: Attempt, first_state: State, now: dt.datetime) -> str | None:
+    """Sent now (or once approved: transitions.py sets it then): held open at most its upstream timeout."""
+    if a.upstream_timeout is None or first_state is not State.SUBMITTED:
+        return None
+    return iso(now + dt.timedelta(seconds=a.upstream_timeout))
+
+
+def _refusal(a: Attempt, overrun: Overrun | None) -> str | None:
+    """Why a new attempt is refused and not sent (its receipt's error): a `deny` decision, or a budget
+    without room; None: it is sent (always in observe mode, where `_would_events` records them)."""
+    if a.observe:
+        return None
+    if a.denied is not None:
+        return f"denied by policy {a.denied}"
+    return f"over budget: {overrun.why}" if overrun is not None else None
+
+
+def _refused(a: Attempt, inserted: Receipt, reason: str, overrun: Overrun | None) -> Decision:
+    """A refused new receipt's decision (recorded rejected): a decision denied it (403), or a budget (429)."""
+    if a.denied is not None or overrun is None:
+        return Decision("denied", inserted, reason)
+    return Decision("over_budget", inserted, reason, retry_after=overrun.retry_after)
+
+
 def _key_of(a: Attempt, latest: Receipt | None, operation_id: str, at: str) -> tuple[str | None, str | None]:
-    """The Idempotency-Key a new attempt is sent with, and since when it is in use; none for a denied one."""
-    if not a.idempotency or (a.denied is not None and not a.observe):
+    """The Idempotency-Key a new attempt is sent with, and since when it is in use."""
+    if not a.idempotency:
         return None, None
     fresh = str(uuid.uuid4()) if a.key_format == "uuid4" else f"receipt-{operation_id}"
     # Observe mode sends a duplicate of an unresolved receipt: under that receipt's key, never renewed

@@ -50,6 +50,10 @@ What a backend must guarantee, because the proxy's promise rests on it:
 - `approval_decisions` (m007): at most one operator decision per receipt (its primary key),
   checked and inserted in one `_write` (`decide_approval`), and marked used in the `_write`
   that moves its receipt (`apply_approval`), so a decision is applied once or not at all.
+- `budget_charges` (m014): a new receipt's share of each of its budgets is inserted in the
+  `_write` that inserts the receipt (`_insert`, store/budgets.py), and the use it was checked
+  against was read in that same transaction, under the budget's lock (`Charge.lock` among the
+  attempt's `intents`): two decisions on one budget never both take its last unit.
 - Durable before it returns: when `begin_attempt` returns "forward", the receipt and its
   first event are committed durably (SQLite: WAL with synchronous=FULL). The request is
   sent only after that.

@@ -368,3 +368,40 @@ def m015_shadow_receipts(db: Schema) -> None:
         f"CREATE UNIQUE INDEX receipts_one_unresolved_per_fingerprint "
         f"ON receipts(intent_fingerprint) WHERE state IN ({unresolved}) AND shadow_of IS NULL"
     )
+
+
+@migration
+def m016_budget_charges(db: Schema) -> None:
+    # Effect budgets (store/budgets.py). `budget_charges`: each new receipt's share of each budget of
+    # its operation, inserted with it. `budget_use`: each budget's use in a window (per principal, ""
+    # for a budget per operation), kept in the same transactions as the receipts' states: raised with
+    # each charge, lowered when a charged receipt becomes rejected or not_sent (it gives its share
+    # back). No foreign key: a receipt pruned within its window keeps its share; `prune` deletes the
+    # rows of windows that have ended. Windows are in UTC epoch seconds.
+    real = "DOUBLE PRECISION" if db.postgres else "REAL"
+    db.execute(
+        f"""
+        CREATE TABLE budget_charges (
+            operation_id TEXT NOT NULL,
+            budget_key TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            amount {real} NOT NULL,
+            window_start BIGINT NOT NULL,
+            window_end BIGINT NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX budget_charges_by_receipt ON budget_charges(operation_id)")
+    db.execute(
+        f"""
+        CREATE TABLE budget_use (
+            budget_key TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            window_start BIGINT NOT NULL,
+            window_end BIGINT NOT NULL,
+            used {real} NOT NULL,
+            writes INTEGER NOT NULL,
+            PRIMARY KEY (budget_key, principal, window_start)
+        )
+        """
+    )

@@ -39,12 +39,13 @@ One winner per intent. The locks a write transaction takes, all at its start, in
   2. One exclusive lock per intent, on `intent_key` (the first 64 bits of SHA-256) of each name, in
      ascending key order: `begin_attempt` names every fingerprint the attempt's intent may be
      recorded under (`Attempt.fingerprints`: today's and the earlier schemes' and rules') and its
-     client key ("key:<client_key>"); a receipt-scoped write (every transition, an interim answer,
-     an approval, a resolution, a reconcile claim, a takeover by `recover_in_flight`) locks its
-     receipt's `intent_fingerprint`, computed by the server from the row (`KEY_SQL`); if its
-     snapshot has no such row (an unknown id, or an insert committing meanwhile), the transaction
-     begins again as a whole-store one.
-  3. Then row locks, by the statements themselves.
+     client key ("key:<client_key>") and its budgets' locks ("budget:...", `Charge.lock`: a budget's
+     decisions, store/budgets.py, are serialized across the fleet); a receipt-scoped write (every
+     transition, an interim answer, an approval, a resolution, a reconcile claim, a takeover by
+     `recover_in_flight`) locks its receipt's `intent_fingerprint`, computed by the server from the
+     row (`KEY_SQL`); if its snapshot has no such row (an unknown id, or an insert committing
+     meanwhile), the transaction begins again as a whole-store one.
+  3. Then row locks, by the statements themselves (a budget's use rows in one order: store/budgets.py).
 
 Claim: for every intent, the write transactions that read or change its receipts are serialized,
 in commit order, exactly as every write was under the single lock before. A receipt's

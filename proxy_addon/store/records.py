@@ -21,12 +21,11 @@ from proxy_addon.states import UNRESOLVED, State
 
 Clock = Callable[[], dt.datetime]
 # Events of observe mode (receipts_mode=observe, store/attempts.py `_observed`), on the receipt sent in
-# enforcement's stead: what enforcement would have done. `would_refuse`: kept for a refusal of a write's
-# own (an over-budget write); the proxy records none of its own yet.
+# enforcement's stead: what enforcement would have done (`would_refuse`: over a budget).
 WOULD_HAVE = ("would_block", "would_replay", "would_hold", "would_deny", "would_refuse")
 # On the earlier receipt a duplicate would have been answered from: that it was sent all the same.
 DUPLICATE_SENT = "duplicate_sent"
-DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict", "denied"]
+DecisionKind = Literal["forward", "blocked", "replay", "blocked_succeeded", "key_conflict", "denied", "over_budget"]
 
 
 def utcnow() -> dt.datetime:
@@ -50,6 +49,27 @@ def state_of(value: Any, what: str) -> State:
         return State(value)
     except ValueError:
         raise StoreError(f"{what} has unknown state {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Charge:
+    """
+    What a new write takes of one budget (intent/budget_charges.py), counted by store/budgets.py: `amount`
+    (1, or the summed field's value) of the budget named `key` (its api, operation, place, window and
+    measure) for `principal` ("" for a budget per operation), whose windows are `window` seconds, at most `limit`.
+    """
+
+    key: str
+    amount: float
+    window: int
+    limit: float
+    what: str  # how messages name it: `test-api things.create budget[0]: 20 writes per 1h per principal`
+    principal: str = ""
+
+    @property
+    def lock(self) -> str:
+        """The name its decisions are serialized under (postgres.py: an advisory lock, as an intent's)."""
+        return f"budget:{self.key}|{self.principal}"
 
 
 @dataclass(frozen=True)
@@ -104,6 +124,8 @@ class Attempt:
     # duplicate, a hold, a deny is sent as a new receipt whose events say what enforcement would have done.
     observe: bool = False
     approval_why: str | None = None  # why it is held for approval (`approve: true`, or a decision's rule)
+    # What a new receipt of it takes of its operation's budgets (store/budgets.py); none for a denied one.
+    charges: tuple[Charge, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -298,6 +320,7 @@ class Decision:
     # caller: never for one the proxy cannot tell from the first, Attempt.unreplayable)
     task_id: str | None = field(default=None, repr=False)
     note: str | None = None  # what the duplicate's answer must say beyond the receipt's state (store/rounds.py)
+    retry_after: int | None = None  # "over_budget": seconds until the full budget's window turns
     # "forward" in observe mode (receipts_mode=observe): what enforcement would have done instead, each
     # as its event's kind (WOULD_HAVE: would_block, would_replay, would_hold, would_deny); () otherwise
     would: tuple[str, ...] = ()

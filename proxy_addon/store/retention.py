@@ -1,6 +1,7 @@
 """
 Retention: `prune` deletes resolved receipts older than a cutoff, with their events and
-decisions, keeping whatever a kept receipt's `retry_of` points at.
+decisions, keeping whatever a kept receipt's `retry_of` points at; and the budget charges and use of
+windows that have ended (store/budgets.py).
 """
 
 from __future__ import annotations
@@ -8,13 +9,14 @@ from __future__ import annotations
 import datetime as dt
 
 from proxy_addon.states import TERMINAL
-from proxy_addon.store.base import Backend, marks
+from proxy_addon.store.base import marks
+from proxy_addon.store.budgets import ReceiptBudgets
 from proxy_addon.store.records import iso
 
 _CHUNK = 500  # ids per DELETE in `prune` (under every driver's parameter limit)
 
 
-class ReceiptRetention(Backend):
+class ReceiptRetention(ReceiptBudgets):
     """Pruning old resolved receipts."""
 
     def prune(self, older_than: dt.timedelta, *, dry_run: bool = False) -> list[str]:
@@ -52,4 +54,6 @@ class ReceiptRetention(Backend):
                     self._execute(f"DELETE FROM approval_decisions WHERE operation_id IN ({marks(len(chunk))})", chunk)
                     self._execute(f"DELETE FROM receipts WHERE operation_id IN ({marks(len(chunk))})", chunk)
                     self._execute(f"DELETE FROM receipt_events WHERE operation_id IN ({marks(len(chunk))})", chunk)
+            if not dry_run:
+                self._forget_charges(self.clock())  # budgets' windows that have ended
         return ids

@@ -15,6 +15,7 @@ from typing import Any
 from proxy_addon.errors import IllegalTransition, StoreError, UnknownReceipt
 from proxy_addon.states import TRANSITIONS, State, sources_of
 from proxy_addon.store.base import marks
+from proxy_addon.store.budgets import GIVES_BACK, ReceiptBudgets
 from proxy_addon.store.queries import ReceiptReads
 from proxy_addon.store.records import Receipt, RecordedResponse, iso, state_of
 from proxy_addon.store.sealing import AnswerSeal
@@ -33,7 +34,7 @@ logger = logging.getLogger("proxy_addon.store.receipts")  # the name it logged u
 Observer = Callable[[str, str, State | None, State], None]
 
 
-class ReceiptTransitions(ReceiptReads):
+class ReceiptTransitions(ReceiptReads, ReceiptBudgets):
     """Guarded state changes, their events, and the observer told of them: what every other write uses."""
 
     observer: Observer | None = None  # the proxy's metrics (gate/metrics.py): every state change, once committed
@@ -198,5 +199,7 @@ class ReceiptTransitions(ReceiptReads):
         if changed != 1:
             raise IllegalTransition(f"receipt {operation_id} is {was}; {was} → {to} is not allowed")
         self._event(operation_id, "transition", was, to, reason, actor, flow_id, at)
+        if to in GIVES_BACK:  # proven not done: its share of its budgets comes back (store/budgets.py)
+            self._give_back(operation_id)
         self._changed(old["api"], old["operation"], was, to)
         return Receipt.from_row({**old, **sets})  # what the UPDATE wrote, not read back

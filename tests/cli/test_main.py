@@ -28,6 +28,7 @@ EVERY_COMMAND = [
     pytest.param(["pending"], id="pending"),
     pytest.param(["approve", "x"], id="approve"),
     pytest.param(["deny", "x", "--note", "n"], id="deny"),
+    pytest.param(["budgets"], id="budgets"),
 ]
 
 

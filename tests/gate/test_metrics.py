@@ -64,3 +64,58 @@ def test_the_unknown_outcomes_gauge_reads_the_database_at_each_scrape(db):
         ("example", "articles.create", "reconciling"): 1,
     }
     metrics.close()
+
+
+BUDGETED = """
+api: pay
+hosts: [api.pay.test]
+operations:
+  charge:
+    match: {method: POST, path: /charges}
+    fingerprint: {body: [amount]}
+    budget:
+      - {per: principal, window: 366d, count: 3}
+      - {window: 366d, sum: amount, max: 1000}
+  refund:
+    match: {method: POST, path: /refunds}
+"""
+
+
+def test_the_budget_gauges_show_each_budgets_use_and_limit_at_each_scrape(db):
+    from proxy_addon.intent.budget_charges import charges_of
+    from proxy_addon.rules import load_rules
+
+    rules = load_rules(BUDGETED, "pay.yaml")
+    op = rules.operations[0]
+    store = open_store(db)
+    metrics = Metrics()
+    metrics.known(rules.operations)
+
+    def samples() -> dict[tuple, float]:
+        return {
+            (family.name, *s.labels.values()): s.value for family in metrics.budgets.collect() for s in family.samples
+        }
+
+    only_limits = samples()  # no database watched: the limits, no use
+    assert only_limits == {
+        ("receipt_proxy_budget_limit", "pay", "charge", "budget[0]", "principal"): 3,
+        ("receipt_proxy_budget_limit", "pay", "charge", "budget[1]", "operation"): 1000,
+    }
+    metrics.watch_db(db)
+    for n, (who, amount) in enumerate([("alice", 100), ("alice", 200), ("bob", 50)]):
+        intent = {"body": {"amount": amount}}
+        a = attempt(f"fp-{n}")
+        store.begin_attempt(
+            a.__class__(
+                **{
+                    **a.__dict__,
+                    "api": "pay",
+                    "operation": "charge",
+                    "principal": who,
+                    "charges": charges_of(op, intent, who),
+                }
+            )
+        )
+    used = {k[2:]: v for k, v in samples().items() if k[0] == "receipt_proxy_budget_used"}
+    assert used == {("charge", "budget[0]", "principal"): 2, ("charge", "budget[1]", "operation"): 350}
+    metrics.close()

@@ -83,3 +83,40 @@ def test_a_list_passes_a_test_when_every_item_does_and_a_negated_test_when_any_f
     assert verdict(allow_in, currency=["eur", "usd"]).decision == "allow"
     assert verdict(allow_in, currency=["eur", "gbp"]).decision == "deny"
     assert verdict(allow_in, currency=[{"a": 1}]).decision == "deny"  # an object item fails `==`, so `!=` holds
+
+
+def test_a_form_bodys_decimal_text_compares_with_a_number():
+    """Stripe's form bodies carry `amount=150000` as text: a band on amount reads it as the number it is."""
+    from proxy_addon.intent.fingerprint import RequestView, build_attempt
+    from proxy_addon.rules import RuleSet
+
+    text = (
+        "api: pay\nhosts: [api.pay.test]\noperations:\n  charge:\n    match: {method: POST, path: /charges}\n"
+        "    fingerprint: {body: [amount, currency]}\n    decisions:\n"
+        '      - approve: {amount: {">=": 100000}}\n      - deny: {currency: {not_in: [eur, usd]}}\n'
+    )
+    rules = RuleSet.of([load_rules(text, "pay.yaml")])
+
+    def decided(body: bytes) -> tuple[bool, str | None]:
+        req = RequestView(
+            "POST",
+            "https",
+            "api.pay.test",
+            443,
+            "/charges",
+            {"content-type": "application/x-www-form-urlencoded"},
+            body,
+        )
+        m = rules.match(req.host, req.port, req.method, req.path, body, list(req.headers.items()))
+        assert m is not None
+        a = build_attempt(m, req, b"k" * 32)
+        assert "form" in a.intent  # the form's fields, where decisions read them
+        return a.approval, a.denied
+
+    assert decided(b"amount=150000&currency=eur") == (True, None)  # before: text never >= a number: allowed
+    assert decided(b"amount=99999&currency=eur") == (False, None)
+    assert decided(b"amount=12.5&currency=usd") == (False, None)
+    assert decided(b"amount=lots&currency=eur") == (False, None)  # not a number: no test holds
+    assert decided(b"amount=5&currency=gbp")[1] is not None  # text tests still read text
+    op = op_with('      - allow: {currency: {"==": "100"}}\n      - deny: {currency: {"!=": "x"}}\n')
+    assert decide(op.decisions, {"form": {"currency": "100"}}, "p1").decision == "allow"  # text with text

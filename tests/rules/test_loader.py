@@ -359,7 +359,7 @@ operations:
             5,
             "operations.posts.create.mtach",
             "unknown key 'mtach'; expected one of: description, match, credentials, fingerprint, "
-            "external_id, after_success, classify, reconcile, idempotency_key, approve, record, decisions",
+            "external_id, after_success, classify, reconcile, idempotency_key, approve, record, decisions, budget",
         ),
         (5, "operations.posts.create.match", "is required"),
         (6, "operations.posts.create.fingerprint.body", "'a b' is not a dotted field path like 'article.title'"),

@@ -168,6 +168,7 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m013_interim_answers"),
         ("receipt-proxy", "m014_approval_links"),
         ("receipt-proxy", "m015_shadow_receipts"),
+        ("receipt-proxy", "m016_budget_charges"),
     ]
     forward(s)
     s.close()
