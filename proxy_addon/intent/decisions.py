@@ -29,6 +29,7 @@ DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 class FormText(str):
     """A form or multipart field's value: text that stands for a number where a test compares it with one."""
 
+
 MISSING = object()
 
 
