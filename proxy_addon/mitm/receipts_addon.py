@@ -307,9 +307,7 @@ class Receipts:
 
         # A small body is fingerprinted here, and a duplicate answered on the event loop (gate/admission.py);
         # a large one on the store's thread.
-        admitted = await self._admit(
-            flow, meta, attempt() if len(body) <= LOOP_FINGERPRINT else attempt, op, credentials
-        )
+        admitted = await self._admit(flow, meta, attempt, op, credentials, here=len(body) <= LOOP_FINGERPRINT)
         if admitted is None:
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
@@ -329,14 +327,19 @@ class Receipts:
         self,
         flow: http.HTTPFlow,
         meta: dict,
-        attempt: Attempt | Callable[[], Attempt],
+        attempt: Callable[[], Attempt],
         op: Operation,
         credentials: Mapping[str, str],
+        *,
+        here: bool,
     ) -> Admitted | None:
-        """The gate's decision on a write; None: it was answered already (503 or 400), no receipt, nothing sent."""
+        """
+        The gate's decision on a write (`here`: fingerprinted on the event loop, else on the store's
+        thread); None: it was answered already (503 or 400), no receipt, nothing sent.
+        """
         assert self.gate is not None
         try:
-            return await self.gate.admit(attempt, op, credentials)
+            return await self.gate.admit(attempt() if here else attempt, op, credentials)
         except StoreError as e:
             refusals.unavailable(flow, meta, str(e))
         except BadJson as e:  # a key twice in the JSON body (wire/json_body.py): 400, no receipt, never sent
