@@ -107,6 +107,7 @@ from proxy_addon.states import State
 from proxy_addon.store.base import Dialect, UniqueViolation
 from proxy_addon.store.dsn import MISSING, describe
 from proxy_addon.store.fleet import PostgresFleet
+from proxy_addon.store.hash_chain import TIP_SQL, tip_of
 from proxy_addon.store.migrations import apply_postgres
 from proxy_addon.store.records import Clock, utcnow
 
@@ -115,6 +116,7 @@ WRITE_LOCK = 0x5EC1E7  # every write transaction's first lock: exclusive for the
 # An intent's lock key from its receipt's row, as `intent_key` computes it from the fingerprint.
 KEY_SQL = "('x' || left(encode(sha256(convert_to(intent_fingerprint, 'UTF8')), 'hex'), 16))::bit(64)::bigint"
 MIGRATE_LOCK = 0x5EC1E8  # the advisory lock migrations run under
+CHAIN_LOCK = 0x5EC1E9  # taken at a transaction's first event, held to its end: the chain's one order (hash_chain.py)
 
 
 def intent_key(name: str) -> int:
@@ -352,6 +354,27 @@ class PostgresStore(PostgresFleet):
 
     def _defer_foreign_keys(self) -> None:
         self._execute("SET CONSTRAINTS ALL DEFERRED")  # until the end of the transaction
+
+    next_event_id = "SELECT nextval(pg_get_serial_sequence('receipt_events', 'id')) AS id"
+    explicit_id = " OVERRIDING SYSTEM VALUE"
+
+    def _chain_start(self) -> tuple[int, str, int]:
+        """
+        CHAIN_LOCK, then the tip and the next event id, in one round trip: each statement of a
+        simple query reads its own snapshot (READ COMMITTED), so the tip is read once the lock is
+        held, and includes every chained transaction that committed before (hash_chain.py).
+        """
+        conn = self._connection(writing=True)
+        try:
+            cur = conn.execute(f"SELECT pg_advisory_xact_lock({CHAIN_LOCK}); {TIP_SQL}; {self.next_event_id}".encode())
+            cur.nextset()
+            tip = tip_of(cur.fetchall())
+            cur.nextset()
+            row = cur.fetchone()
+        except psycopg.Error as e:
+            raise self._failure(e) from e
+        assert row is not None
+        return tip[0], tip[1], int(row["id"])
 
     def _event(self, operation_id: str, event: str, from_state: State | None, *args: Any, **kw: Any) -> None:
         super()._event(operation_id, event, from_state, *args, **kw)

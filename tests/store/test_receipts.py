@@ -166,6 +166,7 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m011_key_check_and_sealed_answers"),
         ("receipt-proxy", "m012_read_principal"),
         ("receipt-proxy", "m013_interim_answers"),
+        ("receipt-proxy", "m016_hash_chain"),
     ]
     forward(s)
     s.close()

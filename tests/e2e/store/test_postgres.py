@@ -111,6 +111,7 @@ def test_migrations_recorded_by_name_and_a_concurrent_first_start_migrates_once(
             "m011_key_check_and_sealed_answers",
             "m012_read_principal",
             "m013_interim_answers",
+            "m016_hash_chain",
         ]
         assert {r["migration_set"] for r in rows} == {"receipt-proxy"}
     finally:
