@@ -28,12 +28,35 @@ from proxy_addon.proof.chain_links import GENESIS, record_hash
 from proxy_addon.store.base import Backend
 
 _PAGE = 2000
+CHAIN_LOCK = 0x5EC1E9  # PostgreSQL: the advisory lock that gives the chain its one order (postgres.py)
 # The chain's last position and hash: the last event's, or a mark's when one ends the chain (both indexed).
 TIP_SQL = (
     "SELECT chain_seq AS pos, hash FROM receipt_events WHERE chain_seq = (SELECT max(chain_seq) FROM receipt_events) "
     "UNION ALL SELECT through AS pos, hash FROM receipt_chain_marks "
     "WHERE through = (SELECT max(through) FROM receipt_chain_marks)"
 )
+
+# PostgreSQL: the trigger that chains each event as it is inserted (m016), in the database, so that
+# CHAIN_LOCK is held only from the INSERT, sent with the COMMIT in one round trip, to the commit's
+# end (postgres.py). The same canonical form as proof/chain_links.py: the row as JSON, `hash` and
+# null fields left out, members in code unit order (every column name is ASCII, so "C" order is
+# UTF-16 order), strings escaped by PostgreSQL's escape_json exactly as RFC 8785 escapes them
+# (\" \\ \b \f \n \r \t, other controls as \u00xx, nothing else), integers as digits.
+CHAIN_TRIGGER = f"""
+CREATE FUNCTION receipt_events_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE tip_pos BIGINT; tip_hash TEXT; canon TEXT;
+BEGIN
+    PERFORM pg_advisory_xact_lock({CHAIN_LOCK});
+    SELECT pos, hash INTO tip_pos, tip_hash FROM ({TIP_SQL}) AS tip ORDER BY pos DESC LIMIT 1;
+    NEW.id := nextval(pg_get_serial_sequence('receipt_events', 'id'));
+    NEW.chain_seq := coalesce(tip_pos, 0) + 1;
+    NEW.prev_hash := coalesce(tip_hash, repeat('0', 64));
+    SELECT '{{' || string_agg(to_json(key)::text || ':' || value::text, ',' ORDER BY key COLLATE "C") || '}}'
+        INTO canon FROM jsonb_each(to_jsonb(NEW) - 'hash') WHERE jsonb_typeof(value) <> 'null';
+    NEW.hash := encode(sha256(convert_to(canon, 'UTF8')), 'hex');
+    RETURN NEW;
+END $$
+"""
 
 
 def tip_of(rows: list[dict[str, Any]]) -> tuple[int, str]:

@@ -23,6 +23,7 @@ from sqlite_utils.migrations import Migrations
 
 from proxy_addon.states import UNRESOLVED
 from proxy_addon.store.chain_start import chain_history
+from proxy_addon.store.hash_chain import CHAIN_TRIGGER
 
 migrations = Migrations("receipt-proxy")
 MIGRATION_SET = migrations.name
@@ -390,6 +391,12 @@ def m016_hash_chain(db: Schema) -> None:
     for table in ("receipt_chain_marks", "receipt_checkpoints"):
         _append_only(db, table)
     chain_history(db)
+    if db.postgres:  # each event chained as it is inserted (store/hash_chain.py, CHAIN_TRIGGER)
+        db.execute(CHAIN_TRIGGER)
+        db.execute(
+            "CREATE TRIGGER receipt_events_chained BEFORE INSERT ON receipt_events "
+            "FOR EACH ROW EXECUTE FUNCTION receipt_events_chain()"
+        )
 
 
 def _append_only(db: Schema, table: str) -> None:

@@ -107,7 +107,7 @@ from proxy_addon.states import State
 from proxy_addon.store.base import Dialect, UniqueViolation
 from proxy_addon.store.dsn import MISSING, describe
 from proxy_addon.store.fleet import PostgresFleet
-from proxy_addon.store.hash_chain import TIP_SQL, tip_of
+from proxy_addon.store.hash_chain import CHAIN_LOCK, TIP_SQL, tip_of
 from proxy_addon.store.migrations import apply_postgres
 from proxy_addon.store.records import Clock, utcnow
 
@@ -116,7 +116,6 @@ WRITE_LOCK = 0x5EC1E7  # every write transaction's first lock: exclusive for the
 # An intent's lock key from its receipt's row, as `intent_key` computes it from the fingerprint.
 KEY_SQL = "('x' || left(encode(sha256(convert_to(intent_fingerprint, 'UTF8')), 'hex'), 16))::bit(64)::bigint"
 MIGRATE_LOCK = 0x5EC1E8  # the advisory lock migrations run under
-CHAIN_LOCK = 0x5EC1E9  # taken at a transaction's first event, held to its end: the chain's one order (hash_chain.py)
 
 
 def intent_key(name: str) -> int:
@@ -146,6 +145,7 @@ class PostgresStore(PostgresFleet):
         self._writing = False
         self._created: list[str] = []  # receipts created in the open write transaction
         self._notifies: list[str] = []  # receipts the open write transaction appended events to
+        self._pending_events: list[dict[str, Any]] = []  # its events, inserted with its COMMIT
         self._durable = True  # whether the open write transaction's commit waits for the disk
         self.lease: tuple[str, float] | None = None  # (instance, seconds): new receipts need it to hold
         self._location = describe(dsn)
@@ -274,18 +274,20 @@ class PostgresStore(PostgresFleet):
             self._writing = False
             self._created = []
             self._notifies = []
+            self._pending_events = []
             self._settled(committed)  # tell the observer (metrics) what committed; forget it otherwise
 
     def _commit_sql(self) -> bytes:
         """
-        COMMIT; a transaction whose commit does not wait for the disk sends its NOTIFYs in it (the
-        cluster's notify lock is then held for no WAL flush), a durable one after it (`_notify`).
+        The events kept for the commit (`_append_event`), then COMMIT; a transaction whose commit
+        does not wait for the disk sends its NOTIFYs in it (the cluster's notify lock is then held
+        for no WAL flush), a durable one after it (`_notify`).
         """
-        if self._durable or not self._notifies:
-            return b"COMMIT"
-        sql = self._notify_sql(self._notifies) + "; COMMIT"
-        self._notifies = []
-        return sql.encode()
+        statements = self._events_sql()
+        if not self._durable and self._notifies:
+            statements.append(self._notify_sql(self._notifies))
+            self._notifies = []
+        return "; ".join([*statements, "COMMIT"]).encode()
 
     def _notify_sql(self, ids: list[str]) -> str:
         assert self.conn is not None
@@ -356,7 +358,30 @@ class PostgresStore(PostgresFleet):
         self._execute("SET CONSTRAINTS ALL DEFERRED")  # until the end of the transaction
 
     next_event_id = "SELECT nextval(pg_get_serial_sequence('receipt_events', 'id')) AS id"
-    explicit_id = " OVERRIDING SYSTEM VALUE"
+
+    def _append_event(self, fields: dict[str, Any]) -> None:
+        """
+        Kept until the commit, and sent with it in one round trip (`_commit_sql`): the trigger
+        receipt_events_chained (m016, hash_chain.py) takes CHAIN_LOCK and chains each event as it
+        is inserted, so the lock is held for no round trip to this process. No write of ours reads
+        its own transaction's events back.
+        """
+        self._pending_events.append(fields)
+
+    def _events_sql(self) -> list[str]:
+        """The INSERTs of the events kept for the commit, with their values as literals."""
+        assert self.conn is not None
+        pending, self._pending_events = self._pending_events, []
+        return [
+            f"INSERT INTO receipt_events ({', '.join(e)}) VALUES "
+            f"({', '.join(psycopg.sql.Literal(v).as_string(self.conn) for v in e.values())})"
+            for e in pending
+        ]
+
+    def _chain_next(self) -> tuple[int, str, int]:
+        """A chain mark's position (prune's): CHAIN_LOCK and the tip read each time, events being chained by the trigger."""
+        pos, prev, event_id = self._chain_start()
+        return pos + 1, prev, event_id
 
     def _chain_start(self) -> tuple[int, str, int]:
         """

@@ -41,7 +41,7 @@ def attack(store: ReceiptStore, *statements: str) -> None:
     pg = not isinstance(store, SQLiteStore)
     drops = [
         f"DROP TRIGGER IF EXISTS {t}{' ON receipt_events' if pg else ''}"
-        for t in ("receipt_events_no_update", "receipt_events_no_delete")
+        for t in ("receipt_events_no_update", "receipt_events_no_delete", "receipt_events_chained")
     ]
     for sql in (*drops, *statements):
         store._execute(sql)
@@ -106,6 +106,7 @@ def test_a_receipts_state_edited_without_an_event(db, capsys):
 def test_an_event_written_around_the_proxy(db, capsys):
     path, store = db
     victim = store.ids[0]
+    attack(store)  # PostgreSQL chains every INSERT in a trigger: dropped, as the triggers above are
     store._execute(
         "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor) "
         "VALUES (?, '2026-01-01T00:00:00Z', 'transition', 'outcome_unknown', 'succeeded', 'x', 'me')",

@@ -71,7 +71,7 @@ def test_the_migration_chains_the_history_once_and_marks_where_the_chain_starts(
         assert store._rows("SELECT chain_seq FROM receipt_events WHERE operation_id = ?", (r.operation_id,)) == [
             {"chain_seq": 4}
         ]
-        assert audit_store(store, []).line() == "intact: 3 events, no signed checkpoint yet"
+        assert audit_store(store).line() == "intact: 3 events, no signed checkpoint yet"
     finally:
         store.close()
 
@@ -100,7 +100,7 @@ def test_concurrent_writers_keep_one_chain(backend_db):
     assert not errors, errors
     store = open_store(backend_db)
     try:
-        assert audit_store(store, []).line() == "intact: 240 events, no signed checkpoint yet"
+        assert audit_store(store).line() == "intact: 240 events, no signed checkpoint yet"
         rows = store._rows("SELECT id FROM receipt_events ORDER BY chain_seq")
         assert [r["id"] for r in rows] == sorted(r["id"] for r in rows)
     finally:
