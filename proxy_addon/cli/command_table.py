@@ -163,13 +163,19 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         export_args,
         export_run,
     ),
-    "verify": Command(
+    "verify": StorelessCommand(
         "check that the receipts' history is the one the proxy wrote",
-        "Recompute the hash chain over every event (docs/proof.md), check each signed checkpoint,\n"
+        "Recompute the hash chain over every event (docs/proof.md), in the database or in a bundle\n"
+        "of `export --signed`, check each signed checkpoint,\n"
         "and check each receipt's state against its last transition event. Prints one line:\n"
         "`intact: N events, last checkpoint at ...`, or the first record that breaks the chain and\n"
         "why (exit status 1).",
-        ["receipts verify", "receipts verify --db receipts.db", "receipts verify --db postgresql://proxy@db/receipts"],
+        [
+            "receipts verify",
+            "receipts verify --db receipts.db",
+            "receipts verify --db postgresql://proxy@db/receipts",
+            "receipts verify bundle.jsonl --public-key receipt-proxy+1a2b3c4d+AQ...",
+        ],
         verify_args,
         verify_run,
     ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterator
 
 from proxy_addon.cli.output import (
@@ -16,8 +17,9 @@ from proxy_addon.cli.output import (
     short_time,
 )
 from proxy_addon.cli.values import SINCE_HELP, UsageError, age, parse_age, parse_since, positive_int
+from proxy_addon.proof.bundle_lines import bundle_lines
 from proxy_addon.states import State
-from proxy_addon.store import Receipt, ReceiptStore
+from proxy_addon.store import Receipt, ReceiptStore, iso
 
 
 def list_args(p: argparse.ArgumentParser) -> None:
@@ -143,9 +145,25 @@ def blocked_run(store: ReceiptStore, args: argparse.Namespace) -> int:
 
 def export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
+    p.add_argument(
+        "--signed",
+        action="store_true",
+        help="a bundle `receipts verify BUNDLE` checks offline: every receipt, the hash chain of every event, the "
+        "signed checkpoints and their verifier key (docs/proof.md); not with --since",
+    )
 
 
 def export_run(store: ReceiptStore, args: argparse.Namespace) -> int:
+    if args.signed:
+        if args.since:
+            raise UsageError("--signed exports the whole history (a chain verifies whole): not with --since")
+        receipts = (receipt_json(r) for r, _ in store.export(with_events=False))
+        lines = bundle_lines(
+            store.recorded_checkpoint_key(), iso(store.clock()), store.checkpoints(), store.chain_records(), receipts
+        )
+        for line in lines:
+            sys.stdout.write(line)
+        return 0
     since = parse_since(args.since, store.clock())
     for r, events in store.export(since=since):
         print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events]}))

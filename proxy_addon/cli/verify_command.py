@@ -1,39 +1,65 @@
-"""`receipts verify`: recompute the events' hash chain, check its signed checkpoints, and each receipt's state."""
+"""
+`receipts verify [BUNDLE]`: recompute the events' hash chain, check its signed checkpoints and each
+receipt's state, in the database or in a bundle of `receipts export --signed` (docs/proof.md).
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Iterator
+import os
 from pathlib import Path
-from typing import Any
 
 from proxy_addon.cli.values import UsageError
-from proxy_addon.proof.chain_audit import ChainAudit, Kind, SignedHead, Verdict
-from proxy_addon.proof.checkpoint_notes import NoteError, open_checkpoint
-from proxy_addon.store import ReceiptStore
+from proxy_addon.errors import StoreError
+from proxy_addon.gate.paths import default_db
+from proxy_addon.proof.bundle_lines import BundleError, verify_bundle
+from proxy_addon.proof.chain_audit import Verdict
+from proxy_addon.proof.chain_verdict import verdict_of
+from proxy_addon.store import ReceiptStore, is_postgres, open_store
 
 
 def verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", nargs="?", metavar="BUNDLE", help="a bundle of `receipts export --signed` (else: --db)")
     # `receipts verify --db DB` as well as `receipts --db DB verify` (SUPPRESS: the top level's value stays).
     p.add_argument("--db", default=argparse.SUPPRESS, help="the receipts database (as `receipts --db`)")
     p.add_argument(
         "--public-key",
         metavar="KEY",
         help="the verifier key checkpoints must be signed with (receipt-proxy+<id>+<base64>, or a file holding it); "
-        "default: the one the database records",
+        "default: the one the database (or the bundle) records",
     )
 
 
-def verify_run(store: ReceiptStore, args: argparse.Namespace) -> int:
-    verdict = audit_store(store, given_verifier(args.public_key))
+def verify_run(args: argparse.Namespace) -> int:
+    public_key = given_verifier(args.public_key)
+    if args.bundle is not None:
+        if args.db is not None:
+            raise UsageError("give a BUNDLE or --db, not both")
+        try:
+            with open(args.bundle, encoding="utf-8") as f:
+                verdict = verify_bundle(f, public_key)
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read the bundle {args.bundle}: {e}") from None
+        except BundleError as e:
+            raise UsageError(f"{args.bundle}: {e}") from None
+    else:
+        given = args.db or default_db()
+        store = open_store(given if is_postgres(given) else os.path.expanduser(given), create=False)
+        try:
+            verdict = audit_store(store, public_key)
+        finally:
+            store.close()
     print(verdict.line())
     return 0 if verdict.intact else 1
 
 
 def audit_store(store: ReceiptStore, verifier: str | None = None) -> Verdict:
     """The database's verdict, its checkpoints checked with `verifier`, else with the key it records."""
-    verifier = verifier or store.recorded_checkpoint_key()
-    return audit(store.chain_records(), store.receipt_states(), store.checkpoints(), verifier)
+    try:
+        verifier = verifier or store.recorded_checkpoint_key()
+        return verdict_of(store.chain_records(), store.receipt_states(), store.checkpoints(), verifier)
+    except StoreError as e:
+        raise StoreError(f"{e} (a database from before the hash chain: open it with the proxy once)") from e
 
 
 def given_verifier(value: str | None) -> str | None:
@@ -45,44 +71,3 @@ def given_verifier(value: str | None) -> str | None:
     if "+" not in value:
         raise UsageError(f"--public-key: {value!r} is neither a verifier key (receipt-proxy+...) nor a file")
     return value.strip()
-
-
-def audit(
-    records: Iterable[tuple[str, dict[str, Any]]],
-    receipts: Iterable[tuple[str, str]],
-    checkpoints: Iterable[dict[str, Any]],
-    verifier: str | None,
-) -> Verdict:
-    """The checkpoints' signatures, then the chain in order, then each receipt's state: the verdict."""
-    try:
-        heads = list(_signed_heads(checkpoints, verifier))
-    except NoteError as e:
-        return Verdict(False, 0, None, str(e))
-    chain = ChainAudit(heads)
-    for kind, row in records:
-        if not chain.add(_kind(kind), row):
-            break
-    else:
-        for operation_id, state in receipts:
-            if not chain.receipt(operation_id, state):
-                break
-    return chain.verdict()
-
-
-def _kind(kind: str) -> Kind:
-    return "mark" if kind == "mark" else "event"
-
-
-def _signed_heads(checkpoints: Iterable[dict[str, Any]], verifier: str | None) -> Iterator[SignedHead]:
-    """What each checkpoint signed; NoteError naming the first that does not verify."""
-    for c in checkpoints:
-        where = f"the checkpoint at position {c['size']} ({c['at']})"
-        if verifier is None:
-            raise NoteError(f"{where} cannot be checked: no verifier key (the database records none; --public-key)")
-        try:
-            head = open_checkpoint(str(c["note"]), verifier)
-        except (NoteError, ValueError) as e:
-            raise NoteError(f"{where}: {e}") from None
-        if (head.size, head.head) != (int(c["size"]), c["head"]):
-            raise NoteError(f"{where}: its row says another size or head than its signed note (edited)")
-        yield head

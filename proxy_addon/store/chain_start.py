@@ -2,7 +2,7 @@
 Where a database's hash chain starts (migration m016): the events written before it are chained
 once, in id order, from their rows as they are then, and a `chain_started` mark follows them,
 recording when and how many. What was done to an event before that moment cannot be shown
-(docs/proof.md, "What the chain proves").
+(docs/proof.md, "Where the chain starts").
 """
 
 from __future__ import annotations

@@ -379,7 +379,7 @@ class PostgresStore(PostgresFleet):
         ]
 
     def _chain_next(self) -> tuple[int, str, int]:
-        """A chain mark's position (prune's): CHAIN_LOCK and the tip read each time, events being chained by the trigger."""
+        """A chain mark's position (prune's): CHAIN_LOCK and the tip read each time (the trigger chains events)."""
         pos, prev, event_id = self._chain_start()
         return pos + 1, prev, event_id
 

@@ -27,7 +27,6 @@ EVERY_COMMAND = [
     pytest.param(["pending"], id="pending"),
     pytest.param(["approve", "x"], id="approve"),
     pytest.param(["deny", "x", "--note", "n"], id="deny"),
-    pytest.param(["verify"], id="verify"),
 ]
 
 

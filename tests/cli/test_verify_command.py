@@ -10,8 +10,11 @@ import datetime as dt
 import itertools
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from proxy_addon.cli import main
+from proxy_addon.proof.checkpoint_notes import sign_checkpoint
+from proxy_addon.proof.signing_key import verifier_key
 from proxy_addon.states import State
 from proxy_addon.store import ReceiptStore, SQLiteStore, open_store
 from tests.cli.conftest import attempt
@@ -24,10 +27,10 @@ def verify(db: str, capsys) -> tuple[int, str]:
     return code, (out.out + out.err).strip()
 
 
-def history(store: ReceiptStore, n: int = 3) -> list[str]:
+def history(store: ReceiptStore, n: int = 3, start: int = 0) -> list[str]:
     """n receipts, each new -> submitted -> succeeded, one blocked duplicate each: 3n events."""
     ids = []
-    for i in range(n):
+    for i in range(start, start + n):
         a = attempt(i)
         r = store.begin_attempt(a).receipt
         store.transition(r.operation_id, State.OUTCOME_UNKNOWN, reason="timed out")
@@ -140,3 +143,65 @@ def test_prune_leaves_what_verification_needs(db, capsys):
     store._execute("UPDATE receipt_chain_marks SET hash = ? WHERE chain_seq = 2", ("0" * 64,))
     code, line = verify(path, capsys)
     assert code == 1 and "(position 5)" in line and "prev_hash is not the hash of position 4" in line, line
+
+
+# --- signed checkpoints ------------------------------------------------------------------------
+
+
+def signed(store: ReceiptStore, key: Ed25519PrivateKey) -> None:
+    """Sign the tip now, as the proxy's signer does (gate/checkpoint_signer.py), the key recorded as the fleet's."""
+    store.check_checkpoint_key(verifier_key(key))
+    size, head = store.chain_tip()
+    at = "2026-03-01T12:00:00.000000Z"
+    assert store.record_checkpoint(size, head, at, sign_checkpoint(key, size, head, at))
+
+
+def test_a_signed_history_is_intact_up_to_its_last_checkpoint(db, capsys):
+    path, store = db
+    signed(store, Ed25519PrivateKey.generate())
+    history(store, 1, start=10)
+    code, line = verify(path, capsys)
+    assert (code, line) == (0, "intact: 12 events, last checkpoint at 2026-03-01T12:00:00.000000Z (position 10)")
+
+
+def test_the_history_truncated_after_the_last_checkpoint(db, capsys):
+    path, store = db
+    signed(store, Ed25519PrivateKey.generate())  # at position 10
+    history(store, 1, start=10)  # positions 11-13
+    attack(  # the last receipt and the one after the checkpoint gone, with their events
+        store,
+        "DELETE FROM receipt_events WHERE chain_seq >= 8",
+        "DELETE FROM receipts WHERE operation_id NOT IN (SELECT operation_id FROM receipt_events)",
+    )
+    code, line = verify(path, capsys)
+    assert code == 1
+    assert "the chain ends at position 7, but the checkpoint of 2026-03-01T12:00:00.000000Z signed 10" in line, line
+
+
+def test_the_events_after_the_last_checkpoint_cut_off(db, capsys):
+    path, store = db
+    signed(store, Ed25519PrivateKey.generate())  # at position 10
+    r = store.begin_attempt(attempt(50)).receipt  # 11
+    store.transition(r.operation_id, State.OUTCOME_UNKNOWN, reason="timed out")  # 12
+    attack(store, "DELETE FROM receipt_events WHERE chain_seq = 12")  # no checkpoint covers it: its receipt does
+    code, line = verify(path, capsys)
+    assert code == 1 and f"receipt {r.operation_id} is outcome_unknown, but its last transition" in line, line
+
+
+def test_a_checkpoint_re_signed_with_another_key(db, capsys):
+    path, store = db
+    key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    signed(store, key)
+    size, head = store.chain_tip()
+    attack(store, "DELETE FROM receipt_events WHERE chain_seq = 5")  # an edit the checkpoint would show...
+    forged = sign_checkpoint(other, size, head, "2026-03-01T12:00:00.000000Z")  # ...so it is signed again
+    on = "" if isinstance(store, SQLiteStore) else " ON receipt_checkpoints"
+    attack(store, f"DROP TRIGGER receipt_checkpoints_no_update{on}")
+    store._execute("UPDATE receipt_checkpoints SET note = ?", (forged,))
+    code, line = verify(path, capsys)
+    assert code == 1
+    assert "the checkpoint at position 10 (2026-03-01T12:00:00.000000Z): it is not signed by the key" in line, line
+    # The database's own record of the key replaced too: the operator's copy of the key still tells.
+    store._execute("UPDATE receipt_settings SET value = ? WHERE name = 'checkpoint_key'", (verifier_key(other),))
+    assert main(["verify", "--db", path, "--public-key", verifier_key(key)]) == 1
+    assert "is not signed by the key" in capsys.readouterr().out
