@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from proxy_addon.cli.values import SINCE_HELP, UsageError, age, parse_age, parse
 from proxy_addon.proof.bundle_lines import bundle_lines
 from proxy_addon.states import State
 from proxy_addon.store import Receipt, ReceiptStore, iso
+from proxy_addon.store.applied_decisions import applied_decisions
 
 
 def list_args(p: argparse.ArgumentParser) -> None:
@@ -84,9 +86,15 @@ def show_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     every = store.events(r.operation_id)
     events = [e for e in every if e.event not in ("blocked", "replayed")]
     dups = [e for e in every if e.event in ("blocked", "replayed")]
+    decisions = [dataclasses.asdict(d) for d in applied_decisions(every)]
     if args.json:
         print_json(
-            {**receipt_json(r), "events": [event_json(e) for e in events], "duplicates": [event_json(e) for e in dups]}
+            {
+                **receipt_json(r),
+                "events": [event_json(e) for e in events],
+                "duplicates": [event_json(e) for e in dups],
+                "decisions": decisions,
+            }
         )
         return 0
     for k, v in receipt_json(r).items():
@@ -98,6 +106,9 @@ def show_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     for e in events:
         change = f"{e.from_state or '(new)'} → {e.to_state}" if e.event == "transition" else e.event
         print(f"  {e.at}  {change:36} {e.actor:10} {e.reason}")
+    print("decisions:" if decisions else "decisions: none")
+    for d in decisions:
+        print(f"  {d['at']}  {d['decision']:36} {d['by']:10} {d['why']}")
     if not dups:
         print("duplicates: none")
     else:
@@ -166,7 +177,8 @@ def export_run(store: ReceiptStore, args: argparse.Namespace) -> int:
         return 0
     since = parse_since(args.since, store.clock())
     for r, events in store.export(since=since):
-        print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events]}))
+        decisions = [dataclasses.asdict(d) for d in applied_decisions(events)]
+        print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events], "decisions": decisions}))
     return 0
 
 

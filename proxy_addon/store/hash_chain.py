@@ -119,11 +119,14 @@ class ReceiptChain(Backend):
         """
         Before `prune` deletes `events` (rows with chain_seq, prev_hash, hash): one `pruned` mark per
         run of consecutive positions, keeping the run's first prev_hash and last hash, so that the
-        records around it still link. Returns how many marks.
+        records around it still link. A run ends at each signed checkpoint's position, so that every
+        checkpoint still checks against the hash kept there. Returns how many marks.
         """
+        signed = {int(r["size"]) for r in self._rows("SELECT size FROM receipt_checkpoints")}
         runs: list[list[dict[str, Any]]] = []
         for e in sorted((e for e in events if e["chain_seq"] is not None), key=lambda e: e["chain_seq"]):
-            if runs and runs[-1][-1]["chain_seq"] + 1 == e["chain_seq"]:
+            last = runs[-1][-1]["chain_seq"] if runs else None
+            if last is not None and last + 1 == e["chain_seq"] and last not in signed:
                 runs[-1].append(e)
             else:
                 runs.append([e])

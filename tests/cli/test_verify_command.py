@@ -205,3 +205,17 @@ def test_a_checkpoint_re_signed_with_another_key(db, capsys):
     store._execute("UPDATE receipt_settings SET value = ? WHERE name = 'checkpoint_key'", (verifier_key(other),))
     assert main(["verify", "--db", path, "--public-key", verifier_key(key)]) == 1
     assert "is not signed by the key" in capsys.readouterr().out
+
+
+def test_prune_keeps_every_signed_checkpoint_checkable(db, capsys):
+    path, store = db
+    first, _kept, last = store.ids
+    signed(store, Ed25519PrivateKey.generate())  # at position 10: the last receipt's last event
+    for gone in (first, last):
+        store.resolve(gone, State.SUCCEEDED, note="it is there", actor="cli:me")
+    store.clock.advance(86400 * 10)
+    assert sorted(store.prune(dt.timedelta(days=1))) == sorted([first, last])
+    marks = store._rows("SELECT chain_seq, through FROM receipt_chain_marks WHERE mark = 'pruned' ORDER BY chain_seq")
+    assert [(m["chain_seq"], m["through"]) for m in marks] == [(2, 4), (8, 10), (11, 14)]  # split at 10
+    code, line = verify(path, capsys)
+    assert (code, line) == (0, "intact: 3 events, last checkpoint at 2026-03-01T12:00:00.000000Z (position 10)")
