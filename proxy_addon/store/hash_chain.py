@@ -1,18 +1,18 @@
 """
 The events' hash chain in the database (docs/proof.md): every event is appended here, chained.
 
-`_append_event(fields)` is the one INSERT into `receipt_events` (transitions.py's `_event` calls
-it): it gives the event its id, the next position of the database's one chain (`chain_seq`), the
-hash of the record before it (`prev_hash`) and its own (`hash`: proof/chain_links.py). The
-position and the previous hash are read once per transaction, at its first event (`_chain_start`),
-and kept in `_chain_tip` until the transaction ends (`_settled` forgets it):
+`_append_event(fields)` is the one way an event is appended (transitions.py's `_event` calls it):
 
-- SQLite: a write transaction is the only writer of the file (BEGIN IMMEDIATE; a snapshot write
-  fails with WouldWait when anything committed since its read), so the tip it reads stays the tip.
-- PostgreSQL: writes of different intents run at once, so the first event of a transaction takes
-  CHAIN_LOCK (postgres.py), an advisory lock held until the transaction ends, and reads the tip
-  after it has the lock; the chain's order is the order in which event-appending transactions
-  commit, and event ids follow it (they are taken under the lock too).
+- SQLite: it gives the event its id, the next position of the database's one chain (`chain_seq`),
+  the hash of the record before it (`prev_hash`) and its own (`hash`: proof/chain_links.py), and
+  inserts it. A write transaction is the only writer of the file (BEGIN IMMEDIATE; a snapshot write
+  fails with WouldWait when anything committed since its read), so the tip it reads stays the tip;
+  it is read at the transaction's first record and kept in `_chain_tip` until the transaction ends
+  (`_settled` forgets it).
+- PostgreSQL (postgres.py): the events are inserted with the COMMIT, in one round trip, and the
+  trigger CHAIN_TRIGGER (m016) takes CHAIN_LOCK, an advisory lock held to the transaction's end,
+  reads the tip once it holds it, and gives the event its id, position and hashes in the database:
+  the chain's order is the order in which event-appending transactions commit, and ids follow it.
 
 The reads `receipts verify` needs (`chain_records`, `receipt_states`) and the chain's marks
 (where it starts, ranges pruned: `_mark`) are here too.
@@ -48,7 +48,7 @@ DECLARE tip_pos BIGINT; tip_hash TEXT; canon TEXT;
 BEGIN
     PERFORM pg_advisory_xact_lock({CHAIN_LOCK});
     SELECT pos, hash INTO tip_pos, tip_hash FROM ({TIP_SQL}) AS tip ORDER BY pos DESC LIMIT 1;
-    NEW.id := nextval(pg_get_serial_sequence('receipt_events', 'id'));
+    NEW.id := nextval('receipt_events_id_seq');
     NEW.chain_seq := coalesce(tip_pos, 0) + 1;
     NEW.prev_hash := coalesce(tip_hash, repeat('0', 64));
     SELECT '{{' || string_agg(to_json(key)::text || ':' || value::text, ',' ORDER BY key COLLATE "C") || '}}'
@@ -68,12 +68,11 @@ def tip_of(rows: list[dict[str, Any]]) -> tuple[int, str]:
 class ReceiptChain(Backend):
     """Appending events to the chain, and reading the chain back in order."""
 
-    # SQL for the next event id (under the write lock, or CHAIN_LOCK), and how an INSERT gives it explicitly.
+    # SQL for the next event id (SQLite's, under the write lock; the AUTOINCREMENT's next value).
     next_event_id: ClassVar[str] = (
         "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'receipt_events'), 0), "
         "coalesce((SELECT max(id) FROM receipt_events), 0)) + 1 AS id"
     )
-    explicit_id: ClassVar[str] = ""  # PostgreSQL: " OVERRIDING SYSTEM VALUE" (an identity column)
     _chain_tip: tuple[int, str] | None = None  # (position, hash) after the open transaction's last record
 
     def _chain_start(self) -> tuple[int, str, int]:
@@ -95,7 +94,7 @@ class ReceiptChain(Backend):
         row = {"id": event_id, "chain_seq": pos, "prev_hash": prev, **fields}
         row["hash"] = record_hash(row)
         self._execute(
-            f"INSERT INTO receipt_events ({', '.join(row)}){self.explicit_id} VALUES ({', '.join('?' * len(row))})",
+            f"INSERT INTO receipt_events ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
             tuple(row.values()),
         )
         self._chain_tip = (pos, row["hash"])

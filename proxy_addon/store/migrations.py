@@ -392,6 +392,10 @@ def m016_hash_chain(db: Schema) -> None:
         _append_only(db, table)
     chain_history(db)
     if db.postgres:  # each event chained as it is inserted (store/hash_chain.py, CHAIN_TRIGGER)
+        # Its id too, under CHAIN_LOCK: from a plain sequence, as the identity's default would take one first.
+        db.execute("ALTER TABLE receipt_events ALTER COLUMN id DROP IDENTITY")
+        db.execute("CREATE SEQUENCE receipt_events_id_seq OWNED BY receipt_events.id")
+        db.execute("SELECT setval('receipt_events_id_seq', coalesce(max(id), 0) + 1, false) FROM receipt_events")
         db.execute(CHAIN_TRIGGER)
         db.execute(
             "CREATE TRIGGER receipt_events_chained BEFORE INSERT ON receipt_events "

@@ -73,9 +73,13 @@ holds those: they would hold the intent's lock), its own lease row, approval dec
 receipt, and the foreign-key share locks of its own receipts: a wait for a row never closes a cycle.
 PostgreSQL's deadlock detector stays the backstop (an error: StoreUnavailable, nothing forwarded).
 
-Commit order across intents is not id order: `receipt_events.id` is handed out at the INSERT, and two
-intents' transactions commit in either order, so an event id may become visible after a higher one.
-Within one receipt, ids commit in order (its writes are serialized). The one reader that follows ids
+Commit order across intents is not receipt order: two intents' transactions commit in either
+order. Events are chained (hash_chain.py, docs/proof.md): a transaction's events are inserted with
+its COMMIT, in one round trip (`_commit_sql`), and the trigger receipt_events_chained (m016) takes
+CHAIN_LOCK, an advisory lock held to the commit's end, reads the chain's tip and gives each event
+its id and position under it: event ids follow the chain, which follows commit order. CHAIN_LOCK
+is the last lock a transaction takes and it waits for nothing while holding it but its own commit:
+no cycle. Before the chain, an event id could become visible after a higher one. The one reader that follows ids
 across receipts, mitm/watch.py (mitmweb's markers), reads again the last LOOKBACK ids each tick for
 that reason; NOTIFY wakes waiters by receipt id, whatever the order.
 
@@ -357,7 +361,7 @@ class PostgresStore(PostgresFleet):
     def _defer_foreign_keys(self) -> None:
         self._execute("SET CONSTRAINTS ALL DEFERRED")  # until the end of the transaction
 
-    next_event_id = "SELECT nextval(pg_get_serial_sequence('receipt_events', 'id')) AS id"
+    next_event_id = "SELECT 0 AS id"  # a chain mark has no event id; the trigger gives events theirs
 
     def _append_event(self, fields: dict[str, Any]) -> None:
         """

@@ -111,8 +111,8 @@ def test_an_event_written_around_the_proxy(db, capsys):
     victim = store.ids[0]
     attack(store)  # PostgreSQL chains every INSERT in a trigger: dropped, as the triggers above are
     store._execute(
-        "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor) "
-        "VALUES (?, '2026-01-01T00:00:00Z', 'transition', 'outcome_unknown', 'succeeded', 'x', 'me')",
+        "INSERT INTO receipt_events (id, operation_id, at, event, from_state, to_state, reason, actor) "
+        "VALUES (1000, ?, '2026-01-01T00:00:00Z', 'transition', 'outcome_unknown', 'succeeded', 'x', 'me')",
         (victim,),
     )
     code, line = verify(path, capsys)
