@@ -10,6 +10,7 @@ The order of proxy_addon/'s folders (LAYERS below), bottom first; each imports o
     errors.py      the exceptions
     states.py      the receipt states and their transitions
     wire/          what a request and an answer say
+    proof/         the hash chain and signed checkpoints, without SQL
     store/         SQL only, both backends
     rules/         the YAML model and its loader
     intent/        fingerprint, body view, principal
@@ -399,6 +400,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors",),  # the exceptions every layer raises
     ("states",),  # the receipt states and their transitions
     ("wire",),  # what a request and an answer say: parsing, canonical forms, redaction
+    ("proof",),  # the events' hash chain and its signed checkpoints: canonical JSON, hashes, notes
     ("store",),  # SQL only, both backends
     ("rules",),  # the YAML model and its loader
     ("intent",),  # the fingerprint, the body view, the principal

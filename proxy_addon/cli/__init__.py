@@ -11,6 +11,7 @@
     receipts budgets                          each budget the rules declare, with its use now
     receipts export --since 2026-11-01 > audit.jsonl
     receipts prune --older-than 90d --dry-run
+    receipts verify                           the history is the one the proxy wrote (docs/proof.md)
     receipts rules check                      validate the rules files
     receipts rules explain POST URL --body F  what a request would match and fingerprint; nothing is sent
     receipts demo                             the story the proxy exists for, acted out on 127.0.0.1
@@ -21,9 +22,9 @@ running it against an open ReceiptStore, and its help. Errors a user can fix are
 
 The table is in cli/command_table.py; the commands in cli/receipt_commands.py (list, show,
 blocked, export, prune), cli/resolve_command.py, cli/approval_commands.py (pending, approve,
-deny), cli/reconcile_command.py, cli/budget_command.py, cli/rules_commands.py and cli/demo_command.py (with the demo's
-proxy, cli/demo_proxy.py, and its API, cli/demo_api.py); values.py parses what the user types and
-output.py prints.
+deny), cli/reconcile_command.py, cli/budget_command.py, cli/verify_command.py, cli/rules_commands.py
+and cli/demo_command.py (with the demo's proxy, cli/demo_proxy.py, and its API, cli/demo_api.py);
+values.py parses what the user types and output.py prints.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ examples:
   receipts budgets --json
   receipts export --since 2026-11-01 > receipts.jsonl
   receipts prune --older-than 90d --dry-run
+  receipts verify --db /var/lib/receipt-proxy/receipts.db
   receipts rules check rules/
   receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json
   receipts --db /var/lib/receipt-proxy/receipts.db list

@@ -27,6 +27,7 @@ from proxy_addon.cli.receipt_commands import (
 from proxy_addon.cli.reconcile_command import reconcile_args, reconcile_run
 from proxy_addon.cli.resolve_command import resolve_args, resolve_run
 from proxy_addon.cli.rules_commands import rules_args, rules_run
+from proxy_addon.cli.verify_command import verify_args, verify_run
 from proxy_addon.store import ReceiptStore
 
 
@@ -183,6 +184,22 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         ["receipts export > receipts.jsonl", "receipts export --since 30d | jq -c 'select(.state == \"succeeded\")'"],
         export_args,
         export_run,
+    ),
+    "verify": StorelessCommand(
+        "check that the receipts' history is the one the proxy wrote",
+        "Recompute the hash chain over every event (docs/proof.md), in the database or in a bundle\n"
+        "of `export --signed`, check each signed checkpoint,\n"
+        "and check each receipt's state against its last transition event. Prints one line:\n"
+        "`intact: N events, last checkpoint at ...`, or the first record that breaks the chain and\n"
+        "why (exit status 1).",
+        [
+            "receipts verify",
+            "receipts verify --db receipts.db",
+            "receipts verify --db postgresql://proxy@db/receipts",
+            "receipts verify bundle.jsonl --public-key receipt-proxy+1a2b3c4d+AQ...",
+        ],
+        verify_args,
+        verify_run,
     ),
     "rules": StorelessCommand(
         "check rules files, or explain what a request would match",

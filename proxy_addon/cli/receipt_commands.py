@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from collections.abc import Iterator
 
 from proxy_addon.cli.output import (
@@ -16,8 +18,10 @@ from proxy_addon.cli.output import (
     short_time,
 )
 from proxy_addon.cli.values import SINCE_HELP, UsageError, age, parse_age, parse_since, positive_int
+from proxy_addon.proof.bundle_lines import bundle_lines
 from proxy_addon.states import State
-from proxy_addon.store import WOULD_HAVE, Receipt, ReceiptStore
+from proxy_addon.store import WOULD_HAVE, Receipt, ReceiptStore, iso
+from proxy_addon.store.applied_decisions import applied_decisions
 from proxy_addon.store.records import DUPLICATE_SENT
 
 # Counted per receipt by `list`: duplicates blocked and replayed, and observe mode's events (receipts_mode=observe)
@@ -98,9 +102,15 @@ def show_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     every = store.events(r.operation_id)
     events = [e for e in every if e.event not in ("blocked", "replayed")]
     dups = [e for e in every if e.event in ("blocked", "replayed")]
+    decisions = [dataclasses.asdict(d) for d in applied_decisions(every)]
     if args.json:
         print_json(
-            {**receipt_json(r), "events": [event_json(e) for e in events], "duplicates": [event_json(e) for e in dups]}
+            {
+                **receipt_json(r),
+                "events": [event_json(e) for e in events],
+                "duplicates": [event_json(e) for e in dups],
+                "decisions": decisions,
+            }
         )
         return 0
     for k, v in receipt_json(r).items():
@@ -112,6 +122,9 @@ def show_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     for e in events:
         change = f"{e.from_state or '(new)'} → {e.to_state}" if e.event == "transition" else e.event
         print(f"  {e.at}  {change:36} {e.actor:10} {e.reason}")
+    print("decisions:" if decisions else "decisions: none")
+    for d in decisions:
+        print(f"  {d['at']}  {d['decision']:36} {d['by']:10} {d['why']}")
     if not dups:
         print("duplicates: none")
     else:
@@ -159,12 +172,29 @@ def blocked_run(store: ReceiptStore, args: argparse.Namespace) -> int:
 
 def export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", metavar="T", help="only receipts submitted " + SINCE_HELP.removeprefix("only "))
+    p.add_argument(
+        "--signed",
+        action="store_true",
+        help="a bundle `receipts verify BUNDLE` checks offline: every receipt, the hash chain of every event, the "
+        "signed checkpoints and their verifier key (docs/proof.md); not with --since",
+    )
 
 
 def export_run(store: ReceiptStore, args: argparse.Namespace) -> int:
+    if args.signed:
+        if args.since:
+            raise UsageError("--signed exports the whole history (a chain verifies whole): not with --since")
+        receipts = (receipt_json(r) for r, _ in store.export(with_events=False))
+        lines = bundle_lines(
+            store.recorded_checkpoint_key(), iso(store.clock()), store.checkpoints(), store.chain_records(), receipts
+        )
+        for line in lines:
+            sys.stdout.write(line)
+        return 0
     since = parse_since(args.since, store.clock())
     for r, events in store.export(since=since):
-        print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events]}))
+        decisions = [dataclasses.asdict(d) for d in applied_decisions(events)]
+        print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events], "decisions": decisions}))
     return 0
 
 

@@ -35,10 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from proxy_addon.errors import StoreError
 from proxy_addon.gate import instances, leases
 from proxy_addon.gate.paths import key_path
 from proxy_addon.intent.fingerprint import load_or_create_key
+from proxy_addon.proof.signing_key import KEY_FILE, load_or_create_signing_key, verifier_key
 from proxy_addon.store import PostgresStore, ReceiptStore, is_postgres, open_store
 from proxy_addon.store.sealing import AnswerSeal
 
@@ -55,6 +58,7 @@ class Installation:
     _lock_fd: int | None
     heartbeat: leases.Heartbeat | None = None
     lease: leases.HeldLease | None = None  # PostgreSQL: this process's lease as it knows it (gate/send_guard.py)
+    signing_key: Ed25519PrivateKey | None = None  # checkpoint.key beside secret.key: signs checkpoints (docs/proof.md)
 
     @classmethod
     def open(
@@ -90,11 +94,12 @@ class Installation:
         store = open_store(path, lock_timeout=lock_timeout)
         try:
             key = _checked_key(store, key_file)
+            signing_key = checked_signing_key(store, key_file.parent / KEY_FILE)
             instance, lock_fd = instances.claim(path)
         except BaseException:
             store.close()
             raise
-        return cls(path, store, key, instance, lock_fd)
+        return cls(path, store, key, instance, lock_fd, signing_key=signing_key)
 
     @classmethod
     def _open_postgres(
@@ -112,6 +117,7 @@ class Installation:
         assert isinstance(store, PostgresStore)
         try:
             key = _checked_key(store, key_file)
+            signing_key = checked_signing_key(store, key_file.parent / KEY_FILE)
             instance = f"{leases.host()}-{os.getpid()}-{secrets.token_hex(4)}"
             held = leases.HeldLease(lease, margin=leases.send_margin(lease, heartbeat))
             started = leases.local_clock()
@@ -130,7 +136,7 @@ class Installation:
             held=held,
         )
         beat.start()
-        return cls(db, store, key, instance, None, beat, held)
+        return cls(db, store, key, instance, None, beat, held, signing_key)
 
     def recover(self, store: ReceiptStore | None = None) -> list[tuple[str, str]]:
         """Move the in-flight receipts of stopped proxies on (see Store.recover_in_flight): (id, new state) each."""
@@ -201,4 +207,31 @@ def _checked_key(store: ReceiptStore, key_file: Path) -> bytes:
             "(docs/operations.md: 'Starting over')"
         )
     store.answer_seal = AnswerSeal(key)
+    return key
+
+
+def checked_signing_key(store: ReceiptStore, key_file: Path) -> Ed25519PrivateKey:
+    """
+    The checkpoint key from `key_file` (checkpoint.key beside secret.key), made when the database
+    records no verifier key yet, once the database's verifier key says it is the fleet's. StoreError,
+    naming the files and what to do, when the key is missing or another: checkpoints signed with it
+    would not verify with the key the database gives verifiers.
+    """
+    recorded = store.recorded_checkpoint_key()
+    if recorded is not None and not key_file.exists():
+        raise StoreError(
+            f"the checkpoint key {key_file} is missing, and {store.location} records the key its checkpoints are "
+            f"signed with ({recorded.split('+')[1]}): copy the fleet's {key_file.name} here, beside secret.key "
+            "(docs/proof.md: 'The checkpoint key')"
+        )
+    try:
+        key = load_or_create_signing_key(key_file)
+    except (ValueError, OSError) as e:
+        raise StoreError(f"cannot use the checkpoint key: {e}") from None
+    mine = verifier_key(key)
+    if store.check_checkpoint_key(mine) != mine:
+        raise StoreError(
+            f"the checkpoint key {key_file} is not the one {store.location} records its checkpoints signed with: "
+            f"copy the fleet's {key_file.name} here, beside secret.key (docs/proof.md: 'The checkpoint key')"
+        )
     return key

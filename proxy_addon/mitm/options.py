@@ -103,6 +103,20 @@ OPTIONS: list[Option] = [
         "of instances whose lease expired)",
     ),
     Option(
+        "receipts_checkpoint_events",
+        int,
+        1000,
+        "Sign a checkpoint of the receipts' hash chain (docs/proof.md) once it grew by this many records; "
+        "with checkpoint.key, an Ed25519 key made beside secret.key",
+    ),
+    Option(
+        "receipts_checkpoint_seconds",
+        int,
+        60,
+        "Sign a checkpoint of the receipts' hash chain at least this often (seconds) while it grows; and once "
+        "more when the proxy stops",
+    ),
+    Option(
         "receipts_response_cap",
         int,
         1048576,
@@ -291,6 +305,8 @@ POSITIVE = (
     "receipts_mcp_input_wait",
     "receipts_lease",
     "receipts_heartbeat",
+    "receipts_checkpoint_events",
+    "receipts_checkpoint_seconds",
 )
 
 

@@ -27,6 +27,7 @@ from mitmproxy import exceptions, optmanager
 
 from proxy_addon.errors import ReceiptsError
 from proxy_addon.gate.admission import Gate
+from proxy_addon.gate.checkpoint_signer import CheckpointSigner
 from proxy_addon.gate.installation import Installation
 from proxy_addon.gate.metrics import Metrics
 from proxy_addon.gate.store_thread import StoreThread
@@ -62,6 +63,7 @@ class ReceiptsDb:
         self._read_store: ReceiptStore | None = None
         self._local: ReceiptStore | None = None  # SQLite: the gate's connection on the event loop
         self._listener: Listener | None = None  # PostgreSQL: LISTEN for receipts other proxies change
+        self._signer: CheckpointSigner | None = None  # signs the chain's checkpoints on its own thread
         self._passwords: dict[str, str] = {}  # receipts_db as shown → as given, with its password
 
     def hide_password(self, opts: optmanager.OptManager) -> bool:
@@ -124,11 +126,27 @@ class ReceiptsDb:
             gate.listening = self._listener.connected.is_set
         self._config = (self.db(opts), opts.receipts_secret, opts.receipts_lock_timeout)
         _log_recovered(self.calls.wait(inst.recover))
+        self._sign_checkpoints(inst, opts)
         if old_calls is not None:
             old_calls.close(wait=False)
         if old_inst is not None:
             old_inst.release()
         logger.info(f"receipt-proxy: receipts in {inst.store.location} (instance {inst.instance})")
+
+    def _sign_checkpoints(self, inst: Installation, opts: optmanager.OptManager) -> None:
+        """Sign checkpoints of the chain with the installation's checkpoint key (gate/checkpoint_signer.py)."""
+        if self._signer is not None:
+            self._signer.stop()
+            self._signer = None
+        if inst.signing_key is not None:
+            self._signer = CheckpointSigner(
+                str(inst.db),
+                inst.signing_key,
+                every_events=opts.receipts_checkpoint_events,
+                every_seconds=opts.receipts_checkpoint_seconds,
+                lock_timeout=opts.receipts_lock_timeout,
+            )
+            self._signer.start()
 
     def _open_local(self, inst: Installation) -> ReceiptStore | None:
         """
@@ -187,5 +205,8 @@ class ReceiptsDb:
     def close(self) -> None:
         if self.calls is not None:
             self.calls.close(wait=True)
+        if self._signer is not None:  # after the last write: its last checkpoint covers every event
+            self._signer.stop()
+            self._signer = None
         if self.installation is not None:
             self.installation.release()

@@ -86,6 +86,9 @@ What a backend must guarantee, because the proxy's promise rests on it:
 - `receipt_events` is append-only, enforced in the database (triggers refuse UPDATE, and
   DELETE while the event's receipt exists; `prune` deletes the receipt first, with foreign
   keys deferred to the commit).
+- One hash chain over the events (hash_chain.py, docs/proof.md): every event is appended by
+  `_append_event`, at the next position of the database's one chain, in the order the
+  transactions that append them commit (PostgreSQL: CHAIN_LOCK, taken by the trigger m017 adds).
 - Unknown stored states fail loudly: `Receipt.from_row` and `Event.from_row` raise StoreError.
 - Every failure surfaces as a StoreError subclass (proxy_addon/errors.py), never as a
   driver's exception: StoreUnavailable for a write that did not happen (the request must

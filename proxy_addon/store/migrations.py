@@ -16,12 +16,14 @@ will not run it again. Change the schema with a new `m00N_...` function at the e
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlite_utils.migrations import Migrations
 
 from proxy_addon.states import UNRESOLVED
+from proxy_addon.store.chain_start import chain_history
+from proxy_addon.store.hash_chain import CHAIN_TRIGGER
 
 migrations = Migrations("receipt-proxy")
 MIGRATION_SET = migrations.name
@@ -35,8 +37,26 @@ class Schema:
         self.target = target
         self.postgres = postgres
 
-    def execute(self, sql: str) -> None:
-        self.target.execute(sql)
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run a statement (`?` placeholders, none in literals)."""
+        if params and self.postgres:
+            sql = sql.replace("?", "%s")
+        if params:
+            self.target.execute(sql, list(params))
+        else:
+            self.target.execute(sql)
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """The rows of a query, as dicts of column -> value."""
+        if self.postgres:
+            cur = self.target.execute(sql.replace("?", "%s"), list(params))
+            return [
+                dict(r) if isinstance(r, dict) else dict(zip([d.name for d in cur.description], r, strict=True))
+                for r in cur
+            ]
+        cur = self.target.execute(sql, list(params))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 MigrationFn = Callable[[Schema], None]
@@ -405,3 +425,60 @@ def m016_budget_charges(db: Schema) -> None:
         )
         """
     )
+
+
+@migration
+def m017_hash_chain(db: Schema) -> None:
+    # Receipts you can prove (docs/proof.md): every event carries its position in the database's one
+    # chain, the hash of the record before it and its own hash (store/hash_chain.py appends them).
+    # `receipt_chain_marks` holds the chain's records that are no event: where the chain starts (this
+    # migration, after the history it chains once) and the ranges `prune` removed (their last hash
+    # kept, so the rest still links). `receipt_checkpoints` holds the signed checkpoints. All three
+    # tables are append-only by triggers, as receipt_events is; the update trigger is lifted only
+    # while this migration chains the events written before it.
+    big = "BIGINT" if db.postgres else "INTEGER"
+    for column, kind in (("chain_seq", big), ("prev_hash", "TEXT"), ("hash", "TEXT")):
+        db.execute(f"ALTER TABLE receipt_events ADD COLUMN {column} {kind}")
+    db.execute("CREATE UNIQUE INDEX receipt_events_by_chain ON receipt_events(chain_seq)")
+    db.execute(
+        f"CREATE TABLE receipt_chain_marks (chain_seq {big} PRIMARY KEY, through {big} NOT NULL, at TEXT NOT NULL, "
+        "mark TEXT NOT NULL, detail TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL)"
+    )
+    db.execute("CREATE UNIQUE INDEX receipt_chain_marks_by_end ON receipt_chain_marks(through)")
+    db.execute(
+        f"CREATE TABLE receipt_checkpoints (size {big} PRIMARY KEY, head TEXT NOT NULL, at TEXT NOT NULL, "
+        "note TEXT NOT NULL)"
+    )
+    for table in ("receipt_chain_marks", "receipt_checkpoints"):
+        _append_only(db, table)
+    chain_history(db)
+    if db.postgres:  # each event chained as it is inserted (store/hash_chain.py, CHAIN_TRIGGER)
+        # Its id too, under CHAIN_LOCK: from a plain sequence, as the identity's default would take one first.
+        db.execute("ALTER TABLE receipt_events ALTER COLUMN id DROP IDENTITY")
+        db.execute("CREATE SEQUENCE receipt_events_id_seq OWNED BY receipt_events.id")
+        db.execute("SELECT setval('receipt_events_id_seq', coalesce(max(id), 0) + 1, false) FROM receipt_events")
+        db.execute(CHAIN_TRIGGER)
+        db.execute(
+            "CREATE TRIGGER receipt_events_chained BEFORE INSERT ON receipt_events "
+            "FOR EACH ROW EXECUTE FUNCTION receipt_events_chain()"
+        )
+
+
+def _append_only(db: Schema, table: str) -> None:
+    """Triggers that refuse to change or delete a row of `table` (PostgreSQL: to truncate it too)."""
+    if db.postgres:
+        db.execute(
+            "CREATE OR REPLACE FUNCTION receipt_chain_append_only() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END $$"
+        )
+        for op, each in (("UPDATE", "ROW"), ("DELETE", "ROW"), ("TRUNCATE", "STATEMENT")):
+            db.execute(
+                f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
+                f"FOR EACH {each} EXECUTE FUNCTION receipt_chain_append_only()"
+            )
+        return
+    for op in ("UPDATE", "DELETE"):
+        db.execute(
+            f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
+            f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+        )

@@ -74,9 +74,13 @@ holds those: they would hold the intent's lock), its own lease row, approval dec
 receipt, and the foreign-key share locks of its own receipts: a wait for a row never closes a cycle.
 PostgreSQL's deadlock detector stays the backstop (an error: StoreUnavailable, nothing forwarded).
 
-Commit order across intents is not id order: `receipt_events.id` is handed out at the INSERT, and two
-intents' transactions commit in either order, so an event id may become visible after a higher one.
-Within one receipt, ids commit in order (its writes are serialized). The one reader that follows ids
+Commit order across intents is not receipt order: two intents' transactions commit in either
+order. Events are chained (hash_chain.py, docs/proof.md): a transaction's events are inserted with
+its COMMIT, in one round trip (`_commit_sql`), and the trigger receipt_events_chained (m017) takes
+CHAIN_LOCK, an advisory lock held to the commit's end, reads the chain's tip and gives each event
+its id and position under it: event ids follow the chain, which follows commit order. CHAIN_LOCK
+is the last lock a transaction takes and it waits for nothing while holding it but its own commit:
+no cycle. Before the chain, an event id could become visible after a higher one. The one reader that follows ids
 across receipts, mitm/watch.py (mitmweb's markers), reads again the last LOOKBACK ids each tick for
 that reason; NOTIFY wakes waiters by receipt id, whatever the order.
 
@@ -108,6 +112,7 @@ from proxy_addon.states import State
 from proxy_addon.store.base import Dialect, UniqueViolation
 from proxy_addon.store.dsn import MISSING, describe
 from proxy_addon.store.fleet import PostgresFleet
+from proxy_addon.store.hash_chain import CHAIN_LOCK, TIP_SQL, tip_of
 from proxy_addon.store.migrations import apply_postgres
 from proxy_addon.store.records import Clock, utcnow
 
@@ -145,6 +150,7 @@ class PostgresStore(PostgresFleet):
         self._writing = False
         self._created: list[str] = []  # receipts created in the open write transaction
         self._notifies: list[str] = []  # receipts the open write transaction appended events to
+        self._pending_events: list[dict[str, Any]] = []  # its events, inserted with its COMMIT
         self._durable = True  # whether the open write transaction's commit waits for the disk
         self.lease: tuple[str, float] | None = None  # (instance, seconds): new receipts need it to hold
         self._location = describe(dsn)
@@ -273,18 +279,20 @@ class PostgresStore(PostgresFleet):
             self._writing = False
             self._created = []
             self._notifies = []
+            self._pending_events = []
             self._settled(committed)  # tell the observer (metrics) what committed; forget it otherwise
 
     def _commit_sql(self) -> bytes:
         """
-        COMMIT; a transaction whose commit does not wait for the disk sends its NOTIFYs in it (the
-        cluster's notify lock is then held for no WAL flush), a durable one after it (`_notify`).
+        The events kept for the commit (`_append_event`), then COMMIT; a transaction whose commit
+        does not wait for the disk sends its NOTIFYs in it (the cluster's notify lock is then held
+        for no WAL flush), a durable one after it (`_notify`).
         """
-        if self._durable or not self._notifies:
-            return b"COMMIT"
-        sql = self._notify_sql(self._notifies) + "; COMMIT"
-        self._notifies = []
-        return sql.encode()
+        statements = self._events_sql()
+        if not self._durable and self._notifies:
+            statements.append(self._notify_sql(self._notifies))
+            self._notifies = []
+        return "; ".join([*statements, "COMMIT"]).encode()
 
     def _notify_sql(self, ids: list[str]) -> str:
         assert self.conn is not None
@@ -353,6 +361,50 @@ class PostgresStore(PostgresFleet):
 
     def _defer_foreign_keys(self) -> None:
         self._execute("SET CONSTRAINTS ALL DEFERRED")  # until the end of the transaction
+
+    next_event_id = "SELECT 0 AS id"  # a chain mark has no event id; the trigger gives events theirs
+
+    def _append_event(self, fields: dict[str, Any]) -> None:
+        """
+        Kept until the commit, and sent with it in one round trip (`_commit_sql`): the trigger
+        receipt_events_chained (m017, hash_chain.py) takes CHAIN_LOCK and chains each event as it
+        is inserted, so the lock is held for no round trip to this process. No write of ours reads
+        its own transaction's events back.
+        """
+        self._pending_events.append(fields)
+
+    def _events_sql(self) -> list[str]:
+        """The INSERTs of the events kept for the commit, with their values as literals."""
+        assert self.conn is not None
+        pending, self._pending_events = self._pending_events, []
+        return [
+            f"INSERT INTO receipt_events ({', '.join(e)}) VALUES "
+            f"({', '.join(psycopg.sql.Literal(v).as_string(self.conn) for v in e.values())})"
+            for e in pending
+        ]
+
+    def _chain_next(self) -> tuple[int, str, int]:
+        """A chain mark's position (prune's): CHAIN_LOCK and the tip read each time (the trigger chains events)."""
+        pos, prev, event_id = self._chain_start()
+        return pos + 1, prev, event_id
+
+    def _chain_start(self) -> tuple[int, str, int]:
+        """
+        CHAIN_LOCK, then the tip and the next event id, in one round trip: each statement of a
+        simple query reads its own snapshot (READ COMMITTED), so the tip is read once the lock is
+        held, and includes every chained transaction that committed before (hash_chain.py).
+        """
+        conn = self._connection(writing=True)
+        try:
+            cur = conn.execute(f"SELECT pg_advisory_xact_lock({CHAIN_LOCK}); {TIP_SQL}; {self.next_event_id}".encode())
+            cur.nextset()
+            tip = tip_of(cur.fetchall())
+            cur.nextset()
+            row = cur.fetchone()
+        except psycopg.Error as e:
+            raise self._failure(e) from e
+        assert row is not None
+        return tip[0], tip[1], int(row["id"])
 
     def _event(self, operation_id: str, event: str, from_state: State | None, *args: Any, **kw: Any) -> None:
         super()._event(operation_id, event, from_state, *args, **kw)

@@ -112,8 +112,10 @@ class ReceiptReads(Backend):
         receipts = {i: self.get(i) for i in {e.operation_id for e in events}}
         return [(e, receipts[e.operation_id]) for e in events]
 
-    def export(self, *, since: str | None = None) -> Iterator[tuple[Receipt, builtins.list[Event]]]:
-        """Every receipt (oldest first) with its events, for audit. Reads a page of receipts at a time."""
+    def export(
+        self, *, since: str | None = None, with_events: bool = True
+    ) -> Iterator[tuple[Receipt, builtins.list[Event]]]:
+        """Every receipt (oldest first) with its events (or none), for audit. Reads a page of receipts at a time."""
         order = self.dialect.insertion_order
         after: Any = None
         while True:
@@ -127,7 +129,7 @@ class ReceiptReads(Backend):
             )
             for row in page:
                 receipt = Receipt.from_row(row)
-                yield receipt, self.events(receipt.operation_id)
+                yield receipt, self.events(receipt.operation_id) if with_events else []
             if len(page) < _PAGE:
                 return
             after = page[-1]["export_position"]

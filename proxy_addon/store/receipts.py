@@ -9,6 +9,8 @@ job, each written once over the backend's primitives (base.py says what they gua
     retention.py    pruning old resolved receipts (`prune`)
     recovery.py     moving on what a stopped proxy left in flight (`recover_in_flight`)
     key_check.py    the check value of the installation's secret.key (`check_key`)
+    hash_chain.py   the events' hash chain: the one INSERT of an event, the chain read back in order
+    checkpoints.py  signed checkpoints of the chain, and the fleet's verifier key
     versions.py     the fingerprint versions receipts still hold, and the rules' descriptions
     store/queries.py        the reads
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from proxy_addon.store.approval_decisions import ReceiptApprovals
 from proxy_addon.store.attempts import ReceiptAttempts
+from proxy_addon.store.checkpoints import ReceiptCheckpoints
 from proxy_addon.store.key_check import ReceiptKeyCheck
 from proxy_addon.store.recovery import ReceiptRecovery
 from proxy_addon.store.resolutions import ReceiptResolutions
@@ -40,5 +43,6 @@ class ReceiptStore(
     ReceiptRetention,
     ReceiptVersions,
     ReceiptKeyCheck,
+    ReceiptCheckpoints,
 ):
     """The receipts store over a backend's primitives. A backend subclasses it (sqlite.py, postgres.py)."""

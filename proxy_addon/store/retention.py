@@ -11,12 +11,13 @@ import datetime as dt
 from proxy_addon.states import TERMINAL
 from proxy_addon.store.base import marks
 from proxy_addon.store.budgets import ReceiptBudgets
+from proxy_addon.store.hash_chain import ReceiptChain
 from proxy_addon.store.records import iso
 
 _CHUNK = 500  # ids per DELETE in `prune` (under every driver's parameter limit)
 
 
-class ReceiptRetention(ReceiptBudgets):
+class ReceiptRetention(ReceiptBudgets, ReceiptChain):
     """Pruning old resolved receipts."""
 
     def prune(self, older_than: dt.timedelta, *, dry_run: bool = False) -> list[str]:
@@ -50,6 +51,7 @@ class ReceiptRetention(ReceiptBudgets):
             ids = sorted(candidates)
             if ids and not dry_run:
                 self._defer_foreign_keys()  # a receipt goes before its events, and chains go in any order
+                self._keep_links(ids)
                 for chunk in (ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)):
                     self._execute(f"DELETE FROM approval_decisions WHERE operation_id IN ({marks(len(chunk))})", chunk)
                     self._execute(f"DELETE FROM receipts WHERE operation_id IN ({marks(len(chunk))})", chunk)
@@ -57,3 +59,15 @@ class ReceiptRetention(ReceiptBudgets):
             if not dry_run:
                 self._forget_charges(self.clock())  # budgets' windows that have ended
         return ids
+
+    def _keep_links(self, ids: list[str]) -> None:
+        """What verification needs of the events about to go: their hashes, as `pruned` marks, and a `prune` mark."""
+        events = []
+        for chunk in (ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)):
+            events += self._rows(
+                f"SELECT chain_seq, prev_hash, hash FROM receipt_events WHERE operation_id IN ({marks(len(chunk))})",
+                chunk,
+            )
+        at = iso(self.clock())
+        runs = self._leave_links(events, at)
+        self._mark("prune", f"pruned {len(ids)} receipts: {len(events)} events, in {runs} ranges", at)

@@ -16,16 +16,13 @@ from proxy_addon.errors import IllegalTransition, StoreError, UnknownReceipt
 from proxy_addon.states import TRANSITIONS, State, sources_of
 from proxy_addon.store.base import marks
 from proxy_addon.store.budgets import GIVES_BACK, ReceiptBudgets
+from proxy_addon.store.hash_chain import ReceiptChain
 from proxy_addon.store.queries import ReceiptReads
 from proxy_addon.store.records import Receipt, RecordedResponse, iso, state_of
 from proxy_addon.store.sealing import AnswerSeal
 
 _UPDATABLE = frozenset(
     {"completed_at", "http_status", "error", "external_id", "response", "failed_reads", "next_read_at"}
-)
-_EVENT_INSERT = (
-    "INSERT INTO receipt_events (operation_id, at, event, from_state, to_state, reason, actor, flow_id) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 logger = logging.getLogger("proxy_addon.store.receipts")  # the name it logged under before the split
@@ -34,7 +31,7 @@ logger = logging.getLogger("proxy_addon.store.receipts")  # the name it logged u
 Observer = Callable[[str, str, State | None, State], None]
 
 
-class ReceiptTransitions(ReceiptReads, ReceiptBudgets):
+class ReceiptTransitions(ReceiptReads, ReceiptBudgets, ReceiptChain):
     """Guarded state changes, their events, and the observer told of them: what every other write uses."""
 
     observer: Observer | None = None  # the proxy's metrics (gate/metrics.py): every state change, once committed
@@ -53,6 +50,7 @@ class ReceiptTransitions(ReceiptReads, ReceiptBudgets):
     def _settled(self, committed: bool) -> None:
         """The write transaction ended (base.py: `_write` calls this): tell `observer` what it committed."""
         told, self._told = self._told, None
+        self._chain_ended()
         if not committed or not told or self.observer is None:
             return
         for change in told:
@@ -72,7 +70,19 @@ class ReceiptTransitions(ReceiptReads, ReceiptBudgets):
         flow_id: str | None,
         at: str,
     ) -> None:
-        self._execute(_EVENT_INSERT, (operation_id, at, event, from_state, to_state, reason, actor, flow_id))
+        """Append an event to the receipt's history, and to the database's hash chain (hash_chain.py)."""
+        self._append_event(
+            {
+                "operation_id": operation_id,
+                "at": at,
+                "event": event,
+                "from_state": from_state,
+                "to_state": to_state,
+                "reason": reason,
+                "actor": actor,
+                "flow_id": flow_id,
+            }
+        )
 
     def transition(
         self,

@@ -2,18 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from tests.cli.conftest import BODY_MARKER, UNKNOWN_ID, assert_one_line_error, at, cli
+from proxy_addon.states import State
+from proxy_addon.store import Store
+from tests.cli.conftest import BODY_MARKER, UNKNOWN_ID, assert_one_line_error, at, attempt, cli
+from tests.conftest import FakeClock
 
 
 def show_sections(out: str) -> tuple[dict[str, str], list[str], list[str]]:
     head, rest = out.split("events:\n", 1)
     fields = dict(line.split(None, 1) for line in head.splitlines())
     events, _, dups = rest.partition("duplicates")
+    events = events.split("decisions")[0]
     return fields, events.splitlines(), dups.splitlines()
+
+
+def test_show_prints_the_decisions_applied(tmp_path, capsys):
+    """A rule's deny, an operator's resolution by hand: each in `decisions`, read from the events."""
+    db = tmp_path / "receipts.db"
+    store = Store.open(db, clock=FakeClock())
+    try:
+        denied = store.begin_attempt(dataclasses.replace(attempt(1), denied="amount over 100")).receipt
+        unknown = store.begin_attempt(attempt(2)).receipt
+        store.transition(unknown.operation_id, State.OUTCOME_UNKNOWN, reason="upstream reset")
+        store.resolve(unknown.operation_id, State.SUCCEEDED, note="it is on the dashboard", actor="cli:alice")
+    finally:
+        store.close()
+    code, out, _ = cli(capsys, "--db", str(db), "show", unknown.operation_id)
+    assert code == 0
+    decisions = out.split("decisions:\n", 1)[1].split("duplicates")[0].splitlines()
+    assert [d.split(None, 1)[1] for d in decisions] == [
+        "taken into review                    cli:alice  taken into review: it is on the dashboard",
+        "resolved by hand as succeeded        cli:alice  resolved by hand: it is on the dashboard",
+    ]
+    code, out, _ = cli(capsys, "--db", str(db), "show", denied.operation_id, "--json")
+    [decision] = json.loads(out)["decisions"]
+    assert decision["decision"] == "denied by a rule's decision, never sent" and decision["by"] == "proxy"
+    assert "amount over 100" in decision["why"]
 
 
 def test_show_prints_the_receipt_its_events_and_its_duplicates(db, capsys):

@@ -16,6 +16,7 @@ import pytest
 
 from proxy_addon.errors import StoreError
 from proxy_addon.gate.installation import Installation, key_check
+from proxy_addon.proof.signing_key import load_or_create_signing_key, verifier_key
 from proxy_addon.store import Attempt, Store
 
 
@@ -84,3 +85,29 @@ def _attempt() -> Attempt:
     return Attempt(
         api="a", operation="o", method="POST", target="https://a/x", intent_fingerprint="fp-1", intent={}, principal="p"
     )
+
+
+def test_the_checkpoint_key_is_made_beside_secret_key_and_checked_like_it(backend_db, tmp_path, monkeypatch):
+    """checkpoint.key: made once beside secret.key, its verifier key recorded; another or none refused after."""
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("RECEIPT_PROXY_STATE_DIR", str(state))
+    secret = str(state / "secret.key")
+    inst = Installation.open(backend_db, secret=secret)
+    try:
+        assert (state / "checkpoint.key").stat().st_mode & 0o777 == 0o600
+        assert inst.signing_key is not None
+        assert inst.store.recorded_checkpoint_key() == verifier_key(inst.signing_key)
+    finally:
+        inst.release()
+        inst.store.close()
+    (state / "checkpoint.key").rename(state / "kept.key")
+    with pytest.raises(StoreError, match=r"checkpoint key .*checkpoint\.key is missing"):
+        Installation.open(backend_db, secret=secret)
+    load_or_create_signing_key(state / "checkpoint.key")  # another key
+    with pytest.raises(StoreError, match=r"is not the one .* records its checkpoints signed with"):
+        Installation.open(backend_db, secret=secret)
+    (state / "kept.key").replace(state / "checkpoint.key")
+    again = Installation.open(backend_db, secret=secret)
+    again.release()
+    again.store.close()

@@ -169,6 +169,7 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m014_approval_links"),
         ("receipt-proxy", "m015_shadow_receipts"),
         ("receipt-proxy", "m016_budget_charges"),
+        ("receipt-proxy", "m017_hash_chain"),
     ]
     forward(s)
     s.close()

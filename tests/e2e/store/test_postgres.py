@@ -114,6 +114,7 @@ def test_migrations_recorded_by_name_and_a_concurrent_first_start_migrates_once(
             "m014_approval_links",
             "m015_shadow_receipts",
             "m016_budget_charges",
+            "m017_hash_chain",
         ]
         assert {r["migration_set"] for r in rows} == {"receipt-proxy"}
     finally:
