@@ -21,9 +21,8 @@ COLUMNS = {
     "replayed": ("replayed", "would_replay"),
     "held": ("held", "would_hold"),
     "denied": ("denied", "would_deny"),
-    # Over a budget (issue 28 item 2): observe mode records would_refuse; what enforcement records is the
-    # budget's to name here (None: nothing yet).
-    "refused": (None, "would_refuse"),
+    # over a budget: a new receipt recorded rejected, "over budget: ..." (store/attempts.py `_refusal`)
+    "refused": ("refused", "would_refuse"),
 }
 
 

@@ -223,10 +223,12 @@ class ReceiptReads(Backend):
 
 
 # What enforcement did, as events (`enforcement_since`): a duplicate blocked or replayed (its original's
-# event), a write held for approval or denied by a decision (its receipt's first transition); observe
-# mode's WOULD_HAVE events say what it would have done. `kind`: the event's, or held / denied.
+# event), a write held for approval, denied by a decision or refused over a budget (its receipt's first
+# transition, store/attempts.py `_refusal`); observe mode's WOULD_HAVE events say what it would have done.
+# `kind`: the event's, or held / refused / denied.
 _ENFORCEMENT_KIND = (
-    "CASE WHEN e.event <> 'transition' THEN e.event WHEN e.to_state = 'awaiting_approval' THEN 'held' ELSE 'denied' END"
+    "CASE WHEN e.event <> 'transition' THEN e.event WHEN e.to_state = 'awaiting_approval' THEN 'held' "
+    "WHEN substr(e.reason, 1, 12) = 'over budget:' THEN 'refused' ELSE 'denied' END"
 )
 _ENFORCEMENT_EVENTS = (
     "FROM receipt_events e JOIN receipts r ON r.operation_id = e.operation_id WHERE e.at >= ? AND "

@@ -1148,6 +1148,7 @@ def test_a_replay_costs_the_same_after_many_replays(db_path):
 def test_enforcement_since_counts_what_was_done_and_what_observe_mode_would_have_done(store, clock):
     """`receipts report`'s read (cli/enforcement_report.py), on both backends: per api and operation."""
     from proxy_addon.store import iso
+    from proxy_addon.store.records import Charge
 
     old = forward(store, "fp-old")  # before the window: not counted
     walk(store, old, State.OUTCOME_UNKNOWN)
@@ -1163,14 +1164,18 @@ def test_enforcement_since_counts_what_was_done_and_what_observe_mode_would_have
     assert [e.event for e in store.events(denied.operation_id)] == ["transition"]  # no "blocked" event of its own
     store.begin_attempt(attempt("fp-4", observe=True, denied="decisions[0]: deny"))  # observe: would_deny
     store.begin_attempt(attempt("fp-5", operation="other", observe=True, approval=True))  # observe: would_hold
+    over = Charge("example/articles.create/budget[0]/3600s/count", 2, 3600, 1, "budget[0]: 1 writes per 1h", "")
+    refused = store.begin_attempt(attempt("fp-6", charges=(over,)))  # done: refused over its budget
+    assert refused.kind == "over_budget"
     seen = store.enforcement_since(since, examples=1)
-    assert seen.writes == {("example", "articles.create"): 5, ("example", "other"): 1}
+    assert seen.writes == {("example", "articles.create"): 6, ("example", "other"): 1}
     assert seen.counts == {
         ("example", "articles.create", "blocked"): 1,
         ("example", "articles.create", "would_block"): 1,
         ("example", "articles.create", "held"): 1,
         ("example", "articles.create", "denied"): 1,
         ("example", "articles.create", "would_deny"): 1,
+        ("example", "articles.create", "refused"): 1,  # before: counted as denied
         ("example", "other", "would_hold"): 1,
     }
     examples = {(api, op, kind): x.operation_id for api, op, kind, x in seen.examples}
@@ -1178,4 +1183,5 @@ def test_enforcement_since_counts_what_was_done_and_what_observe_mode_would_have
     assert examples[("example", "articles.create", "would_block")] == shadow.operation_id
     assert examples[("example", "articles.create", "held")] == held.operation_id
     assert examples[("example", "articles.create", "denied")] == denied.operation_id
-    assert len(seen.examples) == 6
+    assert examples[("example", "articles.create", "refused")] == refused.receipt.operation_id
+    assert len(seen.examples) == 7
