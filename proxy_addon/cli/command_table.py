@@ -70,7 +70,7 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         list_run,
     ),
     "show": Command(
-        "one receipt, its history, the decisions applied to it and its duplicates",
+        "one receipt, its history, decisions and duplicates",
         "One receipt: its fields, its state changes, the decisions applied to it and who made them (a\n"
         "rule's deny, a budget's refusal, an approval or a denial, a timeout, what observe mode would\n"
         "have done, a read's verdict, a resolution), and the blocked or replayed duplicates of it.",
