@@ -71,7 +71,8 @@ def main() -> None:
         line = audit_store(store).line()
         t2 = time.perf_counter()
         buf = io.StringIO()
-        receipts = ({"operation_id": o, "state": s} for o, s in store.receipt_states())
+        no_decisions: list[dict] = []
+        receipts = (({"operation_id": o, "state": s}, no_decisions) for o, s in store.receipt_states())
         for text in bundle_lines(None, "now", [], store.chain_records(), receipts):
             buf.write(text)
         t3 = time.perf_counter()

@@ -70,8 +70,10 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         list_run,
     ),
     "show": Command(
-        "one receipt, its history and its duplicates",
-        "One receipt: its fields, its state changes, and the blocked or replayed duplicates of it.",
+        "one receipt, its history, decisions and duplicates",
+        "One receipt: its fields, its state changes, the decisions applied to it and who made them (a\n"
+        "rule's deny, a budget's refusal, an approval or a denial, a timeout, what observe mode would\n"
+        "have done, a read's verdict, a resolution), and the blocked or replayed duplicates of it.",
         ["receipts show 20261129T184210Z-1fd54b31a2", "receipts show 20261129T184210Z-1fd54b31a2 --json"],
         show_args,
         show_run,
@@ -178,7 +180,8 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
     ),
     "export": Command(
         "every receipt with its events, as JSON Lines",
-        "Every receipt (oldest first) as one JSON object a line, with its events.\n"
+        "Every receipt (oldest first) as one JSON object a line, with its events and the decisions\n"
+        "applied to it (as `show --json` lists them; with --signed, on each receipt's line too).\n"
         "A recorded response appears as its status, size and whether it is encrypted (response_status,\n"
         "response_size, response_encrypted), never its headers or body.",
         ["receipts export > receipts.jsonl", "receipts export --since 30d | jq -c 'select(.state == \"succeeded\")'"],

@@ -18,6 +18,7 @@ from proxy_addon.cli.output import (
     short_time,
 )
 from proxy_addon.cli.values import SINCE_HELP, UsageError, age, parse_age, parse_since, positive_int
+from proxy_addon.errors import StoreError
 from proxy_addon.proof.bundle_lines import bundle_lines
 from proxy_addon.states import State
 from proxy_addon.store import WOULD_HAVE, Receipt, ReceiptStore, iso
@@ -184,7 +185,7 @@ def export_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     if args.signed:
         if args.since:
             raise UsageError("--signed exports the whole history (a chain verifies whole): not with --since")
-        receipts = (receipt_json(r) for r, _ in store.export(with_events=False))
+        receipts = ((receipt_json(r), _decisions_of(store, r)) for r, _ in store.export(with_events=False))
         lines = bundle_lines(
             store.recorded_checkpoint_key(), iso(store.clock()), store.checkpoints(), store.chain_records(), receipts
         )
@@ -196,6 +197,21 @@ def export_run(store: ReceiptStore, args: argparse.Namespace) -> int:
         decisions = [dataclasses.asdict(d) for d in applied_decisions(events)]
         print(json.dumps({**receipt_json(r), "events": [event_json(e) for e in events], "decisions": decisions}))
     return 0
+
+
+def _decisions_of(store: ReceiptStore, r: Receipt) -> list[dict] | None:
+    """
+    The decisions applied to a receipt, for its line of a signed bundle. Events this version cannot read
+    (an edited state): None, said on stderr, and the bundle is written all the same: `verify` names the edit.
+    """
+    try:
+        return [dataclasses.asdict(d) for d in applied_decisions(store.events(r.operation_id))]
+    except StoreError as e:
+        print(
+            f"receipts export: receipt {r.operation_id}: its decisions cannot be read ({e}); exported without them",
+            file=sys.stderr,
+        )
+        return None
 
 
 def prune_args(p: argparse.ArgumentParser) -> None:

@@ -66,14 +66,19 @@ from proxy_addon.mitm.flows import HELD, META, mark
 from proxy_addon.outcome import http_answers as answers
 from proxy_addon.states import State
 from proxy_addon.store import ApprovalDecision, Receipt, utcnow
+from proxy_addon.store.decision_reasons import (  # OPERATOR: the actor of mitmweb's Resume and Abort
+    APPROVED,
+    DENIED,
+    HUNG_UP,
+    MODIFIED,
+    OPERATOR,
+    RULES_CHANGED,
+    TIMED_OUT,
+    rules_changed,
+)
 
 logger = logging.getLogger(__name__)
 
-MODIFIED = "denied: the request was modified while held (resume it unedited, or revert it first)"
-HUNG_UP = "denied: the agent hung up while the write was held"
-DENIED = "denied by operator"
-OPERATOR = "mitmweb"  # the actor of a decision made in mitmweb (Resume, Abort)
-RULES_CHANGED = "denied: the operation's rules changed while the write was held"
 POLL = 0.5  # seconds between two looks for decisions from the CLI, while a write is held
 TICK = 0.25  # seconds between two looks at a held flow (killed? agent gone? past the timeout?)
 
@@ -186,7 +191,7 @@ async def _tick(flow: http.HTTPFlow, held: _Held) -> None:
 
 def _operator_reason(d: ApprovalDecision) -> str:
     said = f": {d.note}" if d.note else ""
-    return f"approved by operator{said}" if d.approved else f"denied by operator{said}"
+    return f"{APPROVED}{said}" if d.approved else f"{DENIED}{said}"
 
 
 async def _decision(
@@ -211,8 +216,8 @@ async def _decision(
     if not flow.intercepted:
         if _sent_form(flow.request) != held_as:
             return State.REJECTED, MODIFIED, "proxy", None
-        return State.SUBMITTED, "approved by operator", OPERATOR, None
-    return State.REJECTED, f"denied: no decision within receipts_approval_timeout ({timeout:g}s)", "proxy", None
+        return State.SUBMITTED, APPROVED, OPERATOR, None
+    return State.REJECTED, f"{TIMED_OUT} ({timeout:g}s)", "proxy", None
 
 
 def _under_the_rules(
@@ -223,14 +228,13 @@ def _under_the_rules(
     now (`policy`) and the one the approval was given under (a link's) must both be `version`.
     Otherwise it is denied, and the approval is left unused. A denial stands under any rules.
     """
-    to, _, _, by_cli = decided
+    to, _, approver, by_cli = decided
     if to is not State.SUBMITTED:
         return decided
     now, given = policy(), (by_cli.rules_version if by_cli is not None else None) or version
     if now == version == given:
         return decided
-    why = f"{RULES_CHANGED} (approved under {given}, now {now or 'no such operation'}); send it again to decide anew"
-    return State.REJECTED, why, "proxy", None
+    return State.REJECTED, rules_changed(given, approver, now), "proxy", None
 
 
 def decision_label(to: State, reason: str, by_cli: ApprovalDecision | None) -> str:

@@ -2,9 +2,11 @@
 The receipts story in mitmweb: a "Receipt" content view (commands are in mitm/flow_commands.py).
 
 - The Receipt view shows a flow's receipt: state, fingerprint, sanitized intent (and how
-  its body was read when not as the rule says: the fallback used, missing or hashed fields)
-  and event history. An MCP tool call that waits shows for what: its client's input (and how
-  many rounds its server asked for), or its task (the first characters of its id, its status).
+  its body was read when not as the rule says: the fallback used, missing or hashed fields),
+  event history, and the decisions applied to it (a rule's deny, a budget's refusal, an
+  approval or a denial and who made it, what observe mode would have done, a resolution). An
+  MCP tool call that waits shows for what: its client's input (and how many rounds its server
+  asked for), or its task (the first characters of its id, its status).
   For a blocked or replayed duplicate it shows the original receipt. mitmproxy picks it by
   itself for the proxy's own answers (blocked, replayed, denied); for other matched flows
   choose "Receipt" in the body's view menu.
@@ -24,6 +26,7 @@ from proxy_addon.intent.fingerprint import intent_notes
 from proxy_addon.mitm.flows import meta_of
 from proxy_addon.states import State
 from proxy_addon.store import Event, Receipt, ReceiptStore
+from proxy_addon.store.applied_decisions import applied_decisions
 
 ANSWERED = ("blocked", "replay", "blocked_succeeded", "key_conflict", "denied", "over_budget")  # the proxy answered
 
@@ -51,10 +54,20 @@ def describe(store: ReceiptStore, operation_id: str, *, answer: str | None = Non
         lines += [f"  {n}" for n in notes]
     if waiting := _waiting(r):
         lines += ["", waiting]
+    events = store.events(r.operation_id)
     lines += ["", "history:"]
-    for e in store.events(r.operation_id):
+    for e in events:
         lines.append(f"  {e.at}  {_change(e):36}  {e.actor:18}  {e.reason}")
+    lines += ["", *_decisions(events)]
     return "\n".join(lines) + "\n"
+
+
+def _decisions(events: list[Event]) -> list[str]:
+    """The decisions applied to the receipt (store/applied_decisions.py): what, by whom; the why is its history line."""
+    decisions = applied_decisions(events)
+    if not decisions:
+        return ["decisions: none"]
+    return ["decisions:", *(f"  {d.at}  {d.decision:56}  {d.by}" for d in decisions)]
 
 
 def _fields(r: Receipt) -> list[str]:

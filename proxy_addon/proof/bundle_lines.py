@@ -29,16 +29,20 @@ def bundle_lines(
     exported_at: str,
     checkpoints: Iterable[dict[str, Any]],
     records: Iterable[tuple[str, dict[str, Any]]],
-    receipts: Iterable[dict[str, Any]],
+    receipts: Iterable[tuple[dict[str, Any], list[dict[str, Any]] | None]],
 ) -> Iterator[str]:
-    """The bundle, a line at a time (each ending in a newline)."""
+    """
+    The bundle, a line at a time (each ending in a newline). `receipts`: each receipt's fields and the
+    decisions applied to it (store/applied_decisions.py; None: they could not be read), which verification
+    does not read: they are a reading of the receipt's events, each naming its event's id.
+    """
     yield _line({"type": "bundle", "format": FORMAT, "verifier_key": verifier, "exported_at": exported_at})
     for c in checkpoints:
         yield _line({"type": "checkpoint", **{k: c[k] for k in ("size", "head", "at", "note")}})
     for kind, row in records:
         yield _line({"type": "mark" if kind == "mark" else "event", "record": row})
-    for r in receipts:
-        yield _line({"type": "receipt", "receipt": r})
+    for r, decisions in receipts:
+        yield _line({"type": "receipt", "receipt": r, "decisions": decisions})
 
 
 def _line(obj: dict[str, Any]) -> str:

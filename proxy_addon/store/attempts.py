@@ -21,6 +21,7 @@ from proxy_addon.errors import StoreError, StoreUnavailable
 from proxy_addon.states import RETRYABLE, UNRESOLVED, State
 from proxy_addon.store.base import UniqueViolation, WouldWait, marks
 from proxy_addon.store.budgets import Overrun
+from proxy_addon.store.decision_reasons import DENIED_BY_POLICY, OVER_BUDGET
 from proxy_addon.store.records import DUPLICATE_SENT, Attempt, Decision, Receipt, iso, new_operation_id
 from proxy_addon.store.rounds import ReceiptInterim
 
@@ -555,8 +556,8 @@ def _refusal(a: Attempt, overrun: Overrun | None) -> str | None:
     if a.observe:
         return None
     if a.denied is not None:
-        return f"denied by policy {a.denied}"
-    return f"over budget: {overrun.why}" if overrun is not None else None
+        return f"{DENIED_BY_POLICY}{a.denied}"
+    return f"{OVER_BUDGET}{overrun.why}" if overrun is not None else None
 
 
 def _refused(a: Attempt, inserted: Receipt, reason: str, overrun: Overrun | None) -> Decision:

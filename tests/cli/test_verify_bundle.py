@@ -67,3 +67,62 @@ def test_not_a_bundle(tmp_path, capsys):
     bad.write_text('{"type": "receipt"}\n')
     code, line = verify_bundle(bad, capsys)
     assert code == 1 and "not a receipt-proxy-proof/1 bundle" in line, line
+
+
+def decided_history(store) -> dict[str, str]:
+    """Receipts with decisions applied: a rule's deny, a budget's refusal, an approval from the CLI, observe
+    mode's would_block (and duplicate_sent on the first), a resolution by hand."""
+    import dataclasses
+
+    from proxy_addon.states import State
+    from proxy_addon.store.records import Charge
+    from tests.cli.test_verify_command import attempt
+
+    one = Charge("k/budget[0]/86400s/count", 1, 86400, 1, "budget[0]: 1 write per 1d")
+    ids = {"denied": store.begin_attempt(dataclasses.replace(attempt(20), denied="decisions[0]")).receipt.operation_id}
+    store.begin_attempt(dataclasses.replace(attempt(21), charges=(one,)))
+    ids["over_budget"] = store.begin_attempt(dataclasses.replace(attempt(22), charges=(one,))).receipt.operation_id
+    held = store.begin_attempt(dataclasses.replace(attempt(23), approval=True)).receipt.operation_id
+    d = store.decide_approval(held, approve=True, note="ok", actor="cli:alice")
+    store.apply_approval(d, fingerprint=d.intent_fingerprint, reason="approved by operator: ok")
+    ids["approved"] = held
+    first = store.begin_attempt(dataclasses.replace(attempt(24), observe=True)).receipt.operation_id
+    ids["would_block"] = store.begin_attempt(dataclasses.replace(attempt(24), observe=True)).receipt.operation_id
+    ids["duplicate_sent"] = first
+    store.transition(held, State.OUTCOME_UNKNOWN, reason="timed out")
+    store.resolve(held, State.SUCCEEDED, note="on the dashboard", actor="cli:bob")
+    return ids
+
+
+def test_both_exports_carry_each_receipts_decisions_and_the_signed_one_still_verifies(backend_db, tmp_path, capsys):
+    store = open_store(backend_db, clock=FakeClock())
+    try:
+        ids = decided_history(store)
+        signed(store, Ed25519PrivateKey.generate())
+    finally:
+        store.close()
+    lines = export(backend_db, capsys)
+    items = [json.loads(line) for line in lines]
+    signed_decisions = {i["receipt"]["operation_id"]: i["decisions"] for i in items if i["type"] == "receipt"}
+    events = {i["record"]["id"]: i["record"] for i in items if i["type"] == "event"}
+    assert main(["--db", backend_db, "export"]) == 0
+    plain = {r["operation_id"]: r["decisions"] for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert signed_decisions == plain
+    kinds = {name: [d["kind"] for d in plain[i]] for name, i in ids.items()}
+    assert kinds == {
+        "denied": ["denied_by_rule"],
+        "over_budget": ["over_budget"],
+        "approved": ["held", "approved", "review", "resolved"],
+        "would_block": ["would_block"],
+        "duplicate_sent": ["duplicate_sent"],
+    }
+    assert [d["by"] for d in plain[ids["approved"]]] == ["proxy", "cli:alice", "cli:bob", "cli:bob"]
+    for operation_id, decisions in plain.items():  # each names its event, in the chain the bundle holds
+        for d in decisions:
+            e = events[d["event_id"]]
+            assert (e["operation_id"], e["at"], e["actor"], e["reason"]) == (operation_id, d["at"], d["by"], d["why"])
+    bundle = tmp_path / "bundle.jsonl"
+    bundle.write_text("".join(lines))
+    code, line = verify_bundle(bundle, capsys)
+    assert code == 0 and line.startswith("intact: "), line
+    assert proof_verifier.verify(lines).startswith("intact: ")

@@ -208,6 +208,7 @@ async def test_an_approval_under_rules_changed_while_the_write_was_held_does_not
     assert "the operation's rules changed while the write was held" in f.response.json()["reason"]
     r, d, events = receipt_and_decision(tmp, operation_id)
     assert r.state == "rejected" and r.error.startswith(approval.RULES_CHANGED)
+    assert f"by {'cli:alice' if by == 'cli' else 'mitmweb'}, now " in r.error  # who approved it
     assert (events[-1].from_state, events[-1].actor) == ("awaiting_approval", "proxy")
     if by == "cli":
         assert d.consumed_at is None  # not used: it did not release the write
@@ -225,7 +226,7 @@ async def test_a_decision_given_under_another_rules_version_does_not_send_the_wr
     await asyncio.wait_for(task, deadline(5))
     assert f.response is not None and f.response.status_code == 403
     r, d, _ = receipt_and_decision(tmp, operation_id)
-    assert r.state == "rejected" and "approved under p1:0000" in r.error and d.consumed_at is None
+    assert r.state == "rejected" and "approved under p1:0000 by link:127.0.0.1" in r.error and d.consumed_at is None
 
 
 async def test_a_held_write_is_told_to_notify_once_with_its_expiry_and_rules_version(setup):

@@ -67,7 +67,8 @@ async def test_receipt_view_for_each_state(setup, state):
         store.transition(operation_id, State(step), reason=f"to {step}", actor="test")
     text = contentviews.prettify_message(f.request, f, view_name="Receipt").text
     assert f"state            {state}\n" in text
-    assert text.count("\n  20") == len(walk) + 1  # one history line per transition, the first included
+    history = text.split("\ndecisions", 1)[0]
+    assert history.count("\n  20") == len(walk) + 1  # one history line per transition, the first included
     assert "BLOCKED" not in text
 
 
@@ -140,3 +141,81 @@ async def test_mcp_receipts_show_in_mitmweb_like_any_other(tmp_path):
         stored = Store.open(tmp_path / "r.db", create=False)
         assert "sess-SECRET-1" not in json.dumps(stored.get(receipt).intent)
         stored.close()
+
+
+DECIDED_RULES = """\
+api: shop
+hosts: [api.shop.test]
+operations:
+  orders.create:
+    match: {method: POST, path: /v1/orders}
+    fingerprint: {body: [sku]}
+    decisions:
+      - deny: {sku: {in: [NO-1]}}
+        reason: no such skus
+  refunds.create:
+    match: {method: POST, path: /v1/refunds}
+    fingerprint: {body: [sku]}
+    approve: true
+  vouchers.create:
+    match: {method: POST, path: /v1/vouchers}
+    fingerprint: {body: [sku]}
+    budget: {window: 366d, count: 1}
+"""
+
+
+def decisions_shown(f: http.HTTPFlow) -> list[str]:
+    """The Receipt view's decisions section, a line each (its time cut off), as mitmproxy renders it."""
+    from mitmproxy import contentviews
+
+    text = contentviews.prettify_message(f.request, f, view_name="Receipt").text
+    section = text.split("\ndecisions:", 1)[1]
+    if section.startswith(" none"):
+        return []
+    return [" ".join(line.split()[1:]) for line in section.strip("\n").splitlines()]
+
+
+async def test_the_receipt_view_shows_the_decisions_applied_and_who_made_them(tmp_path):
+    """A rule's deny, a budget's refusal, an approval from the CLI, an abort in mitmweb, a timeout: each
+    in the view's decisions, with who decided; a write sent with no decision says none."""
+    import asyncio
+
+    from proxy_addon.mitm import approval
+    from tests.conftest import deadline
+    from tests.mitm.conftest import held, running
+
+    async with running(tmp_path, DECIDED_RULES) as (addon, tctx):
+        plain, denied = order("A-1"), order("NO-1")
+        voucher, over = order("V-1", path="/v1/vouchers"), order("V-2", path="/v1/vouchers")
+        for f in (plain, denied, voucher, over):
+            await send(addon, f)
+        assert denied.response is not None and denied.response.status_code == 403
+        assert over.response is not None and over.response.status_code == 429
+        assert decisions_shown(plain) == decisions_shown(voucher) == []
+        assert decisions_shown(denied) == ["denied by a rule's decision, never sent proxy"]
+        assert decisions_shown(over) == ["refused: over budget, never sent proxy"]
+
+        approved = order("R-1", path="/v1/refunds")
+        task = await held(addon, approved)
+        store = Store.open(tmp_path / "r.db", create=False)
+        store.decide_approval(approved.metadata["receipts"]["operation_id"], approve=True, note="", actor="cli:alice")
+        store.close()
+        await asyncio.wait_for(task, deadline(10 * approval.POLL))
+        assert decisions_shown(approved) == [
+            "held for approval proxy",
+            "approved by alice at the command line cli:alice",
+        ]
+
+        aborted = order("R-2", path="/v1/refunds")
+        task = await held(addon, aborted)
+        aborted.kill()
+        await asyncio.wait_for(task, deadline(5))
+        assert decisions_shown(aborted) == ["held for approval proxy", "denied in mitmweb mitmweb"]
+
+        tctx.configure(addon, receipts_approval_timeout=1)
+        timed_out = order("R-3", path="/v1/refunds")
+        await send(addon, timed_out)
+        assert decisions_shown(timed_out) == [
+            "held for approval proxy",
+            "denied: no decision within the approval timeout proxy",
+        ]

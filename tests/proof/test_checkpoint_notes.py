@@ -39,7 +39,7 @@ def test_the_key_file_is_made_once_private_and_its_verifier_key_checks_itself(tm
     assert verifier_key(load_or_create_signing_key(path)) == verifier_key(key)
     name, ident, _ = parse_verifier_key(verifier_key(key))
     assert name == "receipt-proxy" and len(ident) == 4
-    forged = verifier_key(key).split("+")
+    forged = verifier_key(key).split("+", 2)  # base64 may hold a "+" too
     with pytest.raises(ValueError, match="id"):
         parse_verifier_key(f"{forged[0]}+00000000+{forged[2]}")
     (tmp_path / "bad.key").write_text("not a key")
