@@ -12,6 +12,7 @@ The errors receipt-proxy raises. Every one says what went wrong and how to fix i
     ├── BadJson               a matched write's JSON body that servers read in more than one way
     │                         (a key twice in one object): the proxy answers 400, sends nothing
     ├── UncountableWrite      a write a budget sums a field of, with no number there: 400, not sent
+    ├── DraftError            an API document or a traffic file that no rules can be drafted from
     └── StoreError            the receipts database could not be read or written
         ├── StoreUnavailable  the write did not happen (locked, read-only, disk full):
         │                     the request must not be forwarded
@@ -44,6 +45,21 @@ class RulesError(ReceiptsError, ValueError):
         self.field = field
         where = source if line is None else f"{source}:{line}"
         super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+
+
+class DraftError(ReceiptsError, ValueError):
+    """
+    `receipts rules draft` cannot read its input: an OpenAPI document, a flow file or a HAR file
+    that is not one, or a `$ref` it cannot follow. `str(error)` names the file and, where there
+    is one, the place in it (`resend.yaml: #/paths/~1emails/post/requestBody: $ref
+    'other.yaml#/X' is not local`).
+    """
+
+    def __init__(self, message: str, *, source: str, where: str | None = None):
+        self.message = message
+        self.source = source
+        self.where = where
+        super().__init__(f"{source}: {where}: {message}" if where else f"{source}: {message}")
 
 
 class ReconcileError(ReceiptsError):

@@ -18,6 +18,7 @@ The order of proxy_addon/'s folders (LAYERS below), bottom first; each imports o
     reconcile/     the reads that settle an unknown outcome
     gate/          admit, wait, decide, record
     explain/       `receipts rules explain`
+    draft/         `receipts rules draft` (beside explain/: neither imports the other)
     mitm/, cli/    the two front ends (neither imports the other)
     __init__.py, addon.py   the public names; the script mitmdump loads
 """
@@ -116,6 +117,15 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
         "rules_signature": ("proxy_addon.rules.loader", "rules_signature"),
         "template_variables": ("proxy_addon.rules.model", "template_variables"),
     },
+    "proxy_addon.draft": {
+        "ApiDocument": ("proxy_addon.draft.openapi_document", "ApiDocument"),
+        "DraftFile": ("proxy_addon.draft.draft_model", "DraftFile"),
+        "DraftOperation": ("proxy_addon.draft.draft_model", "DraftOperation"),
+        "draft_openapi": ("proxy_addon.draft.openapi_draft", "draft_openapi"),
+        "parse_document": ("proxy_addon.draft.openapi_document", "parse_document"),
+        "read_document": ("proxy_addon.draft.openapi_document", "read_document"),
+        "write_draft": ("proxy_addon.draft.draft_yaml", "write_draft"),
+    },
     "proxy_addon.explain": {
         "BODY_LIMIT": ("proxy_addon.explain.report", "BODY_LIMIT"),
         "SHOWN": ("proxy_addon.explain.render", "SHOWN"),
@@ -212,6 +222,15 @@ ALL = {
         "rules_files",
         "rules_signature",
         "template_variables",
+    ],
+    "proxy_addon.draft": [
+        "ApiDocument",
+        "DraftFile",
+        "DraftOperation",
+        "draft_openapi",
+        "parse_document",
+        "read_document",
+        "write_draft",
     ],
     "proxy_addon.explain": ["BODY_LIMIT", "SHOWN", "explain", "render"],
     "proxy_addon.mitm": [
@@ -407,7 +426,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("outcome",),  # classification and the proxy's own answers
     ("reconcile",),  # the reads that settle an unknown outcome
     ("gate",),  # admit, wait, decide, record: the runtime between a flow and the store
-    ("explain",),  # `receipts rules explain`: what the proxy would do, without a proxy
+    # `receipts rules explain`: what the proxy would do, without a proxy; `receipts rules draft`: rules drafted
+    # from an API's OpenAPI document or the traffic seen (the proxy's receipts_learn records it: mitm/ imports it)
+    ("explain", "draft"),
     ("mitm", "cli"),  # the two front ends: mitmproxy's addon, the receipts CLI
     ("__init__", "addon"),  # the package's public names; the script `mitmdump -s` loads
 ]

@@ -205,13 +205,15 @@ COMMANDS: dict[str, Command | StorelessCommand] = {
         verify_run,
     ),
     "rules": StorelessCommand(
-        "check rules files, or explain what a request would match",
-        "Rules tools: `check` validates files and prints every problem with file:line;\n"
-        "`explain` shows what the proxy would do with a request, without sending it.",
+        "check or draft rules, or explain what a request matches",
+        "Rules tools: `check` validates files and prints every problem with file:line (and each\n"
+        "`# TODO:` comment left, as a warning); `explain` shows what the proxy would do with a\n"
+        "request, without sending it; `draft` drafts a rules file from an API's OpenAPI document.",
         [
             "receipts rules check",
             "receipts rules check rules/github.yaml my-rules/",
             "receipts rules explain POST https://api.github.com/repos/o/r/issues --body issue.json",
+            "receipts rules draft --openapi openapi.yaml > rules/myapi.yaml",
         ],
         rules_args,
         rules_run,

@@ -8,16 +8,18 @@ import os
 import sys
 from pathlib import Path
 
+from proxy_addon.cli.draft_command import draft_args, draft_run
 from proxy_addon.cli.values import UsageError
 from proxy_addon.errors import ReceiptsError, RulesError
 from proxy_addon.gate.paths import default_db, default_rules, key_path
 from proxy_addon.rules import check_rules_path, load_rules_path
 from proxy_addon.rules.placeholders import placeholders
+from proxy_addon.rules.todo_comments import todo_comments
 from proxy_addon.store import Receipt, is_postgres, open_store
 
 
 def rules_args(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="rules_command", metavar="check|explain", required=True)
+    sub = p.add_subparsers(dest="rules_command", metavar="check|explain|draft", required=True)
     check = sub.add_parser(
         "check",
         help="validate rules files; print every problem as file:line: field: what",
@@ -55,11 +57,14 @@ def rules_args(p: argparse.ArgumentParser) -> None:
     ex.add_argument("--json", action="store_true", help="print the report as JSON")
     for sp in (check, ex):
         sp.set_defaults(uses_store=False)
+    draft_args(sub)
 
 
 def rules_run(args: argparse.Namespace) -> int:
     if args.rules_command == "check":
         return _rules_check(args.paths or [default_rules()])
+    if args.rules_command == "draft":
+        return draft_run(args)
     return _rules_explain(args)
 
 
@@ -74,7 +79,7 @@ def _rules_check(paths: list[str]) -> int:
         for file in files:
             if str(file) not in failed:
                 print(f"ok  {file}: {len(load_rules_path(file).operations)} operations")
-        for warning in placeholders(path):
+        for warning in [*placeholders(path), *todo_comments(path)]:
             print(f"warning: {warning}", file=sys.stderr)
     if bad:
         print(f"{bad} problem{'s' if bad != 1 else ''}", file=sys.stderr)

@@ -65,6 +65,7 @@ from proxy_addon.reconcile.settle import retry_after
 from proxy_addon.rules import Match, Operation, RuleSet, load_rules_path, rules_signature
 from proxy_addon.rules.placeholders import placeholders
 from proxy_addon.rules.policy_version import policy_version
+from proxy_addon.rules.todo_comments import todo_summary
 from proxy_addon.rules.tool_catalog import ToolCatalog
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Decision, Receipt, ReceiptStore, utcnow
@@ -155,7 +156,7 @@ class Receipts:
             self.rules, self.rules_sig, self.rules_problem = rules, sig, None
             self.metrics.known(rules.operations)
             logger.info(f"receipt-proxy: {len(rules.operations)} operations from {opts.receipts_rules}")
-            for warning in placeholders(opts.receipts_rules):
+            for warning in [*placeholders(opts.receipts_rules), *todo_summary(opts.receipts_rules)]:
                 logger.warning(f"receipt-proxy: {warning}")
             tools.say_reads(rules)
         self.db.configure(opts)

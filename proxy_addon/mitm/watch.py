@@ -31,6 +31,7 @@ from proxy_addon.errors import ReceiptsError, RulesError
 from proxy_addon.mitm.receipts_addon import Receipts
 from proxy_addon.rules import RuleSet, check_rules_path, host_pattern, load_rules_path, rules_signature
 from proxy_addon.rules.placeholders import placeholders
+from proxy_addon.rules.todo_comments import todo_summary
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ class Watch:
         self.receipts.metrics.reloaded(True)
         self.receipts.metrics.known(rules.operations)
         logger.warning(f"receipt-proxy: rules reloaded from {path}: {len(rules.operations)} operations")
-        for warning in await asyncio.to_thread(placeholders, path):
+        for warning in await asyncio.to_thread(lambda: [*placeholders(path), *todo_summary(path)]):
             logger.warning(f"receipt-proxy: {warning}")
         self.sync_allow_hosts()
 

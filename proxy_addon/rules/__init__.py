@@ -17,7 +17,8 @@ mitmproxy and raises `RulesError` naming the file, the line and the field.
 model.py holds what a file loads into; ruleset.py the matching; loader.py reads files and folders,
 with nodes.py (strict YAML values), load_operation.py, load_classify.py, load_reconcile.py and
 error_templates.py (an `errors:` template);
-placeholders.py names the `YOUR-…` values left in a file (a warning, not an error).
+placeholders.py names the `YOUR-…` values left in a file, todo_comments.py its `# TODO:` comments (warnings,
+not errors).
 """
 
 from proxy_addon.rules.loader import (
