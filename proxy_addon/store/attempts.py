@@ -53,6 +53,7 @@ _RECEIPT_COLUMNS = (
     "in_flight_until",
     "error",
     "shadow_of",
+    "trace_parent",
 )
 
 
@@ -465,6 +466,7 @@ class ReceiptAttempts(ReceiptInterim):
             in_flight_until,
             error,
             would.receipt.operation_id if would is not None else None,
+            a.trace_parent,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"{error}; not sent" if error else f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
