@@ -149,6 +149,6 @@ def test_a_traceparent_makes_the_proxy_span_its_child_and_goes_on_upstream(tmp_p
     a = span.attributes
     assert (a["receipt.state"], a["receipt.upstream_status"], a["receipt.sent"]) == ("succeeded", 201, True)
     (sent,) = [r for r in upstream.requests if r["path"].startswith(path)]
-    assert sent["headers"]["traceparent"].startswith(f"00-{AGENT_TRACE}-{span.span_id}-")  # the proxy's, not the agent's
+    assert sent["headers"]["traceparent"].startswith(f"00-{AGENT_TRACE}-{span.span_id}-")  # the proxy span
     assert sent["headers"]["tracestate"] == "agent=1"
     no_secret_in(otlp.received())
