@@ -152,3 +152,39 @@ def test_a_traceparent_makes_the_proxy_span_its_child_and_goes_on_upstream(tmp_p
     assert sent["headers"]["traceparent"].startswith(f"00-{AGENT_TRACE}-{span.span_id}-")  # the proxy span
     assert sent["headers"]["tracestate"] == "agent=1"
     no_secret_in(otlp.received())
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [("--set", "receipts_otel=http://127.0.0.1:4318"), ()],
+    ids=["receipts_otel", "OTEL_EXPORTER_OTLP_ENDPOINT"],
+)
+def test_asked_for_without_the_extra_the_proxy_stops_naming_it(tmp_path, confdir, asked):
+    # A package `opentelemetry` first on the path that fails to import, as on an install without the extra.
+    (tmp_path / "shadow" / "opentelemetry").mkdir(parents=True)
+    (tmp_path / "shadow" / "opentelemetry" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "shadow")}
+    if not asked:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:4318"
+    proxy = Proxy(tmp_path, confdir, extra=asked)
+    p = subprocess.run(proxy.args(), capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "pip install 'receipt-proxy[otel]'" in out
+    assert ("receipts_otel:" if asked else "$OTEL_EXPORTER_OTLP_ENDPOINT:") in out
+
+
+def test_off_the_proxy_leaves_a_traceparent_as_the_agent_sent_it(tmp_path, confdir, upstream, bucket, monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    proxy = Proxy(tmp_path, confdir).start()  # neither receipts_otel nor an OTEL_EXPORTER_OTLP_* variable
+    try:
+        path, parent = f"/api/{bucket}/things", f"00-{AGENT_TRACE}-{AGENT_SPAN}-01"
+        answer = Clients(proxy).send(
+            "requests", "POST", upstream.url + path, {"title": "off"}, headers={"traceparent": parent}
+        )
+        assert answer.status == 201
+    finally:
+        proxy.stop()
+    (sent,) = [r for r in upstream.requests if r["path"].startswith(path)]
+    assert sent["headers"]["traceparent"] == parent and "OpenTelemetry on" not in proxy.log()
