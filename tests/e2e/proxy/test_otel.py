@@ -188,3 +188,28 @@ def test_off_the_proxy_leaves_a_traceparent_as_the_agent_sent_it(tmp_path, confd
         proxy.stop()
     (sent,) = [r for r in upstream.requests if r["path"].startswith(path)]
     assert sent["headers"]["traceparent"] == parent and "OpenTelemetry on" not in proxy.log()
+
+
+def test_a_persons_resolution_is_a_span_linked_to_the_write(tmp_path, confdir, upstream, bucket, otlp):
+    proxy = start(tmp_path, confdir, str(tmp_path / "receipts.db"), otlp)
+    try:
+        path = f"/api/{bucket}/plain"
+        upstream.plan(path, "drop")  # committed, then the connection dropped: outcome_unknown
+        first = Clients(proxy).send("requests", "POST", upstream.url + path, {"title": "by hand"})
+        assert first.status == 502
+        receipt_id = first.headers["x-receipt-id"]
+        (write,) = otlp.wait_for(named("POST test-api.plain.create"), what="the write's span")
+    finally:
+        proxy.stop()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url}
+    args = [str(RECEIPTS), "--db", str(proxy.db), "resolve", receipt_id, "--as", "succeeded"]
+    out = subprocess.run(
+        [*args, "--note", "seen in the dashboard"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    (span,) = otlp.wait_for(named("receipt.resolve"), what="the resolution's span")
+    assert (span.attributes["receipt.id"], span.attributes["receipt.state"]) == (receipt_id, "succeeded")
+    assert span.attributes["receipt.state.before"] == "outcome_unknown" and span.parent_span_id == ""
+    assert [(t, s) for t, s, _ in span.links] == [(write.trace_id, write.span_id)]
+    assert "seen in the dashboard" not in repr(span)  # a person's note is free text: not in a span
+    no_secret_in(otlp.received())
