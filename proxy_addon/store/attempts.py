@@ -54,6 +54,7 @@ _RECEIPT_COLUMNS = (
     "in_flight_until",
     "error",
     "shadow_of",
+    "trace_parent",
 )
 
 
@@ -466,6 +467,7 @@ class ReceiptAttempts(ReceiptInterim):
             in_flight_until,
             error,
             would.receipt.operation_id if would is not None else None,
+            a.trace_parent,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
         reason = f"{error}; not sent" if error else _new_attempt(a, retry_of, first_state)
