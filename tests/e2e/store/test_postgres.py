@@ -115,6 +115,7 @@ def test_migrations_recorded_by_name_and_a_concurrent_first_start_migrates_once(
             "m015_shadow_receipts",
             "m016_budget_charges",
             "m017_hash_chain",
+            "m018_trace_parent",
         ]
         assert {r["migration_set"] for r in rows} == {"receipt-proxy"}
     finally:
