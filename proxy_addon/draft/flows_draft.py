@@ -250,12 +250,12 @@ def _ok(status: int | None) -> bool:
 
 
 def _alike(a: RequestShape, b: RequestShape) -> bool:
-    """More than half of the fields either has are equal in both (a request and its retry)."""
+    """At least half of the fields either has are equal in both (a request and its retry)."""
     names = (set(a.fields) | set(b.fields)) - {n for n, v in {**a.fields, **b.fields}.items() if v is None}
     if not names:
         return a.fields.keys() == b.fields.keys()
     same = sum(1 for n in names if n in a.fields and n in b.fields and a.fields[n] == b.fields[n])
-    return same * 2 > len(names)
+    return same * 2 >= len(names)
 
 
 def retry_of(attempts: Sequence[RequestShape]) -> list[int | None]:

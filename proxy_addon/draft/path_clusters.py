@@ -28,6 +28,9 @@ _VERSION = re.compile(r"^v[0-9]+(?:\.[0-9]+)?$|^[0-9]{4}-[0-9]{2}-[0-9]{2}$")  #
 
 
 def id_like(segment: str) -> bool:
+    """A segment that names an object: a number, a UUID, ... (or `{id}`, as a receipts_learn file writes one)."""
+    if segment.startswith("{") and segment.endswith("}"):
+        return True
     return bool(segment) and not _VERSION.match(segment) and ID_LIKE.match(segment) is not None
 
 

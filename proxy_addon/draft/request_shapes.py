@@ -98,7 +98,8 @@ def shape_of(
         dict.fromkeys(
             n
             for n in names
-            if (n.lower() == "authorization" or is_secret_name(n)) and n.lower() not in NOT_CALLER
+            if (n.lower() == "authorization" or is_secret_name(n))
+            and n.lower() not in NOT_CALLER
             and IDEMPOTENCY_WORD not in n.lower()
         )
     )
