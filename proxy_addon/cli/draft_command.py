@@ -108,8 +108,10 @@ def read_traffic(path: Path) -> list[RequestShape]:
     if is_har(text):
         return read_har(path)
     if is_shape_line(text.split("\n", 1)[0]):
-        with path.open(encoding="utf-8", errors="replace") as lines:
-            return list(read_shape_lines(lines, str(path)))
+        with path.open(encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n")
+        # A proxy still writing (receipts_learn) may be in the middle of its last line: that one waits for next time.
+        return list(read_shape_lines(lines[:-1], str(path)))
     # A mitmproxy flow file: mitmproxy's own reader, in the layer that may import mitmproxy.
     done = subprocess.run(
         [sys.executable, "-m", "proxy_addon.mitm.flow_file", str(path)],

@@ -257,8 +257,16 @@ def test_a_learn_file_drafts_without_example_values(tmp_path, capsys):
         s = shape_of("POST", f"https://{HOST}/v1/notes", [("content-type", "application/json")], body, status, i, token)
         lines.append(shape_line(s))
     path = tmp_path / "learn.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n" + lines[0][:40])  # a proxy still writing: its last line half there
     assert main(["rules", "draft", "--flows", str(path)]) == 0
     out = capsys.readouterr().out
+    assert "3 requests" in out
     assert "body: [title]" in out and "sent_at" in out  # named as left out
     assert "; e.g. " not in out and not re.search(r"h:[0-9a-f]{32}", out)
+
+
+def test_writes_is_for_openapi_only(tmp_path, capsys):
+    path = tmp_path / "session.har"
+    path.write_text(json.dumps(har(SESSION)))
+    assert main(["rules", "draft", "--flows", str(path), "--writes", "post"]) == 1
+    assert "--writes is for --openapi" in capsys.readouterr().err

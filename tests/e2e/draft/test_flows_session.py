@@ -11,7 +11,8 @@ fingerprint fields make the next run's retries duplicates and distinct writes ne
 2. `receipts rules draft --flows` drafts rules from each file: both load, both give the same
    templates and fingerprint fields, and neither holds a marker secret nor (from the learn file) a value;
 3. a new proxy enforcing the draft: a note's retry after a 500 is a duplicate (409, the upstream's
-   count unchanged), a new note and a card on a new board are new writes.
+   count unchanged), a new note and a card on a new board are new writes; its receipts_learn file
+   has a line for each of these matched writes too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy_addon.draft.request_shapes import read_shape_lines
 from proxy_addon.rules import load_rules
 from tests.conftest import ROOT, SECRETS
 from tests.e2e.processes import Clients, Proxy
@@ -107,7 +109,8 @@ def test_rules_drafted_from_a_recorded_session_make_retries_duplicates(tmp_path,
     rules = tmp_path / "drafted.yaml"
     rules.write_text(from_flows)
     (tmp_path / "run").mkdir()
-    enforcing = Proxy(tmp_path / "run", confdir, rules=rules)
+    relearn = tmp_path / "relearn.jsonl"
+    enforcing = Proxy(tmp_path / "run", confdir, rules=rules, extra=("--set", f"receipts_learn={relearn}"))
     try:
         enforcing.start()
         c = Clients(enforcing)
@@ -124,3 +127,6 @@ def test_rules_drafted_from_a_recorded_session_make_retries_duplicates(tmp_path,
         assert card.status == 201 and "x-receipt-id" in card.headers and upstream.commits(cards.format(13)) == 1
     finally:
         enforcing.stop()
+    # Matched writes are learned too; the duplicate the proxy answered itself has no upstream status.
+    shapes = list(read_shape_lines(relearn.read_text().splitlines(), str(relearn)))
+    assert [s.status for s in shapes] == [500, None, 201, 201]
