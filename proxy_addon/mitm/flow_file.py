@@ -21,6 +21,9 @@ from mitmproxy import exceptions, http
 from mitmproxy.io import FlowReader
 
 from proxy_addon.draft.request_shapes import MUTATING, RequestShape, shape_line, shape_of
+from proxy_addon.errors import ReceiptsError
+from proxy_addon.mitm.learn_file import MAX_BODY
+from proxy_addon.wire.bodies import decode_body
 
 
 def shapes_in(path: Path) -> Iterator[RequestShape]:
@@ -29,10 +32,10 @@ def shapes_in(path: Path) -> Iterator[RequestShape]:
             if not isinstance(flow, http.HTTPFlow) or flow.request.method.upper() not in MUTATING:
                 continue
             req = flow.request
-            try:
-                body = req.get_content(strict=False)
-            except ValueError:
-                body = req.raw_content
+            try:  # decoded within MAX_BODY, as receipts_learn reads one: a compressed bomb is not opened
+                body = decode_body(req.raw_content or b"", req.headers.get("content-encoding"), limit=MAX_BODY)
+            except ReceiptsError:
+                body = None
             status = flow.response.status_code if flow.response is not None else None
             headers = [(k, v) for k, v in req.headers.items(multi=True)]
             yield shape_of(req.method, req.url, headers, body, status, req.timestamp_start)

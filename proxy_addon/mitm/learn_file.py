@@ -11,8 +11,9 @@ value. The key is made when the proxy starts and lives in its memory only: two e
 equal hashes within one run, and no value can be recovered from the file. A field named like a
 secret has no hash at all; no header value is written.
 
-Each line is written as it comes (nothing held in memory). A write that fails is logged (once a
-minute) and the flow goes on untouched: learning never breaks the traffic it watches.
+Each line is written as it comes (nothing held in memory). A file that cannot be opened stops the
+proxy at startup, naming it; a write that fails later (a full disk) is logged (once a minute) and
+the flow goes on untouched: learning never breaks the traffic it watches.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import re
 from pathlib import Path
 from typing import IO
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx, exceptions, http
 
 from proxy_addon.draft.path_clusters import id_like
 from proxy_addon.draft.request_shapes import MUTATING, hmac_token, shape_line, shape_of
@@ -62,8 +63,20 @@ class LearnFile:
             return
         self.done()
         self._path = ctx.options.receipts_learn
-        if self._path:
-            logger.info(f"receipt-proxy: writing the shapes of writes to {self._path} (receipts_learn)")
+        if not self._path:
+            return
+        try:  # a path that cannot be written stops the proxy at startup (or refuses the change), naming it
+            self._open()
+        except OSError as e:
+            self._path = ""
+            raise exceptions.OptionsError(f"receipts_learn: cannot write {ctx.options.receipts_learn}: {e}") from None
+        logger.info(f"receipt-proxy: writing the shapes of writes to {self._path} (receipts_learn)")
+
+    def _open(self) -> IO[str]:
+        if self._file is None:
+            fd = os.open(Path(self._path).expanduser(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            self._file = os.fdopen(fd, "a", encoding="utf-8")
+        return self._file
 
     def done(self) -> None:
         if self._file is not None:
@@ -82,12 +95,9 @@ class LearnFile:
             return
         try:
             line = self._line(flow)
-            if self._file is None:
-                path = Path(self._path).expanduser()
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                self._file = os.fdopen(fd, "a", encoding="utf-8")
-            self._file.write(line + "\n")
-            self._file.flush()
+            f = self._open()  # opened again after a failed write
+            f.write(line + "\n")
+            f.flush()
         except Exception as e:  # never break the flow: say so, and go on
             self.done()
             self._failures.log(

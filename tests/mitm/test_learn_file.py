@@ -2,7 +2,8 @@
 receipts_learn (mitm/learn_file.py) with mitmproxy's test helpers: every write's shape appended as it
 comes, matched by a rule or not, its path's ids as {id}; field names with keyed hashes, never a value,
 a secret-named field or a header's value; reads not written; a duplicate the proxy answered itself
-has no status; a file that cannot be written is logged and the flow goes on.
+has no status; a file that cannot be opened is refused at configure, naming it, and a write that fails
+later is logged once and the flow goes on.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 
-from mitmproxy import http
+import pytest
+from mitmproxy import exceptions, http
 from mitmproxy.test import tflow
 
 from proxy_addon.draft.request_shapes import read_shape_lines
@@ -78,17 +80,25 @@ async def test_every_write_seen_is_written_with_names_and_hashes_only(tmp_path):
     assert shapes[2].fields["sku"] == shapes[3].fields["sku"]  # one run, one key: equal values compare
 
 
-async def test_a_file_that_cannot_be_written_is_logged_and_the_flow_goes_on(tmp_path, caplog):
+async def test_a_file_that_cannot_be_opened_is_refused_naming_it(tmp_path):
     async with running(tmp_path) as (_, tctx):
         learner = tctx.master.addons.get("learnfile")
-        tctx.configure(learner, receipts_learn=str(tmp_path / "no-such-dir" / "learn.jsonl"))
+        missing = tmp_path / "no-such-dir" / "learn.jsonl"
+        with pytest.raises(exceptions.OptionsError, match=f"receipts_learn: cannot write {missing}"):
+            tctx.configure(learner, receipts_learn=str(missing))
+
+
+async def test_a_write_that_fails_is_logged_and_the_flow_goes_on(tmp_path, caplog):
+    async with running(tmp_path) as (_, tctx):
+        learner = tctx.master.addons.get("learnfile")
+        tctx.configure(learner, receipts_learn="/dev/full")  # opens, but every write fails: no space left
         f = write("POST", "https://api.other.test/v2/notes", {"title": "x"})
         with caplog.at_level(logging.ERROR):
             learner.response(f)
             learner.response(f)
         assert f.response is not None and f.response.status_code == 201 and not f.error
     lines = [r.getMessage() for r in caplog.records if "receipts_learn" in r.getMessage()]
-    assert len(lines) == 1 and "cannot write" in lines[0]  # once a minute, not once a flow
+    assert len(lines) == 1 and "cannot write /dev/full" in lines[0]  # once a minute, not once a flow
 
 
 async def test_two_runs_hash_with_two_keys(tmp_path):
