@@ -266,9 +266,12 @@ SWEEP: Sweep = {}  # what the sweep checked, for the end-of-run summary line
 
 
 def receipts_files(base: Path) -> tuple[set[Path], set[Path]]:
-    """Every receipts DB file (the DB, its -wal, -shm, -journal) and every log under `base`."""
+    """
+    Every receipts DB file (the DB, its -wal, -shm, -journal) and every log under `base`; with the logs,
+    every OpenTelemetry export a test's receiver kept as it came (*.otlp: tests/e2e/otlp_receiver.py).
+    """
     dbs = {p for p in base.rglob("*.db*") if p.is_file() and not p.name.endswith(".lock")}
-    logs = {p for p in base.rglob("*.log") if p.is_file()}
+    logs = {p for p in base.rglob("*.log") if p.is_file()} | {p for p in base.rglob("*.otlp") if p.is_file()}
     return dbs, logs
 
 

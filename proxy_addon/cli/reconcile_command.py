@@ -20,8 +20,9 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from proxy_addon.cli import cli_spans
 from proxy_addon.cli.values import (
     HEADER_NAME,
     UsageError,
@@ -41,6 +42,9 @@ from proxy_addon.states import State
 from proxy_addon.store import Receipt, ReceiptStore, iso
 from proxy_addon.wire.redaction import credential_names
 from proxy_addon.wire.upstream import Upstream
+
+if TYPE_CHECKING:
+    from proxy_addon.gate.receipt_spans import ReceiptSpans
 
 T = TypeVar("T")
 
@@ -116,7 +120,8 @@ def reconcile_run(store: ReceiptStore, args: argparse.Namespace) -> int:
     else:
         ids = [store.get(i).operation_id for i in args.operation_ids]  # unknown ids fail before any read
     upstream = Upstream.from_env(ca_file=args.cacert, insecure=args.insecure)
-    results, errors = asyncio.run(_reconcile_all(store, rules, ids, headers, upstream, args))
+    with cli_spans.opened() as spans:  # OpenTelemetry (OTEL_EXPORTER_OTLP_*): a linked span per receipt
+        results, errors = asyncio.run(_reconcile_all(store, rules, ids, headers, upstream, args, spans))
     if args.json:
         print(json.dumps(results, indent=2))
     elif not ids:
@@ -137,6 +142,7 @@ async def _reconcile_all(
     headers: dict[str, str],
     upstream: Upstream,
     args: argparse.Namespace,
+    spans: ReceiptSpans | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     async def calls(fn: Callable[[ReceiptStore], T]) -> T:
         return fn(store)
@@ -167,12 +173,21 @@ async def _reconcile_all(
             errors += 1
             print(f"Error: {operation_id} not read: {mismatch}", file=sys.stderr)
             continue
-        try:
-            done = await reconcile(calls, op, operation_id, credentials, settings=settings, actor=cli_actor())
-        except IllegalTransition as e:
-            errors += 1
-            print(f"Error: {e}", file=sys.stderr)
-            continue
+        with cli_spans.change(spans, "receipt.reconcile", before) as span:
+            try:
+                done = await reconcile(calls, op, operation_id, credentials, settings=settings, actor=cli_actor())
+            except IllegalTransition as e:
+                errors += 1
+                print(f"Error: {e}", file=sys.stderr)
+                continue
+            if span is not None:
+                span.set_attributes(
+                    {
+                        "receipt.state": str(done.receipt.state),
+                        "receipt.read": done.read,
+                        "receipt.reason": done.verdict.reason,
+                    }
+                )
         results.append(_result(before, done))
         if not args.json:
             print(f"{operation_id}  {before.state} → {done.receipt.state}  {done.verdict.reason}")

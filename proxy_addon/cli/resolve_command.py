@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from proxy_addon.cli import cli_spans
 from proxy_addon.cli.values import UsageError, cli_actor
 from proxy_addon.states import RESOLUTIONS, State
 from proxy_addon.store import ReceiptStore
@@ -28,13 +29,18 @@ def resolve_run(store: ReceiptStore, args: argparse.Namespace) -> int:
         raise UsageError("--note must say how you know what happened")
     if args.external_id is not None and args.resolution != State.SUCCEEDED:
         raise UsageError(f"--external-id goes with --as succeeded, not --as {args.resolution}")
-    before = store.get(args.operation_id).state
-    r = store.resolve(
-        args.operation_id,
-        State(args.resolution),
-        note=args.note.strip(),
-        actor=cli_actor(),
-        external_id=args.external_id,
-    )
+    receipt = store.get(args.operation_id)
+    before = receipt.state
+    # OpenTelemetry (OTEL_EXPORTER_OTLP_*): a person's resolution is a span linked to the write's (cli/cli_spans.py)
+    with cli_spans.opened() as spans, cli_spans.change(spans, "receipt.resolve", receipt) as span:
+        r = store.resolve(
+            args.operation_id,
+            State(args.resolution),
+            note=args.note.strip(),
+            actor=cli_actor(),
+            external_id=args.external_id,
+        )
+        if span is not None:  # the note is a person's free text: not in the span
+            span.set_attribute("receipt.state", str(r.state))
     print(f"{r.operation_id} is now {r.state} (was {before})")
     return 0

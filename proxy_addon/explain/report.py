@@ -234,7 +234,10 @@ def _describe(report: dict[str, Any], op: Operation, intent: Intent, headers: Ma
     report["classify"] = (
         [_rule_text(r) for r in op.classify_rules]
         + [f"HTTP {k} → {v}" for k, v in op.classify]
-        + ["otherwise: 2xx/3xx → succeeded, 408 → outcome_unknown, other 4xx → rejected, 5xx → outcome_unknown"]
+        + [
+            "otherwise: 2xx/3xx → succeeded, 408 → outcome_unknown, 409 → already_exists (read to decide), "
+            "other 4xx → rejected, 5xx → outcome_unknown"
+        ]
     )
     if op.idempotency_header:
         report["identity"] = f"the proxy adds {op.idempotency_header}: <its key> (an agent's own key is kept)"

@@ -53,7 +53,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from proxy_addon.errors import IllegalTransition, ReconcileError, StoreError, StoreUnavailable
 from proxy_addon.gate.loop_connection import OnTheLoop
@@ -69,6 +69,9 @@ from proxy_addon.reconcile.settle import reconcilable_now, reconcile
 from proxy_addon.rules import Operation, PathTemplate, RuleSet
 from proxy_addon.states import State
 from proxy_addon.store import Attempt, Decision, Held, Receipt, ReceiptStore
+
+if TYPE_CHECKING:  # imported only when OpenTelemetry is on (mitm/tracing.py)
+    from proxy_addon.gate.receipt_spans import ReceiptSpans
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,6 +128,8 @@ class Gate:
         self._here = OnTheLoop(calls, local)
         self.settings = settings or GateSettings()
         self.metrics = metrics or Metrics()  # duplicates, waits, commit times, reads (gate/metrics.py)
+        # OpenTelemetry (receipts_otel): each reconcile read is a span under the request it runs for; None: off.
+        self.spans: ReceiptSpans | None = None
         self.post_reads = post_reads
         self.on_change = on_change  # a receipt changed here outside a flow's own hooks (a reconcile)
         self._outcomes: dict[str, asyncio.Event] = {}  # receipt id → set when its outcome is recorded
@@ -524,6 +529,27 @@ class Gate:
         return asyncio.shield(task)
 
     async def _reconcile(
+        self, op: Operation, receipt: Receipt, credentials: dict[str, str], reason: str, actor: str, evidence: bool
+    ) -> Receipt | None:
+        """`_settle`, in a span of its own while OpenTelemetry is on: under the request it runs for, linked
+        to the span that made the receipt (the task that runs it carries the request's context)."""
+        if self.spans is None:
+            return await self._settle(op, receipt, credentials, reason, actor, evidence)
+        attributes = {
+            "receipt.id": receipt.operation_id,
+            "receipt.api": receipt.api,
+            "receipt.operation": receipt.operation,
+            "receipt.reconcile.why": reason,
+        }
+        with self.spans.child("receipt.reconcile", attributes, link=receipt.trace_parent) as span:
+            done = await self._settle(op, receipt, credentials, reason, actor, evidence)
+            if done is None:  # another process claimed it, or no read slot in time: nothing recorded here
+                span.set_attribute("receipt.reconcile.settled", False)
+            else:
+                span.set_attributes({"receipt.reconcile.settled": True, "receipt.state": str(done.state)})
+            return done
+
+    async def _settle(
         self, op: Operation, receipt: Receipt, credentials: dict[str, str], reason: str, actor: str, evidence: bool
     ) -> Receipt | None:
         settings = dataclasses.replace(self.settings.reads, post_reads=self.post_reads(op.api))

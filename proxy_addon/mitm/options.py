@@ -16,6 +16,7 @@ from mitmproxy import exceptions
 from mitmproxy.addonmanager import Loader
 
 from proxy_addon.gate.admission import GateSettings
+from proxy_addon.gate.otel_setup import check_endpoint
 from proxy_addon.gate.paths import DEFAULT_DB, DEFAULT_RULES
 from proxy_addon.reconcile.http_reads import ReadSettings
 from proxy_addon.reconcile.judge import UPSTREAM_TIMEOUT
@@ -25,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 FORWARD_CHOICES = ("addon", "mitmproxy")
 MODE_CHOICES = ("enforce", "observe")
+LOG_FORMATS = ("text", "json")
 PAUSE_POINTS = ("after_commit", "after_answer")
 
 
@@ -296,6 +298,23 @@ OPTIONS: list[Option] = [
         "(port 0: any free port, logged); empty: off. No credential, receipt id or URL is in them, "
         "but anyone who reaches the port reads them: keep it on a private address",
     ),
+    Option(
+        "receipts_otel",
+        str,
+        "",
+        "Export an OpenTelemetry span per matched write over OTLP/HTTP to this endpoint, e.g. --set "
+        "receipts_otel=http://127.0.0.1:4318 (/v1/traces is added); the OTEL_EXPORTER_OTLP_ENDPOINT or "
+        "_TRACES_ENDPOINT variables turn it on too. Needs the otel extra: pip install 'receipt-proxy[otel]'. "
+        "Empty, with neither variable set: off (docs/operations.md, OpenTelemetry)",
+    ),
+    Option(
+        "receipts_log_format",
+        str,
+        "text",
+        "'text': the addon's log lines as text. 'json': each line the addon logs is one JSON object (time, level, "
+        "event, receipt, api, operation, state, reason, trace_id), with the same redaction",
+        LOG_FORMATS,
+    ),
 ]
 POSITIVE = (
     "receipts_replay_window",
@@ -374,6 +393,10 @@ def check(opts: Any) -> None:
         parse_debug_pause(opts.receipts_debug_pause)
     except ValueError as e:
         raise exceptions.OptionsError(f"receipts_debug_pause: {e}") from None
+    try:
+        check_endpoint(opts.receipts_otel)
+    except ValueError as e:
+        raise exceptions.OptionsError(f"receipts_otel: {e}") from None
     for name in ("receipts_metrics", "receipts_approval_listen"):
         try:
             parse_listen(getattr(opts, name))

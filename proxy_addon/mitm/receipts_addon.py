@@ -23,10 +23,12 @@ Hooks, one job each:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
@@ -45,16 +47,19 @@ from proxy_addon.mitm import (
     flows,
     forward,
     internals,
+    json_logs,
     options,
     record,
     refusals,
     request_body,
     streaming,
     tools,
+    tracing,
 )
 from proxy_addon.mitm import task_watch as tasks
 from proxy_addon.mitm.approval import Approvals, await_approval
 from proxy_addon.mitm.drain import Drain
+from proxy_addon.mitm.flow_spans import FlowSpans
 from proxy_addon.mitm.flows import META, mark, request_view
 from proxy_addon.mitm.log_limit import LogLimit
 from proxy_addon.mitm.receipts_db import ReceiptsDb
@@ -102,6 +107,10 @@ class Receipts:
         self.approvals = Approvals(lambda: self.calls)  # held writes, and the CLI's decisions on them
         self.tool_catalog = ToolCatalog()  # mcp.tools: from_server: which tools the servers declare read-only
         self._duplicate_lines = LogLimit()  # a retry storm logs one line per receipt every 10 s (mitm/log_limit.py)
+        # OpenTelemetry spans (receipts_otel, OTEL_EXPORTER_OTLP_*: mitm/tracing.py); None while off: no hook
+        # does more than test for it, and nothing of OpenTelemetry is imported.
+        self.traces: FlowSpans | None = None
+        self._json_logs = False  # receipts_log_format=json: the hooks tell mitm/json_logs.py which write logs
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -141,6 +150,9 @@ class Receipts:
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
         options.check(opts)
+        if "receipts_log_format" in updated:  # first: the lines this hook logs are JSON already
+            json_logs.configure(opts.receipts_log_format, self.traces)
+            self._json_logs = opts.receipts_log_format == "json"
         if "receipts_db" in updated and self.db.hide_password(opts):
             return  # configured again, with the value shown: nothing more to do
         if "receipts_rules" in updated or self.rules is None:
@@ -163,6 +175,10 @@ class Receipts:
         self._configure_client()
         assert self.gate is not None
         self.gate.settings = options.gate_settings(opts)
+        if "receipts_otel" in updated or self.config_error:
+            self.traces = tracing.configure(self.traces, opts.receipts_otel)  # OptionsError without the extra
+            self.gate.spans = self.traces.spans if self.traces is not None else None
+            json_logs.configure(opts.receipts_log_format, self.traces)  # their trace ids
         try:  # before any write is admitted: which earlier fingerprints its receipts may have (gate/admission.py)
             versions = self.gate.load_versions(self.rules)
         except ReceiptsError as e:
@@ -220,6 +236,8 @@ class Receipts:
             await self._client.aclose()
         self._deadlines.cancel_all()
         self.db.close()
+        if self.traces is not None:  # the spans still batched are exported before the process exits
+            self.traces.close()
 
     # --- hooks -----------------------------------------------------------------------------
 
@@ -258,6 +276,10 @@ class Receipts:
         rules = self.rules if meta.pop("pending", False) and not self.config_error else None
         if rules is not None and not body_match.settle(flow, meta, body, rules, self.tool_catalog):  # GraphQL, MCP
             return  # not a write after all: passed through untouched (body_match.py)
+        traces, token = self.traces, None
+        if traces is not None:  # its span: ended in `response` or `error`, current until this hook returns
+            token = traces.begin(flow, meta)
+        said = json_logs.current.set(meta) if self._json_logs else None  # JSON log lines name its receipt
         try:
             if meta.get("refused"):  # what the rules cannot take without a guess (RuleSet.match): 400, no receipt
                 refusals.refused(flow, meta)
@@ -270,6 +292,10 @@ class Receipts:
                 await self._not_forwarded(flow, meta, f"internal error: {type(e).__name__}: {e}")
         finally:
             self.metrics.refused(meta["api"], meta["operation"], meta.get("answer", ""))
+            if traces is not None:
+                traces.detach(token)
+            if said is not None:
+                json_logs.current.reset(said)
 
     async def _begin(self, flow: http.HTTPFlow, meta: dict, body: bytes) -> None:
         if self.drain.refuses(flow, meta):  # stopping: new matched writes are not sent (drain.py)
@@ -293,12 +319,18 @@ class Receipts:
         # The next round of an MCP call whose server asked for input goes on under its receipt (store/rounds.py).
         continues, rounds = m.mcp_call is not None and m.mcp_call.continues, ctx.options.receipts_mcp_rounds
         observe = ctx.options.receipts_mode == "observe"  # every decision recorded, none enforced (store/attempts.py)
+        trace_parent = self.traces.trace_parent(flow) if self.traces is not None else None  # its span, linked later
 
         def attempt() -> Attempt:
             built = build_attempt(m, view, inst.key, flow_id=flow.id, instance=inst.instance, versions=versions)
             # its lifetime (gate/send_guard.py, reconcile/judge.py)
             return dataclasses.replace(
-                built, upstream_timeout=timeout, continues=continues, mcp_rounds=rounds, observe=observe
+                built,
+                upstream_timeout=timeout,
+                continues=continues,
+                mcp_rounds=rounds,
+                observe=observe,
+                trace_parent=trace_parent,
             )
 
         # The lease, and its epoch before the receipt is committed: a lease lost and taken again since
@@ -313,6 +345,8 @@ class Receipts:
             return
         decision, receipt = admitted.decision, admitted.decision.receipt
         meta.update(operation_id=receipt.operation_id, state=str(receipt.state), answer=decision.kind)
+        if self.traces is not None:
+            self.traces.admitted(flow, decision)
         if decision.kind == "forward" and receipt.mcp_rounds:  # the next round of a call whose server asked for input
             meta["round"] = receipt.mcp_rounds + 1
         self._observed(meta, receipt, decision.would)  # observe mode: what enforcement would have done instead
@@ -403,25 +437,32 @@ class Receipts:
         assert self.calls is not None
         meta["retry_of"] = receipt.retry_of
         if receipt.state is State.AWAITING_APPROVAL:
-            receipt = await await_approval(
-                flow,
-                meta,
-                receipt,
-                self.calls,
-                ctx.options.receipts_approval_timeout,
-                self.approvals,
-                metrics=self.metrics,
-                policy=lambda: self._policy(meta),
-            )
+            with self._child("receipt.approval_wait", receipt) as span:  # a child span of the request's (on)
+                receipt = await await_approval(
+                    flow,
+                    meta,
+                    receipt,
+                    self.calls,
+                    ctx.options.receipts_approval_timeout,
+                    self.approvals,
+                    metrics=self.metrics,
+                    policy=lambda: self._policy(meta),
+                )
+                if span is not None:  # what the person (or the timeout) decided
+                    span.set_attribute("receipt.state", str(receipt.state))
+                    span.add_event("receipt.decided", {"receipt.state": str(receipt.state)})
             if receipt.state is not State.SUBMITTED:
                 return
         forward.add_key(flow, op, receipt, given_key, body)
+        if self.traces is not None:  # the upstream sees the proxy span's context (traceparent, tracestate)
+            self.traces.inject(flow)
         if receipt.idempotency_key:
             meta["idempotency_key"] = receipt.idempotency_key  # the key sent: told to the agent (X-Receipt-*)
         mark(flow, receipt.state, receipt)
         await self._debug_pause("after_commit", receipt.operation_id)
         guard = SendGuard.of(receipt, *lease, now=utcnow())  # the lease it was committed under
         meta["sent_at"] = time.monotonic()  # receipt_proxy_upstream_seconds, observed when the outcome is recorded
+        meta["sent"] = True  # handed to the exchange (a span's receipt.sent, unless the outcome is not_sent)
         if (why := guard()) is not None:
             await self._exchange_failed(flow, meta, failure_outcome(SendStopped(why)))
         elif self._client is not None:
@@ -483,6 +524,8 @@ class Receipts:
         meta = self._awaiting_outcome(flow)
         if meta is not None:
             await self._record_response(flow, meta)
+        if self.traces is not None:
+            self.traces.end(flow)
 
     async def _record_response(self, flow: http.HTTPFlow, meta: dict, *, complete: bool = True) -> None:
         """Classify and record the answer in `flow.response` (record.py)."""
@@ -492,6 +535,13 @@ class Receipts:
 
     async def error(self, flow: http.HTTPFlow) -> None:
         self.streams.error(flow)
+        try:
+            await self._record_error(flow)
+        finally:
+            if self.traces is not None:
+                self.traces.end(flow)
+
+    async def _record_error(self, flow: http.HTTPFlow) -> None:
         meta = self._awaiting_outcome(flow)
         if meta is None:
             return
@@ -568,6 +618,17 @@ class Receipts:
         if pause is not None and pause[0] == point:
             logger.warning(f"receipt {operation_id}: pausing at {point} for {pause[1]:g}s (receipts_debug_pause)")
             await asyncio.sleep(pause[1])
+
+    @contextlib.contextmanager
+    def _child(self, name: str, receipt: Receipt) -> Iterator[Any]:
+        """A child span of the current request's (None while OpenTelemetry is off)."""
+        if self.traces is None:
+            yield None
+            return
+        attributes = {"receipt.id": receipt.operation_id, "receipt.api": receipt.api}
+        attributes["receipt.operation"] = receipt.operation
+        with self.traces.spans.child(name, attributes) as span:
+            yield span
 
     def refresh_flow(self, receipt: Receipt) -> None:
         flows.refresh(receipt)

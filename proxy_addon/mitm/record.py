@@ -50,6 +50,7 @@ async def outcome(
     """Record a forwarded request's outcome through the gate, and show it on the flow."""
     result = of_round(meta, result)
     meta["outcome"] = str(result.state)
+    meta["reason"] = result.reason  # as its event records it: a span's receipt.reason, a JSON log line's
     if (sent_at := meta.pop("sent_at", None)) is not None:
         metrics.exchanged(meta["api"], meta["operation"], time.monotonic() - sent_at)
     receipt = await gate.record(
@@ -80,6 +81,7 @@ async def answer(
     """
     resp = flow.response
     assert resp is not None
+    meta["upstream_status"] = resp.status_code
     call = meta.get("mcp") or {}
     result = forward.outcome_of(
         resp, op, cap=cap, complete=complete, call_id=call.get("id"), task_call=bool(call.get("task"))

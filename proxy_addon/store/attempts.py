@@ -54,6 +54,7 @@ _RECEIPT_COLUMNS = (
     "in_flight_until",
     "error",
     "shadow_of",
+    "trace_parent",
 )
 
 
@@ -466,9 +467,10 @@ class ReceiptAttempts(ReceiptInterim):
             in_flight_until,
             error,
             would.receipt.operation_id if would is not None else None,
+            a.trace_parent,
         )
         self._execute(f"INSERT INTO receipts ({', '.join(_RECEIPT_COLUMNS)}) VALUES ({marks(len(values))})", values)
-        reason = f"{error}; not sent" if error else f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
+        reason = f"{error}; not sent" if error else _new_attempt(a, retry_of, first_state)
         self._event(operation_id, "transition", None, first_state, reason, actor, a.flow_id, at)
         if not error:
             self._charge(operation_id, a, now)
@@ -541,6 +543,14 @@ def _first_state(a: Attempt) -> State:
     if a.denied is not None:
         return State.REJECTED
     return State.AWAITING_APPROVAL if a.approval else State.SUBMITTED
+
+
+def _new_attempt(a: Attempt, retry_of: str | None, first_state: State) -> str:
+    """A new receipt's first event: a new attempt (a retry of which), held by a rule's decision (which)."""
+    said = f"new attempt, retry of {retry_of}" if retry_of else "new attempt"
+    if first_state is State.AWAITING_APPROVAL and a.approval_why and a.approval_why != "approve: true":
+        said += f", held for approval by {a.approval_why}"
+    return said
 
 
 def _in_flight_until(a: Attempt, first_state: State, now: dt.datetime) -> str | None:

@@ -464,6 +464,14 @@ def m017_hash_chain(db: Schema) -> None:
         )
 
 
+@migration
+def m018_trace_parent(db: Schema) -> None:
+    # The W3C traceparent of the proxy's span for a new receipt (receipts_otel: gate/receipt_spans.py): a
+    # later change to it (a reconcile from the CLI, a person's resolution, a lease expiry) is a span of
+    # its own that links to it. Two random ids and a flag: nothing of the request. NULL: no span was made.
+    db.execute("ALTER TABLE receipts ADD COLUMN trace_parent TEXT")
+
+
 def _append_only(db: Schema, table: str) -> None:
     """Triggers that refuse to change or delete a row of `table` (PostgreSQL: to truncate it too)."""
     if db.postgres:

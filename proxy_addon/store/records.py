@@ -124,6 +124,9 @@ class Attempt:
     # duplicate, a hold, a deny is sent as a new receipt whose events say what enforcement would have done.
     observe: bool = False
     approval_why: str | None = None  # why it is held for approval (`approve: true`, or a decision's rule)
+    # The W3C traceparent of the proxy's span for this request (receipts_otel), recorded on a new receipt so
+    # that its later changes link to it (gate/receipt_spans.py); None: no span (OpenTelemetry off).
+    trace_parent: str | None = None
     # What a new receipt of it takes of its operation's budgets (store/budgets.py); none for a denied one.
     charges: tuple[Charge, ...] = ()
 
@@ -230,6 +233,7 @@ class Receipt:
     # Sent in observe mode (receipts_mode=observe) though enforcement would have answered it from this
     # earlier receipt (blocked or replayed): that receipt's id. None: a write enforcement sends too.
     shadow_of: str | None = None
+    trace_parent: str | None = None  # its span's W3C traceparent (Attempt.trace_parent); None: no span was made
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Receipt:
@@ -273,6 +277,7 @@ class Receipt:
             task_status=row.get("task_status"),
             task_revision=row.get("task_revision"),
             shadow_of=row.get("shadow_of"),
+            trace_parent=row.get("trace_parent"),
         )
 
     @property

@@ -150,6 +150,7 @@ def test_list_json(db, capsys):
         "task_status": None,
         "task_revision": None,
         "shadow_of": None,
+        "trace_parent": None,  # its span's W3C traceparent while OpenTelemetry is on (docs/operations.md)
         "response_status": 201,
         # sealed: a 12-byte nonce, the headers as JSON, a newline, the body, a 16-byte tag (store/sealing.py)
         "response_size": 12 + len('[["content-type", "application/json"]]\n{"id": "RESPONSE-BODY-MARKER-5e1f"}') + 16,

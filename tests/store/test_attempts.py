@@ -269,3 +269,16 @@ def test_observe_mode_is_never_answered_on_the_event_loops_connection(tmp_path):
         assert isinstance(store.answer_duplicate(attempt()), Decision)
     finally:
         store.close()
+
+
+def test_a_write_a_decision_holds_says_which_entry_held_it(backend_store):
+    """The first event of a write an `approve` decision held names the entry (what `receipts show` reads)."""
+    why = "decisions[1] (line 12): approve when amount >= 100000: large refunds need a person"
+    held = backend_store.begin_attempt(attempt(approval=True, approval_why=why))
+    assert held.receipt.state is State.AWAITING_APPROVAL
+    (event,) = backend_store.events(held.receipt.operation_id)
+    assert event.reason == f"new attempt, held for approval by {why}"  # before: "new attempt"
+    plain = backend_store.begin_attempt(
+        attempt(intent_fingerprint="sha256:other", approval=True, approval_why="approve: true")
+    )
+    assert backend_store.events(plain.receipt.operation_id)[0].reason == "new attempt"

@@ -170,6 +170,7 @@ def test_migrations_recorded_and_not_reapplied(db_path, clock):
         ("receipt-proxy", "m015_shadow_receipts"),
         ("receipt-proxy", "m016_budget_charges"),
         ("receipt-proxy", "m017_hash_chain"),
+        ("receipt-proxy", "m018_trace_parent"),
     ]
     forward(s)
     s.close()
