@@ -135,6 +135,7 @@ PUBLIC: dict[str, dict[str, tuple[str, str]]] = {
     "proxy_addon.mitm": {
         "ApprovalServer": ("proxy_addon.mitm.approval_server", "ApprovalServer"),
         "ApprovalWebhook": ("proxy_addon.mitm.approval_webhook", "ApprovalWebhook"),
+        "LearnFile": ("proxy_addon.mitm.learn_file", "LearnFile"),
         "MetricsServer": ("proxy_addon.mitm.metrics_server", "MetricsServer"),
         "ReceiptCommands": ("proxy_addon.mitm.flow_commands", "ReceiptCommands"),
         "ReceiptWeb": ("proxy_addon.mitm.web", "ReceiptWeb"),
@@ -236,6 +237,7 @@ ALL = {
     "proxy_addon.mitm": [
         "ApprovalServer",
         "ApprovalWebhook",
+        "LearnFile",
         "MetricsServer",
         "ReceiptCommands",
         "ReceiptWeb",

@@ -281,6 +281,16 @@ OPTIONS: list[Option] = [
         "Reload the rules when a rules file changes; a bad edit keeps the last good rules and logs an error",
     ),
     Option(
+        "receipts_learn",
+        str,
+        "",
+        "Append the shape of every write seen (matched by a rule or not) to this file, one JSON line each, for "
+        "`receipts rules draft --flows FILE`: method, host, path (ids as {id}), query names, content type, status, "
+        "and body field names with a keyed hash of each value (the key lives in memory only: values compare, none "
+        "can be read back); no secret-named field, no header value. E.g. --set receipts_learn=./learn.jsonl; "
+        "empty: off",
+    ),
+    Option(
         "receipts_metrics",
         str,
         "",

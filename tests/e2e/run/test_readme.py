@@ -72,6 +72,11 @@ SHELL_BLOCKS = {
         "docs/operations.md",
         "Shadow mode: try it before trusting it",
     ): "not run: needs a proxy's database; tests/e2e/proxy/test_observe_mode.py runs receipts report on one",
+    (
+        "docs/rules.md",
+        "Start from a draft",
+    ): "not run: the reader's own document or traffic; tests/draft/ drafts from the real documents, "
+    "tests/e2e/draft/test_flows_session.py from a recorded session",
     ("docs/packs.md", "Make one your own"): "not run: an example body; `rules check`, `explain`: tests/cli/",
     ("docs/benchmarks.md", "scripts/bench"): "not run: minutes long; scripts/bench checks its own answers",
     (
