@@ -1,18 +1,19 @@
-"""The real OpenAPI documents the drafter is tested on (../shared/openapi/ beside the checkout; see its README)."""
+"""
+The real OpenAPI documents the drafter is tested on: tests/openapi/, copied unchanged from their
+publishers with their MIT licenses beside them (tests/openapi/README.md says from where).
+`RECEIPTS_OPENAPI_DIR` points the tests at another copy.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-OPENAPI = Path(os.environ.get("RECEIPTS_OPENAPI_DIR", ROOT.parent / "shared" / "openapi"))
+OPENAPI = Path(os.environ.get("RECEIPTS_OPENAPI_DIR", ROOT / "tests" / "openapi"))
 
 
 def document(name: str) -> Path:
     path = OPENAPI / name
-    if not path.is_file():
-        pytest.skip(f"{path} is not there (set RECEIPTS_OPENAPI_DIR to the folder of the real OpenAPI documents)")
+    assert path.is_file(), f"{path} is not there: the real OpenAPI documents the drafter is tested on"
     return path

@@ -1,6 +1,6 @@
 """
 Rules drafted from real OpenAPI documents that nobody here wrote (Resend, SendGrid's mail send and
-contacts, Slack's Web API: ../shared/openapi/): each draft loads as written, `receipts rules check` passes
+contacts, Slack's Web API: tests/openapi/): each draft loads as written, `receipts rules check` passes
 with its TODOs as warnings, `receipts rules explain` reads a request of it, and it holds what our shipped
 pack for that API says: every write the pack names is in the draft with the same method and path template.
 The domain's rules hold in every draft: no 409 is a refusal, no secret-looking field enters a fingerprint.
