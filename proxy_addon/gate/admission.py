@@ -185,6 +185,8 @@ class Gate:
         a callable one (a large body to fingerprint) is built on the store's thread.
         """
         built: list[Attempt] = [] if callable(attempt) else [attempt]
+        # the request's trace (OpenTelemetry on): read here on the event loop, where its span is current
+        trace_id = self.spans.trace_id() if self.spans is not None else None
 
         def decide(final: bool, durable: bool | None) -> Callable[[ReceiptStore], Decision]:
             def run(store: ReceiptStore) -> Decision:
@@ -200,7 +202,7 @@ class Gate:
                     durable=durable,
                 )
                 if decision.kind == "forward":
-                    self.metrics.committed(op.api, op.name, time.perf_counter() - started)
+                    self.metrics.committed(op.api, op.name, time.perf_counter() - started, trace_id)
                 return decision
 
             return run

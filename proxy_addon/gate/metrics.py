@@ -43,6 +43,9 @@ Every name has the prefix `receipt_proxy_`; labels `api` and `operation` (the ru
     receipt_commit_seconds (histogram)       deciding and committing a new receipt (one write
                                              transaction, its fsync included) before the request leaves
     upstream_seconds (histogram)             a forwarded write's exchange: sent → its outcome classified
+                                             (both histograms: with OpenTelemetry on, each bucket's exemplar
+                                             is the trace_id of a request it counted, shown to a scrape that
+                                             asks for OpenMetrics: Accept: application/openmetrics-text)
     budget_used{budget,per} (gauge)          each budget's use in its current window (the database's, every
                                              process's), read at scrape time (gate/budget_gauges.py); per
                                              principal: the most any one principal used (no principal is a label)
@@ -215,6 +218,15 @@ class _Children:
         return child
 
 
+def exemplar(trace_id: str | None) -> dict[str, str] | None:
+    """
+    A histogram observation's exemplar: the trace id of the request it measured (32 hex digits),
+    shown only to a scrape that asks for OpenMetrics (Accept: application/openmetrics-text); None
+    (OpenTelemetry off, or outside a request's span): no exemplar.
+    """
+    return {"trace_id": trace_id} if trace_id else None
+
+
 def read_result(verdict: Verdict) -> str:
     """The `result` label of a reconcile read's verdict."""
     return "failed" if verdict.failed else READ_RESULTS[verdict.state]
@@ -306,11 +318,13 @@ class Metrics:
         self.reloads.labels("ok" if ok else "failed").inc()
         self.reload_ok.set(1 if ok else 0)
 
-    def committed(self, api: str, operation: str, seconds: float) -> None:
-        self._commit(api, operation).observe(seconds)
+    def committed(self, api: str, operation: str, seconds: float, trace_id: str | None = None) -> None:
+        """A new receipt's commit time; `trace_id` (OpenTelemetry on): its request's trace, the bucket's exemplar."""
+        self._commit(api, operation).observe(seconds, exemplar(trace_id))
 
-    def exchanged(self, api: str, operation: str, seconds: float) -> None:
-        self._upstream(api, operation).observe(seconds)
+    def exchanged(self, api: str, operation: str, seconds: float, trace_id: str | None = None) -> None:
+        """A forwarded write's exchange time; `trace_id` (OpenTelemetry on): its request's trace, the exemplar."""
+        self._upstream(api, operation).observe(seconds, exemplar(trace_id))
 
     # --- set up ----------------------------------------------------------------------------
 

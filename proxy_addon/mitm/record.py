@@ -52,7 +52,9 @@ async def outcome(
     meta["outcome"] = str(result.state)
     meta["reason"] = result.reason  # as its event records it: a span's receipt.reason, a JSON log line's
     if (sent_at := meta.pop("sent_at", None)) is not None:
-        metrics.exchanged(meta["api"], meta["operation"], time.monotonic() - sent_at)
+        parent = gate.spans.traceparent(flow.id) if gate.spans is not None else None  # OpenTelemetry on
+        trace_id = parent.split("-")[1] if parent else None  # 00-{trace id}-{span id}-{flags}
+        metrics.exchanged(meta["api"], meta["operation"], time.monotonic() - sent_at, trace_id)
     receipt = await gate.record(
         meta["operation_id"],
         result,

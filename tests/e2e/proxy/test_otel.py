@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.conftest import SECRETS, wait_for
 from tests.e2e.otlp_receiver import OtlpReceiver, Span
-from tests.e2e.processes import Clients, Proxy
+from tests.e2e.processes import METRICS_URL, Clients, Proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -55,6 +57,18 @@ def reconcile_cli(proxy: Proxy, operation_id: str, otlp: OtlpReceiver) -> dict:
     assert out.returncode == 0, out.stderr
     (result,) = json.loads(out.stdout)
     return result
+
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+EXEMPLAR = re.compile(r'^receipt_proxy_(\w+)_seconds_bucket\{.*\} \S+ # \{trace_id="([0-9a-f]{32})"\}', re.M)
+
+
+def exemplars(proxy: Proxy, accept: str) -> set[tuple[str, str]]:
+    """(histogram, trace id) of every exemplar a scrape of the proxy's metrics with this Accept shows."""
+    url = wait_for(lambda: METRICS_URL.search(proxy.log()), timeout=10, what="the metrics URL in the log").group(1)
+    got = requests.get(url, headers={"Accept": accept}, timeout=10)
+    assert got.status_code == 200
+    return set(EXEMPLAR.findall(got.text))
 
 
 def no_secret_in(spans: list[Span]) -> None:
@@ -213,3 +227,38 @@ def test_a_persons_resolution_is_a_span_linked_to_the_write(tmp_path, confdir, u
     assert [(t, s) for t, s, _ in span.links] == [(write.trace_id, write.span_id)]
     assert "seen in the dashboard" not in repr(span)  # a person's note is free text: not in a span
     no_secret_in(otlp.received())
+
+
+def test_the_histograms_exemplars_carry_the_writes_trace_id_to_an_openmetrics_scrape(
+    tmp_path, confdir, upstream, bucket, otlp
+):
+    proxy = start(tmp_path, confdir, str(tmp_path / "receipts.db"), otlp, "--set", "receipts_metrics=127.0.0.1:0")
+    try:
+        path = f"/api/{bucket}/things"
+        assert Clients(proxy).send("requests", "POST", upstream.url + path, {"title": "measured"}).status == 201
+        (span,) = otlp.wait_for(named("POST test-api.things.create"), what="the write's span")
+        openmetrics = exemplars(proxy, OPENMETRICS)
+        text = exemplars(proxy, "text/plain")
+    finally:
+        proxy.stop()
+    assert openmetrics == {("receipt_commit", span.trace_id), ("upstream", span.trace_id)}
+    assert text == set()  # the Prometheus text format has no exemplars
+
+
+def test_off_no_histogram_has_an_exemplar(tmp_path, confdir, upstream, bucket, monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    proxy = Proxy(tmp_path, confdir, extra=("--set", "receipts_metrics=127.0.0.1:0")).start()
+    try:
+        path = f"/api/{bucket}/things"
+        assert Clients(proxy).send("requests", "POST", upstream.url + path, {"title": "unmeasured"}).status == 201
+        scraped = requests.get(
+            wait_for(lambda: METRICS_URL.search(proxy.log()), timeout=10, what="the metrics URL").group(1),
+            headers={"Accept": OPENMETRICS},
+            timeout=10,
+        )
+    finally:
+        proxy.stop()
+    assert scraped.headers["content-type"].startswith("application/openmetrics-text")
+    assert 'receipt_proxy_upstream_seconds_count{api="test-api",operation="things.create"} 1.0' in scraped.text
+    assert " # {" not in scraped.text  # no exemplar anywhere
