@@ -12,12 +12,17 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import requests
 
 from tests.conftest import SECRETS, wait_for
+from tests.e2e.cli.test_approval_commands import held_id
+from tests.e2e.mcp.client import run_client
+from tests.e2e.mcp.fixtures import mcp_json_server  # noqa: F401  (the MCP SDK's server, JSON responses)
+from tests.e2e.mcp.test_mcp import RULES as MCP_RULES
 from tests.e2e.otlp_receiver import OtlpReceiver, Span
 from tests.e2e.processes import METRICS_URL, Clients, Proxy
 
@@ -262,3 +267,70 @@ def test_off_no_histogram_has_an_exemplar(tmp_path, confdir, upstream, bucket, m
     assert scraped.headers["content-type"].startswith("application/openmetrics-text")
     assert 'receipt_proxy_upstream_seconds_count{api="test-api",operation="things.create"} 1.0' in scraped.text
     assert " # {" not in scraped.text  # no exemplar anywhere
+
+
+def test_an_mcp_tool_call_is_a_span_of_the_mcp_conventions(tmp_path, confdir, mcp_json_server, otlp):  # noqa: F811
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "tracker.yaml").write_text(MCP_RULES)
+    proxy = Proxy(tmp_path, confdir, rules=rules, extra=("--set", f"receipts_otel={otlp.url}")).start()
+    args = {"title": "Printer traced", "body": "Never in a span"}  # the intent's named fields: never in a span
+    try:
+        report = run_client(
+            mcp_json_server.url, [("call", "create_issue", args)], revision="2026-07-28", proxy=proxy.url, ca=proxy.ca
+        )
+        ((result,), (sent,)) = report["results"], [h for h in report["http"] if h["jsonrpc_method"] == "tools/call"]
+        assert result["ok"] and not result["is_error"], report
+        (span,) = otlp.wait_for(named("tools/call create_issue"), what="the tool call's span")
+    finally:
+        proxy.stop()
+    a = span.attributes
+    assert (a["mcp.method.name"], a["gen_ai.tool.name"], a["gen_ai.operation.name"]) == (
+        "tools/call",
+        "create_issue",
+        "execute_tool",
+    )
+    assert a["jsonrpc.request.id"] == str(sent["id"]) and span.kind == SERVER
+    assert (a["receipt.api"], a["receipt.operation"], a["receipt.state"]) == ("tracker", "issues.create", "succeeded")
+    assert a["http.request.method"] == "POST" and a["http.response.status_code"] == 200
+    assert mcp_json_server.effects()["created"] >= 1
+    spans = otlp.received()
+    assert not any(x in repr((s.attributes, s.events)) for s in spans for x in args.values())  # no argument
+    no_secret_in(spans)
+
+
+def test_an_approval_wait_is_a_child_span_that_ends_with_the_persons_decision(
+    tmp_path, confdir, upstream, bucket, otlp
+):
+    proxy = start(tmp_path, confdir, str(tmp_path / "receipts.db"), otlp)
+    got: list = []
+    path = f"/api/{bucket}/refunds"  # approve: true (tests/rules)
+
+    def send() -> None:  # the agent's request, held until approved
+        got.append(Clients(proxy).send("requests", "POST", upstream.url + path, {"amount": 7}, timeout=60))
+
+    agent = threading.Thread(target=send)
+    try:
+        agent.start()
+        receipt_id = held_id(Path(proxy.db), bucket)
+        approved = subprocess.run(
+            [str(RECEIPTS), "--db", str(proxy.db), "approve", receipt_id, "--note", "fine"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert approved.returncode == 0, approved.stderr
+        agent.join(timeout=60)
+        (answer,) = got
+        assert answer.status == 201
+        (write,) = otlp.wait_for(named("POST test-api.refunds.create"), what="the write's span")
+        (wait,) = otlp.wait_for(named("receipt.approval_wait"), what="the approval wait's span")
+    finally:
+        proxy.stop()
+        agent.join(timeout=60)
+    assert (wait.kind, wait.trace_id, wait.parent_span_id) == (INTERNAL, write.trace_id, write.span_id)
+    assert wait.attributes["receipt.id"] == receipt_id == write.attributes["receipt.id"]
+    assert wait.attributes["receipt.state"] == "submitted"  # approved: sent next
+    assert [(name, attrs.get("receipt.state")) for name, attrs in wait.events] == [("receipt.decided", "submitted")]
+    assert write.attributes["receipt.state"] == "succeeded" and upstream.seen(path) == 1
+    no_secret_in(otlp.received())
