@@ -42,7 +42,7 @@ from proxy_addon.gate import instances, leases
 from proxy_addon.gate.paths import key_path
 from proxy_addon.intent.fingerprint import load_or_create_key
 from proxy_addon.proof.signing_key import KEY_FILE, load_or_create_signing_key, verifier_key
-from proxy_addon.store import PostgresStore, ReceiptStore, is_postgres, open_store
+from proxy_addon.store import PostgresStore, Receipt, ReceiptStore, is_postgres, open_store
 from proxy_addon.store.sealing import AnswerSeal
 
 LEASE = 15.0  # seconds an instance's lease lasts without a heartbeat (receipts_lease)
@@ -70,7 +70,7 @@ class Installation:
         new_db: bool = False,
         lease: float = LEASE,
         heartbeat: float = HEARTBEAT,
-        on_recovered: Callable[[list[tuple[str, str]]], None] = lambda ids: None,
+        on_recovered: Callable[[list[Receipt]], None] = lambda receipts: None,
     ) -> Installation:
         """
         Open (creating where needed) the database and key, and claim an instance id.
@@ -110,7 +110,7 @@ class Installation:
         *,
         lease: float,
         heartbeat: float,
-        on_recovered: Callable[[list[tuple[str, str]]], None],
+        on_recovered: Callable[[list[Receipt]], None],
     ) -> Installation:
         key_file = key_path(db, secret)
         store = open_store(db, lock_timeout=lock_timeout)

@@ -16,7 +16,7 @@ process knows of its own lease, on its own clock, without asking the database; g
 checks it and says why that is enough (a paused process that wakes after its lease expired
 sends nothing).
 
-    beat = Heartbeat(db, instance, lease=15, heartbeat=5, on_recovered=log)
+    beat = Heartbeat(db, instance, lease=15, heartbeat=5, on_recovered=log)   # log(receipts), each as it is now
     beat.start()
     ...
     beat.stop()     # drops the lease row: a clean stop leaves nothing to recover
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy_addon.errors import ReceiptsError
-from proxy_addon.store import PostgresStore, ReceiptStore
+from proxy_addon.store import PostgresStore, Receipt, ReceiptStore
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class Heartbeat:
         lease: float,
         heartbeat: float,
         lock_timeout: float = 5.0,
-        on_recovered: Callable[[list[tuple[str, str]]], None] = lambda ids: None,
+        on_recovered: Callable[[list[Receipt]], None] = lambda receipts: None,
         held: HeldLease | None = None,
     ):
         self.db, self.instance = db, instance
@@ -220,8 +220,8 @@ class Heartbeat:
             )
         self.beats += 1
         recovered = recover_expired(self._store, self.instance)
-        if recovered:
-            self.on_recovered(recovered)
+        if recovered:  # each as it is now (its state, its trace_parent: a span linked to the write's)
+            self.on_recovered([self._store.get(operation_id) for operation_id, _ in recovered])
         if self.beats % 100 == 1:
             self._store.forget_leases(FORGET_AFTER)
 

@@ -141,6 +141,14 @@ class ReceiptSpans:
         ) as span:
             yield span
 
+    def lease_expired(self, operation_id: str, attributes: Attributes, *, link: str | None) -> None:
+        """
+        A receipt taken over from a proxy whose lease expired (gate/leases.py, on the heartbeat's
+        thread): a root span of its own, `receipt.lease_expired`, linked to the write's (`link`).
+        """
+        with self.child("receipt.lease_expired", {"receipt.id": operation_id, **(attributes or {})}, link=link):
+            pass
+
     @staticmethod
     def event(span: trace.Span, name: str, attributes: Attributes) -> None:
         span.add_event(name, attributes)

@@ -81,6 +81,22 @@ class ReceiptsDb:
         """receipts_db with the password it was given, which the option no longer shows."""
         return self._passwords.get(opts.receipts_db, opts.receipts_db)
 
+    def _lease_expired(self, receipts: list[Receipt]) -> None:
+        """
+        The heartbeat's (PostgreSQL, on its thread): receipts taken over from proxies whose lease
+        expired, each as it is now. Logged; with OpenTelemetry on (the gate's spans), each is a span
+        linked to its write's.
+        """
+        _log_recovered([(r.operation_id, str(r.state)) for r in receipts])
+        spans = self.gate.spans if self.gate is not None else None
+        if spans is None:
+            return
+        for r in receipts:
+            attributes = {"receipt.api": r.api, "receipt.operation": r.operation, "receipt.state": str(r.state)}
+            spans.lease_expired(
+                r.operation_id, {**attributes, "receipt.instance": r.instance or ""}, link=r.trace_parent
+            )
+
     def configure(self, opts: optmanager.OptManager) -> None:
         """Open the store again if receipts_db, receipts_secret or receipts_lock_timeout changed."""
         if (self.db(opts), opts.receipts_secret, opts.receipts_lock_timeout) != self._config:
@@ -95,7 +111,7 @@ class ReceiptsDb:
                 new_db=opts.receipts_new_db,
                 lease=opts.receipts_lease,
                 heartbeat=opts.receipts_heartbeat,
-                on_recovered=_log_recovered,
+                on_recovered=self._lease_expired,
             )
         except (ReceiptsError, OSError, ValueError) as e:
             raise exceptions.OptionsError(f"receipts_db: {e}") from None

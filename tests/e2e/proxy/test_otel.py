@@ -24,7 +24,16 @@ from tests.e2e.mcp.client import run_client
 from tests.e2e.mcp.fixtures import mcp_json_server  # noqa: F401  (the MCP SDK's server, JSON responses)
 from tests.e2e.mcp.test_mcp import RULES as MCP_RULES
 from tests.e2e.otlp_receiver import OtlpReceiver, Span
-from tests.e2e.processes import METRICS_URL, Clients, Proxy
+from tests.e2e.processes import METRICS_URL, Clients, Proxy, start_all
+from tests.e2e.store.test_fleet import (
+    FAST_LEASE,
+    instance_id,
+    only_receipt,
+    recovered,
+    send_in_background,
+    stopped_after_commit,
+    woken,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +54,11 @@ def otlp(tmp_path, monkeypatch):
 def start(tmp_path: Path, confdir: Path, db: str, otlp: OtlpReceiver, *extra: str) -> Proxy:
     args = ("--set", f"receipts_otel={otlp.url}", "--set", "receipts_log_format=json", *extra)
     return Proxy(tmp_path, confdir, db=db, extra=args).start()
+
+
+def start_later(workdir: Path, confdir: Path, db: str, otlp: OtlpReceiver, *extra: str) -> Proxy:
+    """A proxy like `start`'s, not started yet (start_all starts several)."""
+    return Proxy(workdir, confdir, db=db, extra=("--set", f"receipts_otel={otlp.url}", *extra))
 
 
 def named(name: str, **attributes) -> object:
@@ -333,4 +347,42 @@ def test_an_approval_wait_is_a_child_span_that_ends_with_the_persons_decision(
     assert wait.attributes["receipt.state"] == "submitted"  # approved: sent next
     assert [(name, attrs.get("receipt.state")) for name, attrs in wait.events] == [("receipt.decided", "submitted")]
     assert write.attributes["receipt.state"] == "succeeded" and upstream.seen(path) == 1
+    no_secret_in(otlp.received())
+
+
+def test_a_receipt_taken_over_after_a_lease_expired_is_a_span_linked_to_the_write(
+    pg_url, tmp_path, confdir, upstream, bucket, otlp
+):
+    # Two proxies share PostgreSQL; A commits a write and is stopped whole (SIGSTOP) before its first
+    # byte. Its lease expires; B's heartbeat takes the receipt over: a span of B's, linked to A's write.
+    both = ("--set", f"receipts_secret={tmp_path / 'fleet.key'}", *FAST_LEASE)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = start_later(tmp_path / "a", confdir, pg_url, otlp, *both, "--set", "receipts_debug_pause=after_commit:60")
+    b = start_later(tmp_path / "b", confdir, pg_url, otlp, *both)
+    start_all([a, b])
+    path = f"/api/{bucket}/things"
+    agent, _ = send_in_background(a, upstream.url + path, {"title": "left behind"})
+    try:
+        stopped_after_commit(a)
+        first = only_receipt(pg_url, bucket)
+        taken = recovered(pg_url, bucket, first.operation_id)
+        (span,) = otlp.wait_for(named("receipt.lease_expired"), what="the takeover's span")
+    finally:
+        woken(a)
+        a.stop()
+        b.stop()
+        agent.join(timeout=120)
+    assert first.trace_parent is not None and taken.instance == first.instance == instance_id(a)
+    _, write_trace, write_span, _ = first.trace_parent.split("-")
+    assert (span.kind, span.parent_span_id) == (INTERNAL, "")  # a root of its own, in B
+    assert [(t, s) for t, s, _ in span.links] == [(write_trace, write_span)]
+    s = span.attributes
+    assert (s["receipt.id"], s["receipt.state"], s["receipt.instance"]) == (
+        first.operation_id,
+        "outcome_unknown",
+        first.instance,
+    )
+    assert (s["receipt.api"], s["receipt.operation"]) == ("test-api", "things.create")
+    assert upstream.seen(path) == 0
     no_secret_in(otlp.received())
