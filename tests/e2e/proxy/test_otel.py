@@ -3,6 +3,8 @@ OpenTelemetry, end to end: a real mitmdump with the otel extra exports its spans
 receiver on 127.0.0.1 (tests/e2e/otlp_receiver.py, decoding with opentelemetry-proto), and so does the
 `receipts reconcile` CLI; on SQLite and PostgreSQL. The upstream says what it was sent (traceparent).
 The marker secrets sweep (tests/conftest.py) reads every export's body (*.otlp) and the JSON log.
+Also: an MCP tool call's span (the MCP SDK's server and client), an approval wait's child span, a
+takeover after a lease expired (two proxies on PostgreSQL), and the histograms' exemplars.
 """
 
 from __future__ import annotations
