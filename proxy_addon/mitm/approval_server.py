@@ -37,6 +37,7 @@ from proxy_addon.errors import IllegalTransition, LinkUsed, StoreError, UnknownR
 from proxy_addon.gate import instances
 from proxy_addon.gate.approval_links import BadLink, Link, link_id, link_key, verify
 from proxy_addon.mitm import options
+from proxy_addon.mitm.metrics_server import stop_serving
 from proxy_addon.mitm.receipts_addon import Receipts
 from proxy_addon.outcome import approval_pages as pages
 from proxy_addon.states import State
@@ -113,11 +114,7 @@ class ApprovalServer:
         self._stop()
 
     def _stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        stop_serving(self._server, self._thread)
         self._server = self._thread = None
         self._at = None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from mitmproxy import ctx, exceptions
@@ -63,10 +64,15 @@ class MetricsServer:
         self._stop()
 
     def _stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        stop_serving(self._server, self._thread)
         self._server = self._thread = None
         self._at = None
+
+
+def stop_serving(server: Any, thread: threading.Thread | None) -> None:
+    """Stop a server run on a thread of its own (this one, approval_server.py's): its loop, socket and thread."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    if thread is not None:
+        thread.join(timeout=5)
